@@ -1,0 +1,27 @@
+"""The hyper-parameters of a GPT-2 style model, named as in transformer-lens."""
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Config:
+    d_model: int = 768  # width of the residual stream
+    debug: bool = False  # print shapes as activations flow through the model
+    layer_norm_eps: float = 1e-5  # added to the variance inside the square root
+    d_vocab: int = 50257  # number of tokens the model knows
+    init_range: float = 0.02  # std of the normal initialisation of every weight
+    n_ctx: int = 1024  # longest sequence the model can read (number of learned positions)
+    d_head: int = 64  # width of one attention head's queries, keys and values
+    d_mlp: int = 3072  # hidden width of the MLP (4 * d_model in GPT-2)
+    n_heads: int = 12
+    n_layers: int = 12
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "d_vocab", "n_ctx", "d_head", "d_mlp", "n_heads", "n_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Config.{name} must be a positive integer, got {value!r}")
+        if not self.layer_norm_eps > 0:
+            raise ValueError(f"Config.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
+        if not self.init_range > 0:
+            raise ValueError(f"Config.init_range must be > 0, got {self.init_range!r}")

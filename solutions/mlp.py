@@ -1,0 +1,34 @@
+"""The MLP: a position-wise two-layer network, 4x wider in the middle."""
+
+import einops
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from solutions.config import Config
+
+
+def gelu_new(x: Tensor) -> Tensor:
+    """GELU with the tanh approximation, the one GPT-2 was trained with."""
+    return 0.5 * x * (1.0 + torch.tanh((2.0 / torch.pi) ** 0.5 * (x + 0.044715 * x.pow(3))))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: Config):
+        super().__init__()
+        self.cfg = cfg
+        self.W_in = nn.Parameter(torch.empty((cfg.d_model, cfg.d_mlp)))
+        self.W_out = nn.Parameter(torch.empty((cfg.d_mlp, cfg.d_model)))
+        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp))
+        self.b_out = nn.Parameter(torch.zeros(cfg.d_model))
+        nn.init.normal_(self.W_in, std=cfg.init_range)
+        nn.init.normal_(self.W_out, std=cfg.init_range)
+
+    def forward(
+        self, normalized_resid_mid: Float[Tensor, "batch posn d_model"]
+    ) -> Float[Tensor, "batch posn d_model"]:
+        # BEGIN SOLUTION
+        pre = einops.einsum(normalized_resid_mid, self.W_in, "b p d, d m -> b p m") + self.b_in
+        post = gelu_new(pre)
+        return einops.einsum(post, self.W_out, "b p m, m d -> b p d") + self.b_out
+        # END SOLUTION

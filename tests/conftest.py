@@ -1,0 +1,110 @@
+"""Pytest wiring for the autograder: `--impl`, the `impl` fixture, exercise markers, and the
+rule that every graded test must fail on the blank stubs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from utils.chapters import all_exercises  # noqa: E402
+from utils.grading import IMPL_CHOICES, ExerciseUnavailable, load_impl  # noqa: E402
+
+EXERCISES = {ex.name: ex for ex in all_exercises()}
+_IMPL_CACHE: dict[tuple[str, str], object] = {}
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--impl",
+        default="notebooks",
+        choices=IMPL_CHOICES,
+        help="what to grade: the learner's notebooks (default), solutions, or blank stubs",
+    )
+
+
+def pytest_configure(config):
+    for name, ex in EXERCISES.items():
+        config.addinivalue_line("markers", f"{name}: exercise {name} of chapter {ex.chapter}")
+    for chapter in sorted({ex.chapter for ex in EXERCISES.values()}):
+        config.addinivalue_line("markers", f"chapter_{chapter[:2]}: graded tests of {chapter}")
+
+
+def _exercise_of(item) -> str | None:
+    names = [m.name for m in item.iter_markers() if m.name in EXERCISES]
+    return names[0] if len(names) == 1 else None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "graded" not in item.nodeid.split("::")[0].split("/"):
+            continue
+        names = [m.name for m in item.iter_markers() if m.name in EXERCISES]
+        if len(names) != 1:
+            raise pytest.UsageError(f"{item.nodeid} must carry exactly one exercise marker")
+        item.add_marker(pytest.mark.graded)
+        item.add_marker(getattr(pytest.mark, f"chapter_{EXERCISES[names[0]].chapter[:2]}"))
+
+
+@pytest.fixture
+def impl(request):
+    """The implementation under grade for this test module's CHAPTER."""
+    chapter = request.module.CHAPTER
+    kind = request.config.getoption("--impl")
+    if kind == "live":
+        return request.config.course_live_impls[chapter]  # set by utils.check.LiveImpls
+    key = (kind, chapter)
+    if key not in _IMPL_CACHE:
+        _IMPL_CACHE[key] = load_impl(kind, chapter)
+    return _IMPL_CACHE[key]
+
+
+def _caused_by(excinfo, kind) -> bool:
+    err = excinfo.value if excinfo else None
+    while err is not None:
+        if isinstance(err, kind):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    exercise = _exercise_of(item)
+    if exercise is None or "graded" not in item.keywords:
+        return
+    report.user_properties.append(("exercise", exercise))
+    report.user_properties.append(("chapter", EXERCISES[exercise].chapter))
+    if report.when != "call":
+        return
+    excinfo = call.excinfo
+    if report.failed and excinfo is not None:
+        if _caused_by(excinfo, NotImplementedError):
+            message = f"not implemented yet: exercise {exercise!r} still raises NotImplementedError"
+            report.longrepr = message
+        elif excinfo.errisinstance(ExerciseUnavailable):
+            message = str(excinfo.value)
+            report.longrepr = message
+        else:
+            message = excinfo.exconly().splitlines()[0] if excinfo.exconly() else excinfo.typename
+        report.user_properties.append(("message", message))
+
+    if item.config.getoption("--impl") == "stubs":
+        # Inverted: on blank stubs a graded test must fail, and fail because the exercise is
+        # not implemented. A test that passes here cannot tell a learner anything.
+        if report.passed:
+            report.outcome = "failed"
+            report.longrepr = "this graded test PASSES on the blank stubs: it cannot fail"
+        elif report.failed and _caused_by(excinfo, NotImplementedError):
+            report.outcome = "passed"
+            report.longrepr = None
+        elif report.failed:
+            report.longrepr = (
+                "fails on the stubs, but not because the exercise is unimplemented: "
+                + excinfo.exconly().splitlines()[0]
+            )

@@ -1,0 +1,324 @@
+"""Chapter 1: DemoTransformer, graded against transformer-lens 4 and HF GPT-2 on one set of
+weights, plus tests aimed at the classic mistakes."""
+
+from __future__ import annotations
+
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+CHAPTER = "01_transformer"
+ATOL, RTOL = 1e-4, 1e-3
+
+
+def layer_params(reference, prefix: str) -> dict[str, torch.Tensor]:
+    """Reference weights under `prefix` ("blocks.0.attn."), with the prefix removed."""
+    return {k[len(prefix) :]: v for k, v in reference.params.items() if k.startswith(prefix)}
+
+
+def build(cls, cfg, params: dict[str, torch.Tensor]):
+    """Instantiate a learner module and copy reference weights into it by name."""
+    module = cls(cfg)
+    own = dict(module.named_parameters())
+    missing = sorted(set(params) - set(own))
+    assert not missing, (
+        f"{cls.__name__} has no parameter(s) {missing}: keep the names from the cell's __init__"
+    )
+    with torch.no_grad():
+        for name, value in params.items():
+            assert own[name].shape == value.shape, (
+                f"{cls.__name__}.{name} has shape {tuple(own[name].shape)}, "
+                f"expected {tuple(value.shape)}"
+            )
+            own[name].copy_(value)
+    return module.eval()
+
+
+def close(actual, expected) -> bool:
+    return actual.shape == expected.shape and torch.allclose(actual, expected, atol=ATOL, rtol=RTOL)
+
+
+def assert_matches(actual, expected, what: str, hint: str = "") -> None:
+    assert isinstance(actual, torch.Tensor), f"{what} must return a tensor, got {type(actual)}"
+    assert actual.shape == expected.shape, (
+        f"{what} returned shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+    )
+    diff = (actual - expected).abs().max().item()
+    assert close(actual, expected), (
+        f"{what} differs from the reference model by up to {diff:.3g}. {hint}".strip()
+    )
+
+
+# --------------------------------------------------------------------------- token_strings
+
+
+@pytest.mark.token_strings
+@pytest.mark.parametrize(
+    "text",
+    ["Hello world", " leading space", "tokens, tokens!\nNew line.", "aaaaaaaa", "A"],
+)
+def test_token_strings_rebuild_the_text(impl, reference, text):
+    tokenizer = reference.tokenizer
+    pieces = impl.token_strings(tokenizer, text)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert isinstance(pieces, list) and all(isinstance(p, str) for p in pieces), (
+        "token_strings must return a list of str"
+    )
+    assert len(pieces) == len(ids), (
+        f"expected one string per token ({len(ids)}), got {len(pieces)}: did you add a special "
+        "token, or split into characters instead of tokens?"
+    )
+    assert "".join(pieces) == text, (
+        f"the pieces join to {''.join(pieces)!r}, not {text!r}: decode each id separately with "
+        "tokenizer.decode([id]) (convert_ids_to_tokens gives the raw 'Ġ' form)"
+    )
+
+
+# --------------------------------------------------------------------------- layernorm
+
+
+def _random_ln(impl, cfg, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    params = {
+        "w": 1 + 0.3 * torch.randn(cfg.d_model, generator=gen),
+        "b": 0.3 * torch.randn(cfg.d_model, generator=gen),
+    }
+    return build(impl.LayerNorm, cfg, params), params
+
+
+@pytest.mark.layernorm
+def test_layernorm_matches_torch(impl, reference):
+    cfg = reference.cfg
+    ln, p = _random_ln(impl, cfg)
+    x = 3 * torch.randn(2, 5, cfg.d_model) + 1
+    expected = F.layer_norm(x, (cfg.d_model,), p["w"], p["b"], cfg.layer_norm_eps)
+    assert_matches(ln(x), expected, "LayerNorm", "Mean and variance over d_model, then * w + b?")
+
+
+@pytest.mark.layernorm
+def test_layernorm_epsilon_inside_sqrt(impl, reference):
+    cfg = reference.cfg
+    ln, p = _random_ln(impl, cfg)
+    x = 1e-3 * torch.randn(2, 5, cfg.d_model)  # variance ~1e-6, smaller than eps=1e-5
+    expected = F.layer_norm(x, (cfg.d_model,), p["w"], p["b"], cfg.layer_norm_eps)
+    out = ln(x)
+    centered = x - x.mean(-1, keepdim=True)
+    outside = centered / (centered.pow(2).mean(-1, keepdim=True).sqrt() + cfg.layer_norm_eps)
+    if close(out, outside * p["w"] + p["b"]):
+        pytest.fail("Is your epsilon outside the sqrt? It goes inside: sqrt(var + eps).")
+    assert_matches(out, expected, "LayerNorm on a low-variance input", "Epsilon inside the sqrt?")
+
+
+@pytest.mark.layernorm
+def test_layernorm_biased_variance(impl):
+    from solutions.config import Config
+
+    cfg = Config(d_model=4, d_vocab=10, n_ctx=8, d_head=2, d_mlp=8, n_heads=2, n_layers=1)
+    ln, p = _random_ln(impl, cfg)
+    x = torch.randn(3, 2, 4)
+    expected = F.layer_norm(x, (4,), p["w"], p["b"], cfg.layer_norm_eps)
+    out = ln(x)
+    unbiased = (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True) + cfg.layer_norm_eps).sqrt()
+    if close(out, unbiased * p["w"] + p["b"]):
+        pytest.fail("Use the biased variance (divide by d_model): var(unbiased=False).")
+    assert_matches(out, expected, "LayerNorm with d_model=4")
+
+
+@pytest.mark.layernorm
+def test_layernorm_does_not_modify_its_input(impl, reference):
+    ln, _ = _random_ln(impl, reference.cfg)
+    x = torch.randn(2, 5, reference.cfg.d_model) + 2
+    before = x.clone()
+    ln(x)
+    assert torch.equal(x, before), (
+        "LayerNorm changed its input in place (`-=` / `/=`): the residual stream is needed "
+        "again after the layer, so compute a new tensor."
+    )
+
+
+@pytest.mark.layernorm
+def test_layernorm_matches_reference(impl, reference, ref_run):
+    _, _, cache = ref_run
+    ln = build(impl.LayerNorm, reference.cfg, layer_params(reference, "blocks.0.ln1."))
+    out = ln(cache["blocks.0.hook_resid_pre"])
+    assert_matches(out, cache["blocks.0.ln1.hook_out"], "LayerNorm (block 0, ln1)")
+
+
+# --------------------------------------------------------------------------- embeddings
+
+
+@pytest.mark.embed
+def test_embed_matches_reference(impl, reference, ref_run):
+    tokens, _, cache = ref_run
+    embed = build(impl.Embed, reference.cfg, layer_params(reference, "embed."))
+    assert_matches(embed(tokens), cache["hook_embed"], "Embed", "Row t of W_E embeds token t.")
+
+
+@pytest.mark.pos_embed
+def test_pos_embed_matches_reference(impl, reference, ref_run):
+    tokens, _, cache = ref_run
+    pos = build(impl.PosEmbed, reference.cfg, layer_params(reference, "pos_embed."))
+    assert_matches(pos(tokens), cache["hook_pos_embed"], "PosEmbed")
+
+
+@pytest.mark.pos_embed
+def test_pos_embed_depends_on_position_not_token(impl, reference):
+    cfg = reference.cfg
+    pos = build(impl.PosEmbed, cfg, layer_params(reference, "pos_embed."))
+    tokens = torch.tensor([[5, 9, 2, 7], [1, 1, 30, 3]])
+    out = pos(tokens)
+    assert out.shape == (2, 4, cfg.d_model), f"expected shape (2, 4, d_model), got {out.shape}"
+    expected = reference.params["pos_embed.W_pos"][:4]
+    assert torch.allclose(out[0], expected) and torch.allclose(out[1], expected), (
+        "Index W_pos by position (0, 1, 2...), not by token id; every row of the batch gets "
+        "the same positional vectors."
+    )
+
+
+# --------------------------------------------------------------------------- attention
+
+
+@pytest.mark.attention
+def test_causal_mask(impl, reference):
+    attn = impl.Attention(reference.cfg)
+    scores = torch.randn(2, 3, 6, 6)
+    before = scores.clone()
+    masked = attn.apply_causal_mask(scores)
+    assert masked.shape == scores.shape, f"mask changed the shape to {tuple(masked.shape)}"
+    assert torch.equal(scores, before), "apply_causal_mask must not modify its input in place"
+    future = torch.ones(6, 6, dtype=torch.bool).triu(1)
+    assert torch.equal(masked[..., ~future], scores[..., ~future]), (
+        "Scores on and below the diagonal must be unchanged: a token attends to itself and "
+        "to earlier tokens (is your mask off by one? use diagonal=1)."
+    )
+    assert (masked[..., future] <= -1e4).all(), (
+        "Every score above the diagonal (a key AFTER its query) must become self.IGNORE."
+    )
+
+
+@pytest.mark.attention
+def test_attention_matches_reference(impl, reference, ref_run):
+    _, _, cache = ref_run
+    cfg = reference.cfg
+    params = layer_params(reference, "blocks.0.attn.")
+    x = cache["blocks.0.ln1.hook_out"]
+    expected = cache["blocks.0.hook_attn_out"]
+    out = build(impl.Attention, cfg, params)(x)
+    if not close(out, expected):
+        # Diagnose the scale: rescaling the queries undoes a wrong score scale exactly.
+        for factor, mistake in [
+            (cfg.d_head**-0.5, "Did you forget to divide the scores by sqrt(d_head)?"),
+            (cfg.d_head**0.5, "Divide the scores by sqrt(d_head), not by d_head."),
+        ]:
+            scaled = dict(params, W_Q=params["W_Q"] * factor, b_Q=params["b_Q"] * factor)
+            if close(build(impl.Attention, cfg, scaled)(x), expected):
+                pytest.fail(mistake)
+    assert_matches(out, expected, "Attention (block 0)", "Check the biases and the softmax dim.")
+
+
+@pytest.mark.attention
+def test_attention_is_causal(impl, reference):
+    cfg = reference.cfg
+    attn = build(impl.Attention, cfg, layer_params(reference, "blocks.0.attn."))
+    x = torch.randn(1, 6, cfg.d_model)
+    y = x.clone()
+    y[0, 4] += 1.0
+    out_x, out_y = attn(x), attn(y)
+    assert torch.allclose(out_x[0, :4], out_y[0, :4], atol=ATOL), (
+        "Changing token 4 changed the output at earlier positions: attention is reading the "
+        "future. Apply the causal mask before the softmax."
+    )
+    assert not torch.allclose(out_x[0, 4], out_y[0, 4]), (
+        "Changing token 4 did not change its own output: a token must attend to itself."
+    )
+
+
+# --------------------------------------------------------------------------- mlp
+
+
+@pytest.mark.mlp
+def test_mlp_matches_reference(impl, reference, ref_run):
+    _, _, cache = ref_run
+    p = layer_params(reference, "blocks.0.mlp.")
+    x = cache["blocks.0.ln2.hook_out"]
+    expected = cache["blocks.0.hook_mlp_out"]
+    out = build(impl.MLP, reference.cfg, p)(x)
+    if not close(out, expected):
+        exact_gelu = F.gelu(x @ p["W_in"] + p["b_in"]) @ p["W_out"] + p["b_out"]
+        if close(out, exact_gelu):
+            pytest.fail("GPT-2 uses the tanh approximation of GELU: use gelu_new.")
+        no_bias = F.gelu(x @ p["W_in"], approximate="tanh") @ p["W_out"]
+        if close(out, no_bias):
+            pytest.fail("Did you drop the biases b_in and b_out?")
+    assert_matches(out, expected, "MLP (block 0)")
+
+
+# --------------------------------------------------------------------------- block
+
+
+@pytest.mark.block
+@pytest.mark.parametrize("layer", [0, 1])
+def test_block_matches_reference(impl, reference, ref_run, layer):
+    _, _, cache = ref_run
+    block = build(impl.TransformerBlock, reference.cfg, layer_params(reference, f"blocks.{layer}."))
+    resid_pre = cache[f"blocks.{layer}.hook_resid_pre"].clone()
+    out = block(resid_pre)
+    assert torch.equal(resid_pre, cache[f"blocks.{layer}.hook_resid_pre"]), (
+        "TransformerBlock modified resid_pre in place (`+=`): return a new tensor."
+    )
+    assert_matches(
+        out,
+        cache[f"blocks.{layer}.hook_resid_post"],
+        f"TransformerBlock {layer}",
+        "Pre-LN: resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + "
+        "mlp(ln2(resid_mid)).",
+    )
+
+
+# --------------------------------------------------------------------------- unembed
+
+
+@pytest.mark.unembed
+def test_unembed_matches_reference(impl, reference, ref_run):
+    _, logits, cache = ref_run
+    unembed = build(impl.Unembed, reference.cfg, layer_params(reference, "unembed."))
+    assert_matches(unembed(cache["ln_final.hook_out"]), logits, "Unembed")
+
+
+# --------------------------------------------------------------------------- transformer
+
+
+def _demo(impl, reference):
+    return build(impl.DemoTransformer, reference.cfg, reference.params)
+
+
+@pytest.mark.transformer
+def test_transformer_matches_bridge(impl, reference, ref_run):
+    tokens, logits, _ = ref_run
+    assert_matches(_demo(impl, reference)(tokens), logits, "DemoTransformer logits")
+
+
+@pytest.mark.transformer
+def test_transformer_matches_hf_on_a_batch(impl, reference):
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, reference.cfg.d_vocab, (3, reference.cfg.n_ctx), generator=gen)
+    with torch.no_grad():
+        expected = reference.hf_model(tokens).logits
+        out = _demo(impl, reference)(tokens)
+    assert_matches(out, expected, "DemoTransformer on a full-context batch")
+
+
+@pytest.mark.transformer
+def test_transformer_rejects_bad_tokens(impl, reference):
+    demo = _demo(impl, reference)
+    n_ctx, d_vocab = reference.cfg.n_ctx, reference.cfg.d_vocab
+    assert demo(torch.zeros(1, 3, dtype=torch.long)).shape == (1, 3, d_vocab)
+    for bad in [
+        torch.zeros(1, n_ctx + 1, dtype=torch.long),  # longer than the context window
+        torch.zeros(1, 3),  # float tokens
+        torch.full((1, 3), d_vocab),  # id outside the vocabulary
+        torch.zeros(3, dtype=torch.long),  # no batch dimension
+    ]:
+        with pytest.raises(ValueError):
+            demo(bad)

@@ -1,0 +1,44 @@
+"""`course solution`, `course reset`, `course grade` as a learner uses them."""
+
+import os
+import subprocess
+import sys
+
+from utils.build import build_notebook, notebook_text
+
+
+def course(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "utils.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_solution_prints_the_source_without_fences():
+    done = course("solution", "LayerNorm")
+    assert done.returncode == 0, done.stderr
+    assert "class LayerNorm" in done.stdout and "sqrt" in done.stdout
+    assert "BEGIN SOLUTION" not in done.stdout
+
+
+def test_solution_of_unknown_name_is_a_clear_error():
+    done = course("solution", "Nonsense")
+    assert done.returncode == 2
+    assert "name must be" in done.stderr and "LayerNorm" in done.stderr
+
+
+def test_reset_backs_up_and_restores(tmp_path):
+    nb = tmp_path / "01_transformer.ipynb"
+    nb.write_text("my work", encoding="utf-8")
+    done = course("reset", "1", env={"COURSE_NOTEBOOKS_DIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert nb.read_text(encoding="utf-8") == notebook_text(build_notebook("01_transformer"))
+    backups = list((tmp_path / ".backups").glob("01_transformer.*.ipynb"))
+    assert [b.read_text(encoding="utf-8") for b in backups] == ["my work"]
+
+
+def test_reset_of_unknown_chapter_is_a_clear_error():
+    done = course("reset", "99")
+    assert done.returncode == 2 and "chapter must be one of" in done.stderr

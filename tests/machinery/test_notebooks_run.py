@@ -1,0 +1,20 @@
+"""Each chapter's teacher build (solutions in the cells) runs top to bottom in a real kernel,
+and every `check(...)` cell in it passes."""
+
+import pytest
+from nbclient import NotebookClient
+
+from utils.build import build_notebook
+from utils.chapters import chapter_names
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("chapter", chapter_names())
+def test_teacher_notebook_runs_end_to_end(chapter, tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_STRICT_CHECK", "1")  # a failing check(...) raises in the cell
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = build_notebook(chapter, teacher=True)
+    client = NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute()

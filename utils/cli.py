@@ -1,0 +1,102 @@
+"""`course`: build notebooks, grade, reset a notebook, show a solution."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+
+from utils import NOTEBOOKS_DIR
+
+
+def _build(args) -> int:
+    from utils.build import build_all, stale_notebooks
+
+    if args.check:
+        stale = stale_notebooks()
+        for chapter, diff in stale.items():
+            print(f"notebooks/{chapter}.ipynb is stale:\n{diff}\n", file=sys.stderr)
+        if stale:
+            print("Run `course build` and commit the notebooks.", file=sys.stderr)
+            return 1
+        print("notebooks are up to date")
+        return 0
+    for path in build_all(args.out, teacher=args.teacher):
+        print(f"wrote {path}")
+    return 0
+
+
+def _grade(args) -> int:
+    from utils.chapters import resolve_chapter
+    from utils.check import grade
+
+    chapter = resolve_chapter(args.chapter) if args.chapter else None
+    results = grade(impl=args.impl, chapter=chapter)
+    return 0 if results and all(r.outcome == "passed" for r in results) else 1
+
+
+def _reset(args) -> int:
+    from utils.build import build_notebook, notebook_path, notebook_text
+    from utils.chapters import resolve_chapter
+
+    chapter = resolve_chapter(args.chapter)
+    path = notebook_path(chapter)
+    if path.exists():
+        backups = NOTEBOOKS_DIR / ".backups"
+        backups.mkdir(exist_ok=True)
+        backup = backups / f"{chapter}.{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
+        shutil.copy2(path, backup)
+        print(f"your notebook is kept at {backup}")
+    path.write_text(notebook_text(build_notebook(chapter)), encoding="utf-8")
+    print(f"{path} is fresh again")
+    return 0
+
+
+def _solution(args) -> int:
+    from utils.display import show_solution
+
+    show_solution(args.name)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    parser = argparse.ArgumentParser(prog="course", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("build", help="build notebooks/ from chapters/ and solutions/")
+    p.add_argument("--check", action="store_true", help="fail if a notebook is stale")
+    p.add_argument("--teacher", action="store_true", help="keep the solutions in the cells")
+    p.add_argument("--out", default=None, help="output folder (default: notebooks/)")
+    p.set_defaults(func=_build)
+
+    p = sub.add_parser("grade", help="grade your notebooks and print a table")
+    p.add_argument("chapter", nargs="?", help="only this chapter (number or name)")
+    p.add_argument(
+        "--impl", default="notebooks", choices=("notebooks", "solutions", "stubs"),
+        help="what to grade (default: your notebooks)",
+    )
+    p.set_defaults(func=_grade)
+
+    p = sub.add_parser("reset", help="restore a pristine notebook (yours is backed up)")
+    p.add_argument("chapter", help="chapter number or name, e.g. 01")
+    p.set_defaults(func=_reset)
+
+    p = sub.add_parser("solution", help="print the reference source of an exercise object")
+    p.add_argument("name", help="e.g. LayerNorm, or an exercise name such as attention")
+    p.set_defaults(func=_solution)
+
+    args = parser.parse_args(argv)
+    if args.command == "build" and args.teacher and args.out is None:
+        parser.error("--teacher needs --out: the committed notebooks/ are learner builds")
+    try:
+        return args.func(args)
+    except ValueError as err:
+        print(f"course {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
