@@ -34,5 +34,7 @@ class PosEmbed(nn.Module):
         # The position of a token, not its id, picks the row; every sequence in the batch
         # gets the same positional vectors.
         batch, seq_len = tokens.shape
-        return einops.repeat(self.W_pos[:seq_len], "posn d_model -> batch posn d_model", batch=batch)
+        return einops.repeat(
+            self.W_pos[:seq_len], "posn d_model -> batch posn d_model", batch=batch
+        )
         # END SOLUTION

@@ -76,7 +76,7 @@ def read_chapter(name: str) -> Chapter:
             continue
         ex_name = cell.metadata.get("exercise")
         if not ex_name or not str(ex_name).isidentifier():
-            raise ValueError(f"{path}: an exercise cell needs exercise=\"<identifier>\"")
+            raise ValueError(f'{path}: an exercise cell needs exercise="<identifier>"')
         objects = tuple(
             line[len(SOLUTION_PREFIX) :].strip()
             for line in cell.source.splitlines()
@@ -99,9 +99,7 @@ def find_exercise(name: str) -> Exercise:
     for ex in all_exercises():
         if ex.name == name:
             return ex
-    raise ValueError(
-        f"exercise must be one of {[ex.name for ex in all_exercises()]}, got {name!r}"
-    )
+    raise ValueError(f"exercise must be one of {[ex.name for ex in all_exercises()]}, got {name!r}")
 
 
 def import_object(dotted: str):
@@ -140,6 +138,4 @@ def stub_out(source: str) -> str:
 
 def strip_fences(source: str) -> str:
     """The solution as a reader should see it: the fence comments removed."""
-    return "\n".join(
-        line for line in source.splitlines() if line.strip() not in (BEGIN, END)
-    )
+    return "\n".join(line for line in source.splitlines() if line.strip() not in (BEGIN, END))

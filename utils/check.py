@@ -70,7 +70,7 @@ def run_graded(args: list[str], plugins: list | None = None) -> list[TestResult]
     return collector.results
 
 
-def check(exercise: str, namespace: dict | None = None) -> bool:
+def check(exercise: str, namespace: dict | None = None) -> None:
     """Grade one exercise against what this notebook has defined; print a short verdict."""
     ex = find_exercise(exercise)
     if namespace is None:
@@ -89,10 +89,8 @@ def check(exercise: str, namespace: dict | None = None) -> bool:
             console.print(f"  [red]•[/red] {r.nodeid.split('::')[-1]}: {r.message}", markup=False)
     else:
         console.print(f"[bold green]✓ {exercise}: all {len(passed)} tests passed[/]")
-    ok = bool(results) and not failed
-    if not ok and os.environ.get("COURSE_STRICT_CHECK") == "1":
+    if (failed or not results) and os.environ.get("COURSE_STRICT_CHECK") == "1":
         raise AssertionError(f"check({exercise!r}) failed")
-    return ok
 
 
 def grade(impl: str = "notebooks", chapter: str | None = None) -> list[TestResult]:
@@ -117,8 +115,14 @@ def grade(impl: str = "notebooks", chapter: str | None = None) -> list[TestResul
             ok = bool(rs) and not failed
             done += ok
             rows += 1
-            status = f"[green]pass {len(rs)}/{len(rs)}[/]" if ok else (
-                f"[red]fail {len(rs) - len(failed)}/{len(rs)}[/]" if rs else "[yellow]no tests[/]"
+            status = (
+                f"[green]pass {len(rs)}/{len(rs)}[/]"
+                if ok
+                else (
+                    f"[red]fail {len(rs) - len(failed)}/{len(rs)}[/]"
+                    if rs
+                    else "[yellow]no tests[/]"
+                )
             )
             table.add_row(ch, ex.name, status, failed[0].message[:90] if failed else "")
     table.caption = f"{done} of {rows} exercises pass"

@@ -75,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("grade", help="grade your notebooks and print a table")
     p.add_argument("chapter", nargs="?", help="only this chapter (number or name)")
     p.add_argument(
-        "--impl", default="notebooks", choices=("notebooks", "solutions", "stubs"),
+        "--impl",
+        default="notebooks",
+        choices=("notebooks", "solutions", "stubs"),
         help="what to grade (default: your notebooks)",
     )
     p.set_defaults(func=_grade)

@@ -144,26 +144,31 @@ def config_from_hf(hf_config):
     )
 
 
-@functools.cache
 def load_reference(path: str | Path | None = None) -> Reference:
     """Boot the transformer-lens 4 bridge on an HF GPT-2 directory, fully offline.
 
-    Cached per path: graders and notebooks share one copy within a process.
+    Cached per directory: graders and notebooks share one copy within a process.
     """
+    return _load_reference(Path(path if path is not None else tiny_model_dir()).resolve())
+
+
+@functools.cache
+def _load_reference(path: Path) -> Reference:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoTokenizer, GPT2LMHeadModel
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    path = Path(path) if path is not None else tiny_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(path)
     hf_model = GPT2LMHeadModel.from_pretrained(path, attn_implementation="eager").eval()
     bridge = TransformerBridge.boot_transformers(str(path), hf_model=hf_model, tokenizer=tokenizer)
     bridge.eval()
     bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
     params = {k: v.detach().clone() for k, v in bridge.get_params().items()}
-    return Reference(bridge=bridge, hf_model=hf_model, tokenizer=tokenizer, params=params, path=path)
+    return Reference(
+        bridge=bridge, hf_model=hf_model, tokenizer=tokenizer, params=params, path=path
+    )
 
 
 def load_weights(model: torch.nn.Module, params: dict[str, torch.Tensor]) -> torch.nn.Module:

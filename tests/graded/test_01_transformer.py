@@ -3,7 +3,6 @@ weights, plus tests aimed at the classic mistakes."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -119,7 +118,9 @@ def test_layernorm_biased_variance(impl):
     x = torch.randn(3, 2, 4)
     expected = F.layer_norm(x, (4,), p["w"], p["b"], cfg.layer_norm_eps)
     out = ln(x)
-    unbiased = (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True) + cfg.layer_norm_eps).sqrt()
+    unbiased = (x - x.mean(-1, keepdim=True)) / (
+        x.var(-1, keepdim=True) + cfg.layer_norm_eps
+    ).sqrt()
     if close(out, unbiased * p["w"] + p["b"]):
         pytest.fail("Use the biased variance (divide by d_model): var(unbiased=False).")
     assert_matches(out, expected, "LayerNorm with d_model=4")

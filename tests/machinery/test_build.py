@@ -61,13 +61,20 @@ def test_stub_out_keeps_everything_outside_the_fence():
         "    return x + 1\n"
         "    # END SOLUTION\n"
     )
-    assert stub_out(source) == 'def f(x):\n    """Doc."""\n    check(x)\n    raise NotImplementedError()'
+    assert (
+        stub_out(source)
+        == 'def f(x):\n    """Doc."""\n    check(x)\n    raise NotImplementedError()'
+    )
     assert strip_fences(source) == 'def f(x):\n    """Doc."""\n    check(x)\n    return x + 1'
 
 
 @pytest.mark.parametrize(
     "bad",
-    ["    # BEGIN SOLUTION\n    x\n", "    # END SOLUTION\n", "# BEGIN SOLUTION\n# BEGIN SOLUTION\n"],
+    [
+        "    # BEGIN SOLUTION\n    x\n",
+        "    # END SOLUTION\n",
+        "# BEGIN SOLUTION\n# BEGIN SOLUTION\n",
+    ],
 )
 def test_stub_out_rejects_broken_fences(bad):
     with pytest.raises(ValueError):

@@ -54,9 +54,9 @@ def _cell(nb, exercise):
 def test_broken_cells_fail_only_their_own_exercise(tmp_path):
     nb = build_notebook(CHAPTER, teacher=True)
     _cell(nb, "layernorm").source += "\n\ndef broken(:\n    pass\n"
-    _cell(nb, "token_strings").source = (
-        "def token_strings(tokenizer, text):\n    while True:\n        pass\n"
-    )
+    _cell(
+        nb, "token_strings"
+    ).source = "def token_strings(tokenizer, text):\n    while True:\n        pass\n"
     _cell(nb, "mlp").source = "while True:\n    pass\n\n" + _cell(nb, "mlp").source
     nb.cells.remove(_cell(nb, "attention"))
 

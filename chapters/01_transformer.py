@@ -1,0 +1,734 @@
+# %% [markdown]
+# # Chapter 1 — Build GPT-2 from its parts
+#
+# In this chapter you write a GPT-2 style transformer, `DemoTransformer`, one layer at a time:
+# token and position embeddings, LayerNorm, causal multi-head attention, the MLP, the
+# transformer block, the unembedding, and finally the whole model. When you are done, your
+# model produces **the same logits** as two independent implementations of GPT-2 (Hugging Face
+# `transformers` and `transformer-lens`) when it is given the same weights.
+#
+# Nothing here is magic, and nothing is hidden behind `nn.Linear` or
+# `nn.MultiheadAttention`: every multiplication is one you write. By the end you should be able
+# to draw the model from memory and say what shape every tensor has at every step.
+#
+# **Time:** about 3–4 hours. **You need:** PyTorch tensors, broadcasting and `nn.Module`.
+# Knowing `einops` helps; there is a short refresher below.
+#
+# ## How this notebook works
+#
+# - Each **exercise cell** already contains a class (or function) with its `__init__` written
+#   for you. Wherever you see `raise NotImplementedError()`, replace it with your code.
+#   Keep the parameter names as they are: the reference weights are loaded by name.
+# - Run the exercise cell, then the cell below it, `check("layernorm")` for example. It runs the
+#   graded tests for that exercise against what this notebook defines *right now* and prints
+#   ✓ or ✗, with the failing test and, most of the time, the likely mistake.
+# - From a terminal, `pytest -m layernorm` runs the same tests on your **saved** notebook,
+#   and `course grade` (or `course grade 1` for this chapter only) prints a table of every
+#   exercise. Save the notebook first: the terminal reads the file, not your running kernel.
+# - **Stuck?** `show_solution("LayerNorm")` in a cell (or `course solution LayerNorm` in a
+#   terminal) prints the reference code. Give yourself a real attempt first, 10–15 minutes
+#   with the hint open: you learn far more from writing the code than from reading it. If you
+#   do peek, close it and write your version from memory.
+# - Broke the notebook beyond repair? `course reset 01` gives you a fresh one and keeps a
+#   backup of yours.
+#
+# Run the setup cell below first.
+
+# %% tags=["setup"]
+import einops
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from solutions.config import Config
+from solutions.mlp import gelu_new
+from utils.check import check
+from utils.display import show_solution
+
+# %% [markdown]
+# ## The reference model
+#
+# To know that your code is right we compare it with a reference: a GPT-2 checkpoint loaded
+# three ways. `reference.hf_model` is the Hugging Face `GPT2LMHeadModel`; `reference.bridge`
+# wraps the same model in `transformer-lens`, which lets us read every intermediate
+# activation; `reference.params` holds its weights under the names *your* modules use.
+#
+# **A word of honesty about this model.** Right now the reference is a *tiny* GPT-2 (2 layers,
+# a residual stream 64 wide, a vocabulary of a few hundred tokens) whose weights are
+# **random**. It has learnt nothing, so anything it "predicts" is noise. That does not matter
+# for this chapter: what we check is that your code computes *exactly* what GPT-2's
+# architecture computes, and random weights test that just as well as trained ones (better,
+# even: every bias and LayerNorm scale is non-trivial, so a forgotten term cannot hide).
+# In chapter 2 you train a real model on Shakespeare, and it replaces this one.
+
+# %%
+from utils.models import load_reference, load_weights
+
+reference = load_reference()
+tokenizer = reference.tokenizer
+cfg = reference.cfg
+print(cfg)
+
+# %% [markdown]
+# ## 1. Tokens: what the model actually reads
+#
+# A language model never sees characters. Text is first cut into **tokens**, pieces drawn
+# from a fixed vocabulary, and each token is replaced by its integer **id**. The model reads
+# a sequence of ids and, at every position, outputs a score for every token in the vocabulary:
+# how likely that token is to come *next*.
+#
+# GPT-2 uses **byte-level BPE** (byte-pair encoding):
+#
+# - The vocabulary starts with the 256 possible bytes, so *any* string can be encoded: there
+#   is no "unknown word".
+# - Training repeatedly finds the most frequent pair of adjacent tokens in a corpus and merges
+#   it into a new token. GPT-2 did this 50,000 times, which gives 256 + 50,000 + 1 special
+#   token = 50,257 tokens. Frequent words end up as a single token; rare words are spelled
+#   from several pieces.
+# - Before merging, text is split into words that **carry their leading space**. So `" model"`
+#   and `"model"` are different tokens, and so are `" Model"` and `"Model"`.
+#
+# Inside the vocabulary, bytes that are awkward to print are shown as stand-in characters:
+# a space is `Ġ`, a newline is `Ċ`. `tokenizer.convert_ids_to_tokens` shows you these raw
+# vocabulary entries; `tokenizer.decode` turns ids back into real text.
+#
+# Our tiny tokenizer learnt only a few hundred merges from a few paragraphs, so it splits far
+# more than GPT-2's would. Run the cell and look at how the words break.
+
+# %%
+text = "A language model predicts the next token."
+ids = tokenizer.encode(text)
+print("ids:           ", ids)
+print("vocab entries: ", tokenizer.convert_ids_to_tokens(ids))
+print("decoded:       ", repr(tokenizer.decode(ids)))
+print()
+for word in ["model", " model", "Model", " Model", "\n"]:
+    print(f"{word!r:10} -> {tokenizer.convert_ids_to_tokens(tokenizer.encode(word))}")
+
+# %% [markdown]
+# There is one **special token**, `<|endoftext|>`. It marks the boundary between documents
+# during training, and GPT-2 also uses it as a "beginning of sequence" token: we will usually
+# put it in front of a prompt, so that the first real token has something before it. Plain
+# `tokenizer.encode(text, add_special_tokens=False)` never adds it.
+
+# %%
+print(tokenizer.eos_token, "has id", tokenizer.eos_token_id)
+
+# %% [markdown]
+# ### Exercise: `token_strings`
+#
+# Write `token_strings(tokenizer, text)`: the list of the strings of `text`'s tokens, in order,
+# written as real text (a space, not `Ġ`). What the tests check:
+#
+# - one string per token of `tokenizer.encode(text, add_special_tokens=False)`: no special
+#   token, and tokens, not characters;
+# - `"".join(token_strings(tokenizer, text)) == text`.
+#
+# This is the function you will reach for whenever you want to *see* what the model sees.
+#
+# <details><summary>Hint</summary>
+#
+# `tokenizer.decode` takes a *list* of ids. Decode each id on its own: `tokenizer.decode([i])`.
+# `convert_ids_to_tokens` is not the answer: it returns the raw `Ġ` forms.
+#
+# </details>
+#
+# *Aside.* Decoding token by token only rebuilds the text when no token boundary falls inside
+# a character. An emoji is 4 bytes in UTF-8 and may be split over several tokens, and each
+# piece decodes to `�` on its own. The tests use plain ASCII text.
+
+# %% tags=["exercise"] exercise="token_strings"
+# solution: solutions.tokens.token_strings
+
+# %%
+check("token_strings")
+
+# %% [markdown]
+# Once your function passes, see how a sentence is cut up:
+
+# %%
+print(token_strings(tokenizer, "Tokens, not characters: that is what a model reads."))
+
+# %% [markdown]
+# ## 2. The big picture
+#
+# Here is all of GPT-2, for one sequence of `posn` tokens:
+#
+# ```
+# tokens [batch, posn]
+#    |
+#    +--> embed (W_E) ------+
+#    |                      (+)---> residual stream  x0  [batch, posn, d_model]
+#    +--> pos_embed (W_pos)-+            |
+#                                        |
+#          block 0   +--- ln1 -> attn ---(+)   x_mid = x0 + attn(ln1(x0))
+#                    +--- ln2 -> mlp  ---(+)   x1    = x_mid + mlp(ln2(x_mid))
+#                                        |
+#                                       ...  (n_layers blocks in total)
+#                                        |
+#                               ln_final -> unembed (W_U) ---> logits [batch, posn, d_vocab]
+# ```
+#
+# The central object is the **residual stream**: one vector of width `d_model` per position.
+# The embeddings write its first value. Each block then *reads* from it (through a LayerNorm)
+# and *adds* its result back, never replacing it. So the final stream is a sum:
+#
+# $$x_{\text{final}} = \text{token emb} + \text{pos emb}
+#   + \sum_{\text{layers}} \left(\text{attn out} + \text{mlp out}\right)$$
+#
+# Two kinds of layers write into it:
+#
+# - **Attention** is the *only* place where information moves between positions. Each
+#   position gathers information from itself and from earlier positions.
+# - The **MLP** works on every position separately, the same small network at each position.
+#
+# At the end, the stream at each position is turned into `d_vocab` logits: scores for the
+# *next* token. Position `i` predicts token `i + 1`, so one forward pass trains on (or
+# predicts at) every position at once.
+#
+# ### Shapes and the `Config`
+#
+# Every module takes a `Config` and reads its sizes from it. You will see these names in
+# every type annotation:
+#
+# | name | `Config` field | meaning | GPT-2 small |
+# |---|---|---|---|
+# | `batch` | | number of sequences processed together | any |
+# | `posn` | (at most `n_ctx`) | number of tokens in each sequence | up to 1024 |
+# | `d_model` | `d_model` | width of the residual stream | 768 |
+# | `d_vocab` | `d_vocab` | number of tokens in the vocabulary | 50,257 |
+# | | `n_ctx` | longest sequence: the number of learned positions | 1024 |
+# | `n_heads` | `n_heads` | attention heads per layer | 12 |
+# | `d_head` | `d_head` | width of one head's queries, keys and values | 64 |
+# | `d_mlp` | `d_mlp` | hidden width of the MLP (4 × `d_model`) | 3072 |
+# | | `n_layers` | number of transformer blocks | 12 |
+# | | `layer_norm_eps` | the ε of LayerNorm | 1e-5 |
+# | | `init_range` | std of the random initial weights | 0.02 |
+#
+# `Config()` with no arguments *is* GPT-2 small. The tiny reference uses the same fields with
+# smaller numbers (printed above). In GPT-2 `n_heads * d_head == d_model`, but nothing in
+# the code needs that.
+#
+# ### Naming: why the weights load
+#
+# The names of modules and parameters follow `transformer-lens`: `embed.W_E`,
+# `blocks.0.ln1.w`, `blocks.0.attn.W_Q`, `blocks.1.mlp.b_out`, `unembed.W_U`... Because your
+# modules use the same names and shapes, copying the reference weights into your model is a
+# loop over `named_parameters()` (that is all `load_weights` does). Here is every reference
+# weight:
+
+# %%
+for name, param in reference.params.items():
+    print(f"{name:24} {tuple(param.shape)}")
+
+# %% [markdown]
+# Note the convention: activations are multiplied **on the left**, `x @ W`. So `W_in` has shape
+# `[d_model, d_mlp]` (input dimension first), the transpose of `nn.Linear.weight`. The
+# attention weights keep a separate `n_heads` dimension rather than one big matrix.
+#
+# ### Peeking inside the reference
+#
+# `reference.bridge.run_with_cache(tokens)` runs the reference model and records every
+# intermediate activation in `cache`, keyed by hook names. We will compare your layers with
+# these activations: feed your layer the reference's input, compare with the reference's
+# output. (`to_tokens` puts `<|endoftext|>` in front of the prompt.)
+
+# %%
+prompt = "A language model reads tokens and predicts the next one."
+tokens = reference.bridge.to_tokens(prompt)
+print(reference.bridge.to_str_tokens(tokens))
+
+with torch.no_grad():
+    ref_logits, cache = reference.bridge.run_with_cache(tokens)
+
+for name in [
+    "hook_embed",
+    "hook_pos_embed",
+    "blocks.0.hook_resid_pre",
+    "blocks.0.ln1.hook_out",
+    "blocks.0.attn.hook_pattern",
+    "blocks.0.hook_attn_out",
+    "blocks.0.hook_mlp_out",
+    "blocks.0.hook_resid_post",
+    "ln_final.hook_out",
+]:
+    print(f"{name:28} {tuple(cache[name].shape)}")
+print(f"{'logits':28} {tuple(ref_logits.shape)}")
+
+
+def params_under(prefix: str) -> dict[str, Tensor]:
+    """The reference weights whose names start with `prefix`, with the prefix removed."""
+    return {k.removeprefix(prefix): v for k, v in reference.params.items() if k.startswith(prefix)}
+
+
+print(list(params_under("blocks.0.ln1.")))
+
+# %% [markdown]
+# ### A two-minute `einops` refresher
+#
+# `einops.einsum` multiplies tensors and sums over every dimension name that does not appear
+# after the `->`. Names are words, separated by spaces, so the pattern documents itself.
+# `einops.repeat` copies a tensor along a new dimension. The annotations you see in the cells,
+# like `Float[Tensor, "batch posn d_model"]`, are `jaxtyping` documentation of shapes: they are
+# not checked at run time, but they tell you exactly what to return.
+
+# %%
+a, b = torch.randn(2, 3), torch.randn(3, 4)
+same = einops.einsum(a, b, "i j, j k -> i k")  # a matrix product: j is summed over
+print(torch.allclose(same, a @ b))
+
+x = torch.randn(5, 2, 3)  # [posn, n_heads, d_head]
+W = torch.randn(2, 3, 8)  # [n_heads, d_head, d_model]
+out = einops.einsum(x, W, "posn n_heads d_head, n_heads d_head d_model -> posn d_model")
+print(out.shape)  # n_heads and d_head were summed over
+
+print(einops.repeat(torch.arange(4), "d -> batch d", batch=2))
+
+# %% [markdown]
+# ## 3. LayerNorm
+#
+# Every layer reads the residual stream through a **LayerNorm**. The stream is a running sum,
+# so its scale drifts from position to position and grows with depth; LayerNorm hands each
+# layer a vector of a predictable size. For each position separately, it
+#
+# 1. subtracts the mean of the vector's `d_model` entries,
+# 2. divides by their standard deviation,
+# 3. scales and shifts each feature with the learned `w` and `b` (both of shape `[d_model]`).
+#
+# $$\mu = \frac{1}{d_{\text{model}}}\sum_i x_i, \qquad
+#   \sigma^2 = \frac{1}{d_{\text{model}}}\sum_i (x_i - \mu)^2, \qquad
+#   \operatorname{LN}(x) = \frac{x - \mu}{\sqrt{\sigma^2 + \varepsilon}} \odot w + b$$
+#
+# Input and output: `[batch, posn, d_model]`. The mean and variance are over the **last**
+# dimension only. What the tests insist on, because it is what GPT-2 was trained with:
+#
+# - the **biased** variance: divide by `d_model`, not `d_model - 1`;
+# - ε (`cfg.layer_norm_eps`) goes **inside** the square root: $\sqrt{\sigma^2 + \varepsilon}$,
+#   not $\sigma + \varepsilon$. The two differ a lot on vectors with a tiny variance;
+# - the input is **not modified in place**. The caller still needs the residual stream
+#   after the LayerNorm (it adds the layer's output to it), so no `x -= ...` on the input.
+#
+# <details><summary>Hint</summary>
+#
+# `x.mean(dim=-1, keepdim=True)` has shape `[batch, posn, 1]`, which broadcasts back against
+# `x`. For the variance, either `x.var(dim=-1, keepdim=True, unbiased=False)` or the mean of
+# the squared centred values. `w` and `b` have shape `[d_model]` and broadcast on their own.
+# Write `x = x - mean` (a new tensor), not `x -= mean`.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="layernorm"
+# solution: solutions.layernorm.LayerNorm
+
+# %%
+check("layernorm")
+
+# %% [markdown]
+# `check` tells you pass or fail. You can also look for yourself, which is the best way to
+# debug: load the weights of block 0's first LayerNorm into yours, feed it the residual stream
+# the reference fed its own, and compare outputs. Run this once your `LayerNorm` passes.
+
+# %%
+ln1 = load_weights(LayerNorm(cfg), params_under("blocks.0.ln1."))
+with torch.no_grad():
+    ours = ln1(cache["blocks.0.hook_resid_pre"])
+print("max |ours - reference| =", (ours - cache["blocks.0.ln1.hook_out"]).abs().max().item())
+
+# Before `w` and `b`, every position has mean 0 and standard deviation 1 (a hair under 1,
+# in fact: that is epsilon at work).
+plain = LayerNorm(cfg)  # w = 1, b = 0
+with torch.no_grad():
+    normed = plain(cache["blocks.0.hook_resid_pre"])
+print("means:", normed.mean(-1)[0, :4], "\nstds: ", normed.std(-1, unbiased=False)[0, :4])
+
+# %% [markdown]
+# ## 4. Embeddings
+#
+# ### Token embedding
+#
+# `W_E` has one row per vocabulary token: `[d_vocab, d_model]`. Embedding token `t` means
+# taking row `t`. (Mathematically it is a one-hot vector times `W_E`; in code it is indexing,
+# which is the same thing without building a `d_vocab`-wide vector.)
+#
+# `tokens` is `[batch, posn]` of integer ids; the result is `[batch, posn, d_model]`.
+#
+# <details><summary>Hint</summary>
+#
+# Indexing a tensor with an integer tensor picks rows: `W_E[tokens]` already has the shape
+# `[batch, posn, d_model]`.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="embed"
+# solution: solutions.embed.Embed
+
+# %%
+check("embed")
+
+# %% [markdown]
+# ### Positional embedding
+#
+# Attention, as you will see, scores other positions by their *content* only: it has no
+# built-in sense of order, so without help the model would have a hard time telling "dog bites
+# man" from "man bites dog". GPT-2 fixes this with a **learned** vector per
+# position: `W_pos` is `[n_ctx, d_model]`, and row `i` is added to whatever token sits at
+# position `i`. (This is also why GPT-2 cannot read more than `n_ctx` tokens: there is no row
+# for position `n_ctx`.)
+#
+# `PosEmbed.forward` receives the same `tokens` as `Embed`, but the **ids do not matter**, only
+# the shape: a sequence of length `posn` gets rows `0, 1, ..., posn - 1` of `W_pos`, and every
+# sequence of the batch gets the same ones. The tests feed two different sequences and expect
+# identical positional vectors.
+#
+# <details><summary>Hint</summary>
+#
+# `batch, seq_len = tokens.shape`, then take `self.W_pos[:seq_len]` (shape
+# `[posn, d_model]`) and copy it over the batch with
+# `einops.repeat(..., "posn d_model -> batch posn d_model", batch=batch)`.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="pos_embed"
+# solution: solutions.embed.PosEmbed
+
+# %%
+check("pos_embed")
+
+# %% [markdown]
+# With both embeddings you can build the first value of the residual stream yourself. Once
+# `Embed` and `PosEmbed` pass, this should print a difference of (nearly) zero:
+
+# %%
+embed = load_weights(Embed(cfg), params_under("embed."))
+pos_embed = load_weights(PosEmbed(cfg), params_under("pos_embed."))
+with torch.no_grad():
+    resid_pre = embed(tokens) + pos_embed(tokens)
+diff = (resid_pre - cache["blocks.0.hook_resid_pre"]).abs().max().item()
+print("max |ours - reference| =", diff)
+
+# %% [markdown]
+# ## 5. Attention
+#
+# Attention is how a position gathers information from other positions. It runs `n_heads`
+# **heads** in parallel; each head independently decides where to look and what to copy.
+#
+# For each head $h$, each position computes three vectors of width `d_head` from its
+# (normalised) residual vector $x$:
+#
+# - a **query** $q = x W_Q^h + b_Q^h$: "what am I looking for?"
+# - a **key** $k = x W_K^h + b_K^h$: "what do I contain?"
+# - a **value** $v = x W_V^h + b_V^h$: "what do I pass on if someone attends to me?"
+#
+# Then:
+#
+# 1. **Scores.** The query at position $i$ is compared with the key at every position $j$:
+#    $A_{ij} = q_i \cdot k_j \,/\, \sqrt{d_{\text{head}}}$.
+# 2. **Causal mask.** Position $i$ may only look at $j \le i$: scores with $j > i$ become $-\infty$.
+# 3. **Pattern.** A softmax over the keys $j$ turns each row of scores into weights that sum to
+#    1: the attention pattern.
+# 4. **Mix.** $z_i = \sum_j \text{pattern}_{ij}\, v_j$: a weighted average of the values.
+# 5. **Write out.** Each head maps its $z$ back to `d_model` with its own
+#    $W_O^h$, the heads' results are **summed**, and $b_O$ is added once:
+#    $\text{out}_i = \sum_h z^h_i W_O^h + b_O$.
+#
+# Shapes along the way:
+#
+# | tensor | shape |
+# |---|---|
+# | input `normalized_resid_pre` | `[batch, posn, d_model]` |
+# | `W_Q`, `W_K`, `W_V` | `[n_heads, d_model, d_head]` |
+# | `b_Q`, `b_K`, `b_V` | `[n_heads, d_head]` |
+# | q, k, v | `[batch, posn, n_heads, d_head]` |
+# | scores, pattern | `[batch, n_heads, query_pos, key_pos]` |
+# | z | `[batch, posn, n_heads, d_head]` |
+# | `W_O` | `[n_heads, d_head, d_model]` |
+# | `b_O`, output | `[d_model]`, `[batch, posn, d_model]` |
+#
+# (Summing each head's $z^h W_O^h$ is the same as concatenating the heads' $z$ into one
+# `n_heads * d_head` vector and multiplying by one big matrix, which is how the Hugging Face
+# code does it. Keeping the heads separate makes each one easy to study on its own.)
+#
+# ### Why divide by $\sqrt{d_{\text{head}}}$?
+#
+# A dot product of two vectors with `d_head` independent entries of variance 1 is a sum of
+# `d_head` terms, so its variance is `d_head`. Unscaled, the scores of a wide head would be
+# large, the softmax would put almost all its weight on one key, and its gradients would
+# vanish. Dividing by $\sqrt{d_{\text{head}}}$ brings the variance back to about 1 whatever
+# the head width. Divide by the square root, not by `d_head` itself.
+#
+# ### The causal mask
+#
+# A GPT is trained to predict the next token at *every* position at once. If position $i$
+# could read position $i + 1$, it would simply copy the answer. So every score whose key comes
+# **after** its query is replaced by `self.IGNORE`, a $-\infty$ stored on the module (as a
+# buffer, so that it moves to the GPU with the module).
+#
+# - Why is $-\infty$ safe? $e^{-\infty} = 0$, so a masked key gets weight *exactly* 0 and the
+#   other weights still sum to 1. That works as long as each row keeps at least one finite
+#   score; a row of only $-\infty$ would be $0/0$ = `nan`. The diagonal guarantees this:
+#   a token always **sees itself**. So mask strictly above the diagonal: in
+#   `torch.triu(..., diagonal=1)`, the `diagonal=1` is what keeps the diagonal unmasked.
+# - Apply the mask **before** the softmax, to the scores, not to the pattern.
+#
+# What the tests check: `apply_causal_mask` returns a new tensor of the same shape
+# (`masked_fill`, not the in-place `masked_fill_`), leaves every score on and below the
+# diagonal unchanged and sets every score above it to `self.IGNORE`. `forward` matches the
+# reference's attention output with all four biases, and changing the input at position 4
+# changes no earlier output but does change position 4's own.
+#
+# Write `apply_causal_mask` first (it is short), then `forward`, which calls it.
+#
+# <details><summary>Hint: the mask</summary>
+#
+# Build a boolean `[query_pos, key_pos]` matrix that is `True` strictly above the diagonal:
+# `torch.triu(torch.ones(n_q, n_k, dtype=torch.bool, device=attn_scores.device), diagonal=1)`.
+# Then `attn_scores.masked_fill(mask, self.IGNORE)`: the mask broadcasts over batch and heads.
+#
+# </details>
+#
+# <details><summary>Hint: the forward pass</summary>
+#
+# With `x` of shape `[batch, posn, d_model]`:
+#
+# ```python
+# q = einops.einsum(
+#     x, self.W_Q, "batch posn d_model, n_heads d_model d_head -> batch posn n_heads d_head"
+# ) + self.b_Q
+# scores = einops.einsum(
+#     q, k, "batch q_pos n_heads d_head, batch k_pos n_heads d_head -> batch n_heads q_pos k_pos"
+# )
+# ```
+#
+# Then divide by `self.cfg.d_head ** 0.5`, mask, `.softmax(dim=-1)` (the last dimension is
+# the keys), mix the values with another einsum into `[batch, posn, n_heads, d_head]`, and
+# finish with an einsum against `W_O` that sums over both `n_heads` and `d_head`, plus `b_O`.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="attention"
+# solution: solutions.attention.Attention
+
+# %%
+check("attention")
+
+# %% [markdown]
+# ### What an attention pattern looks like
+#
+# The cache holds every head's pattern. Here is layer 0, head 0 of the reference on our
+# prompt: row $i$ shows how much position $i$ (the query) attends to each position $j$ (the
+# key). You can read off two facts from the code you just wrote: everything above the
+# diagonal is zero (the causal mask), and every row sums to 1 (the softmax). The first row has
+# only one choice, so it puts all its weight on `<|endoftext|>`. Beyond that there is nothing
+# to interpret: the weights are random. Trained models have heads with striking patterns (to
+# the previous token, to the first token, to an earlier copy of the current token), which is
+# where interpretability research starts.
+
+# %%
+import matplotlib.pyplot as plt
+
+pattern = cache["blocks.0.attn.hook_pattern"][0, 0]  # [query_pos, key_pos]
+labels = reference.bridge.to_str_tokens(tokens)
+print("row sums:", pattern.sum(-1)[:5])
+print("largest weight above the diagonal:", pattern.triu(1).max().item())
+
+fig, ax = plt.subplots(figsize=(5, 5))
+ax.imshow(pattern.numpy(), cmap="Blues", vmin=0, vmax=1)
+ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
+ax.set_yticks(range(len(labels)), labels, fontsize=7)
+ax.set_xlabel("key position (attended to)")
+ax.set_ylabel("query position (attending)")
+ax.set_title("Layer 0, head 0 (random weights)")
+plt.show()
+
+# %% [markdown]
+# ## 6. The MLP
+#
+# After attention has moved information between positions, the **MLP** processes each
+# position on its own: the same two-layer network, applied to every residual vector. It holds
+# about two thirds of GPT-2's non-embedding parameters, and much of what a trained model
+# "knows" seems to be stored in it.
+#
+# $$\text{MLP}(x) = \operatorname{GELU}(x W_{\text{in}} + b_{\text{in}})\, W_{\text{out}}
+#   + b_{\text{out}}$$
+#
+# with `W_in` `[d_model, d_mlp]`, `b_in` `[d_mlp]`, `W_out` `[d_mlp, d_model]`, `b_out`
+# `[d_model]`. The hidden layer is 4 times wider than the stream.
+#
+# The non-linearity is **GELU**, a smooth cousin of ReLU. GPT-2 was trained with its tanh
+# approximation,
+#
+# $$\operatorname{GELU}(x) \approx \tfrac12\, x \left(1 + \tanh\!\left[\sqrt{2/\pi}\,
+#   \left(x + 0.044715\, x^3\right)\right]\right),$$
+#
+# which the setup cell imported as `gelu_new`. Use it: PyTorch's default `F.gelu` is the exact
+# version, and the difference is large enough for the tests to notice (they will tell you).
+#
+# <details><summary>Hint</summary>
+#
+# Two einsums (`"batch posn d_model, d_model d_mlp -> batch posn d_mlp"` and back), with
+# `gelu_new` in between. Don't forget either bias.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="mlp"
+# solution: solutions.mlp.MLP
+
+# %%
+check("mlp")
+
+# %% [markdown]
+# ## 7. The transformer block
+#
+# A block is one attention layer and one MLP, each reading the residual stream through its
+# own LayerNorm and adding its output back. GPT-2 is a **pre-LN** transformer: the
+# normalisation is applied to what each layer *reads*, never to the stream itself.
+#
+# $$x_{\text{mid}} = x_{\text{pre}} + \operatorname{Attn}(\operatorname{LN}_1(x_{\text{pre}}))$$
+# $$x_{\text{post}} = x_{\text{mid}} + \operatorname{MLP}(\operatorname{LN}_2(x_{\text{mid}}))$$
+#
+# These two additions are the **residual connections**. They are why a gradient can flow
+# straight from the loss to the first layer, and why each layer can be seen as making a small
+# edit to a shared stream rather than rebuilding it.
+#
+# The tests check blocks 0 and 1 against the reference, and that `resid_pre` is left
+# untouched (write `resid_pre + ...`, not `resid_pre += ...`).
+#
+# <details><summary>Hint</summary>
+#
+# Two lines: one for `resid_mid` using `self.ln1` and `self.attn`, one for `resid_post` using
+# `self.ln2` and `self.mlp`.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="block"
+# solution: solutions.block.TransformerBlock
+
+# %%
+check("block")
+
+# %% [markdown]
+# ## 8. Unembedding
+#
+# The last step turns the final (normalised) residual vector at each position into one
+# **logit** per vocabulary token: `[batch, posn, d_model] -> [batch, posn, d_vocab]`, with
+# `W_U` of shape `[d_model, d_vocab]`. A softmax over the logits gives the model's probability
+# for each possible next token.
+#
+# GPT-2 has no unembedding bias; `transformer-lens` keeps a frozen `b_U` of zeros so that
+# every layer looks alike, and so do we. Add it anyway: a module should compute what its
+# parameters say, whatever values they happen to hold.
+# (GPT-2 also *ties* `W_U` to `W_E`: its unembedding is the transpose of its embedding. Our
+# module keeps them as two parameters and `load_weights` simply copies whatever the checkpoint
+# holds.)
+#
+# <details><summary>Hint</summary>
+#
+# One einsum, `"batch posn d_model, d_model d_vocab -> batch posn d_vocab"`, plus `self.b_U`.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="unembed"
+# solution: solutions.unembed.Unembed
+
+# %%
+check("unembed")
+
+# %% [markdown]
+# ## 9. The whole model
+#
+# Now assemble `DemoTransformer`: embed the tokens and their positions, add the two, run the
+# residual stream through every block in order, apply the final LayerNorm `ln_final`, and
+# unembed. `tokens [batch, posn] -> logits [batch, posn, d_vocab]`.
+#
+# The first lines of `forward` are already written: they reject tokens that are not an
+# integer `[batch, posn]` tensor, sequences longer than `n_ctx`, and ids outside the
+# vocabulary, with a readable `ValueError` instead of an obscure indexing error deep inside
+# `Embed`. Keep them (a test checks them) and write your code below them.
+#
+# The tests compare your logits with the `transformer-lens` bridge on a prompt, and with the
+# Hugging Face model on a batch of three full-length (`n_ctx`) random sequences.
+#
+# <details><summary>Hint</summary>
+#
+# `self.blocks` is an `nn.ModuleList`: loop over it with `for block in self.blocks:` and
+# reassign the residual each time.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="transformer"
+# solution: solutions.model.DemoTransformer
+
+# %%
+check("transformer")
+
+# %% [markdown]
+# ## 10. Putting it together
+#
+# You have written GPT-2. Let's load the reference weights into it and compare it, end to end,
+# with both reference implementations. Run this once your `DemoTransformer` passes.
+
+# %%
+demo = load_weights(DemoTransformer(cfg), reference.params).eval()
+
+with torch.no_grad():
+    demo_logits = demo(tokens)
+    bridge_logits = reference.bridge(tokens)
+    hf_logits = reference.hf_model(tokens).logits
+
+print("logits shape:", tuple(demo_logits.shape))
+print("max |ours - transformer-lens| =", (demo_logits - bridge_logits).abs().max().item())
+print("max |ours - Hugging Face|     =", (demo_logits - hf_logits).abs().max().item())
+
+# %% [markdown]
+# Differences of around $10^{-6}$ are floating-point rounding: the libraries add and multiply
+# in a different order. Your model computes the same function.
+#
+# The logits at the **last** position are the model's guess for the token that comes after
+# the prompt. Here are its five favourites. Remember that the weights are random: these
+# "predictions" are noise, however confident they look. (A `'�'` is a token that holds a
+# single byte of a multi-byte character, which cannot be printed on its own.) After chapter 2
+# the same cell shows a real model's guesses.
+
+# %%
+print(repr(prompt), "->")
+probs = demo_logits[0, -1].softmax(dim=-1)
+top = probs.topk(5)
+for p, i in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+    print(f"  {p:6.2%}  {tokenizer.decode([i])!r}")
+print(f"(a uniform guess would give each token {1 / cfg.d_vocab:.2%})")
+
+# %% [markdown]
+# Where do the parameters live? Count them per component:
+
+# %%
+counts: dict[str, int] = {}
+for name, param in demo.named_parameters():
+    # "blocks.1.attn.W_Q" counts as "attn" (all layers together), "embed.W_E" as "embed".
+    part = name.split(".")[2] if name.startswith("blocks.") else name.split(".")[0]
+    counts[part] = counts.get(part, 0) + param.numel()
+for part, n in counts.items():
+    print(f"{part:10} {n:>10,}")
+print(f"{'total':10} {sum(counts.values()):>10,}")
+
+# %% [markdown]
+# For comparison, GPT-2 small (`Config()`) has about 124 million parameters when `W_U` shares
+# `W_E`'s storage, and about 163 million counted the way this loop counts them. Try working
+# out where they go from the shapes table: the embeddings and the MLPs dominate.
+#
+# ## Check your understanding
+#
+# - Which layer is the only one that moves information between positions? What would the
+#   model's output at position 3 depend on if you deleted every attention layer?
+# - Why must LayerNorm and the block not modify their input in place?
+# - What goes wrong if the causal mask uses `diagonal=0`? (Think about the first row.)
+# - No position's output depends on a later token. Why is that what makes it possible to
+#   train on every position of a sequence in a single forward pass?
+# - The model can read at most `n_ctx` tokens. Which weight sets that limit?
+#
+# ## What's next
+#
+# Your `DemoTransformer` computes exactly what GPT-2's architecture computes, but with random
+# weights it knows nothing. In **chapter 2** you train a model built from these same parts on
+# Shakespeare, minimising the cross-entropy of its next-token predictions. That trained model
+# then replaces the random reference used here, and the demos above start to mean something.
+# In **chapter 3** you sample from it, turning logits into text one token at a time.
