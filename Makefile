@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(PYTEST) tests/machinery
 	$(PYTEST) tests/graded --impl solutions
 	@echo "Every graded test must FAIL on the blank stubs (inverted: a pass below means it does):"
-	$(PYTEST) tests/graded --impl stubs
+	$(PYTEST) tests/graded --impl stubs --must-fail
 
 setup: $(STAMP)
 

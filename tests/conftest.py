@@ -24,9 +24,17 @@ def pytest_addoption(parser):
         choices=IMPL_CHOICES,
         help="what to grade: the learner's notebooks (default), solutions, or blank stubs",
     )
+    parser.addoption(
+        "--must-fail",
+        action="store_true",
+        help="with --impl stubs: invert outcomes, so that a graded test passing on the blank "
+        "stubs is reported as a failure (the course's self-check)",
+    )
 
 
 def pytest_configure(config):
+    if config.getoption("--must-fail") and config.getoption("--impl") != "stubs":
+        raise pytest.UsageError("--must-fail only makes sense with --impl stubs")
     for name, ex in EXERCISES.items():
         config.addinivalue_line("markers", f"{name}: exercise {name} of chapter {ex.chapter}")
     for chapter in sorted({ex.chapter for ex in EXERCISES.values()}):
@@ -85,7 +93,7 @@ def pytest_runtest_makereport(item, call):
     excinfo = call.excinfo
     if report.failed and excinfo is not None:
         if _caused_by(excinfo, NotImplementedError):
-            message = f"not implemented yet: exercise {exercise!r} still raises NotImplementedError"
+            message = "not implemented yet: the cell still raises NotImplementedError"
             report.longrepr = message
         elif excinfo.errisinstance(ExerciseUnavailable):
             message = str(excinfo.value)
@@ -94,7 +102,7 @@ def pytest_runtest_makereport(item, call):
             message = excinfo.exconly().splitlines()[0] if excinfo.exconly() else excinfo.typename
         report.user_properties.append(("message", message))
 
-    if item.config.getoption("--impl") == "stubs":
+    if item.config.getoption("--must-fail"):
         # Inverted: on blank stubs a graded test must fail, and fail because the exercise is
         # not implemented. A test that passes here cannot tell a learner anything.
         if report.passed:
