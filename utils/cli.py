@@ -61,6 +61,18 @@ def _solution(args) -> int:
     return 0
 
 
+def _train(args) -> int:
+    import json
+
+    from utils.recipe import run
+
+    metrics = run(args.model, out=args.out, n_steps=args.steps)
+    keys = ("model", "val_loss_nats_per_token", "val_loss_nats_per_char", "val_bits_per_char",
+            "bigram_val_loss_nats_per_char", "wall_time_s")  # fmt: skip
+    print(json.dumps({k: metrics[k] for k in keys}, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parser = argparse.ArgumentParser(prog="course", description=__doc__)
@@ -89,6 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("solution", help="print the reference source of an exercise object")
     p.add_argument("name", help="e.g. LayerNorm, or an exercise name such as attention")
     p.set_defaults(func=_solution)
+
+    p = sub.add_parser("train", help="reproduce a shipped Shakespeare model from its seed")
+    p.add_argument("--model", choices=("main", "draft"), default="main")
+    p.add_argument("--steps", type=int, default=None, help="override the number of steps")
+    p.add_argument("--out", default=None, help="output folder (default: models/<name>)")
+    p.set_defaults(func=_train)
 
     args = parser.parse_args(argv)
     if args.command == "build" and args.teacher and args.out is None:

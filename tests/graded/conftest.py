@@ -5,16 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from utils.models import load_reference, tiny_model_dir
+from utils.models import load_reference
 
-# A fixed prompt: long enough for attention to matter, short enough for the tiny model.
-PROMPT = "A language model reads tokens and predicts the next one, again and again."
+# A fixed prompt from a held-out play (Macbeth): long enough for attention to matter.
+PROMPT = (
+    "MACBETH.\nSo foul and fair a day I have not seen.\n\nBANQUO.\nHow far is't call'd to Forres?"
+)
 
 
 @pytest.fixture(scope="session")
 def reference():
-    """transformer-lens 4 bridge + HF GPT-2 on the same weights (built locally, offline)."""
-    return load_reference(tiny_model_dir())
+    """transformer-lens 4 bridge + HF GPT-2 on the course's shipped model, offline."""
+    return load_reference("shakespeare")
 
 
 @pytest.fixture(scope="session")

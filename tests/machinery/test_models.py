@@ -1,0 +1,91 @@
+"""The shipped models, the converters and the one loader every notebook uses."""
+
+import json
+
+import pytest
+import torch
+
+from utils.convert import demo_to_hf, hf_config
+from utils.models import MODELS_DIR, SHIPPED, load_hf, load_model, load_reference
+
+PROMPT = "ROMEO.\nBut soft, what light through yonder window breaks?"
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_model_three_way_logits(name):
+    """DemoTransformer, GPT2LMHeadModel and the transformer-lens bridge agree on the weights."""
+    demo, tokenizer = load_model(name)
+    reference = load_reference(MODELS_DIR / name)
+    tokens = torch.tensor([tokenizer.encode(PROMPT)])
+    with torch.no_grad():
+        ours = demo(tokens)
+        hf = reference.hf_model(tokens).logits
+        bridge = reference.bridge(tokens)
+    assert (ours - hf).abs().max() <= 1e-4
+    assert (ours - bridge).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_model_loads_without_missing_or_unexpected_weights(name):
+    from transformers import GPT2LMHeadModel
+
+    _, info = GPT2LMHeadModel.from_pretrained(MODELS_DIR / name, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    config = json.loads((MODELS_DIR / name / "config.json").read_text())
+    assert config.get("tie_word_embeddings", True) and config["n_positions"] >= 256
+
+
+def test_shipped_models_fit_the_size_budget():
+    files = [p for name in SHIPPED for p in (MODELS_DIR / name).iterdir()]
+    assert sum(p.stat().st_size for p in files) <= 25 * 2**20
+
+
+def test_shipped_models_share_a_tokenizer():
+    a, b = (MODELS_DIR / name / "tokenizer.json" for name in SHIPPED)
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_main_model_beats_draft_and_bigram():
+    main, draft = (json.loads((MODELS_DIR / n / "metrics.json").read_text()) for n in SHIPPED)
+    assert main["val_loss_nats_per_token"] < draft["val_loss_nats_per_token"]
+    assert main["val_loss_nats_per_token"] < main["bigram_val_loss_nats_per_token"]
+
+
+def test_converters_round_trip_on_a_real_shape_gpt2(tmp_path):
+    """The conversion path of load_model('gpt2'), offline: a random GPT-2 small, saved."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config()).eval()  # 124M parameters, the shape of real GPT-2 small
+    hf.save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(MODELS_DIR / "shakespeare").save_pretrained(tmp_path)
+    demo, _ = load_model(tmp_path)
+    cfg = demo.cfg
+    assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_vocab) == (768, 12, 12, 50257)
+    tokens = torch.randint(0, cfg.d_vocab, (1, 12))
+    with torch.no_grad():
+        assert (demo(tokens) - hf(tokens).logits).abs().max() <= 1e-4
+    back = demo_to_hf(demo.state_dict(), cfg)
+    original = hf.state_dict()
+    for key, value in back.items():
+        assert torch.equal(value, original[key]), key
+
+
+def test_demo_to_hf_refuses_an_untied_unembedding():
+    from solutions import Config, DemoTransformer
+
+    cfg = Config(d_model=8, d_vocab=10, n_ctx=4, d_head=4, d_mlp=16, n_heads=2, n_layers=1)
+    with pytest.raises(ValueError, match="W_U"):
+        demo_to_hf(DemoTransformer(cfg).state_dict(), cfg)
+    hf_config(cfg)  # a valid config converts
+
+
+def test_gpt2_offline_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RuntimeError, match="shakespeare"):
+        load_hf("gpt2")
+
+
+def test_unknown_model_name_is_a_clear_error():
+    with pytest.raises(ValueError, match="name must be one of"):
+        load_model("shakespeare-large")

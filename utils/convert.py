@@ -1,0 +1,119 @@
+"""Weights between the course's DemoTransformer (transformer-lens naming) and HF GPT-2.
+
+HF's GPT-2 stores each attention's Q, K and V in one `Conv1D` (`c_attn`, weight
+[d_model, 3 * d_model], applied as x @ W) with the heads side by side; the course keeps one
+[n_heads, d_model, d_head] matrix per projection. Everything else is a rename.
+"""
+
+from __future__ import annotations
+
+import einops
+import torch
+from torch import Tensor
+
+from solutions.config import Config
+
+
+def hf_config(cfg: Config):
+    from transformers import GPT2Config
+
+    if cfg.n_heads * cfg.d_head != cfg.d_model:
+        raise ValueError("HF GPT-2 needs n_heads * d_head == d_model")
+    return GPT2Config(
+        vocab_size=cfg.d_vocab,
+        n_positions=cfg.n_ctx,
+        n_embd=cfg.d_model,
+        n_layer=cfg.n_layers,
+        n_head=cfg.n_heads,
+        n_inner=cfg.d_mlp,
+        activation_function="gelu_new",
+        layer_norm_epsilon=cfg.layer_norm_eps,
+        initializer_range=cfg.init_range,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+
+
+def hf_to_demo(sd: dict[str, Tensor], cfg: Config) -> dict[str, Tensor]:
+    """HF GPT2LMHeadModel state dict -> DemoTransformer state dict (untied W_U = W_E^T)."""
+    sd = {k.removeprefix("transformer."): v for k, v in sd.items()}
+    out = {
+        "embed.W_E": sd["wte.weight"],
+        "pos_embed.W_pos": sd["wpe.weight"],
+        "ln_final.w": sd["ln_f.weight"],
+        "ln_final.b": sd["ln_f.bias"],
+        "unembed.W_U": sd.get("lm_head.weight", sd["wte.weight"]).T,
+        "unembed.b_U": torch.zeros(cfg.d_vocab),
+    }
+    for layer in range(cfg.n_layers):
+        hf, tl = f"h.{layer}.", f"blocks.{layer}."
+        W_q, W_k, W_v = sd[hf + "attn.c_attn.weight"].split(cfg.d_model, dim=1)
+        b_q, b_k, b_v = sd[hf + "attn.c_attn.bias"].split(cfg.d_model, dim=0)
+        for name, W, b in (("Q", W_q, b_q), ("K", W_k, b_k), ("V", W_v, b_v)):
+            out[tl + f"attn.W_{name}"] = einops.rearrange(W, "d (h e) -> h d e", h=cfg.n_heads)
+            out[tl + f"attn.b_{name}"] = einops.rearrange(b, "(h e) -> h e", h=cfg.n_heads)
+        W_o = sd[hf + "attn.c_proj.weight"]
+        out[tl + "attn.W_O"] = einops.rearrange(W_o, "(h e) d -> h e d", h=cfg.n_heads)
+        out[tl + "attn.b_O"] = sd[hf + "attn.c_proj.bias"]
+        out[tl + "mlp.W_in"] = sd[hf + "mlp.c_fc.weight"]
+        out[tl + "mlp.b_in"] = sd[hf + "mlp.c_fc.bias"]
+        out[tl + "mlp.W_out"] = sd[hf + "mlp.c_proj.weight"]
+        out[tl + "mlp.b_out"] = sd[hf + "mlp.c_proj.bias"]
+        for i in (1, 2):
+            out[tl + f"ln{i}.w"] = sd[hf + f"ln_{i}.weight"]
+            out[tl + f"ln{i}.b"] = sd[hf + f"ln_{i}.bias"]
+    return {k: v.detach().clone() for k, v in out.items()}
+
+
+def demo_to_hf(sd: dict[str, Tensor], cfg: Config) -> dict[str, Tensor]:
+    """DemoTransformer state dict -> HF GPT2LMHeadModel state dict (tied lm_head).
+
+    A model with its own W_U must have W_U == W_E^T and b_U == 0: HF GPT-2 has neither an
+    untied unembedding nor an unembedding bias, and dropping them silently would change it.
+    """
+    if "unembed.W_U" in sd and not torch.equal(sd["unembed.W_U"], sd["embed.W_E"].T):
+        raise ValueError("unembed.W_U must equal embed.W_E.T: HF GPT-2 ties them")
+    if "unembed.b_U" in sd and sd["unembed.b_U"].abs().max() > 0:
+        raise ValueError("unembed.b_U must be zero: HF GPT-2 has no unembedding bias")
+    out = {
+        "transformer.wte.weight": sd["embed.W_E"],
+        "transformer.wpe.weight": sd["pos_embed.W_pos"],
+        "transformer.ln_f.weight": sd["ln_final.w"],
+        "transformer.ln_f.bias": sd["ln_final.b"],
+        "lm_head.weight": sd["embed.W_E"],
+    }
+    for layer in range(cfg.n_layers):
+        hf, tl = f"transformer.h.{layer}.", f"blocks.{layer}."
+        W = [einops.rearrange(sd[tl + f"attn.W_{n}"], "h d e -> d (h e)") for n in "QKV"]
+        b = [einops.rearrange(sd[tl + f"attn.b_{n}"], "h e -> (h e)") for n in "QKV"]
+        out[hf + "attn.c_attn.weight"] = torch.cat(W, dim=1)
+        out[hf + "attn.c_attn.bias"] = torch.cat(b, dim=0)
+        out[hf + "attn.c_proj.weight"] = einops.rearrange(sd[tl + "attn.W_O"], "h e d -> (h e) d")
+        out[hf + "attn.c_proj.bias"] = sd[tl + "attn.b_O"]
+        out[hf + "mlp.c_fc.weight"] = sd[tl + "mlp.W_in"]
+        out[hf + "mlp.c_fc.bias"] = sd[tl + "mlp.b_in"]
+        out[hf + "mlp.c_proj.weight"] = sd[tl + "mlp.W_out"]
+        out[hf + "mlp.c_proj.bias"] = sd[tl + "mlp.b_out"]
+        for i in (1, 2):
+            out[hf + f"ln_{i}.weight"] = sd[tl + f"ln{i}.w"]
+            out[hf + f"ln_{i}.bias"] = sd[tl + f"ln{i}.b"]
+    return {k: v.detach().clone().contiguous() for k, v in out.items()}
+
+
+def to_hf_model(model, cfg: Config):
+    """A GPT2LMHeadModel holding the weights of a (possibly tied) DemoTransformer."""
+    from transformers import GPT2LMHeadModel
+
+    hf = GPT2LMHeadModel(hf_config(cfg)).eval()
+    state = model.state_dict()
+    if "unembed.W_U" not in state:  # a tied model (solutions.train.tie_embeddings)
+        state = {k: v for k, v in state.items() if not k.startswith("unembed.")}
+    missing, unexpected = hf.load_state_dict(demo_to_hf(state, cfg), strict=False)
+    if unexpected or [k for k in missing if not k.endswith(".attn.bias")]:
+        raise ValueError(f"weights do not fit GPT-2: missing {missing}, unexpected {unexpected}")
+    hf.tie_weights()
+    return hf
