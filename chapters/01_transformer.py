@@ -53,13 +53,13 @@ from utils.display import show_solution
 # wraps the same model in `transformer-lens`, which lets us read every intermediate
 # activation; `reference.params` holds its weights under the names *your* modules use.
 #
-# **A word of honesty about this model.** Right now the reference is a *tiny* GPT-2 (2 layers,
-# a residual stream 64 wide, a vocabulary of a few hundred tokens) whose weights are
-# **random**. It has learnt nothing, so anything it "predicts" is noise. That does not matter
-# for this chapter: what we check is that your code computes *exactly* what GPT-2's
-# architecture computes, and random weights test that just as well as trained ones (better,
-# even: every bias and LayerNorm scale is non-trivial, so a forgotten term cannot hide).
-# In chapter 2 you train a real model on Shakespeare, and it replaces this one.
+# **About this model.** It is not OpenAI's GPT-2 but the course's own: a small model with
+# GPT-2's architecture (4 layers, a residual stream 192 wide, a context of 256 tokens, a
+# vocabulary of 4,096 tokens) that the course trained on Shakespeare's plays with the code you
+# will write in chapter 2. It ships with the course, so everything here runs offline in
+# seconds. What we check in this chapter is that your code computes *exactly* what GPT-2's
+# architecture computes; a model that has learnt something makes the demos worth reading.
+# (`load_model("gpt2")` gives you the real GPT-2 small when you are online.)
 
 # %%
 from utils.models import load_reference, load_weights
@@ -92,11 +92,12 @@ print(cfg)
 # a space is `Ġ`, a newline is `Ċ`. `tokenizer.convert_ids_to_tokens` shows you these raw
 # vocabulary entries; `tokenizer.decode` turns ids back into real text.
 #
-# Our tiny tokenizer learnt only a few hundred merges from a few paragraphs, so it splits far
-# more than GPT-2's would. Run the cell and look at how the words break.
+# Our tokenizer learnt about 3,800 merges from Shakespeare's plays (GPT-2's learnt 50,000
+# from web text), so common words of the plays are single tokens and modern words break into
+# pieces. Run the cell and look at how the words break.
 
 # %%
-text = "A language model predicts the next token."
+text = "A language model predicts the next token. Wherefore art thou Romeo?"
 ids = tokenizer.encode(text)
 print("ids:           ", ids)
 print("vocab entries: ", tokenizer.convert_ids_to_tokens(ids))
@@ -205,7 +206,7 @@ print(token_strings(tokenizer, "Tokens, not characters: that is what a model rea
 # | | `layer_norm_eps` | the ε of LayerNorm | 1e-5 |
 # | | `init_range` | std of the random initial weights | 0.02 |
 #
-# `Config()` with no arguments *is* GPT-2 small. The tiny reference uses the same fields with
+# `Config()` with no arguments *is* GPT-2 small. The course's model uses the same fields with
 # smaller numbers (printed above). In GPT-2 `n_heads * d_head == d_model`, but nothing in
 # the code needs that.
 #
@@ -234,7 +235,7 @@ for name, param in reference.params.items():
 # output. (`to_tokens` puts `<|endoftext|>` in front of the prompt.)
 
 # %%
-prompt = "A language model reads tokens and predicts the next one."
+prompt = "MACBETH.\nIs this a dagger which I see before"
 tokens = reference.bridge.to_tokens(prompt)
 print(reference.bridge.to_str_tokens(tokens))
 
@@ -518,10 +519,10 @@ check("attention")
 # prompt: row $i$ shows how much position $i$ (the query) attends to each position $j$ (the
 # key). You can read off two facts from the code you just wrote: everything above the
 # diagonal is zero (the causal mask), and every row sums to 1 (the softmax). The first row has
-# only one choice, so it puts all its weight on `<|endoftext|>`. Beyond that there is nothing
-# to interpret: the weights are random. Trained models have heads with striking patterns (to
-# the previous token, to the first token, to an earlier copy of the current token), which is
-# where interpretability research starts.
+# only one choice, so it puts all its weight on `<|endoftext|>`. Trained models grow heads
+# with striking patterns (to the previous token, to the first token, to an earlier copy of
+# the current token), which is where interpretability research starts: try other heads and
+# layers (`cache["blocks.2.attn.hook_pattern"][0, 3]`) and see what you find.
 
 # %%
 import matplotlib.pyplot as plt
@@ -537,7 +538,7 @@ ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
 ax.set_yticks(range(len(labels)), labels, fontsize=7)
 ax.set_xlabel("key position (attended to)")
 ax.set_ylabel("query position (attending)")
-ax.set_title("Layer 0, head 0 (random weights)")
+ax.set_title("Layer 0, head 0")
 plt.show()
 
 # %% [markdown]
@@ -684,10 +685,8 @@ print("max |ours - Hugging Face|     =", (demo_logits - hf_logits).abs().max().i
 # in a different order. Your model computes the same function.
 #
 # The logits at the **last** position are the model's guess for the token that comes after
-# the prompt. Here are its five favourites. Remember that the weights are random: these
-# "predictions" are noise, however confident they look. (A `'�'` is a token that holds a
-# single byte of a multi-byte character, which cannot be printed on its own.) After chapter 2
-# the same cell shows a real model's guesses.
+# the prompt. Here are its five favourites for a line of *Macbeth*, a play the model never
+# saw in training (the course held it out to measure exactly this).
 
 # %%
 print(repr(prompt), "->")
@@ -727,8 +726,8 @@ print(f"{'total':10} {sum(counts.values()):>10,}")
 #
 # ## What's next
 #
-# Your `DemoTransformer` computes exactly what GPT-2's architecture computes, but with random
-# weights it knows nothing. In **chapter 2** you train a model built from these same parts on
-# Shakespeare, minimising the cross-entropy of its next-token predictions. That trained model
-# then replaces the random reference used here, and the demos above start to mean something.
+# Your `DemoTransformer` computes exactly what GPT-2's architecture computes, and with the
+# course's weights it writes something like Shakespeare. In **chapter 2** you find out where
+# those weights come from: you train a model built from these same parts on Shakespeare,
+# minimising the cross-entropy of its next-token predictions.
 # In **chapter 3** you sample from it, turning logits into text one token at a time.

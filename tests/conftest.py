@@ -30,11 +30,17 @@ def pytest_addoption(parser):
         help="with --impl stubs: invert outcomes, so that a graded test passing on the blank "
         "stubs is reported as a failure (the course's self-check)",
     )
+    parser.addoption(
+        "--runslow",
+        action="store_true",
+        help="also run the tests marked slow (e.g. statistical tests repeated over many seeds)",
+    )
 
 
 def pytest_configure(config):
     if config.getoption("--must-fail") and config.getoption("--impl") != "stubs":
         raise pytest.UsageError("--must-fail only makes sense with --impl stubs")
+    config.addinivalue_line("markers", "slow: long-running; skipped unless --runslow")
     for name, ex in EXERCISES.items():
         config.addinivalue_line("markers", f"{name}: exercise {name} of chapter {ex.chapter}")
     for chapter in sorted({ex.chapter for ex in EXERCISES.values()}):
@@ -47,7 +53,10 @@ def _exercise_of(item) -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
+    skip_slow = pytest.mark.skip(reason="slow: run with --runslow")
     for item in items:
+        if "slow" in item.keywords and not config.getoption("--runslow"):
+            item.add_marker(skip_slow)
         if "graded" not in item.nodeid.split("::")[0].split("/"):
             continue
         names = [m.name for m in item.iter_markers() if m.name in EXERCISES]
@@ -88,9 +97,11 @@ def pytest_runtest_makereport(item, call):
         return
     report.user_properties.append(("exercise", exercise))
     report.user_properties.append(("chapter", EXERCISES[exercise].chapter))
-    if report.when != "call":
-        return
     excinfo = call.excinfo
+    if report.when != "call":
+        if report.failed and excinfo is not None:  # a fixture broke: say how
+            report.user_properties.append(("message", excinfo.exconly().splitlines()[0]))
+        return
     if report.failed and excinfo is not None:
         if _caused_by(excinfo, NotImplementedError):
             message = "not implemented yet: the cell still raises NotImplementedError"

@@ -47,8 +47,11 @@ def build_notebook(chapter: str, teacher: bool = False) -> nbformat.NotebookNode
         if cell.cell_type == "markdown":
             new = nbformat.v4.new_markdown_cell(text, metadata=metadata)
         elif cell.cell_type == "code":
-            if "exercise" in metadata.get("tags", []):
+            tags = metadata.get("tags", [])
+            if "exercise" in tags:
                 text = _exercise_source(text, stub=not teacher)
+            elif "source" in tags:  # given code: always whole
+                text = _exercise_source(text, stub=False)
             new = nbformat.v4.new_code_cell(text, metadata=metadata)
         else:
             new = nbformat.v4.new_raw_cell(text, metadata=metadata)

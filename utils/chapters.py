@@ -5,6 +5,8 @@ A chapter is a sequence of cells. Three kinds matter to the machinery:
     # %% tags=["setup"]                       imports and helpers; also run when grading
     # %% tags=["exercise"] exercise="mlp"     an exercise: one `# solution: module.Object`
     # solution: solutions.mlp.MLP             line per object it shows
+    # %% tags=["source"]                      given code, shown whole from solutions/
+    # solution: solutions.train.train         (no exercise); also run when grading
     # %%                                      anything else: demos, plots, check() calls
 """
 
@@ -49,6 +51,15 @@ class Chapter:
         raise KeyError(name)
 
 
+def solution_paths(cell_source: str) -> tuple[str, ...]:
+    """The dotted paths named by a cell's `# solution:` lines."""
+    return tuple(
+        line[len(SOLUTION_PREFIX) :].strip()
+        for line in cell_source.splitlines()
+        if line.startswith(SOLUTION_PREFIX)
+    )
+
+
 def chapter_names() -> list[str]:
     return sorted(p.stem for p in CHAPTERS_DIR.glob("[0-9][0-9]_*.py"))
 
@@ -77,11 +88,7 @@ def read_chapter(name: str) -> Chapter:
         ex_name = cell.metadata.get("exercise")
         if not ex_name or not str(ex_name).isidentifier():
             raise ValueError(f'{path}: an exercise cell needs exercise="<identifier>"')
-        objects = tuple(
-            line[len(SOLUTION_PREFIX) :].strip()
-            for line in cell.source.splitlines()
-            if line.startswith(SOLUTION_PREFIX)
-        )
+        objects = solution_paths(cell.source)
         if not objects:
             raise ValueError(f"{path}: exercise {ex_name!r} names no `{SOLUTION_PREFIX}` object")
         if ex_name in seen:
