@@ -943,8 +943,8 @@ if QUICK:
 # this chapter. From a terminal,
 #
 # ```bash
-# course train --model main    # rebuilds models/shakespeare: about 30-40 minutes on a 2-core CPU
-# course train --model draft   # models/shakespeare-draft, a 2-layer model: about 10 minutes
+# course train --model main    # rebuilds models/shakespeare: 35-50 minutes on a 2-core CPU
+# course train --model draft   # models/shakespeare-draft, a 2-layer model: about 20 minutes
 # ```
 #
 # reproduces them from their seed (the draft model serves chapter 5, speculative decoding). With
