@@ -17,17 +17,20 @@ the reference ones for the cells that depend on them, and its own tests fail wit
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 
-from utils.chapters import Exercise, import_object, read_chapter
+from utils.chapters import Exercise, import_object, read_chapter, solution_paths
 
 CELL_TIMEOUT_S = float(os.environ.get("COURSE_CELL_TIMEOUT", "20"))
 IMPL_CHOICES = ("notebooks", "solutions", "stubs", "live")
@@ -85,6 +88,17 @@ def _time_limit(seconds: float):
             signal.setitimer(signal.ITIMER_REAL, max(left, 0.001))
 
 
+_MODULE_IDS = itertools.count()
+
+
+def _fresh_namespace(chapter: str) -> dict:
+    """A new module's globals, registered in sys.modules: code such as `@dataclass` looks up
+    the module a class was defined in, and a bare dict would not be found there."""
+    module = types.ModuleType(f"course_{chapter}_{next(_MODULE_IDS)}")
+    sys.modules[module.__name__] = module
+    return module.__dict__
+
+
 def _python_source(cell_source: str) -> str:
     """Drop IPython-only lines (%magics, !shell) that plain Python cannot compile."""
     return "\n".join(
@@ -117,7 +131,7 @@ def _fallback(exercise: Exercise, namespace: dict) -> None:
 
 def impl_from_notebook(nb: nbformat.NotebookNode, chapter: str, source: str) -> Impl:
     spec = read_chapter(chapter)
-    namespace: dict = {"__name__": f"course_{chapter}"}
+    namespace = _fresh_namespace(chapter)
     problems: dict[str, str] = {}
     seen: set[str] = set()
     for index, cell in enumerate(nb.cells):
@@ -125,7 +139,7 @@ def impl_from_notebook(nb: nbformat.NotebookNode, chapter: str, source: str) -> 
             continue
         tags = cell.metadata.get("tags", [])
         filename = f"<{source} cell {index}>"
-        if "setup" in tags:
+        if "setup" in tags or "source" in tags:
             error = _run_cell(cell.source, namespace, filename)
             if error:
                 # Without its setup cells nothing in the chapter can be graded honestly.
@@ -175,12 +189,18 @@ def impl_from_notebook_file(path: Path, chapter: str) -> Impl:
 
 def impl_from_solutions(chapter: str) -> Impl:
     spec = read_chapter(chapter)
-    namespace: dict = {"__name__": f"course_{chapter}"}
+    namespace = _fresh_namespace(chapter)
     for index, cell in enumerate(spec.notebook.cells):
-        if cell.cell_type == "code" and "setup" in cell.metadata.get("tags", []):
+        tags = cell.metadata.get("tags", [])
+        if cell.cell_type != "code":
+            continue
+        if "setup" in tags:
             error = _run_cell(cell.source, namespace, f"<{chapter} setup cell {index}>")
             if error:
                 raise RuntimeError(f"setup cell {index} of chapters/{chapter}.py: {error}")
+        elif "source" in tags:  # given code: the real objects, as the exercises below
+            for dotted in solution_paths(cell.source):
+                namespace[dotted.rpartition(".")[2]] = import_object(dotted)
     for exercise in spec.exercises:
         _fallback(exercise, namespace)
     return Impl(source="solutions", chapter=chapter, namespace=namespace)
