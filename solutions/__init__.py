@@ -11,20 +11,35 @@ Chapter 1 builds the GPT-2 architecture piece by piece:
     block.py       TransformerBlock: pre-LN attention + MLP with residual connections
     unembed.py     Unembed: back from the residual stream to vocabulary logits
     model.py       DemoTransformer: the whole model
+
+Chapter 2 trains it:
+
+    dataset.py     TokenWindows: a token stream cut into (input, target) windows
+    schedule.py    lr_factor: linear warm-up, then cosine decay
+    train.py       lm_loss, train_step, evaluate and the training loop
+    bigram.py      BigramLM: the baseline to beat
+
+Chapter 3 generates text with it:
+
+    sampling.py    greedy, temperature, frequency penalty, top-k, top-p; TransformerSampler
+    beams.py       Beams and beam_search, with no-repeat n-grams
 """
 
 from solutions.attention import Attention
+from solutions.beams import Beams, beam_search
 from solutions.block import TransformerBlock
 from solutions.config import Config
 from solutions.embed import Embed, PosEmbed
 from solutions.layernorm import LayerNorm
 from solutions.mlp import MLP
 from solutions.model import DemoTransformer
+from solutions.sampling import TransformerSampler, sample_next_token
 from solutions.tokens import token_strings
 from solutions.unembed import Unembed
 
 __all__ = [
     "Attention",
+    "Beams",
     "Config",
     "DemoTransformer",
     "Embed",
@@ -32,6 +47,9 @@ __all__ = [
     "MLP",
     "PosEmbed",
     "TransformerBlock",
+    "TransformerSampler",
     "Unembed",
+    "beam_search",
+    "sample_next_token",
     "token_strings",
 ]
