@@ -1,0 +1,1362 @@
+# %% [markdown]
+# # Chapter 3 — Sampling and beam search
+#
+# A language model does not write text. At every position it hands you a vector of `d_vocab`
+# numbers, its **logits**, one score for every token that could come next, and stops there.
+# Everything that turns those scores into a sentence is a separate decision, made by code
+# outside the model: which token to take, how adventurous to be, when to stop. That code is
+# what this chapter is about, and the choices it makes change what a model "says" as much as
+# its weights do.
+#
+# You write it yourself, in two parts.
+#
+# **Sampling, one token at a time** (`TransformerSampler`):
+#
+# - `greedy_search`: always take the most likely token;
+# - `apply_temperature`: make the distribution sharper or flatter;
+# - `apply_frequency_penalty`: make tokens the text has already used less likely;
+# - `sample_basic`: draw a token at random from the model's distribution;
+# - `filter_top_k` / `sample_top_k` and `filter_top_p` / `sample_top_p`: draw only from the
+#   most likely tokens, cutting off the long tail of unlikely ones;
+# - `TransformerSampler.sample`: the loop that calls the model, picks a token, appends it and
+#   goes again, until it has enough tokens or the model says the text is over.
+#
+# **Beam search** (`Beams`, `beam_search`): instead of committing to one token at each step,
+# follow the few most likely *sequences* and keep the best, with `banned_ngram_tokens` to stop
+# it from repeating itself.
+#
+# Each of them is checked against an implementation nobody in this course wrote: Hugging Face
+# `transformers` (its `generate` method and the small "logits processor" classes it uses
+# internally) and, for anything random, the exact probabilities, by drawing thousands of
+# samples and testing whether their frequencies fit.
+#
+# The model you sample from is the course's shipped Shakespeare model, `models/shakespeare`:
+# a 4-layer GPT-2-style model trained with the chapter-2 code on 34 of Shakespeare's plays.
+# `load_model("shakespeare")` reads it into the `DemoTransformer` of chapter 1 and returns it
+# with its tokenizer. The model code is imported from `solutions`, the course's reference, so
+# you do not need your own chapters 1 and 2 to work here.
+#
+# **Time:** about 3 hours. **You need:** PyTorch tensors and indexing (`topk`, `sort`,
+# `gather`/`scatter`, `masked_fill`), and the idea of chapter 1: logits `[batch, posn, d_vocab]`
+# at the last position are the model's guess for the next token.
+#
+# ## How this notebook works
+#
+# As in the chapters before: fill in each **exercise cell** where it says
+# `raise NotImplementedError()`, run it, then run the `check("...")` cell below it, which runs
+# the graded tests for that exercise on what your notebook defines *right now* (one check comes
+# a little later than its exercise; the text says why). From a terminal,
+# `pytest -m sample_top_p` and `course grade 3` grade your saved notebook;
+# `show_solution("filter_top_p")` prints the reference when you are truly stuck (try for a
+# while with the hint first); `course reset 03` gives you a fresh notebook and keeps a backup of
+# yours.
+#
+# One cell holds **given code**, `sample_next_token`, which strings your functions together in
+# the right order. Read it and run it: the sampling loop calls it.
+#
+# Every function in this chapter takes a **batch** of logits, `[batch, d_vocab]`, one row per
+# sequence, and works on each row independently. That costs a little thought now and pays off
+# three times: the tests draw 20,000 samples in one call, the plots below draw thousands at a
+# time, and in chapter 4 you generate text for many prompts at once with the same functions.
+#
+# Run the setup cell below first.
+
+# %% tags=["setup"]
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from rich.console import Console
+from rich.table import Table
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from utils.check import check
+from utils.display import show_solution
+
+# %% [markdown]
+# The course's CI runs this notebook from top to bottom on a small machine with
+# `COURSE_QUICK=1`: the demos then draw fewer samples and write shorter texts, so that the whole
+# notebook takes well under a minute. On your machine `QUICK` is `False`. You never need to
+# change it.
+
+# %%
+QUICK = os.environ.get("COURSE_QUICK") == "1"  # CI runs this notebook with small sizes
+print("quick run (CI):", QUICK)
+
+# %% [markdown]
+# ## The model
+#
+# `load_model` returns the model in evaluation mode and its tokenizer (the 4,096-token BPE
+# vocabulary trained in chapter 2). Its context window, `n_ctx`, is 256 tokens: it cannot read
+# more than that at once, which will matter when the text we generate grows longer.
+
+# %%
+from utils.models import load_model
+
+model, tokenizer = load_model("shakespeare")
+
+# %%
+cfg = model.cfg
+n_params = sum(p.numel() for p in model.parameters())
+print(f"{cfg.n_layers} layers, d_model {cfg.d_model}, n_ctx {cfg.n_ctx}, d_vocab {cfg.d_vocab}")
+print(f"{n_params:,} parameters (W_U counted separately from W_E)")
+print(f"end of text: {tokenizer.eos_token!r}, id {tokenizer.eos_token_id}")
+
+# %% [markdown]
+# ## 1. Logits, probabilities and log-probabilities
+#
+# Feed the model a prompt of $n$ tokens and look at the logits at the last position: a vector
+# $z \in \mathbb{R}^V$, with $V$ = `d_vocab`. Three views of it appear in this chapter.
+#
+# - **Logits** $z_i$: raw scores, any real number. Bigger means more likely, and that is all
+#   you can read from one logit alone.
+# - **Probabilities** $p_i = \operatorname{softmax}(z)_i = \dfrac{e^{z_i}}{\sum_j e^{z_j}}$:
+#   positive and summing to 1. This is the distribution we sample from.
+# - **Log-probabilities** $\log p_i = z_i - \log \sum_j e^{z_j}$, computed by `log_softmax`.
+#   They are the logits minus one number, the *log-sum-exp* of the row.
+#
+# **Logits are only defined up to a constant.** Add the same $c$ to every logit of a row and
+# the softmax does not change: $e^{z_i + c} / \sum_j e^{z_j + c}$, and the $e^c$ cancels. Only
+# *differences* between logits mean anything: $z_i - z_j = \log(p_i / p_j)$. So a logit of 5
+# says nothing by itself, and logits at two different positions cannot be compared. Log-probs
+# are the logits with that constant fixed (so that the exponentials sum to 1), which is why
+# they are what we add up and compare across positions. The same invariance is why
+# implementations subtract each row's maximum before exponentiating: the result is the same,
+# and `exp` never overflows.
+#
+# **Probabilities of sequences are products; we add logs instead.** By the chain rule of
+# probability, the probability of a continuation $x_{n+1}, \dots, x_{n+m}$ is the product of
+# what the model gave each token given everything before it:
+#
+# $$P(x_{n+1..n+m} \mid x_{1..n}) = \prod_{t=n+1}^{n+m} p(x_t \mid x_{<t}), \qquad
+#   \log P = \sum_{t=n+1}^{n+m} \log p(x_t \mid x_{<t}).$$
+#
+# Products of many numbers below 1 shrink fast: 500 tokens of probability 0.1 each multiply to
+# $10^{-500}$, far below the smallest float32 (about $10^{-45}$), so the product rounds to 0 and
+# every long sequence looks equally impossible. The sum of their logs is $-1151.3$, a perfectly
+# ordinary number. Beam search, at the end of this chapter, ranks sequences by exactly this sum.
+#
+# Let's look at the model's guess after a prompt. `logits[:, -1]` keeps the batch dimension:
+# `[1, d_vocab]`, the shape every function in this chapter takes.
+
+# %%
+prompt = "OTHELLO.\nGood night, my"
+ids = torch.tensor([tokenizer.encode(prompt)])
+with torch.inference_mode():
+    logits = model(ids)[:, -1]  # [1, d_vocab]: scores for the token after the prompt
+probs = logits.softmax(dim=-1)
+logprobs = logits.log_softmax(dim=-1)
+
+
+def show_top(title: str, columns: dict[str, Tensor], by: Tensor, n: int = 8) -> None:
+    """A rich table of the n tokens with the largest `by`, with one column per named row."""
+    table = Table(title=title)
+    table.add_column("token")
+    for name in columns:
+        table.add_column(name, justify="right")
+    for token in by.topk(n).indices.tolist():
+        values = [f"{column[token].item():.4g}" for column in columns.values()]
+        table.add_row(repr(tokenizer.decode([token])), *values)
+    Console().print(table)
+
+
+show_top(
+    f"after {prompt!r}",
+    {"logit": logits[0], "log-prob": logprobs[0], "probability": probs[0]},
+    by=logits[0],
+)
+gap = logits - logprobs  # the same number for every token: the row's log-sum-exp
+print(f"log-sum-exp of the row:    {logits.logsumexp(dim=-1).item():.4f}")
+print(f"logit - log-prob:          from {gap.min().item():.4f} to {gap.max().item():.4f}")
+print("softmax unchanged by +100:", torch.allclose((logits + 100).softmax(-1), probs))
+print("0.1 ** 500 in float32:    ", (torch.tensor(0.1) ** 500).item())
+print("500 * log(0.1):           ", 500 * math.log(0.1))
+
+# %% [markdown]
+# Logits, log-probs and probabilities put the tokens in the same order: both maps are
+# increasing. So "the most likely token" is the argmax of any of the three.
+#
+# ## 2. Greedy search
+#
+# The simplest way to write text: at each step take the single most likely token. It is
+# deterministic (the same prompt always gives the same text), needs no random numbers, and
+# is what chapter 2 used to show the model's progress during training.
+#
+# ### Exercise: `greedy_search`
+#
+# `greedy_search(logits)` takes logits `[batch, d_vocab]` and returns the id of the most likely
+# token of each row, `[batch]`, as integers. If two tokens tie exactly for first place, return
+# the lower id (which is what PyTorch's `argmax` does).
+#
+# Common mistakes: taking the argmax over the wrong dimension (dimension 0 runs over the batch,
+# not the vocabulary), and returning the largest *logit* instead of the token's *index*.
+#
+# <details><summary>Hint</summary>
+#
+# One line: `logits.argmax(dim=-1)`.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="greedy_search"
+# solution: solutions.sampling.greedy_search
+
+# %%
+check("greedy_search")
+
+# %% [markdown]
+# ## 3. Temperature
+#
+# Greedy text is predictable in the worst sense: the model's first choice, every time, soon
+# falls into a loop, and the same prompt always gives the same text. The obvious alternative is
+# to **sample**: draw the next token at random, with the probabilities the model gives. Before
+# we write that, a dial that makes those probabilities more or less adventurous: the
+# **temperature** $T > 0$. Divide the logits by it before the softmax:
+#
+# $$p_i(T) = \frac{e^{z_i / T}}{\sum_j e^{z_j / T}}.$$
+#
+# - $T = 1$ leaves the distribution as the model made it.
+# - $T < 1$ sharpens it: differences between logits grow, the likely tokens get likelier.
+# - $T > 1$ flattens it: as $T \to \infty$ every $z_i / T \to 0$ and the distribution tends to
+#   uniform, every token of the vocabulary equally likely.
+#
+# Another way to see it: $e^{z_i / T} = (e^{z_i})^{1/T}$, so temperature raises every
+# probability to the power $1/T$ and renormalises. Two tokens whose probabilities are in the
+# ratio 2 : 1 at $T = 1$ are in the ratio 4 : 1 at $T = 0.5$ and $\sqrt 2$ : 1 at $T = 2$.
+# Temperature never changes the *order* of the tokens, only how far apart they are.
+#
+# **Why temperature 0 means greedy.** Let $z_{\max}$ be the largest logit, and divide the top
+# and bottom of the fraction by $e^{z_{\max}/T}$:
+#
+# $$p_i(T) = \frac{e^{(z_i - z_{\max}) / T}}{\sum_j e^{(z_j - z_{\max}) / T}}.$$
+#
+# Every exponent is now $\le 0$. As $T \to 0^+$, an exponent with $z_j < z_{\max}$ goes to
+# $-\infty$ and its term to 0; a term with $z_j = z_{\max}$ stays exactly 1. So in the limit all
+# the probability sits on the argmax (split evenly if several tokens tie for first): sampling at
+# a temperature close to 0 *is* greedy search. At $T = 0$ itself the division is undefined, so
+# our sampler (like OpenAI's API) reads `temperature=0` as a request for greedy search and never
+# divides by it. HF's `generate` spells the same request `do_sample=False`, and refuses a
+# temperature of 0 with a message that points there.
+#
+# ### Exercise: `apply_temperature`
+#
+# `apply_temperature(logits, temperature)` returns the logits divided by the temperature, a new
+# tensor. The check that the temperature is positive is given.
+#
+# Common mistakes: multiplying by $T$ instead of dividing (then low temperatures flatten, which
+# is backwards), and dividing in place, `logits /= temperature`, which silently changes the
+# caller's tensor too.
+#
+# The tests check the closed form; check that at $T = 10^{-3}$ the argmax gets essentially
+# all the probability while every logit stays finite; and sample 20,000 tokens at $T = 0.5$ and
+# $T = 2$ and compare their frequencies with `softmax(logits / T)`. That last test samples
+# through `sample_next_token`, the given function that chains everything in this chapter, so it
+# needs `sample_basic` too: **the check of this exercise comes later**, right after
+# `sample_next_token` is defined in section 8.
+#
+# <details><summary>Hint</summary>
+#
+# `return logits / temperature`.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="apply_temperature"
+# solution: solutions.sampling.apply_temperature
+
+# %% [markdown]
+# Here is one distribution, the model's guess after the prompt above, at several temperatures.
+# The last rows show what happens to the rest: the **entropy** in bits (how unsure the
+# distribution is: 0 for a certain outcome, $\log_2 V = 12$ for uniform over our 4,096 tokens)
+# and the total probability of every token outside the top 8, the long **tail**.
+
+# %%
+temperatures = [0.25, 0.5, 1.0, 1.5, 2.0]
+by_temperature = {T: apply_temperature(logits, T).softmax(dim=-1)[0] for T in temperatures}
+
+
+def entropy_bits(p: Tensor) -> float:
+    """-sum p log2 p, with 0 log 0 = 0."""
+    return (torch.special.entr(p).sum() / math.log(2)).item()
+
+
+table = Table(title=f"probability of the next token after {prompt!r}")
+table.add_column("token")
+for T in temperatures:
+    table.add_column(f"T = {T}", justify="right")
+top8 = logits[0].topk(8).indices
+for token in top8.tolist():
+    row = [f"{by_temperature[T][token].item():.2%}" for T in temperatures]
+    table.add_row(repr(tokenizer.decode([token])), *row)
+table.add_section()
+table.add_row("entropy (bits)", *[f"{entropy_bits(by_temperature[T]):.2f}" for T in temperatures])
+tails = [f"{1 - by_temperature[T][top8].sum().item():.2%}" for T in temperatures]
+table.add_row("outside the top 8", *tails)
+Console().print(table)
+
+# %% [markdown]
+# And the same distributions drawn, for the 40 most likely tokens in order, on a log scale.
+# Temperature bends the curve around the first token: at low $T$ everything but the first few
+# tokens drops out of sight; at high $T$ the curve flattens, and the thousands of tokens in the
+# tail, each unlikely but together far from negligible, get a real share.
+
+# %%
+import matplotlib.pyplot as plt
+
+fig, ax = plt.subplots(figsize=(7, 3.5))
+ranks = range(1, 41)
+for T in temperatures:
+    ax.plot(ranks, by_temperature[T].sort(descending=True).values[:40], label=f"T = {T}")
+ax.axhline(1 / cfg.d_vocab, color="grey", linestyle=":", label="uniform")
+ax.set_yscale("log")
+ax.set_xlabel("rank of the token (1 = most likely at every T)")
+ax.set_ylabel("probability")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# ## 4. Frequency penalty
+#
+# Language models love to repeat themselves: once a phrase is in the context, copying it is an
+# easy and often good prediction, and the copy makes the next copy more likely still. A
+# **frequency penalty** pushes against that. Before sampling, each token's logit is lowered by
+# the penalty $\alpha$ times the number of times the token already occurs in the sequence
+# (prompt included):
+#
+# $$z_t \leftarrow z_t - \alpha \cdot \operatorname{count}(t).$$
+#
+# A token used three times loses $3\alpha$; a token never used is untouched. Because only
+# differences of logits matter, this is a multiplicative discount of the probability: a token
+# seen $c$ times has its probability, relative to an unseen token, multiplied by $e^{-\alpha c}$.
+# A negative $\alpha$ *rewards* repetition, which is occasionally useful and usually a bad idea.
+# (This additive penalty is the one OpenAI's API calls `frequency_penalty`. HF's
+# `repetition_penalty` is a different rule, which scales the logit of every token already seen
+# by a factor regardless of how often it occurs. Nothing here uses it.)
+#
+# ### Exercise: `apply_frequency_penalty`
+#
+# `apply_frequency_penalty(input_ids, logits, freq_penalty)` takes the sequences so far,
+# `input_ids [batch, seq]`, and the logits for their next token, `[batch, d_vocab]`, and returns
+# new logits with row `b` penalised by the counts of row `b`'s tokens.
+#
+# The counting is done by `torch.bincount(x, minlength=d_vocab)`: for a 1-D tensor of
+# non-negative integers, it returns a tensor whose entry `t` is the number of times `t` occurs
+# in `x`. With `minlength=d_vocab` the result has exactly one entry per token, even if the
+# largest ids never occur. But `bincount` only takes 1-D input, and each row must be counted on
+# its own: counting the whole batch at once would penalise row 0 for the tokens of row 1. Two
+# ways out:
+#
+# - **A loop over rows**: `bincount` each row and `torch.stack` the results. Clear, and fast
+#   enough for the batch sizes of this course.
+# - **The offset trick**, one `bincount` for the whole batch: add `b * d_vocab` to every id of
+#   row `b`. Row 0's ids stay in `[0, d_vocab)`, row 1's move to `[d_vocab, 2 d_vocab)`, and so
+#   on, so no two rows share a bin. Flatten, `bincount` with `minlength=batch * d_vocab`, and
+#   reshape to `[batch, d_vocab]`: row `b` of the result holds row `b`'s counts.
+#
+# Common mistakes: counting over the whole batch; forgetting `minlength` (the counts are then
+# shorter than the vocabulary and do not line up with the logits); and modifying `logits` in
+# place (`logits -= ...`, or a loop that writes into its rows), which changes the caller's
+# tensor too: the tests check that the input is left alone.
+#
+# The tests compare with the closed form above, computed with Python's `Counter`, for penalties
+# 0.5, 2 and −1, on two rows with very different counts.
+#
+# <details><summary>Hint</summary>
+#
+# ```python
+# offsets = torch.arange(batch, device=input_ids.device)[:, None] * d_vocab  # [batch, 1]
+# counts = torch.bincount((input_ids + offsets).flatten(), minlength=batch * d_vocab)
+# ```
+#
+# then subtract `freq_penalty * counts.view(batch, d_vocab)` from the logits.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="apply_frequency_penalty"
+# solution: solutions.sampling.apply_frequency_penalty
+
+# %%
+check("apply_frequency_penalty")
+
+# %% [markdown]
+# A prompt that repeats itself, and what a penalty of 1 does to the model's next guess. The
+# `count` column is how often each token already occurs in the prompt: each occurrence costs one
+# unit of logit, so a token used three times keeps $e^{-3} \approx 5\%$ of its weight relative
+# to the tokens never used.
+
+# %%
+repetitive = "QUEEN.\nMy lord, my lord, my lord, my"
+rep_ids = torch.tensor([tokenizer.encode(repetitive)])
+with torch.inference_mode():
+    rep_logits = model(rep_ids)[:, -1]
+penalised = apply_frequency_penalty(rep_ids, rep_logits, 1.0)
+counts = torch.bincount(rep_ids[0], minlength=cfg.d_vocab).float()
+show_top(
+    "before and after frequency_penalty=1.0",
+    {
+        "count": counts,
+        "p before": rep_logits.softmax(-1)[0],
+        "p after": penalised.softmax(-1)[0],
+    },
+    by=rep_logits[0],
+)
+
+# %% [markdown]
+# ## 5. Sampling from the distribution
+#
+# Now the random draw itself. `torch.multinomial(probs, num_samples=1)` takes a tensor of
+# non-negative weights `[batch, d_vocab]` and draws one index per row, index `i` with
+# probability proportional to `probs[b, i]`. It returns `[batch, 1]`.
+#
+# A logit of $-\infty$ becomes a probability of exactly 0 after the softmax, and a token of
+# probability 0 is never drawn. Top-k and top-p below rely on this: they remove tokens by
+# setting their logits to $-\infty$, and then sample from what is left with this very function.
+#
+# **Reproducible randomness.** Every sampling function takes an optional `generator`, a
+# `torch.Generator`: a random-number stream of its own, seeded once. Passing it on to
+# `torch.multinomial(..., generator=generator)` makes a run reproducible (the same seed gives the
+# same tokens) without touching PyTorch's global random state, which other code in your program
+# may rely on. `TransformerSampler.sample(..., seed=3)` will build one for you.
+#
+# ### Exercise: `sample_basic`
+#
+# `sample_basic(logits, generator=None)` returns one token per row, drawn from
+# `softmax(logits)` of that row: `[batch]`, int64.
+#
+# Common mistakes: passing the *logits* to `torch.multinomial` (it needs non-negative weights;
+# with negative logits it raises an error, and with positive ones it silently samples from the
+# wrong distribution); forgetting the `generator`; returning `[batch, 1]` instead of `[batch]`.
+# (`torch.distributions.Categorical(logits=...)` is a fine way to sample too, but its
+# `.sample()` cannot take a generator.)
+#
+# The tests draw 20,000 tokens from a small crafted distribution, with one banned token of logit
+# $-\infty$, and compare the counts with the exact probabilities by a chi-square test. A correct
+# sampler fails such a test with a probability of $10^{-5}$, which the test states; a sampler
+# that is off by a few percent on a likely token fails it almost surely. They also check that
+# the same seed gives the same samples and different seeds do not.
+#
+# <details><summary>Hint</summary>
+#
+# `probs = logits.softmax(dim=-1)`, then
+# `torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)`.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="sample_basic"
+# solution: solutions.sampling.sample_basic
+
+# %%
+check("sample_basic")
+
+# %% [markdown]
+# ### Seeing the distribution
+#
+# Is the sampler right? One sample tells you nothing; many do. We take the model's logits after
+# a prompt, draw `N` tokens from them in batched calls (every row of the batch a copy of the
+# same logits), and compare how often each token came out with its exact probability.
+#
+# The batches hold 2,000 rows each rather than all `N` at once: a single batch of 20,000 rows of
+# 4,096 logits is 330 MB per copy in float32, and the top-p filter makes several copies. Same
+# samples, less memory.
+
+# %%
+N = 2_000 if QUICK else 20_000
+dist_prompt = "ROMEO.\nI"
+with torch.inference_mode():
+    dist_logits = model(torch.tensor([tokenizer.encode(dist_prompt)]))[:, -1]  # [1, d_vocab]
+
+
+def draw(sampler, logits: Tensor, n: int, seed: int = 0, chunk: int = 2_000, **kwargs) -> Tensor:
+    """n tokens from one row of logits, by `sampler` on batches of identical rows."""
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for start in range(0, n, chunk):
+        rows = logits.expand(min(chunk, n - start), -1).clone()
+        batches.append(sampler(rows, generator=generator, **kwargs))
+    return torch.cat(batches)
+
+
+def plot_samples(
+    ax, samples: Tensor, probs: Tensor, title: str, rank_by: Tensor, n_show: int = 15
+) -> None:
+    """Observed frequency against exact probability `probs`, for the n_show tokens that are
+    most likely under `rank_by` (the unfiltered distribution, so every plot shows the same)."""
+    top = rank_by.topk(n_show).indices
+    observed = torch.bincount(samples, minlength=probs.numel()).double() / samples.numel()
+    x = range(n_show)
+    ax.bar(x, observed[top], color="tab:blue", alpha=0.7, label=f"frequency in {N:,} samples")
+    ax.plot(x, probs[top], "o", color="black", markersize=4, label="exact probability")
+    labels = [repr(tokenizer.decode([t]))[1:-1] for t in top.tolist()]
+    ax.set_xticks(list(x), labels, rotation=70, fontsize=8)
+    ax.set_title(title, fontsize=10)
+    # How far off is it? The largest gap, in standard errors of a frequency, sqrt(p (1 - p) / N).
+    p, freq = probs[top].double(), observed[top]
+    kept = p > 0
+    z = ((freq - p)[kept].abs() / (p * (1 - p) / samples.numel())[kept].sqrt()).max().item()
+    outside = (probs[samples] == 0).sum().item()
+    print(f"{title}: largest gap {z:.1f} standard errors; samples outside the kept set: {outside}")
+
+
+basic_probs = dist_logits[0].softmax(-1)
+fig, ax = plt.subplots(figsize=(8, 3.5))
+samples = draw(sample_basic, dist_logits, N)
+plot_samples(ax, samples, basic_probs, f"sample_basic after {dist_prompt!r}", basic_probs)
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# The bars should sit on the dots, give or take the noise of a finite sample: a frequency
+# estimated from $N$ draws is off by about $\sqrt{p(1-p)/N}$, one *standard error*, and among
+# 15 tokens the largest gap is typically one to three of them. A gap of ten would be a bug.
+#
+# Note how much of the probability lies *outside* the 15 tokens drawn here: the tail. At
+# temperature 1 the model draws from it all the time, and the tail is where the model is least
+# reliable: each of those tokens is individually unlikely, and many are unlikely for good
+# reason. The next two methods cut the tail off.
+#
+# ## 6. Top-k sampling
+#
+# **Top-k** sampling keeps the $k$ most likely tokens, sets every other logit to $-\infty$, and
+# samples from what is left. The softmax renormalises the survivors automatically: their
+# probabilities keep their ratios and now sum to 1. Typical values are $k$ = 40 or 50; $k = 1$
+# is greedy search again.
+#
+# We split it in two: `filter_top_k` does the cutting and returns logits (so you can look at
+# and test the kept set), and `sample_top_k` samples from the result.
+#
+# **Ties.** What if several tokens tie with the $k$-th largest logit? We follow HF's
+# `TopKLogitsWarper`, whose rule is "remove every token whose logit is *below* the $k$-th
+# largest": tokens tied with the $k$-th are all kept, so a few more than $k$ can survive. And a
+# $k$ larger than the vocabulary keeps everything.
+#
+# ### Exercise: `filter_top_k` and `sample_top_k`
+#
+# - `filter_top_k(logits, k)`: logits of the same shape, with every logit below the row's
+#   $k$-th largest replaced by `-inf` and every other logit unchanged.
+# - `sample_top_k(logits, k, generator=None)`: one token per row from the filtered logits.
+#
+# `logits.topk(k, dim=-1)` returns the `k` largest values of each row, in decreasing order, and
+# their indices. The last of those values, `values[:, -1:]` (keeping a dimension of size 1 so it
+# broadcasts against `[batch, d_vocab]`), is each row's threshold. `masked_fill(mask, value)`
+# returns a copy with `value` wherever `mask` is true.
+#
+# Common mistakes: dropping the extra dimension of the threshold (`values[:, -1]` has shape
+# `[batch]`, which broadcasts against the *last* dimension: wrong, or a shape error); using
+# `<=` instead of `<` (which removes the $k$-th token itself); building the result by
+# scattering the top-$k$ *indices* (which breaks ties differently from HF); and `topk` with `k`
+# larger than the vocabulary, which raises an error: use `min(k, d_vocab)`.
+#
+# The tests compare the kept set with `TopKLogitsWarper` on random logits, on logits with ties
+# at the $k$-th place, and with $k$ = 45 on 30 tokens; then draw 20,000 samples and test them
+# against the renormalised distribution.
+#
+# <details><summary>Hint</summary>
+#
+# ```python
+# kth_largest = logits.topk(min(k, logits.shape[-1]), dim=-1).values[:, -1:]  # [batch, 1]
+# return logits.masked_fill(logits < kth_largest, float("-inf"))
+# ```
+#
+# `sample_top_k` is then one line: `sample_basic` of the filtered logits.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="sample_top_k"
+# solution: solutions.sampling.filter_top_k
+# solution: solutions.sampling.sample_top_k
+
+# %%
+check("sample_top_k")
+
+# %% [markdown]
+# The same prompt as above, with $k = 5$. The dots now show the *renormalised* distribution:
+# the five kept tokens share all the probability, in the same ratios as before. We compute it
+# with Hugging Face's `TopKLogitsWarper` rather than with your `filter_top_k`, so that the plot
+# does not merely agree with itself.
+
+# %%
+from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+k = 5
+top_k_probs = TopKLogitsWarper(top_k=k)(None, dist_logits.clone())[0].softmax(-1)
+fig, ax = plt.subplots(figsize=(8, 3.5))
+samples = draw(sample_top_k, dist_logits, N, k=k)
+plot_samples(ax, samples, top_k_probs, f"sample_top_k, k={k}", basic_probs)
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# Top-k has a weakness: $k$ is the same whatever the distribution looks like. When the model
+# is sure of the next token, at the end of a line of verse for instance, where a line break is
+# all but certain, keeping 40 tokens keeps 39 poor ones; in the middle of a line, where dozens
+# of words would do, $k = 5$ cuts off most of them. Top-p adapts the cut to the distribution.
+#
+# ## 7. Top-p (nucleus) sampling
+#
+# **Top-p** sampling, also called **nucleus** sampling (Holtzman et al., 2019, *The Curious
+# Case of Neural Text Degeneration*), keeps the **smallest set of most likely tokens whose
+# probabilities add up to at least $p$**, and samples from that set, renormalised. With
+# `top_p=0.9`: when the model is sure, one or two tokens already make 90% and the nucleus is
+# tiny; when it is unsure, the nucleus holds hundreds of tokens.
+#
+# Work through an example: four tokens with probabilities 0.5, 0.3, 0.15, 0.05, already sorted.
+# The running totals are 0.5, 0.8, 0.95, 1.0.
+#
+# | `top_p` | tokens kept | why |
+# |---|---|---|
+# | 0.49 | 1 | 0.5 alone reaches 0.49 |
+# | 0.5 | 1 | 0.5 reaches 0.5 exactly: "at least", so that is enough |
+# | 0.81 | 3 | 0.5 + 0.3 = 0.8 falls short; the third token brings 0.95 |
+# | 0.96 | 4 | 0.95 falls short |
+#
+# The rule that decides each token on its own: **a token is kept if the tokens *more likely*
+# than it add up to less than `top_p`.** In other words, it is kept while the set is still
+# short of `top_p` before it joins. The token that takes the total over the line is kept; the
+# next one is not. That is the "exclusive" running total: the cumulative sum minus the token's
+# own probability.
+#
+# **`min_tokens_to_keep`**: never keep fewer than this many tokens, whatever `top_p` says (HF's
+# option of the same name; default 1, so that something is always left to sample). With
+# `top_p=0` only this many tokens survive.
+#
+# The vectorised recipe, per row:
+#
+# 1. **Sort** the logits in decreasing order: `sorted_logits, order = logits.sort(dim=-1,
+#    descending=True)`. `order[b, i]` is the original index of the row's `i`-th most likely
+#    token.
+# 2. **Running totals**: the softmax of the sorted logits, then `cumsum(dim=-1)`.
+# 3. **Decide in sorted order**: remove a token if the total *before* it is already `>= top_p`;
+#    never remove the first `min_tokens_to_keep`.
+# 4. **Undo the sort**: the decision at sorted position `i` belongs to the original position
+#    `order[b, i]`. `Tensor.scatter(dim=-1, index=order, src=decisions)` writes
+#    `decisions[b, i]` to position `order[b, i]`: exactly that. (`gather` goes the other way,
+#    from original order to sorted order, which is not what you want here.)
+# 5. **Mask**: `masked_fill` the removed tokens with `-inf`, leaving the rest unchanged.
+#
+# Common mistakes: keeping one token too few, by testing the *inclusive* running total
+# (`cumsum < top_p` drops the token that reaches the line); keeping one too many, by testing
+# `>` instead of `>=`; forgetting to undo the sort, so that the mask lands on the wrong tokens;
+# and ignoring `min_tokens_to_keep`.
+#
+# HF's `TopPLogitsWarper` computes the same rule the other way round: it sorts in *increasing*
+# order and removes tokens while the running total from the bottom is at most $1 - p$. On paper
+# the two rules are the same. In floating point they can disagree about a token that sits
+# exactly on the line (is 0.5 + 0.3 at least 0.8? it depends on the rounding), and tokens with
+# tied logits may come out of the sort in another order, so the tests avoid exact boundaries
+# and compare the kept logit *values*. They run 40 random cases with many spreads, `top_p`
+# values and `min_tokens_to_keep`, plus the cases of the table (with 0.49, 0.81 and 0.96),
+# `top_p` of 0 and 1, and a distribution with almost all its mass on one token; then 20,000
+# samples at `top_p` 0.5 and 0.9.
+#
+# <details><summary>Hint</summary>
+#
+# ```python
+# sorted_logits, order = logits.sort(dim=-1, descending=True)
+# sorted_probs = sorted_logits.softmax(dim=-1)
+# before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the tokens ahead of each one
+# remove_sorted = before >= top_p
+# remove_sorted[:, :min_tokens_to_keep] = False
+# remove = remove_sorted.scatter(dim=-1, index=order, src=remove_sorted)
+# ```
+#
+# </details>
+
+# %% tags=["exercise"] exercise="sample_top_p"
+# solution: solutions.sampling.filter_top_p
+# solution: solutions.sampling.sample_top_p
+
+# %%
+check("sample_top_p")
+
+# %% [markdown]
+# Your filter on the table's example, then the model's distribution with `top_p=0.9` (the dots:
+# HF's `TopPLogitsWarper`, renormalised), and how many tokens the nucleus holds at a few values
+# of `top_p` for two prompts, one where the model is unsure and one where it is not.
+
+# %%
+example = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+for top_p in [0.49, 0.5, 0.81, 0.96]:
+    kept = torch.isfinite(filter_top_p(example, top_p)).sum().item()
+    print(f"top_p={top_p}: keeps {kept} of 4")
+
+top_p = 0.9
+top_p_probs = TopPLogitsWarper(top_p=top_p)(None, dist_logits.clone())[0].softmax(-1)
+fig, ax = plt.subplots(figsize=(8, 3.5))
+samples = draw(sample_top_p, dist_logits, N, top_p=top_p)
+plot_samples(ax, samples, top_p_probs, f"sample_top_p, top_p={top_p}", basic_probs)
+ax.legend()
+plt.show()
+
+sure_prompt = "MACBETH.\nIs this a dagger which I see before me,"
+with torch.inference_mode():
+    sure_logits = model(torch.tensor([tokenizer.encode(sure_prompt)]))[:, -1]
+print(f"{sure_prompt!r} -> {tokenizer.decode(sure_logits.argmax(-1))!r}", end=" ")
+print(f"with probability {sure_logits.softmax(-1).max().item():.0%}")
+table = Table(title="tokens in the nucleus")
+table.add_column("top_p", justify="right")
+table.add_column(f"after {dist_prompt!r}", justify="right")
+table.add_column("at the end of Macbeth's line", justify="right")
+for top_p in [0.5, 0.8, 0.9, 0.95, 0.99]:
+    sizes = [
+        torch.isfinite(filter_top_p(lg, top_p)).sum().item() for lg in (dist_logits, sure_logits)
+    ]
+    table.add_row(str(top_p), *[str(size) for size in sizes])
+Console().print(table)
+
+# %% [markdown]
+# ## 8. Putting the pieces together: `sample_next_token`
+#
+# Here is the given function that turns one batch of logits into one batch of next tokens,
+# with everything above as options. Read it before you go on: the sampling loop you write next
+# calls it. The order of the steps is HF's:
+#
+# 1. **The frequency penalty** first, on the raw logits. Order matters. Applied first, the
+#    penalty is divided by the temperature like every other logit difference: a penalty of
+#    $\alpha$ at temperature $T$ moves a logit by $\alpha/T$ in the end, so it weighs against
+#    the model's preferences the same way at every temperature. Applied after the temperature,
+#    it would move the logit by $\alpha$ whatever $T$ is: relatively weaker at low temperatures,
+#    stronger at high ones.
+# 2. **Temperature 0 means greedy**, and stops there: nothing below would change the argmax.
+# 3. **The temperature**, then **top-k or top-p**, then the draw. Filtering *after* the
+#    temperature means the nucleus is measured on the distribution you actually sample from: at
+#    a high temperature the probabilities are flatter, and `top_p=0.9` keeps more tokens.
+#
+# Top-k and top-p together are refused here to keep the behaviour obvious (HF would apply both,
+# one after the other). `top_k=0` or `None` and `top_p=1.0` or `None` switch them off, as in HF.
+# Everything is checked first, with an error message that says what is wrong: a typo such as
+# `temperature=-1` or `top_p=90` should fail loudly, not produce strange text.
+
+# %% tags=["source"]
+# solution: solutions.sampling._check_number
+# solution: solutions.sampling.sample_next_token
+
+# %% [markdown]
+# Now that `sample_next_token` and your `sample_basic` exist, the temperature tests can sample
+# through them: here is the check of `apply_temperature` from section 3.
+
+# %%
+check("apply_temperature")
+
+# %% [markdown]
+# ## 9. The sampling loop
+#
+# A model call gives the next token's logits; text takes a loop. At each step:
+#
+# 1. Run the model on the sequence so far and take the logits at the **last** position: they
+#    are the guess for the token after it. (The logits at the other positions are guesses for
+#    tokens we already have.)
+# 2. Choose the next token with `sample_next_token`.
+# 3. Append it to the sequence and go again.
+#
+# Note what this costs: step $t$ runs the model over the *whole* sequence, recomputing what the
+# previous step had already computed for every earlier position. That waste is the subject of
+# chapter 4. Here, correctness first.
+#
+# ### Exercise: `TransformerSampler.sample`
+#
+# `TransformerSampler(model, tokenizer).sample(prompt, max_tokens_generated, ...)` is given
+# except for the loop. The code around it already turns the prompt into a 1-D tensor of token
+# ids `input_ids` (the prompt may be a string or token ids), moves it to the model's device,
+# builds `generator` from `seed`, and finds `eos`, the id of `<|endoftext|>`; after your loop it
+# decodes the result (a string in, a string out; token ids in, token ids out). Write the loop,
+# for at most `max_tokens_generated` steps:
+#
+# - **The context window.** The model has `n_ctx` learned positions and refuses longer input.
+#   Once the sequence is longer than that, feed it the **most recent** `n_ctx` tokens:
+#   `input_ids[-self.cfg.n_ctx:]`. Crop what the model *reads*, never what you *return*: the
+#   output keeps every token.
+# - **The batch dimension.** The model takes `[batch, posn]` and `sample_next_token` takes
+#   `input_ids [batch, seq]` and `logits [batch, d_vocab]`, all with a batch of 1 here:
+#   `tensor[None]` adds it.
+# - **Options.** Pass `generator=generator` and every other keyword argument (`**kwargs`:
+#   temperature, top_k, top_p, frequency_penalty...) on to `self.sample_next_token`. Give it the
+#   **whole** sequence so far, not the cropped window: the penalty counts every token the text
+#   has used, including those that have scrolled out of the model's view.
+# - **The end of the text.** The model was trained with `<|endoftext|>` between plays, so it
+#   can say "the text ends here". If the new token is `eos` and `stop_at_eos` is true, append
+#   it and stop.
+# - **`verbose`**: print each new token as it comes, `print(text, end="", flush=True)`, so you
+#   can watch the text being written. **`progress`**: wrap the range in
+#   `tqdm(..., disable=not progress)` for a progress bar.
+#
+# Common mistakes: feeding only the last token (the model then sees one token of context and
+# writes nonsense; remembering the rest is chapter 4's cache); reading the logits at position 0
+# instead of -1; cropping the returned sequence instead of the model's input; passing the
+# cropped window to the frequency penalty; stopping *before* appending the end-of-text token.
+#
+# The tests compare your greedy text, token for token, with `GPT2LMHeadModel.generate` of
+# Hugging Face on the same weights, for three prompts from the held-out plays; check that a
+# string gives a string and the same seed the same text; wrap the model so that its sixth new
+# token is `<|endoftext|>` and check that you stop right after it; start 3 tokens short
+# of `n_ctx` and compare 8 greedy steps with HF's logits on the last `n_ctx` tokens; and
+# recompute a greedy run with a frequency penalty from HF's logits and counts.
+#
+# <details><summary>Hint</summary>
+#
+# ```python
+# for _ in tqdm(range(max_tokens_generated), disable=not progress):
+#     context = input_ids[-self.cfg.n_ctx :][None]  # [1, posn]
+#     logits = self.model(context)[:, -1]  # [1, d_vocab]
+#     next_token = self.sample_next_token(input_ids[None], logits, generator=generator, **kwargs)
+#     input_ids = torch.cat([input_ids, next_token])
+#     ...  # verbose, then the end-of-text check
+# ```
+#
+# </details>
+
+# %% tags=["exercise"] exercise="sample"
+# solution: solutions.sampling.TransformerSampler
+
+# %%
+check("sample")
+
+# %% [markdown]
+# Watch it write, with `verbose=True`. Run the cell a few times with other seeds, or none.
+
+# %%
+sampler = TransformerSampler(model, tokenizer)
+n_tokens = 30 if QUICK else 120
+demo_prompt = "ROMEO.\nWhat light"
+print(demo_prompt, end="")  # verbose prints only the new tokens
+text = sampler.sample(demo_prompt, n_tokens, verbose=True, seed=1, temperature=0.8)
+
+# %% [markdown]
+# ### One prompt, many settings
+#
+# The best way to get a feel for these options is to read what they produce. Below, one prompt
+# continued under ten settings, all with the same seed. The column "distinct 3-grams" is a
+# crude measure of repetition: the share of the continuation's three-token sequences that
+# occur only once. Text that loops scores low; varied text scores close to 100%.
+#
+# What to look for:
+#
+# - **Greedy** soon repeats itself: the same line, or the same few words, round and round.
+#   Once a loop has started, each repetition makes the next one more likely.
+# - **Low temperature** behaves much like greedy; **high temperature** draws more and more from
+#   the tail, and words, grammar and finally spelling fall apart.
+# - **Top-k and top-p** at temperature 1 keep the variety of sampling but avoid the worst draws
+#   from the tail. Small `k` or small `top_p` drift back towards greedy.
+# - **The frequency penalty** breaks greedy's loops, at the cost of steering away from words
+#   the text legitimately needs again (names, "the", the speaker's name before every speech).
+
+# %%
+settings = {
+    "greedy": dict(temperature=0.0),
+    "T = 0.5": dict(temperature=0.5),
+    "T = 1.0": dict(temperature=1.0),
+    "T = 1.5": dict(temperature=1.5),
+    "top-k 5": dict(top_k=5),
+    "top-k 40": dict(top_k=40),
+    "top-p 0.5": dict(top_p=0.5),
+    "top-p 0.9": dict(top_p=0.9),
+    "greedy, penalty 1.0": dict(temperature=0.0, frequency_penalty=1.0),
+    "top-p 0.9, penalty 0.5": dict(top_p=0.9, frequency_penalty=0.5),
+}
+table_prompt = "KING HENRY.\nOnce more unto the breach, dear friends, once more;"
+n_tokens = 25 if QUICK else 60
+
+
+def distinct_ngrams(tokens: list[int], n: int = 3) -> float:
+    """The share of the n-grams of `tokens` that occur exactly once (1.0: no repeats)."""
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    if not grams:
+        return 1.0
+    return sum(grams.count(g) == 1 for g in grams) / len(grams)
+
+
+table_ids = torch.tensor(tokenizer.encode(table_prompt))
+table = Table(title=f"{table_prompt!r} + {n_tokens} tokens, seed 0", show_lines=True)
+table.add_column("setting")
+table.add_column("distinct 3-grams", justify="right")
+table.add_column("continuation")
+for name, kwargs in settings.items():
+    out = sampler.sample(table_ids, n_tokens, seed=0, **kwargs)
+    new = out[len(table_ids) :].tolist()
+    table.add_row(name, f"{distinct_ngrams(new):.0%}", tokenizer.decode(new))
+Console().print(table)
+
+# %% [markdown]
+# Rows that share a seed share their random numbers, so they often start alike and part ways
+# at the first step where their settings disagree, typically the first draw that one of them
+# would take from the tail and the other has cut off.
+#
+# There is no best row: the right setting depends on what the text is for. Something close to
+# greedy suits tasks with one right answer (code, arithmetic, extracting a fact); creative text
+# wants variety, and top-p around 0.9, sometimes with a slight penalty, is a common default.
+# Try your own prompts and settings: a speaker's name in capitals, a full stop and a line break
+# is how every speech in the training data begins.
+#
+# ## 10. Beam search
+#
+# Greedy search takes the best *token* at each step, but we usually want the best *sequence*,
+# and the two differ: a first token of probability 0.4 followed by one of 0.9 (total 0.36)
+# beats a first token of 0.5 followed by one of 0.3 (total 0.15), yet greedy takes the 0.5.
+# Finding the single most likely sequence of $m$ tokens exactly would mean comparing $V^m$
+# sequences, $4096^{10} \approx 10^{36}$ for ten tokens: out of the question.
+#
+# **Beam search** is the standard compromise. It keeps the `num_beams` best partial sequences
+# (the **beams**), each with its score, the sum of its tokens' log-probabilities. At each step:
+#
+# 1. **Expand**: extend every beam by its most likely next tokens; each extension's score is
+#    the beam's score plus the new token's log-probability.
+# 2. **Prune**: keep the `num_beams` best of all those candidates, across every beam. A beam
+#    whose continuations all score badly dies out; a good beam can take several places.
+# 3. **Finish**: a candidate that ends with `<|endoftext|>` is a complete text. It leaves the
+#    race and is set aside with its score, and the next best running candidates take its place.
+#
+# It stops when the best finished sequences can no longer be beaten (more on that below) or
+# after `max_new_tokens` tokens, and returns the best finished sequences. With `num_beams=1` it
+# is greedy search; larger beams look further for a sequence the greedy path missed.
+#
+# Three properties of the score to keep in mind:
+#
+# - A log-probability is never positive, so **a sequence's score can only go down** as it
+#   grows. That makes beam search prefer short texts: every extra token costs something.
+#   HF's `generate` corrects for this by default with a `length_penalty` that divides each
+#   finished sequence's score by a power of its length; we use plain sums, which is HF's
+#   `length_penalty=0.0`, and the tests ask HF for exactly that.
+# - Beam search is a search for *likely* text, and likely text is often dull or repetitive: it
+#   is deterministic, and its output tends to be the safe, common phrase. It shines where there
+#   is one right answer (translation, summaries); for open-ended writing, sampling usually reads
+#   better. The comparisons at the end of this section show both sides.
+# - Being deterministic and greedy-ish, it loops like greedy does. The usual cure is a hard
+#   rule that forbids repeating any $n$-gram: your next exercise.
+#
+# ### Exercise: `banned_ngram_tokens`
+#
+# `banned_ngram_tokens(tokens, ngram_size, d_vocab)`: for each beam (a row of
+# `tokens [beam, seq]`), which next tokens would repeat an $n$-gram that already occurs in the
+# row, prompt included? Returns a boolean mask `[beam, d_vocab]` (`banned` is created for you,
+# all `False`). This is HF's `no_repeat_ngram_size`.
+#
+# The rule: with $n$ = `ngram_size`, the next token would complete the $n$-gram made of the
+# row's last $n-1$ tokens followed by it. So look at every $n$-gram already in the row; if its
+# first $n-1$ tokens equal the row's last $n-1$ tokens, its last token is banned.
+#
+# An example with $n = 3$ and the sequence `5 8 2 9 5 8`: its 3-grams are `5 8 2`, `8 2 9`,
+# `2 9 5`, `9 5 8`. The last two tokens are `5 8`; the 3-gram `5 8 2` starts with them, so
+# token `2` is banned. Everything else is allowed. With $n = 1$ the prefix is empty and matches
+# every 1-gram: no token in the row may occur again.
+#
+# `tokens.unfold(dimension=1, size=n, step=1)` gives every $n$-gram of every row at once,
+# `[beam, seq - n + 1, n]`, without a loop. Compare `ngrams[:, :, :-1]` with the prefix (add a
+# dimension to the prefix so they broadcast), `.all(dim=-1)` to get the matching $n$-grams, and
+# set `banned` at their last tokens. `matches.nonzero(as_tuple=True)` gives the (beam, $n$-gram)
+# index pairs of the matches.
+#
+# Common mistakes: a prefix of $n$ tokens instead of $n - 1$; an off-by-one that misses the
+# $n$-gram at the very start or at the very end of the row; not handling a row shorter than $n$
+# (there is no complete $n$-gram yet, so nothing is banned); a Python loop that mixes up beams.
+#
+# The tests compare your mask with HF's `NoRepeatNGramLogitsProcessor` for $n$ = 1 to 4 on
+# random rows of many lengths over a 6-token vocabulary, where repeats are common.
+#
+# <details><summary>Hint</summary>
+#
+# ```python
+# ngrams = tokens.unfold(dimension=1, size=ngram_size, step=1)  # [beam, n_ngrams, n]
+# prefix = tokens[:, seq - (ngram_size - 1) :]                  # [beam, n - 1]
+# matches = (ngrams[:, :, :-1] == prefix[:, None, :]).all(dim=-1)  # [beam, n_ngrams]
+# beam_index, ngram_index = matches.nonzero(as_tuple=True)
+# banned[beam_index, ngrams[beam_index, ngram_index, -1]] = True
+# ```
+#
+# </details>
+
+# %% tags=["exercise"] exercise="no_repeat_ngram"
+# solution: solutions.beams.banned_ngram_tokens
+
+# %%
+check("no_repeat_ngram")
+
+# %% [markdown]
+# The example above, and a second row, with $n$ = 1, 2 and 3:
+
+# %%
+toy = torch.tensor([[5, 8, 2, 9, 5, 8], [1, 1, 1, 3, 1, 1]])
+for n in [1, 2, 3]:
+    banned = banned_ngram_tokens(toy, n, d_vocab=10)
+    print(f"n={n}:", [row.nonzero().flatten().tolist() for row in banned])
+
+# %% [markdown]
+# ### Exercise: `Beams`
+#
+# `Beams` holds a set of beams of equal length: `tokens [beam, seq]` and their scores,
+# `logprob_sums [beam]`, along with the model and tokenizer. Indexing it, `beams[indices]`,
+# gives the `Beams` picked by a tensor of indices; `print` shows them as a table. Write its two
+# steps:
+#
+# **`generate(k, no_repeat_ngram_size=None)`**: every beam's `k` most likely one-token
+# continuations, as a new `Beams` of `k * len(self)` beams.
+#
+# - Run the model on every beam at once (the beams are already a batch), reading at most the
+#   last `n_ctx` tokens, and take the logits at the last position.
+# - Turn them into **log-probabilities** with `log_softmax`, in float32 (`.float()` first).
+#   Scores add log-probs; adding raw logits would add a different constant for every step and
+#   beam (section 1), and the scores would mean nothing.
+# - With `no_repeat_ngram_size`, set the log-probs of banned tokens to `-inf` *after* the
+#   softmax, as HF does: the other tokens keep their log-probabilities, nothing is renormalised.
+# - `topk(k)` of each row. A new beam's score is its parent's score plus the new token's
+#   log-prob; its tokens are its parent's followed by the new token.
+# - **Order**: beam 0's `k` continuations first (best first), then beam 1's, and so on. So
+#   each parent's tokens are repeated `k` times *in a row*: `repeat_interleave(k, dim=0)`, not
+#   `repeat(k, 1)`, which would cycle through the parents instead.
+#
+# **`filter(num_beams)`**: rank all the beams by score, best first, and split them.
+#
+# - `continuing`: the best `num_beams` beams that do **not** end in `<|endoftext|>`, in order.
+# - `finished`: the beams that **do** end in it, but only those ranked among the best
+#   `num_beams` of *all* the beams. An ended sequence that is not even as good as the
+#   `num_beams` best candidates of this step is dropped. (That is HF's rule, and the tests
+#   compare with HF token for token, so we follow it exactly.)
+#
+# An example with `num_beams=3`, scores and last tokens (0 is the end of text):
+# `-0.5 (9), -0.75 (11), -1.0 (EOS), -2.0 (8), -2.5 (EOS), -3.0 (7)`. `continuing` is the beams
+# at -0.5, -0.75 and -2.0: the EOS beam at -1.0 left the race and the next best took its place.
+# `finished` is the beam at -1.0 only: the EOS beam at -2.5 ranks fifth, outside the top 3.
+#
+# Common mistakes: `softmax` instead of `log_softmax`; forgetting the parent's score;
+# `repeat` instead of `repeat_interleave`; sorting in increasing order (`argsort` defaults to
+# it: pass `descending=True`); taking the top `num_beams` *first* and then dropping the EOS
+# beams from them, which leaves fewer than `num_beams` running.
+#
+# The tests run `generate` on three beams with `k=4`, with and without a 2-gram ban, and
+# compare the tokens and scores with log-softmax of HF's logits (and HF's n-gram processor);
+# and check `filter` on the example above.
+#
+# <details><summary>Hint</summary>
+#
+# `generate`:
+#
+# ```python
+# logits = self.model(self.tokens[:, -n_ctx:])[:, -1]
+# logprobs = logits.float().log_softmax(dim=-1)
+# ...  # the n-gram ban, with masked_fill
+# top = logprobs.topk(k, dim=-1)  # values and indices: [beam, k]
+# logprob_sums = (self.logprob_sums[:, None] + top.values).flatten()
+# tokens = torch.cat([self.tokens.repeat_interleave(k, dim=0), top.indices.flatten()[:, None]], 1)
+# ```
+#
+# `filter`: `order = self.logprob_sums.argsort(descending=True, stable=True)`, then
+# `ends_in_eos = self.tokens[order, -1] == eos`; `order[~ends_in_eos][:num_beams]` are the
+# continuing beams' indices, and `order[ends_in_eos & (rank < num_beams)]` the finished ones,
+# with `rank = torch.arange(len(order))`. Return `self[continuing], self[finished]`.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="beams"
+# solution: solutions.beams.Beams
+
+# %%
+check("beams")
+
+# %% [markdown]
+# One step of beam search by hand: start from the prompt as a single beam of score 0, expand it
+# into its 4 best continuations, expand each of those into 4 more, and keep the best 3.
+
+# %%
+start_ids = torch.tensor([tokenizer.encode("ROMEO.\nWhat light")])
+beams = Beams(model, tokenizer, torch.zeros(1), start_ids)
+first = beams.generate(4)
+first.print("after one step: 4 candidates")
+second = first.generate(4)
+continuing, finished = second.filter(3)
+print(f"the second step made {len(second)} candidates; {len(finished)} of the best 3 finished")
+continuing.print("after two steps: the 3 best of 16 candidates")
+
+# %% [markdown]
+# ### Exercise: `beam_search`
+#
+# `beam_search(model, tokenizer, prompt, num_return_sequences, num_beams, max_new_tokens,
+# no_repeat_ngram_size=None, early_stopping=False, verbose=False)` returns the
+# `num_return_sequences` best sequences as `(score, tokens)` pairs, best first: `tokens` holds
+# the prompt and the continuation, `score` the sum of the continuation's log-probabilities. The
+# argument checks and the start are given: `beams` is the prompt as one beam of score 0, and
+# `finished` an empty list of `(score, tokens)` pairs. Write the loop, one step per new token:
+#
+# 1. **Expand** with `beams.generate(num_beams + 1, no_repeat_ngram_size)`: `num_beams + 1`
+#    continuations per beam, not `num_beams`. Why one more? At most one of a beam's
+#    continuations can be `<|endoftext|>` (it is one token), so `num_beams + 1` continuations
+#    always include at least `num_beams` that keep running. With only `num_beams`, a beam whose
+#    top continuations include EOS would offer one running candidate too few, and that missing
+#    candidate could have been among the best. (HF does the same thing differently: it takes the
+#    best `2 * num_beams` candidates over all beams together.)
+# 2. **Prune** with `filter(num_beams)`; the continuing beams are the new `beams`.
+# 3. **Collect** the newly finished: add them (`to_list()`) to `finished`, sort by score, best
+#    first, and keep the best `num_beams`.
+# 4. With `verbose`, show the running beams: `beams.print(title=f"step {step + 1}: ...")`.
+# 5. **Stop?** Only once `num_beams` sequences have finished, and then by one of two rules,
+#    HF's two settings of `early_stopping`:
+#    - `early_stopping=True`: stop right away.
+#    - `early_stopping=False`: stop once the best running beam cannot beat the worst of the
+#      finished sequences, that is once its score is `<=` the worst finished score. Since
+#      scores only go down, a running beam that is already behind can never catch up, so this
+#      rule gives up nothing.
+#
+# If the loop runs out of tokens without stopping, the beams still running are complete too:
+# they compete with the finished sequences for the `num_beams` places. (A `for ... else:` block
+# runs exactly when the loop was not left by `break`.) The given last line returns the best
+# `num_return_sequences`.
+#
+# Common mistakes: expanding with `num_beams` continuations; stopping as soon as *one* sequence
+# finishes; forgetting the running beams at the end; keeping more than `num_beams` finished
+# sequences (a worse one would then be the "worst finished" in the stopping rule, and you would
+# stop too early); comparing with the *best* finished score instead of the worst.
+#
+# The tests compare your sequences and scores with `GPT2LMHeadModel.generate(num_beams=...,
+# length_penalty=0.0)` on four configurations of beams, returned sequences and n-gram bans; and,
+# since our model rarely ends a text within a dozen tokens, on a crafted model whose logits make
+# `<|endoftext|>` common, with both settings of `early_stopping`, so that every stopping rule is
+# exercised.
+#
+# <details><summary>Hint</summary>
+#
+# ```python
+# for step in range(max_new_tokens):
+#     candidates = beams.generate(num_beams + 1, no_repeat_ngram_size)
+#     beams, newly_finished = candidates.filter(num_beams)
+#     finished = sorted(finished + newly_finished.to_list(), key=lambda b: -b[0])[:num_beams]
+#     ...  # verbose
+#     best_running = ...  # the best score among the running beams
+#     if len(finished) == num_beams and (early_stopping or best_running <= finished[-1][0]):
+#         break
+# else:
+#     finished = sorted(finished + beams.to_list(), key=lambda b: -b[0])[:num_beams]
+# ```
+#
+# </details>
+
+# %% tags=["exercise"] exercise="beam_search"
+# solution: solutions.beams.beam_search
+
+# %%
+check("beam_search")
+
+# %% [markdown]
+# ### A walk through beam search
+#
+# With `verbose=True`, `beam_search` shows the running beams after every step. Watch how the
+# beams change places: a beam that led after one step can fall behind, and two beams can share
+# their first tokens and split later.
+
+# %%
+walk_prompt = "ROMEO.\nWhat light"
+walk = beam_search(
+    model, tokenizer, walk_prompt, 3, num_beams=3, max_new_tokens=4 if QUICK else 8, verbose=True
+)
+for score, tokens in walk:
+    print(f"{score:8.3f}  {tokenizer.decode(tokens)!r}")
+
+# %% [markdown]
+# ### Greedy search against beam search
+#
+# Does the wider search find more likely text? Below, the same prompt continued greedily and by
+# beam search with 3 and 8 beams, each with its score, the sum of the log-probabilities of its
+# new tokens. We recompute every score from scratch, with one forward pass over the finished
+# text: `log_softmax` at each position, the log-probability of the token that actually came
+# next, summed over the continuation. That is section 1's formula, and it should give the
+# score that beam search reported.
+#
+# Beam search with a single beam takes the best token each time, like greedy search: its
+# output should equal greedy's, which is a good check that your two implementations agree.
+
+
+# %%
+@torch.inference_mode()
+def continuation_logprob(tokens: Tensor, n_prompt: int) -> float:
+    """The sum of log p(token | everything before it) over tokens[n_prompt:]."""
+    logprobs = model(tokens[None])[0].log_softmax(dim=-1)  # [seq, d_vocab]
+    # The logits at position t predict token t + 1.
+    picked = logprobs[:-1].gather(-1, tokens[1:, None])[:, 0]
+    return picked[n_prompt - 1 :].sum().item()
+
+
+compare_prompt = "KING HENRY.\nOnce more unto the breach, dear friends, once more;"
+compare_ids = torch.tensor(tokenizer.encode(compare_prompt))
+n_new = 15 if QUICK else 40
+greedy_tokens = sampler.sample(compare_ids, n_new, temperature=0.0)
+rows = [("greedy", None, greedy_tokens)]
+for num_beams in [1, 3] if QUICK else [1, 3, 8]:
+    score, tokens = beam_search(model, tokenizer, compare_prompt, 1, num_beams, n_new)[0]
+    rows.append((f"{num_beams} beam{'s' * (num_beams > 1)}", score, tokens))
+
+table = Table(title=f"{compare_prompt!r} + up to {n_new} tokens", show_lines=True)
+for column in ["method", "beam score", "recomputed", "continuation"]:
+    table.add_column(column, justify="left" if column in ("method", "continuation") else "right")
+for name, score, tokens in rows:
+    recomputed = continuation_logprob(tokens, len(compare_ids))
+    shown = "" if score is None else f"{score:.2f}"
+    table.add_row(name, shown, f"{recomputed:.2f}", tokenizer.decode(tokens[len(compare_ids) :]))
+Console().print(table)
+print("1 beam == greedy:", rows[1][2].tolist() == greedy_tokens.tolist())
+
+# %% [markdown]
+# A wider beam usually finds a higher score (scores are negative: closer to 0 is more likely),
+# but it is not guaranteed to: it keeps more candidates, yet it can still drop a path that a
+# narrower search happened to follow. Whether the more likely text is *better* text is another
+# matter. Read the continuations: the likeliest text a small model knows is often its safest
+# phrase, said again and again.
+#
+# ### Repetition, and `no_repeat_ngram_size`
+#
+# Beam search hunts for likely text, and few things are as likely as words the model has just
+# read. Here are longer beam searches, for two prompts, with and without a ban on repeated
+# 3-grams. The "distinct 3-grams" column is the one from the sampling table; "tokens" counts
+# the new tokens, which is less than the maximum when the text ended with `<|endoftext|>`.
+
+# %%
+n_new = 20 if QUICK else 60
+table = Table(title=f"5 beams, up to {n_new} new tokens", show_lines=True)
+for column in ["prompt", "no_repeat_ngram_size", "score", "tokens", "distinct 3-grams"]:
+    table.add_column(column, justify="left" if column == "prompt" else "right")
+table.add_column("continuation")
+for rep_prompt in ["ROMEO.\nWhat light", "FIRST CITIZEN.\nWe are accounted poor citizens,"]:
+    n_prompt = len(tokenizer.encode(rep_prompt))
+    for ngram in [None, 3]:
+        score, tokens = beam_search(
+            model, tokenizer, rep_prompt, 1, 5, n_new, no_repeat_ngram_size=ngram
+        )[0]
+        new = tokens[n_prompt:].tolist()
+        table.add_row(
+            repr(rep_prompt),
+            str(ngram),
+            f"{score:.2f}",
+            str(len(new)),
+            f"{distinct_ngrams(new):.0%}",
+            tokenizer.decode(new),
+        )
+Console().print(table)
+
+# %% [markdown]
+# Where both searches write the same number of tokens, the ban costs log-probability (it
+# forbids some of the likeliest continuations) and buys variety. Where a search ends early
+# with `<|endoftext|>` (watch the "tokens" column), compare the scores with care: a shorter
+# text has fewer tokens to pay for, so its score is not comparable with that of a full-length
+# one: that is the length bias from the start of this section. The ban can also change
+# *which* endings are kept at all: an ended sequence only counts if it ranks among the
+# `num_beams` best candidates of its step, and banning some of its rivals can let it in. Once
+# in, its short, high score can beat every long text written after it.
+#
+# The ban is also a blunt tool: it also forbids repeats that the text needs. A speaker's heading
+# (a line break, the name, a full stop, a line break) is several tokens long, so once a
+# character has spoken, the ban forbids announcing them again in the same way; the same goes
+# for any phrase the prompt already used, names included. The ban suits short outputs (a
+# summary, a title) better than long ones.
+#
+# ## 11. How we know it is right
+#
+# Every test of this chapter compares your code with something independent of it:
+#
+# - **Exact formulas** for the deterministic pieces: `greedy_search` against an argmax written
+#   in plain Python, `apply_temperature` against `logits / T`, `apply_frequency_penalty`
+#   against counts from Python's `Counter`.
+# - **Hugging Face's logits processors**, the small classes that `generate` chains together
+#   to implement these same options: `TopKLogitsWarper` and `TopPLogitsWarper` decide which
+#   tokens your `filter_top_k` and `filter_top_p` must keep, and `NoRepeatNGramLogitsProcessor`
+#   which tokens `banned_ngram_tokens` must ban.
+# - **Hugging Face's `GPT2LMHeadModel.generate`** on the same weights (the shipped model is
+#   saved in HF's GPT-2 format, so HF loads it as it is): greedy generation token for token,
+#   and beam search sequence for sequence and score for score, with `length_penalty=0.0`.
+# - **Exact probabilities** for everything random: 20,000 samples, compared with the exact
+#   distribution by a chi-square test with a stated false-failure probability of $10^{-5}$ per
+#   comparison, under a fixed seed. A sampler that is slightly wrong (a temperature off by 20%,
+#   a nucleus with one token too many) fails; a correct one passes for any seed, with that
+#   small probability of bad luck.
+#
+# You can make the same comparisons here. The cell below loads the model a second time, as
+# HF's `GPT2LMHeadModel`, and checks your greedy generation, your top-k and top-p filters on
+# the model's own logits, and your beam search against it.
+
+# %%
+from utils.models import load_hf
+
+hf_model, _ = load_hf("shakespeare")
+eos = tokenizer.eos_token_id
+hf_ids = torch.tensor([tokenizer.encode(compare_prompt)])
+n_new = 10 if QUICK else 30
+
+with torch.inference_mode():
+    hf_greedy = hf_model.generate(
+        hf_ids, max_new_tokens=n_new, do_sample=False, top_k=None, pad_token_id=eos
+    )[0]
+ours = sampler.sample(hf_ids[0], n_new, temperature=0.0)
+print("greedy generation equals HF's:", ours.tolist() == hf_greedy.tolist())
+
+for k in [1, 5, 40]:
+    same = torch.equal(
+        torch.isfinite(filter_top_k(dist_logits, k)),
+        torch.isfinite(TopKLogitsWarper(top_k=k)(None, dist_logits.clone())),
+    )
+    print(f"top-k {k}: same tokens kept as TopKLogitsWarper: {same}")
+for top_p in [0.5, 0.9, 0.99]:
+    same = torch.equal(
+        torch.isfinite(filter_top_p(dist_logits, top_p)),
+        torch.isfinite(TopPLogitsWarper(top_p=top_p)(None, dist_logits.clone())),
+    )
+    print(f"top-p {top_p}: same tokens kept as TopPLogitsWarper: {same}")
+
+num_beams = 4
+with torch.inference_mode():
+    hf_beams = hf_model.generate(
+        hf_ids,
+        num_beams=num_beams,
+        num_return_sequences=num_beams,
+        max_new_tokens=n_new,
+        length_penalty=0.0,
+        early_stopping=False,
+        do_sample=False,
+        top_k=None,
+        pad_token_id=eos,
+        eos_token_id=eos,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+ours = beam_search(model, tokenizer, compare_prompt, num_beams, num_beams, n_new)
+table = Table(title=f"beam search, {num_beams} beams: yours and HF's")
+for column in ["rank", "your score", "HF score", "same tokens"]:
+    table.add_column(column, justify="right")
+for rank, ((score, tokens), hf_seq, hf_score) in enumerate(
+    zip(ours, hf_beams.sequences, hf_beams.sequences_scores, strict=True)
+):
+    hf_tokens = hf_seq.tolist()
+    if eos in hf_tokens[hf_ids.shape[1] :]:  # HF pads a sequence that ended early
+        hf_tokens = hf_tokens[: hf_tokens.index(eos, hf_ids.shape[1]) + 1]
+    same = str(tokens.tolist() == hf_tokens)
+    table.add_row(str(rank), f"{score:.4f}", f"{hf_score.item():.4f}", same)
+Console().print(table)
+
+# %% [markdown]
+# ## Check your understanding
+#
+# - Adding 10 to every logit of a row changes nothing that this chapter computes. Multiplying
+#   every logit by 2 changes something: what, and which earlier setting does it amount to?
+# - At temperature 0.5, how much more likely than token B is a token A that was three times as
+#   likely at temperature 1? At temperature 3?
+# - Why is `temperature=0` a special case in code, when the formula is continuous as $T \to 0$?
+#   What does sampling at $T \to 0$ do when two tokens tie for the largest logit?
+# - Top-k with $k=1$, top-p with `top_p=0`, temperature 0: which of these are the same as
+#   greedy search?
+# - With probabilities 0.4, 0.3, 0.2, 0.1 (sorted), how many tokens does `top_p=0.65` keep?
+#   And `top_p=0.75`? Which token does `min_tokens_to_keep=3` add at `top_p=0.65`?
+# - Our frequency penalty counts every token of the sequence, also those that have scrolled out
+#   of the model's `n_ctx`-token window. What would change if it counted only the window?
+# - Why does beam search add log-probabilities rather than multiply probabilities? Why does its
+#   score favour short texts, and how does HF's `length_penalty` push back?
+# - Why does `beam_search` ask each beam for `num_beams + 1` continuations? Construct a case
+#   where `num_beams` would lose the best sequence.
+# - With `early_stopping=False`, why is it safe to stop as soon as the best running score is no
+#   better than the worst finished one?
+# - A statistical test with 100 samples, or one without a fixed seed: what is wrong with each?
+# - Generating 100 tokens after a 50-token prompt, how many token positions does your sampling
+#   loop push through the model in total? How many are new at each step?
+#
+# ## What's next
+#
+# The last question is chapter 4's starting point. Your loop runs the model over the whole
+# sequence at every step, so generating $m$ tokens costs on the order of $m^2$ positions of
+# computation, although each step only adds one new position. In **chapter 4** you store the
+# keys and values that attention computed for earlier positions, a **KV cache**, so that each
+# step processes one token; then you generate for many prompts at once, which is where the
+# batched functions of this chapter pay off, and you measure the speed against HF's `generate`.
