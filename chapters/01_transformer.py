@@ -566,8 +566,10 @@ plt.show()
 #
 # <details><summary>Hint</summary>
 #
-# Two einsums (`"batch posn d_model, d_model d_mlp -> batch posn d_mlp"` and back), with
-# `gelu_new` in between. Don't forget either bias.
+# Two matrix products, `x @ self.W_in` and back through `W_out` (`@` multiplies the last
+# dimension and keeps `[batch, posn]` in front; an einsum
+# `"batch posn d_model, d_model d_mlp -> batch posn d_mlp"` says the same), with `gelu_new` in
+# between. Don't forget either bias.
 #
 # </details>
 
@@ -624,7 +626,8 @@ check("block")
 #
 # <details><summary>Hint</summary>
 #
-# One einsum, `"batch posn d_model, d_model d_vocab -> batch posn d_vocab"`, plus `self.b_U`.
+# One matrix product, `x @ self.W_U` (or the einsum
+# `"batch posn d_model, d_model d_vocab -> batch posn d_vocab"`), plus `self.b_U`.
 #
 # </details>
 

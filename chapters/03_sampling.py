@@ -989,10 +989,11 @@ for n in [1, 2, 3]:
 # steps:
 #
 # **`generate(k, no_repeat_ngram_size=None)`**: every beam's `k` most likely one-token
-# continuations, as a new `Beams` of `k * len(self)` beams.
+# continuations, as a new `Beams` of `k * len(self)` beams. `generate` itself is given: it runs
+# the model on every beam at once (the beams are already a batch), reading at most the last
+# `n_ctx` tokens, and hands the logits of the last position to **`top_continuations`**, which
+# you write. (Keeping the model call apart lets chapter 4 swap in a cached one.)
 #
-# - Run the model on every beam at once (the beams are already a batch), reading at most the
-#   last `n_ctx` tokens, and take the logits at the last position.
 # - Turn them into **log-probabilities** with `log_softmax`, in float32 (`.float()` first).
 #   Scores add log-probs; adding raw logits would add a different constant for every step and
 #   beam (section 1), and the scores would mean nothing.
@@ -1028,15 +1029,14 @@ for n in [1, 2, 3]:
 #
 # <details><summary>Hint</summary>
 #
-# `generate`:
+# `top_continuations`:
 #
 # ```python
-# logits = self.model(self.tokens[:, -n_ctx:])[:, -1]
 # logprobs = logits.float().log_softmax(dim=-1)
 # ...  # the n-gram ban, with masked_fill
 # top = logprobs.topk(k, dim=-1)  # values and indices: [beam, k]
-# logprob_sums = (self.logprob_sums[:, None] + top.values).flatten()
-# tokens = torch.cat([self.tokens.repeat_interleave(k, dim=0), top.indices.flatten()[:, None]], 1)
+# new_sums = (logprob_sums[:, None] + top.values).flatten()
+# new_tokens = torch.cat([tokens.repeat_interleave(k, dim=0), top.indices.flatten()[:, None]], 1)
 # ```
 #
 # `filter`: `order = self.logprob_sums.argsort(descending=True, stable=True)`, then
@@ -1047,6 +1047,7 @@ for n in [1, 2, 3]:
 # </details>
 
 # %% tags=["exercise"] exercise="beams"
+# solution: solutions.beams.top_continuations
 # solution: solutions.beams.Beams
 
 # %%

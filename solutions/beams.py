@@ -38,6 +38,30 @@ def banned_ngram_tokens(
     # END SOLUTION
 
 
+def top_continuations(
+    logprob_sums: Float[Tensor, "beam"],
+    tokens: Int[Tensor, "beam seq"],
+    logits: Float[Tensor, "beam d_vocab"],
+    k: int,
+    no_repeat_ngram_size: int | None = None,
+) -> tuple[Float[Tensor, "beam_times_k"], Int[Tensor, "beam_times_k seq_plus_1"]]:
+    """The k best one-token continuations of every beam, given the logits of its next token:
+    their scores and tokens, the k continuations of beam 0 first (best first), then beam 1's."""
+    # BEGIN SOLUTION
+    logprobs = logits.float().log_softmax(dim=-1)
+    if no_repeat_ngram_size:
+        banned = banned_ngram_tokens(tokens, no_repeat_ngram_size, logits.shape[-1])
+        # Banned after the softmax, as HF does: the other tokens keep their log-probs.
+        logprobs = logprobs.masked_fill(banned, float("-inf"))
+    top = logprobs.topk(k, dim=-1)
+    new_sums = (logprob_sums[:, None] + top.values).flatten()
+    new_tokens = torch.cat(
+        [tokens.repeat_interleave(k, dim=0), top.indices.flatten()[:, None]], dim=1
+    )
+    return new_sums, new_tokens
+    # END SOLUTION
+
+
 @dataclass
 class Beams:
     """A set of sequences of equal length, each with the sum of its tokens' log-probabilities."""
@@ -59,21 +83,11 @@ class Beams:
         """Every beam's k most likely one-token continuations: k * len(self) new beams, the k
         continuations of beam 0 first. With `no_repeat_ngram_size`, continuations that would
         repeat an n-gram get a log-probability of -inf."""
-        n_ctx, d_vocab = self.model.cfg.n_ctx, self.model.cfg.d_vocab
-        # BEGIN SOLUTION
-        logits = self.model(self.tokens[:, -n_ctx:])[:, -1]
-        logprobs = logits.float().log_softmax(dim=-1)
-        if no_repeat_ngram_size:
-            banned = banned_ngram_tokens(self.tokens, no_repeat_ngram_size, d_vocab)
-            # Banned after the softmax, as HF does: the other tokens keep their log-probs.
-            logprobs = logprobs.masked_fill(banned, float("-inf"))
-        top = logprobs.topk(k, dim=-1)
-        logprob_sums = (self.logprob_sums[:, None] + top.values).flatten()
-        tokens = torch.cat(
-            [self.tokens.repeat_interleave(k, dim=0), top.indices.flatten()[:, None]], dim=1
+        logits = self.model(self.tokens[:, -self.model.cfg.n_ctx :])[:, -1]
+        logprob_sums, tokens = top_continuations(
+            self.logprob_sums, self.tokens, logits, k, no_repeat_ngram_size
         )
         return Beams(self.model, self.tokenizer, logprob_sums, tokens)
-        # END SOLUTION
 
     def filter(self, num_beams: int) -> tuple["Beams", "Beams"]:
         """Rank the beams by score, best first. Returns
@@ -122,6 +136,7 @@ def beam_search(
     no_repeat_ngram_size: int | None = None,
     early_stopping: bool = False,
     verbose: bool = False,
+    beams_class: type[Beams] = Beams,
 ) -> list[tuple[float, Int[Tensor, "seq"]]]:
     """The `num_return_sequences` best sequences (score, tokens) found by beam search, best
     first. A sequence finishes at the end-of-text token or after `max_new_tokens`.
@@ -129,6 +144,7 @@ def beam_search(
     Stopping rules: with `early_stopping=True`, stop as soon as `num_beams` sequences have
     finished; with `False`, stop once no running beam can still beat the worst of them
     (log-probabilities are negative, so a running beam's score can only fall).
+    `beams_class` is the kind of `Beams` to search with; chapter 4 passes one with a cache.
     """
     for name, value, low in [("num_beams", num_beams, 1), ("max_new_tokens", max_new_tokens, 1)]:
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -147,7 +163,7 @@ def beam_search(
     model.eval()
     device = next(model.parameters()).device
     prompt_tokens = torch.tensor([tokenizer.encode(prompt)], device=device)
-    beams = Beams(model, tokenizer, torch.zeros(1, device=device), prompt_tokens)
+    beams = beams_class(model, tokenizer, torch.zeros(1, device=device), prompt_tokens)
     finished: list[tuple[float, Tensor]] = []  # (score, tokens), best first
     # BEGIN SOLUTION
     for step in range(max_new_tokens):

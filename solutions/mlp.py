@@ -1,6 +1,5 @@
 """The MLP: a position-wise two-layer network, 4x wider in the middle."""
 
-import einops
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
@@ -28,7 +27,8 @@ class MLP(nn.Module):
         self, normalized_resid_mid: Float[Tensor, "batch posn d_model"]
     ) -> Float[Tensor, "batch posn d_model"]:
         # BEGIN SOLUTION
-        pre = einops.einsum(normalized_resid_mid, self.W_in, "b p d, d m -> b p m") + self.b_in
+        # `@` multiplies the last dimension by W's first and keeps [batch, posn] in front.
+        pre = normalized_resid_mid @ self.W_in + self.b_in
         post = gelu_new(pre)
-        return einops.einsum(post, self.W_out, "b p m, m d -> b p d") + self.b_out
+        return post @ self.W_out + self.b_out
         # END SOLUTION

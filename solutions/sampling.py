@@ -189,15 +189,7 @@ class TransformerSampler:
         text token (included in the output) unless `stop_at_eos=False`. `verbose` prints each
         token as it comes; `progress` shows a progress bar; `seed` makes the run reproducible.
         """
-        self.model.eval()
-        input_ids = self._prompt_ids(prompt)
-        if not isinstance(max_tokens_generated, int) or max_tokens_generated < 0:
-            raise ValueError(
-                f"max_tokens_generated must be an integer >= 0, got {max_tokens_generated!r}"
-            )
-        device = next(self.model.parameters()).device
-        input_ids = input_ids.to(device)
-        generator = None if seed is None else torch.Generator(device).manual_seed(seed)
+        input_ids, generator = self._start(prompt, max_tokens_generated, seed)
         eos = self.tokenizer.eos_token_id
         # BEGIN SOLUTION
         for _ in tqdm(range(max_tokens_generated), disable=not progress, desc="sampling"):
@@ -214,11 +206,29 @@ class TransformerSampler:
             if stop_at_eos and next_token.item() == eos:
                 break
         # END SOLUTION
+        return self._finish(prompt, input_ids, verbose)
+
+    def _finish(self, prompt, input_ids: Int[Tensor, "seq"], verbose: bool) -> str | Tensor:
+        """The result in the prompt's form: text for a string prompt, else token ids."""
         if verbose:
             print()
         if isinstance(prompt, str):
             return self.tokenizer.decode(input_ids)
         return input_ids.cpu()
+
+    def _start(
+        self, prompt, max_tokens_generated: int, seed: int | None
+    ) -> tuple[Int[Tensor, "seq"], torch.Generator | None]:
+        """The checked prompt ids on the model's device, and the seeded generator."""
+        self.model.eval()
+        input_ids = self._prompt_ids(prompt)
+        if not isinstance(max_tokens_generated, int) or max_tokens_generated < 0:
+            raise ValueError(
+                f"max_tokens_generated must be an integer >= 0, got {max_tokens_generated!r}"
+            )
+        device = next(self.model.parameters()).device
+        generator = None if seed is None else torch.Generator(device).manual_seed(seed)
+        return input_ids.to(device), generator
 
     def _prompt_ids(self, prompt) -> Int[Tensor, "seq"]:
         """The prompt as a 1-D tensor of valid token ids, or a clear ValueError."""

@@ -1,6 +1,5 @@
 """Unembed: one logit per vocabulary token from the final residual stream."""
 
-import einops
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
@@ -21,5 +20,5 @@ class Unembed(nn.Module):
         self, normalized_resid_final: Float[Tensor, "batch posn d_model"]
     ) -> Float[Tensor, "batch posn d_vocab"]:
         # BEGIN SOLUTION
-        return einops.einsum(normalized_resid_final, self.W_U, "b p d, d v -> b p v") + self.b_U
+        return normalized_resid_final @ self.W_U + self.b_U
         # END SOLUTION

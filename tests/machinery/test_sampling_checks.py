@@ -248,12 +248,9 @@ def test_beam_filter_that_shrinks_the_beam_fails(shipped, hf):
             )
 
     def shrinking_search(model, tokenizer, prompt, *args, **kwargs):
-        original = beams_mod.Beams
-        beams_mod.Beams = ShrinkingBeams
-        try:
-            return beams_mod.beam_search(model, tokenizer, prompt, *args, **kwargs)
-        finally:
-            beams_mod.Beams = original
+        return beams_mod.beam_search(
+            model, tokenizer, prompt, *args, beams_class=ShrinkingBeams, **kwargs
+        )
 
     impl = impl_with(beam_search=shrinking_search)
     for seed in (1, 3, 12, 14):
