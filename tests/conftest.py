@@ -127,3 +127,28 @@ def pytest_runtest_makereport(item, call):
                 "fails on the stubs, but not because the exercise is unimplemented: "
                 + excinfo.exconly().splitlines()[0]
             )
+
+
+@pytest.fixture(scope="session")
+def shipped():
+    """The shipped model as chapter 1's DemoTransformer (never graded itself), its tokenizer.
+    Shared by every test: a test that changes it must work on a copy."""
+    from utils.models import load_model
+
+    return load_model("shakespeare")
+
+
+@pytest.fixture(scope="session")
+def shipped64(shipped):
+    """The shipped model in float64: comparisons where rounding must not hide a mistake."""
+    import copy
+
+    return copy.deepcopy(shipped[0]).double()
+
+
+@pytest.fixture(scope="session")
+def hf():
+    """The same weights as HF's GPT2LMHeadModel: the implementation nobody here wrote."""
+    from utils.models import load_hf
+
+    return load_hf("shakespeare")[0]

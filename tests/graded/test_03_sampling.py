@@ -32,22 +32,6 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def shipped():
-    """The shipped model as a DemoTransformer (the model is not graded here), its tokenizer."""
-    from utils.models import load_model
-
-    return load_model("shakespeare")
-
-
-@pytest.fixture(scope="module")
-def hf():
-    """The same weights as HF's GPT2LMHeadModel: the implementation nobody here wrote."""
-    from utils.models import load_hf
-
-    return load_hf("shakespeare")[0]
-
-
 def crafted_logits(seed: int = 0, d_vocab: int = 24) -> torch.Tensor:
     """A logit vector with a spread of probabilities, from near 0.3 to near 0."""
     g = torch.Generator().manual_seed(seed)

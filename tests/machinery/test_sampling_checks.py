@@ -18,18 +18,6 @@ import solutions.beams as beams_mod
 import solutions.sampling as sampling
 from tests.graded import test_03_sampling as graded
 from tests.graded._stats import assert_samples_follow
-from utils.models import load_hf, load_model
-
-
-@pytest.fixture(scope="module")
-def shipped():
-    return load_model("shakespeare")
-
-
-@pytest.fixture(scope="module")
-def hf():
-    return load_hf("shakespeare")[0]
-
 
 # --------------------------------------------------------------------------- bad arguments
 
