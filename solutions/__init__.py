@@ -23,13 +23,26 @@ Chapter 3 generates text with it:
 
     sampling.py    greedy, temperature, frequency penalty, top-k, top-p; TransformerSampler
     beams.py       Beams and beam_search, with no-repeat n-grams
+
+Chapter 4 makes generation fast:
+
+    kv_cache.py        KeyValueCache: every layer's keys and values of the positions seen
+    cached_model.py    forward_with_cache: compute the new positions only
+    cached_sampling.py CachedTransformerSampler, sliding the window past n_ctx
+    cached_beams.py    CachedBeams: the cache follows the beams
+    batched.py         left_pad and generate_batch: many prompts at once
 """
 
 from solutions.attention import Attention
+from solutions.batched import generate_batch, left_pad
 from solutions.beams import Beams, beam_search
 from solutions.block import TransformerBlock
+from solutions.cached_beams import CachedBeams
+from solutions.cached_model import forward_with_cache
+from solutions.cached_sampling import CachedTransformerSampler
 from solutions.config import Config
 from solutions.embed import Embed, PosEmbed
+from solutions.kv_cache import KeyValueCache
 from solutions.layernorm import LayerNorm
 from solutions.mlp import MLP
 from solutions.model import DemoTransformer
@@ -40,9 +53,12 @@ from solutions.unembed import Unembed
 __all__ = [
     "Attention",
     "Beams",
+    "CachedBeams",
+    "CachedTransformerSampler",
     "Config",
     "DemoTransformer",
     "Embed",
+    "KeyValueCache",
     "LayerNorm",
     "MLP",
     "PosEmbed",
@@ -50,6 +66,9 @@ __all__ = [
     "TransformerSampler",
     "Unembed",
     "beam_search",
+    "forward_with_cache",
+    "generate_batch",
+    "left_pad",
     "sample_next_token",
     "token_strings",
 ]

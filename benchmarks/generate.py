@@ -1,0 +1,161 @@
+"""Generation speed: the course's uncached, cached and batched generators against HF generate.
+
+    python benchmarks/generate.py [--model shakespeare] [--runs 5] [--device cpu|cuda|all]
+
+Prints one JSON object: tokens/s (medians over `--runs` runs, all methods interleaved in one
+process, so they share the machine's mood) and the ratios the course aims at. Every method
+decodes greedily, so all of them do the same work and must produce the same tokens (checked).
+The model's context is n_ctx positions and HF's GPT-2 cannot go past it, so each run
+generates n_ctx minus the longest prompt's length new tokens (255 for a 1-token prompt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+
+from solutions.batched import generate_batch
+from solutions.cached_sampling import CachedTransformerSampler
+from solutions.sampling import TransformerSampler
+from utils.models import load_hf, load_model
+
+PROMPT_1 = "\n"  # one token
+PROMPTS_8 = [
+    "ROMEO.\n",
+    "JULIET.\nO Romeo,",
+    "HAMLET.\nTo be, or not to be,",
+    "\n",
+    "KING LEAR.\nBlow, winds,",
+    "PORTIA.\nThe quality of mercy",
+    "PUCK.\n",
+    "PROSPERO.\nWe are such stuff as dreams",
+]
+
+
+def timed(fn, device: torch.device) -> tuple[float, object]:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, out
+
+
+def bench_device(model_name: str, device: torch.device, runs: int) -> dict:
+    model, tokenizer = load_model(model_name)
+    model = model.to(device).eval()
+    hf = load_hf(model_name)[0].to(device).eval()
+    # No end-of-text stop anywhere: every method runs the full length.
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = tokenizer.eos_token_id
+    n_ctx = model.cfg.n_ctx
+    uncached, cached = (
+        TransformerSampler(model, tokenizer),
+        CachedTransformerSampler(model, tokenizer),
+    )
+
+    ids_1 = tokenizer.encode(PROMPT_1)
+    new_1 = n_ctx - len(ids_1)
+    ids_8 = [tokenizer.encode(p) for p in PROMPTS_8]
+    new_8 = n_ctx - max(len(p) for p in ids_8)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    hf_in_8 = tokenizer(PROMPTS_8, return_tensors="pt", padding=True).to(device)
+    hf_in_1 = torch.tensor([ids_1], device=device)
+
+    def hf_generate(inputs: dict, new: int):
+        with torch.inference_mode():
+            return hf.generate(
+                **inputs, max_new_tokens=new, do_sample=False, top_k=None, use_cache=True
+            )
+
+    methods = {
+        "uncached_b1": (
+            new_1,
+            lambda: uncached.sample(PROMPT_1, new_1, temperature=0.0, stop_at_eos=False),
+        ),
+        "cached_b1": (
+            new_1,
+            lambda: cached.sample(PROMPT_1, new_1, temperature=0.0, stop_at_eos=False),
+        ),
+        "hf_generate_b1": (new_1, lambda: hf_generate({"input_ids": hf_in_1}, new_1)),
+        "batched_b8": (
+            8 * new_8,
+            lambda: generate_batch(
+                model, tokenizer, PROMPTS_8, new_8, temperature=0.0, stop_at_eos=False
+            ),
+        ),
+        "hf_generate_b8": (8 * new_8, lambda: hf_generate(dict(hf_in_8), new_8)),
+    }
+    outputs, times = {}, {name: [] for name in methods}
+    for name, (_, fn) in methods.items():  # warm-up, and the outputs to cross-check
+        outputs[name] = fn()
+    for run in range(runs):
+        names = list(methods)
+        names = names[run % len(names) :] + names[: run % len(names)]  # rotate the order
+        for name in names:
+            seconds, _ = timed(methods[name][1], device)
+            times[name].append(seconds)
+
+    # Same work, same answer: greedy text must agree across methods.
+    hf_text_1 = tokenizer.decode(outputs["hf_generate_b1"][0])
+    same_b1 = outputs["uncached_b1"] == outputs["cached_b1"] == hf_text_1
+    hf_texts_8 = [
+        tokenizer.decode(row[mask.bool()].tolist() + gen.tolist())
+        for row, mask, gen in zip(
+            hf_in_8["input_ids"],
+            hf_in_8["attention_mask"],
+            outputs["hf_generate_b8"][:, hf_in_8["input_ids"].shape[1] :],
+            strict=True,
+        )
+    ]
+    same_b8 = outputs["batched_b8"] == hf_texts_8
+
+    tps = {name: methods[name][0] / statistics.median(t) for name, t in times.items()}
+    return {
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or "cpu",
+        "torch_threads": torch.get_num_threads(),
+        "new_tokens_b1": new_1,
+        "new_tokens_b8_per_row": new_8,
+        "runs": runs,
+        "tokens_per_s": {k: round(v, 1) for k, v in tps.items()},
+        "ratios": {
+            "cached_over_uncached_b1": round(tps["cached_b1"] / tps["uncached_b1"], 2),
+            "cached_over_hf_b1": round(tps["cached_b1"] / tps["hf_generate_b1"], 2),
+            "batched_over_hf_b8": round(tps["batched_b8"] / tps["hf_generate_b8"], 2),
+            "batched_b8_over_cached_b1": round(tps["batched_b8"] / tps["cached_b1"], 2),
+        },
+        "same_tokens_as_hf": {"b1": same_b1, "b8": same_b8},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="shakespeare")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
+    args = parser.parse_args()
+    devices = []
+    if args.device in ("cpu", "all"):
+        devices.append(torch.device("cpu"))
+    if args.device in ("cuda", "all") and torch.cuda.is_available():
+        devices.append(torch.device("cuda"))
+    if args.device == "cuda" and not devices:
+        raise SystemExit("--device cuda: no CUDA device here")
+    result = {"model": args.model, "torch": torch.__version__}
+    for device in devices:
+        result[device.type] = bench_device(args.model, device, args.runs)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

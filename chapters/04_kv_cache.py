@@ -1,0 +1,1269 @@
+# %% [markdown]
+# # Chapter 4 — The KV cache and batched generation
+#
+# Chapter 3's sampling loop runs the model over the whole text at every step. To write token
+# 101 it reads 100 tokens; to write token 102 it reads 101, and 100 of them are the same as a
+# step ago. The results for those 100 positions are the same too: in a causal transformer, no
+# position looks at a later one, so nothing a position computed changes when the text grows.
+# The loop throws that work away and does it again, every step.
+#
+# In this chapter you keep it. At every layer, attention needs the **keys** and **values** of
+# all earlier positions, and that is all a new position needs from the past. Store them, a
+# **KV cache**, and each step only has to push one token through the model. Then you use the
+# same machinery to generate for many prompts at once, in one forward pass per step.
+#
+# What you write:
+#
+# - `causal_mask`: chapter 1's causal mask, for queries that come after a cache;
+# - `attention_with_cache`: attention for the new positions only, reading the cached keys and
+#   values;
+# - `forward_with_cache`: the whole model on the new tokens, returning their logits and a
+#   longer cache;
+# - `CachedTransformerSampler.sample`: chapter 3's sampler with a cache, and what to do when
+#   the text outgrows the model's context window;
+# - `CachedBeams.generate`: chapter 3's beam search with a cache that follows the beams;
+# - `left_pad` and `generate_batch`: many prompts of different lengths, generated together.
+#
+# One piece is **given**: `KeyValueCache`, the container that holds the cached tensors. At the
+# end you time all of it against the uncached loop and against Hugging Face's `generate`.
+#
+# As before, nothing is checked against the course's own code alone: your attention against
+# the activations of the transformer-lens reference model, your forward pass against HF's
+# `GPT2LMHeadModel` and against the uncached model in float64, your samplers against HF's
+# `generate` and chapter 3's uncached sampler, your padding against HF's tokenizer.
+#
+# **Time:** about 2–3 hours. **You need:** chapter 1's attention (queries, keys, values, the
+# causal mask, the `[batch, posn, ...]` shapes) and chapter 3's `TransformerSampler` and beam
+# search. Both are imported from `solutions`, so your own versions need not work.
+#
+# ## How this notebook works
+#
+# As in the chapters before: fill in each **exercise cell** where it says
+# `raise NotImplementedError()`, run it, then run the `check("...")` cell below it, which runs
+# the graded tests for that exercise on what your notebook defines *right now*. From a
+# terminal, `pytest -m forward_with_cache` and `course grade 4` grade your saved notebook;
+# `show_solution("causal_mask")` prints the reference when you are truly stuck (try for a while
+# with the hint first); `course reset 04` gives you a fresh notebook and keeps a backup of
+# yours.
+#
+# The exercises build on each other: `forward_with_cache` calls your `attention_with_cache`,
+# which uses your `causal_mask`'s convention, and the samplers call your `forward_with_cache`.
+# Do them in order.
+#
+# Run the setup cell below first.
+
+# %% tags=["setup"]
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from rich.console import Console
+from rich.table import Table
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from solutions import Attention, Config, DemoTransformer, TransformerSampler
+from solutions.beams import Beams, beam_search, top_continuations
+from solutions.sampling import _check_number, sample_next_token
+from utils.check import check
+from utils.display import show_solution
+
+# %% [markdown]
+# The course's CI runs this notebook from top to bottom on a small machine with
+# `COURSE_QUICK=1`: the demos and timings then generate only a few tokens, so that the whole
+# notebook runs in about a minute. On your machine `QUICK` is `False`. You never need to change
+# it.
+
+# %%
+QUICK = os.environ.get("COURSE_QUICK") == "1"  # CI runs this notebook with small sizes
+print("quick run (CI):", QUICK)
+
+# %% [markdown]
+# ## The model
+#
+# The same model as in chapter 3: the course's shipped Shakespeare model, 4 layers, a residual
+# stream of 192, 6 heads of 32 dimensions, a context window of `n_ctx = 256` tokens and a
+# vocabulary of 4,096 tokens.
+
+# %%
+from utils.models import load_model
+
+model, tokenizer = load_model("shakespeare")
+cfg = model.cfg
+print(f"{cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads of d_head {cfg.d_head}")
+print(f"n_ctx {cfg.n_ctx}, d_vocab {cfg.d_vocab}")
+
+# %% [markdown]
+# ## 1. What a step recomputes, and what to keep
+#
+# A causal transformer computes, at every position, a function of that position's token and
+# the tokens **before** it, never after. So when the text grows by one token, everything
+# already computed for the earlier positions stays exactly as it was. Let's check: run the
+# model on a text, then on the same text with one more token, and compare the logits at the
+# positions they share.
+
+# %%
+text_ids = torch.tensor([tokenizer.encode("ROMEO.\nBut soft, what light through yonder window")])
+with torch.inference_mode():
+    shorter = model(text_ids[:, :-1])  # [1, n - 1, d_vocab]
+    longer = model(text_ids)  # [1, n, d_vocab]
+change = (longer[:, :-1] - shorter).abs().max().item()
+print(f"{shorter.shape[1]} positions, then {longer.shape[1]}")
+print(f"largest change of the logits at the first {shorter.shape[1]} positions: {change:.1e}")
+
+# %% [markdown]
+# The difference is zero, or a rounding error in the last digits of a float32 (matrix products
+# of differently shaped inputs may add up their terms in a different order), nothing more.
+#
+# Chapter 3's loop only ever uses the logits at the **last** position. What does the last
+# position need from the others? Inside a block, layer norm, the MLP and the residual additions
+# work on each position on its own. The one place where positions meet is attention, and there
+# a position reads the others only through their **keys** (to decide how much to attend) and
+# their **values** (what it reads). So the state to keep is, for every layer, the keys and
+# values of every earlier position:
+#
+# ```
+# step t: the text is x_0 ... x_t, and we want the logits at position t
+#
+#             the cache, from earlier steps                    new at this step
+#             positions 0 ... t-1                              position t
+#            +---------------------------------------------+    +---------------+
+#   block 3  | K: k_0 k_1 ... k_t-1   V: v_0 v_1 ... v_t-1 | <- | q_t  k_t  v_t |
+#   block 2  | K: k_0 k_1 ... k_t-1   V: v_0 v_1 ... v_t-1 | <- | q_t  k_t  v_t |
+#   block 1  | K: k_0 k_1 ... k_t-1   V: v_0 v_1 ... v_t-1 | <- | q_t  k_t  v_t |
+#   block 0  | K: k_0 k_1 ... k_t-1   V: v_0 v_1 ... v_t-1 | <- | q_t  k_t  v_t |
+#            +---------------------------------------------+    +---------------+
+#                                                               embed(x_t) + W_pos[t]
+# ```
+#
+# At each block, the new position computes its own query, key and value. Its query is compared
+# with the keys of positions 0 to t (the cached ones and its own), and it reads their values.
+# Then its key and value join the cache, for the steps to come. Everything else (layer norms,
+# MLPs, the unembedding) runs on position t alone.
+#
+# **Why not cache the queries?** A query is used once: by its own position, at the step that
+# computed that position. Later positions use their own queries. Nobody reads an old query
+# again, so there is nothing to gain by keeping it.
+#
+# **Why not cache more?** The residual stream, the MLP activations and the attention outputs
+# of earlier positions are never read by a later position: attention reads only keys and
+# values. (You could cache each layer's input instead, half the size, and recompute keys and
+# values from it; but that means two matrix products per cached position per step, the very
+# work the cache exists to avoid.)
+#
+# ### What it costs in memory
+#
+# For one sequence, the cache holds a key and a value vector per layer, per head and per
+# position:
+#
+# $$\text{bytes} = 2 \times n_\text{layers} \times n_\text{heads} \times d_\text{head} \times
+#   \text{positions} \times \text{bytes per number}.$$
+#
+# A batch of $B$ sequences needs $B$ times that. Here it is for our model and for GPT-2 small
+# (`Config()`'s defaults are GPT-2 small's: 12 layers, 12 heads of 64, `n_ctx` 1024), in
+# float32 (4 bytes a number), next to the size of the weights.
+
+
+# %%
+def cache_bytes(cfg: Config, positions: int, bytes_per_number: int = 4) -> int:
+    """Memory of the keys and values of one sequence: every layer, every head, every position."""
+    return 2 * cfg.n_layers * cfg.n_heads * cfg.d_head * positions * bytes_per_number
+
+
+gpt2_small = Config()  # the defaults: GPT-2 small, 124M parameters
+table = Table(title="KV cache size, float32, one sequence")
+for column in ["model", "per token", "at n_ctx", "batch of 8 at n_ctx", "the weights"]:
+    table.add_column(column, justify="left" if column == "model" else "right")
+n_params = sum(p.numel() for p in model.parameters())
+for name, c, params in [("shakespeare", cfg, n_params), ("GPT-2 small", gpt2_small, 124e6)]:
+    table.add_row(
+        f"{name} (n_ctx {c.n_ctx})",
+        f"{cache_bytes(c, 1) / 2**10:.0f} KiB",
+        f"{cache_bytes(c, c.n_ctx) / 2**20:.1f} MiB",
+        f"{8 * cache_bytes(c, c.n_ctx) / 2**20:.0f} MiB",
+        f"{params * 4 / 2**20:.0f} MiB",
+    )
+Console().print(table)
+
+# %% [markdown]
+# For our small model the cache is tiny. For GPT-2 small a full context costs 72 MiB per
+# sequence, and a batch of 8 long texts already needs more memory for the cache than for the
+# weights. For large models with long contexts, the cache, not the weights, is what limits the
+# batch size; that is why serving systems store it in 16 or 8 bits, share keys and values
+# between heads (multi-query and grouped-query attention), and allocate it in pages.
+#
+# ### What it saves in computation
+#
+# Count the floating-point operations of one step, at position $t$ (the text has $t + 1$
+# tokens). Per token and per layer, the four attention projections and the MLP cost about
+# $2 \times (4 d_\text{model}^2 + 2 d_\text{model} d_\text{mlp})$ operations, and the
+# unembedding $2 d_\text{model} d_\text{vocab}$. Attention itself costs about
+# $4 \, n_\text{heads} d_\text{head}$ per (query, key) pair: a dot product for the score and a
+# weighted sum of the value.
+#
+# - **Without a cache**, the step runs all $t + 1$ positions through every layer (cost
+#   $\propto t$) and attention over all $(t+1)(t+2)/2$ causal pairs (cost $\propto t^2$).
+#   Writing $m$ tokens costs $\propto m^2$ in the layers and $\propto m^3$ in attention.
+# - **With a cache**, the step runs one position through every layer (cost independent of $t$)
+#   and attention of one query over $t + 1$ keys (cost $\propto t$). Writing $m$ tokens costs
+#   $\propto m$ in the layers and $\propto m^2$ in attention.
+
+
+# %%
+def step_flops(cfg: Config, t: int, cached: bool) -> int:
+    """Approximate floating-point operations of the step that computes the logits at position t."""
+    n = 1 if cached else t + 1  # positions pushed through the layers
+    pairs = t + 1 if cached else (t + 1) * (t + 2) // 2  # (query, key) pairs in attention
+    d, layers = cfg.d_model, cfg.n_layers
+    per_position = layers * 2 * (4 * d * d + 2 * d * cfg.d_mlp) + 2 * d * cfg.d_vocab
+    attention = layers * pairs * 4 * cfg.n_heads * cfg.d_head
+    return n * per_position + attention
+
+
+table = Table(title="floating-point operations of one step, shakespeare model")
+for column in ["position t", "without cache", "with cache", "ratio"]:
+    table.add_column(column, justify="right")
+for t in [0, 15, 63, 255]:
+    full, cached = step_flops(cfg, t, cached=False), step_flops(cfg, t, cached=True)
+    table.add_row(str(t), f"{full / 1e6:,.1f} M", f"{cached / 1e6:,.1f} M", f"{full / cached:.0f}x")
+Console().print(table)
+
+# %% [markdown]
+# At the end of the context, a cached step does about 240 times less arithmetic. Keep that
+# number in mind: the measured speed-up at the end of this chapter is much smaller, and the
+# reason why says a lot about where the time of a small model actually goes.
+#
+# ## 2. The cache: `KeyValueCache` (given)
+#
+# `KeyValueCache` is a small, immutable container. Read it before you go on: every exercise
+# below takes one, returns one, or both.
+#
+# - `keys` and `values`: tuples with one tensor per layer, each
+#   `[batch, n_heads, pos, d_head]`.
+# - `tokens` `[batch, pos]`: the token ids of the cached positions.
+# - `mask` `[batch, pos]`: `False` where a row holds **padding** rather than a real token. You
+#   need it from section 5 on, for batches of prompts of different lengths; for one prompt it is
+#   all `True`.
+# - `cfg`: the config of the model that made it.
+# - `KeyValueCache.new_empty(cfg, batch)`: a cache of length 0. `.batch` and `.length` are the
+#   number of sequences and of cached positions.
+# - `cache[rows]`: the cache of some of the sequences, picked by an index tensor. Beam search
+#   uses it to make the cache follow the beams it keeps.
+# - `check_next(cfg, tokens)`: raises a `ValueError` with a clear message when `tokens` cannot
+#   be the next tokens of these sequences. `forward_with_cache` calls it first. It catches a
+#   cache made by another model, a batch of the wrong size, a text that would grow past
+#   `n_ctx`, and the most common slip of all: feeding the whole text again instead of only the
+#   new tokens.
+#
+# **The layout, heads first.** Chapter 1's attention worked with `[batch, posn, n_heads,
+# d_head]`. The cache puts the heads before the positions: `[batch, n_heads, pos, d_head]`.
+# That way each head's keys are one `[pos, d_head]` matrix, and the scores of every head of
+# every sequence are one batched matrix product, `q @ k.transpose(-2, -1)`, over the leading
+# `[batch, n_heads]` dimensions. It is the layout PyTorch's `F.scaled_dot_product_attention`
+# expects and the one HF's caches use.
+#
+# **Immutable.** The dataclass is frozen: nothing changes a cache in place. A forward pass
+# returns a new, longer cache and leaves the old one valid. That makes beam search simple (many
+# beams can share one cache) and going back free (keep the old cache). The price is a copy:
+# each step concatenates the new keys and values onto the old ones, which copies the whole
+# cache. That costs about as much memory traffic as attention, which reads the whole cache
+# anyway, so for us it is fine; HF's default cache also concatenates, and its `StaticCache`
+# preallocates `n_ctx` positions and writes into them instead.
+
+# %% tags=["source"]
+# solution: solutions.kv_cache.KeyValueCache
+
+# %% [markdown]
+# An empty cache for two sequences, and what indexing does with it:
+
+# %%
+empty = KeyValueCache.new_empty(cfg, batch=2)
+print("batch", empty.batch, "length", empty.length)
+print("keys per layer:", len(empty.keys), "each", tuple(empty.keys[0].shape))
+print("rows [1, 1, 0]:", tuple(empty[torch.tensor([1, 1, 0])].keys[0].shape))
+
+# %% [markdown]
+# ## 3. The causal mask, after a cache
+#
+# In chapter 1, attention ran on a whole sequence at once: $n$ queries and $n$ keys, query $i$
+# and key $i$ at the same position $i$. The mask hid every key above the diagonal,
+# `torch.triu(ones, diagonal=1)`.
+#
+# With a cache, the queries are only the **new** positions, and the keys are all positions,
+# cached and new. With 5 keys and 3 queries, the queries sit at positions 2, 3 and 4: the last
+# three. Query $i$ (counting the queries from 0) sits at position $\text{offset} + i$, with
+# $\text{offset} = n_\text{key} - n_\text{query}$, the number of cached positions, and may see
+# keys $0, \dots, \text{offset} + i$. The mask (`x`: hidden) is chapter 1's mask, shifted to the
+# right by the offset:
+#
+# ```
+#                        key:  0  1  2  3  4
+#   query 0 (position 2)       .  .  .  x  x
+#   query 1 (position 3)       .  .  .  .  x
+#   query 2 (position 4)       .  .  .  .  .
+# ```
+#
+# Two cases you will meet all the time: with no cache (offset 0), this is chapter 1's mask;
+# with one new token (one query, at the last position), nothing is hidden at all.
+#
+# ### Exercise: `causal_mask`
+#
+# `causal_mask(n_query, n_key, device=None)` returns a bool tensor `[n_query, n_key]`, `True`
+# where the key comes **after** the query (where attention must not look), with the queries
+# being the last `n_query` of the `n_key` positions.
+#
+# Common mistakes: chapter 1's `diagonal=1`, which forgets the offset (every new query then
+# sees almost none of the cache); `diagonal=offset`, one off, which hides each query's own key;
+# returning `True` where attention is *allowed*. This course's `causal_mask` marks what is
+# hidden, like chapter 1's; PyTorch's attention function wants the opposite (section 4 takes
+# care of that).
+#
+# The tests compare your mask with the definition, written out position by position (key
+# position $>$ query position), for shapes with and without a cache, one query and many.
+#
+# <details><summary>Hint</summary>
+#
+# `torch.triu(torch.ones(n_query, n_key, dtype=torch.bool, device=device), diagonal=offset + 1)`
+# with `offset = n_key - n_query`.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="causal_mask"
+# solution: solutions.cached_model.causal_mask
+
+# %%
+check("causal_mask")
+
+# %%
+print("3 queries after 2 cached positions:\n", causal_mask(3, 5).int())
+print("one new token after 4 cached positions:\n", causal_mask(1, 5).int())
+
+# %% [markdown]
+# ## 4. Attention with a cache
+#
+# Now chapter 1's attention, for the new positions only. `attention_with_cache(attn, x,
+# past_keys, past_values, allowed)` takes
+#
+# - `attn`: one of the model's `Attention` modules, whose weights you read: `attn.W_Q`,
+#   `attn.W_K`, `attn.W_V` `[n_heads, d_model, d_head]`, `attn.W_O` `[n_heads, d_head, d_model]`,
+#   the biases `attn.b_Q`, `attn.b_K`, `attn.b_V` `[n_heads, d_head]` and `attn.b_O` `[d_model]`;
+# - `x` `[batch, new, d_model]`: the new positions' residual stream, already layer-normed (the
+#   input of chapter 1's `Attention.forward`);
+# - `past_keys`, `past_values` `[batch, n_heads, past, d_head]`: this layer's cache (`past` may
+#   be 0);
+# - `allowed`: which keys each query may read, `True` where it may, or `None` for all of them.
+#
+# It returns the attention output for the new positions, `[batch, new, d_model]`, and this
+# layer's keys and values for **all** positions, past and new, `[batch, n_heads, past + new,
+# d_head]`: the caller stores them in the next cache.
+#
+# The steps:
+#
+# 1. **Project** the new positions to queries, keys and values, straight into the heads-first
+#    layout. `x[:, None]` is `[batch, 1, new, d_model]`, and `@` with `W_Q`
+#    `[n_heads, d_model, d_head]` broadcasts the leading dimensions, `(batch, 1)` against
+#    `(n_heads,)`, to give `[batch, n_heads, new, d_head]`. The bias `[n_heads, d_head]` needs
+#    a position axis to broadcast right: `attn.b_Q[:, None]`, `[n_heads, 1, d_head]`. (An
+#    `einsum` with `"b p d, h d e -> b h p e"` says the same thing.)
+# 2. **Append** the new keys and values to the cached ones, along the position axis,
+#    `dim=2`. The old positions cost nothing here: they are read, not recomputed.
+# 3. **Attend**: `F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)` computes
+#    $\operatorname{softmax}\left(q k^T / \sqrt{d_\text{head}}\right) v$ for every head, with a
+#    score of $-\infty$ wherever `allowed` is `False`. That is chapter 1's attention (scores,
+#    mask, softmax, weighted sum of the values) in one call, fused, with the same
+#    $1/\sqrt{d_\text{head}}$ scale; on a GPU it runs memory-efficient kernels. Its output is
+#    `z` `[batch, n_heads, new, d_head]`. Note the convention: for PyTorch, a boolean mask is
+#    `True` where attention is **allowed**, the opposite of `causal_mask`.
+# 4. **Project out**: `z @ attn.W_O` is each head's output, `[batch, n_heads, new, d_model]`;
+#    sum over the heads (`dim=1`) and add `b_O`. That is chapter 1's einsum over `h`.
+#
+# Common mistakes: forgetting a bias, or adding `b_Q` without the extra axis (it then lines
+# up its heads with the positions: an error, or, when `new == n_heads`, a silent mistake);
+# concatenating along the wrong dimension; returning only the new keys and values;
+# passing `causal_mask(...)` itself as `attn_mask`, which allows exactly what should be
+# hidden; and `is_causal=True` in `F.scaled_dot_product_attention`: with fewer queries than
+# keys PyTorch aligns that mask to the **top left**, so one new query sees only key 0.
+#
+# The tests take the reference model's activations on a prompt (transformer-lens's
+# `ln1.hook_out`, `attn.hook_k`, `attn.hook_v` and `hook_attn_out`), split the prompt into
+# cached and new positions, and compare your keys, values and output with the reference's, for
+# one new position after 0, 20 and 27 cached ones and for six new positions at once.
+#
+# <details><summary>Hint</summary>
+#
+# ```python
+# x = x[:, None]  # [batch, 1, new, d_model]
+# q = x @ attn.W_Q + attn.b_Q[:, None]  # [batch, n_heads, new, d_head]
+# ...  # k and v the same way
+# keys = torch.cat([past_keys, k], dim=2)
+# ...
+# z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)
+# out = (z @ attn.W_O).sum(dim=1) + attn.b_O
+# ```
+#
+# </details>
+
+# %% tags=["exercise"] exercise="attention_with_cache"
+# solution: solutions.cached_model.attention_with_cache
+
+# %%
+check("attention_with_cache")
+
+# %% [markdown]
+# With an empty cache and the causal mask, your function is chapter 1's attention; with the
+# first 5 positions cached, the other positions come out the same.
+
+# %%
+attn, ln1 = model.blocks[0].attn, model.blocks[0].ln1
+with torch.inference_mode():
+    x = ln1(model.embed(text_ids) + model.pos_embed(text_ids))  # block 0's attention input
+    n = x.shape[1]
+    expected = attn(x)  # chapter 1's attention, all positions at once
+    no_past = torch.empty(1, cfg.n_heads, 0, cfg.d_head)
+    whole, keys, values = attention_with_cache(attn, x, no_past, no_past, ~causal_mask(n, n))
+    rest, _, _ = attention_with_cache(
+        attn, x[:, 5:], keys[:, :, :5], values[:, :, :5], ~causal_mask(n - 5, n)
+    )
+print("empty cache, whole prompt:", (whole - expected).abs().max().item())
+print("5 positions cached, the rest:", (rest - expected[:, 5:]).abs().max().item())
+
+# %% [markdown]
+# ## 5. The forward pass with a cache
+#
+# `forward_with_cache(model, tokens, cache=None, attention_mask=None)` runs the whole model on
+# the **new** tokens `[batch, new]`, given the cache of everything before them, and returns
+# the new tokens' logits `[batch, new, d_vocab]` and the longer cache. With `cache=None` it
+# starts from an empty cache, and the logits are those of `model(tokens)`.
+#
+# `new` may be anything from 1 to what fits in `n_ctx`. Three uses:
+#
+# - **Prefill**: the whole prompt at once, `cache=None`. One forward pass, like chapter 3's
+#   first step.
+# - **Decoding**: one token, the one just sampled. The usual step.
+# - **Chunks** of several tokens after a cache: chapter 5's speculative decoding checks
+#   several guessed tokens in one pass this way.
+#
+# It reads the weights of the model's chapter-1 modules, `model.embed`, `model.pos_embed.W_pos`
+# `[n_ctx, d_model]`, `model.blocks[i]` (with `.ln1`, `.attn`, `.ln2`, `.mlp`), `model.ln_final`
+# and `model.unembed`, and does what `DemoTransformer.forward` does, with three changes.
+#
+# **1. Positions.** Chapter 1 gave the positions $0, 1, \dots$ to the tokens it was given. Here
+# the new tokens come after `cache.length` cached ones: their positions are `cache.length`,
+# `cache.length + 1`, and so on. Take their rows of `W_pos` by indexing,
+# `model.pos_embed.W_pos[positions]`; `model.pos_embed(tokens)` would give positions from 0.
+#
+# **2. The mask, built once.** All layers use the same `allowed`, so build it once, before the
+# loop: `~causal_mask(new, all)`, where `all = cache.length + new`. With one new token and no
+# padding, pass `allowed = None`: the new token may read every key, and the attention function
+# skips masking altogether. That is the usual decoding step, so it is worth the special case.
+#
+# **3. The loop keeps the keys and values.** For each block and its layer of the cache:
+# `attention_with_cache(block.attn, block.ln1(residual), past_k, past_v, allowed)`, add the
+# output to the residual stream, then the MLP as in chapter 1's block, and collect the
+# returned keys and values in two lists, `keys` and `values`, one tensor per layer. After the
+# blocks, `logits = model.unembed(model.ln_final(residual))`. The given code after your part
+# builds the new cache from `keys`, `values` and the token ids, and returns it with `logits`.
+#
+# ### Padding
+#
+# The same function serves **batches of prompts of different lengths** (section 8), and this
+# is where they need care. Such a batch is padded on the **left**: each row is filled up with
+# a padding token before its prompt, and `attention_mask` `[batch, new]` says which columns are
+# real (`True`) and which are padding (`False`). The cache stores that mask, and the code given
+# before your part joins the two: `mask` `[batch, all]` covers every position, cached and new,
+# and `padded` says whether it has any `False` at all.
+#
+# ```
+#   column:      0    1    2    3    4    5
+#   row 0:       H    A    M    L    E    T      mask  1 1 1 1 1 1    positions  0 1 2 3 4 5
+#   row 1:      pad  pad  pad   P    U    C      mask  0 0 0 1 1 1    positions  0 0 0 0 1 2
+# ```
+#
+# (One letter per token, for the picture.) Row 1 must compute exactly what its prompt would
+# compute alone. Two things make sure of that:
+#
+# - **Positions count real tokens only.** Row 1's first real token is in column 3, but it is
+#   the row's position 0. A token's position is the number of real tokens before it in its
+#   row: `mask.cumsum(dim=1) - 1`, clamped at 0 (padding gets position 0; nobody reads what
+#   padding computes). The new tokens' positions are the last `new` columns of that. Without
+#   padding this gives `cache.length, cache.length + 1, ...`, so one formula covers both cases.
+# - **No real token attends to padding.** Hide every padding key: `allowed` also needs
+#   `mask[:, None, None, :]`, which is `[batch, 1, 1, all]` and broadcasts over heads and
+#   queries, so that `allowed` becomes `[batch, 1, new, all]`, one mask per row.
+#
+# One trap remains. A padding *query* in column 0 has no real key before it, so with padding
+# hidden it sees no key at all: its row of scores is all $-\infty$. Chapter 1's softmax turns
+# such a row into `0/0 = NaN`. (`F.scaled_dot_product_attention` has returned zeros for such a
+# row since PyTorch 2.5; before that it returned NaN too, and HF carried a workaround for it.)
+# You might think a NaN there harmless, since nobody uses the output at a padding position.
+# But NaN spreads. It enters the residual stream at that position, the next layer computes a
+# NaN key and value from it, and a real query's weighted sum of values includes
+# `0 * NaN = NaN`, although its weight on that position is exactly 0. So do not depend on the
+# attention function's choice: let every query see its **own** key, padding or not. A padding
+# query then attends to itself (a harmless, finite result), and real queries still never see
+# padding: `allowed & (mask[:, None, None, :] | own_key)`, where `own_key[i, j]` is `True`
+# when key column `j` is new query `i`'s own column.
+#
+# Common mistakes: positions from 0 at every step (a sneaky bug: the first new token is often
+# still the right one, and then the text falls apart); giving `attention_with_cache` the raw
+# residual stream instead of `block.ln1(residual)`; feeding the MLP the residual stream from
+# before the attention was added; a mask per layer instead of one; counting padding in the
+# positions; hiding padding keys from padding queries too (NaN with a hand-written softmax).
+#
+# If this is a lot at once, write the unpadded case first (`mask` all `True`, `allowed` from
+# `causal_mask` only), run the check, and see the padding test fail alone; then add padding.
+#
+# The tests compare your logits with the uncached model in float64 (a copy of the model in
+# double precision, where a correct cache agrees to about $10^{-12}$, and the bound is
+# $10^{-5}$) for a prefill followed by single steps and for chunks of mixed sizes; with HF's
+# `GPT2LMHeadModel` for a prefill of 10 tokens and single steps; and, for a left-padded batch
+# of three prompts and one step after it, with HF run on each prompt alone.
+#
+# <details><summary>Hint</summary>
+#
+# ```python
+# positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, cache.length :]  # [batch, new]
+# residual = model.embed(tokens) + model.pos_embed.W_pos[positions]
+#
+# n_new, n_all = tokens.shape[1], mask.shape[1]
+# allowed = None
+# if n_new > 1 or padded:
+#     allowed = ~causal_mask(n_new, n_all, device=tokens.device)  # [new, all]
+# if padded:
+#     position = torch.arange(n_all, device=tokens.device)
+#     own_key = position[None, :] == position[-n_new:, None]  # [new, all]
+#     allowed = ...  # [batch, 1, new, all]
+#
+# keys, values = [], []
+# for block, past_k, past_v in zip(model.blocks, cache.keys, cache.values, strict=True):
+#     ...
+# ```
+#
+# </details>
+
+# %% tags=["exercise"] exercise="forward_with_cache"
+# solution: solutions.cached_model.forward_with_cache
+
+# %%
+check("forward_with_cache")
+
+# %% [markdown]
+# Watch the cache grow: prefill a prompt, then feed three tokens one at a time (the greedy
+# choice each time), and compare each step's logits with the uncached model on the whole text.
+
+# %%
+with torch.inference_mode():
+    ids = torch.tensor([tokenizer.encode("JULIET.\nO Romeo, Romeo, wherefore art thou")])
+    logits, cache = forward_with_cache(model, ids)
+    print(f"prefill: cache.length {cache.length}, keys[0] {tuple(cache.keys[0].shape)}")
+    for _ in range(3):
+        next_token = logits[:, -1].argmax(dim=-1, keepdim=True)  # [1, 1]
+        ids = torch.cat([ids, next_token], dim=1)
+        logits, cache = forward_with_cache(model, next_token, cache)
+        gap = (logits[:, -1] - model(ids)[:, -1]).abs().max().item()
+        print(
+            f"+ {tokenizer.decode(next_token[0])!r:10} cache.length {cache.length}, "
+            f"keys[0] {tuple(cache.keys[0].shape)}, largest gap to uncached {gap:.1e}"
+        )
+
+# %% [markdown]
+# And the mistakes the cache catches, each with its message. The first is the classic one:
+# the loop has just sampled a token, and feeds the whole text, as chapter 3's loop did,
+# instead of only that token.
+
+# %%
+next_token = logits[:, -1].argmax(dim=-1, keepdim=True)
+whole_text = torch.cat([ids, next_token], dim=1)  # what chapter 3's loop fed the model
+too_long = torch.zeros(1, cfg.n_ctx, dtype=torch.long)
+gpt2_cache = KeyValueCache.new_empty(gpt2_small, batch=1)
+mistakes = {
+    "the whole text instead of the new token": lambda: forward_with_cache(model, whole_text, cache),
+    "two sequences after a cache of one": lambda: forward_with_cache(model, ids[:, :2].T, cache),
+    "past n_ctx": lambda: forward_with_cache(model, too_long, cache),
+    "a cache made for GPT-2 small": lambda: forward_with_cache(model, next_token, gpt2_cache),
+}
+for name, mistake in mistakes.items():
+    try:
+        mistake()
+        print(f"{name}: no error (?)")
+    except ValueError as err:
+        print(f"{name}:\n    {err}")
+
+# %% [markdown]
+# ## 6. Sampling with a cache
+#
+# `CachedTransformerSampler` is chapter 3's `TransformerSampler` with a cache. It inherits
+# everything (the argument checks, `sample_next_token`, turning the prompt into ids and the
+# result back into text) and overrides `sample` with the same arguments plus one,
+# `window_shift`. Under the same seed it must produce **exactly** chapter 3's tokens.
+#
+# The loop has three cases:
+#
+# 1. **The first step, a prefill** (`cache is None`): run `forward_with_cache` on the prompt,
+#    at most its last `n_ctx` tokens, `input_ids[None, -n_ctx:]`.
+# 2. **The usual step**: run it on the one token sampled last, `input_ids[None, -1:]`, with the
+#    cache. Everything before it is in the cache already.
+# 3. **The cache is full** (`cache.length == n_ctx`): there is no room for the new token. See
+#    below.
+#
+# After the model call, the rest is chapter 3's loop: sample from `logits[:, -1]` with
+# `self.sample_next_token`, giving it the **whole** text so far (`input_ids[None]`: the
+# frequency penalty counts every token, even those out of the model's view), append the token,
+# print it if `verbose`, stop after `<|endoftext|>` if `stop_at_eos`.
+#
+# ### Past the context window
+#
+# The model has `n_ctx` learned positions. Chapter 3's sampler, once the text is longer than
+# that, reads the last `n_ctx` tokens: at every step the window slides by one token. Can the
+# cache slide with it, dropping its oldest position and appending the newest?
+#
+# No. The position embedding is added to the residual stream at the start, so **every cached
+# key and value was computed for a token at a given position**: after the slide, each token
+# sits one position earlier, and its cached numbers are wrong. Worse, from layer 1 on, a
+# position's keys and values depend on the earlier tokens it attended to, and the slide has
+# just removed one of them. Every number in the cache is stale. The only exact way forward is
+# to **rebuild** the cache: a prefill on the tokens still in view.
+#
+# Rebuilding at every step costs a full forward pass of `n_ctx` tokens per step, no faster
+# than chapter 3. `window_shift` offers a trade: when the cache is full, rebuild it from the
+# last `n_ctx - window_shift + 1` tokens only. That leaves room for `window_shift - 1` cheap
+# steps before the next rebuild, so there is one rebuild every `window_shift` tokens.
+#
+# - `window_shift=1` (the default): rebuild from the last `n_ctx` tokens at every step. Exact:
+#   the same tokens as chapter 3's sampler, which always reads the last `n_ctx` tokens.
+# - `window_shift=32`: one rebuild every 32 tokens, from the last 225. Faster, but right after
+#   each rebuild the model reads a shorter context than it could, so the text can differ from
+#   chapter 3's.
+#
+# (Models with relative positions, such as rotary embeddings, have the same problem in a
+# milder form: the positions are fine after a slide, but the cached keys and values above
+# layer 0 still carry what their tokens read from the dropped one. Some long-context systems
+# keep the stale cache anyway and accept the approximation.)
+#
+# Common mistakes: passing the whole text to `forward_with_cache` at every step (the cache
+# rejects it with a clear message) or forgetting the batch dimension; a prefill of a long
+# prompt without cropping it to `n_ctx`; rebuilding from the wrong number of tokens; giving
+# `sample_next_token` only the window instead of the whole text.
+#
+# The tests compare your greedy text with HF's `generate` for three prompts; your sampled text
+# with chapter 3's uncached sampler under two seeds each with a temperature, top-k, top-p and a
+# frequency penalty (the same seed must give the same tokens); and, starting 5 tokens short of
+# `n_ctx` and writing 60 tokens with `window_shift` 1 and 40, with HF's logits on exactly the
+# window the rule above describes.
+#
+# <details><summary>Hint</summary>
+#
+# ```python
+# for _ in tqdm(range(max_tokens_generated), disable=not progress, desc="sampling"):
+#     if cache is None:
+#         logits, cache = forward_with_cache(self.model, input_ids[None, -n_ctx:])
+#     elif cache.length == n_ctx:
+#         keep = n_ctx - window_shift + 1
+#         logits, cache = ...
+#     else:
+#         logits, cache = ...
+#     next_token = self.sample_next_token(
+#         input_ids[None], logits[:, -1], generator=generator, **kwargs
+#     )
+#     ...  # as in chapter 3
+# ```
+#
+# </details>
+
+# %% tags=["exercise"] exercise="cached_sample"
+# solution: solutions.cached_sampling.CachedTransformerSampler
+
+# %%
+check("cached_sample")
+
+# %% [markdown]
+# The same prompt and seed with chapter 3's sampler and with yours: the same text, in less
+# time.
+
+# %%
+uncached_sampler = TransformerSampler(model, tokenizer)
+cached_sampler = CachedTransformerSampler(model, tokenizer)
+n_tokens = 30 if QUICK else 150
+demo_prompt = "ROMEO.\nWhat light"
+times, texts = {}, {}
+for name, sampler in [("uncached", uncached_sampler), ("cached", cached_sampler)]:
+    start = time.perf_counter()
+    texts[name] = sampler.sample(demo_prompt, n_tokens, seed=1, top_p=0.9, stop_at_eos=False)
+    times[name] = time.perf_counter() - start
+    print(f"{name:9} {n_tokens / times[name]:6.0f} tokens/s")
+print("same text:", texts["uncached"] == texts["cached"])
+print(texts["cached"])
+
+# %% [markdown]
+# Now past the context window. We first let the model write a text that almost fills it, then
+# write more with chapter 3's sampler and with yours, with `window_shift` 1 and 32. All three
+# are greedy, so any difference in the tokens comes from what the model read.
+
+# %%
+long_prompt = cached_sampler.sample(
+    "HAMLET.\n", cfg.n_ctx - 8, seed=0, top_p=0.9, stop_at_eos=False
+)
+long_ids = torch.tensor(tokenizer.encode(long_prompt))
+n_more = 12 if QUICK else 80
+print(f"prompt: {len(long_ids)} tokens; n_ctx {cfg.n_ctx}; writing {n_more} more")
+
+runs = {
+    "chapter 3, uncached": lambda: uncached_sampler.sample(long_ids, n_more, temperature=0.0),
+    "cached, window_shift=1": lambda: cached_sampler.sample(long_ids, n_more, temperature=0.0),
+    "cached, window_shift=32": lambda: cached_sampler.sample(
+        long_ids, n_more, temperature=0.0, window_shift=32
+    ),
+}
+table = Table(title="greedy past n_ctx")
+for column in ["method", "tokens/s", "same tokens as uncached"]:
+    table.add_column(column, justify="left" if column == "method" else "right")
+outputs = {}
+for name, run in runs.items():
+    start = time.perf_counter()
+    outputs[name] = run()
+    seconds = time.perf_counter() - start
+    same = outputs[name].tolist() == outputs["chapter 3, uncached"].tolist()
+    table.add_row(name, f"{n_more / seconds:.0f}", str(same))
+Console().print(table)
+
+# %% [markdown]
+# With `window_shift=1` the cache buys nothing once the text is past `n_ctx`: every step is a
+# rebuild, a full forward pass, as in chapter 3. With 32 most steps are cheap again. Whether
+# its tokens differ from the exact ones depends on the text: the model reads at least 225
+# tokens, and often that is enough context to choose the same token.
+#
+# ## 7. Beam search with a cache
+#
+# Chapter 3's `Beams.generate` runs the model on every beam's whole text at every step. With a
+# cache, each beam needs only its newest token, plus **its own** cache row. The difficulty is
+# bookkeeping: beams are born, die and multiply at every step, and the cache rows must follow.
+#
+# One step of chapter 3's beam search, with 2 beams and `k = 3` continuations each:
+#
+# ```
+#  beams (and their cache rows)     generate(3): 6 candidates      filter(2): the best 2
+#  row 0: "... a fair"              0: "... a fair day"            "... a fair day"   (parent 0)
+#  row 1: "... a foul"              1: "... a fair night"          "... a foul day"   (parent 1)
+#                                   2: "... a fair sight"
+#                                   3: "... a foul day"
+#                                   4: "... a foul night"
+#                                   5: "... a foul deed"
+# ```
+#
+# `top_continuations` lays the candidates out parent by parent: candidate $j$ continues beam
+# $j \,//\, k$. After `filter`, the survivors are candidates 0 and 3, so the next step needs
+# cache rows 0 and 1. Had both survivors come from beam 0, it would need row 0 twice, and row 1
+# not at all.
+#
+# `CachedBeams` (a subclass of chapter 3's `Beams`) adds two fields:
+#
+# - `cache`: the cache computed by the step that made these beams, one row per beam of *that*
+#   step (the parents);
+# - `parents` `[beam]`: for each beam, the row of `cache` it continues.
+#
+# Its `__getitem__` is given: `filter` picks beams by indexing, and indexing picks their
+# `parents` along with their tokens and scores, but **does not touch the cache**. The many
+# candidates that `filter` throws away therefore cost no copy. You write `generate`:
+#
+# 1. **Gather** one cache row per beam: `self.cache[self.parents]`. Now row $i$ of the cache
+#    is beam $i$'s past. (On the first step there is no cache yet.)
+# 2. **Run the model**. If there is no cache (the prompt, a single beam) or it is full
+#    (`cache.length == n_ctx`), prefill from the last `n_ctx` tokens of each beam,
+#    `self.tokens[:, -n_ctx:]`, which is exactly what the uncached beams read. Otherwise run
+#    only the newest token of each beam, `self.tokens[:, -1:]`, with the cache: it holds every
+#    token of the beam but the one `top_continuations` appended last step.
+# 3. **Expand** with chapter 3's `top_continuations(self.logprob_sums, self.tokens,
+#    logits[:, -1], k, no_repeat_ngram_size)`.
+# 4. **Record the parents**: candidate $j$ continues row $j \,//\, k$ of the new cache:
+#    `torch.arange(len(self)).repeat_interleave(k)`, on the tokens' device. Return
+#    `CachedBeams(self.model, self.tokenizer, logprob_sums, tokens, cache, parents)`.
+#
+# HF's `generate` does the same bookkeeping: after each beam step it reorders every layer's
+# cached keys and values by the indices of the beams it kept (`cache.reorder_cache(beam_idx)`,
+# an `index_select` along the batch dimension).
+#
+# Common mistakes: `repeat(k)` instead of `repeat_interleave(k)` (the parents then cycle
+# through the beams, which is not the order `top_continuations` uses); forgetting to gather,
+# so that the cache still has one row per *old* beam (`check_next` raises about the batch
+# size) or, worse, the right number of rows in the wrong order (wrong text, no error); feeding
+# the last two tokens, or the whole beam, instead of the last one.
+#
+# You use it through chapter 3's `beam_search`, which takes the kind of beams to search with:
+# `beam_search(model, tokenizer, prompt, ..., beams_class=CachedBeams)`.
+#
+# The tests compare your cached beam search with HF's `generate(num_beams=...)`, sequences and
+# scores, with and without a no-repeat n-gram ban; and, starting 4 tokens short of `n_ctx`,
+# with chapter 3's uncached beam search, which must read the same windows.
+#
+# <details><summary>Hint</summary>
+#
+# ```python
+# cache = None if self.cache is None else self.cache[self.parents]
+# if cache is None or cache.length == n_ctx:
+#     logits, cache = forward_with_cache(self.model, self.tokens[:, -n_ctx:])
+# else:
+#     logits, cache = ...
+# logprob_sums, tokens = top_continuations(...)
+# parents = torch.arange(len(self), device=tokens.device).repeat_interleave(k)
+# ```
+#
+# </details>
+
+# %% tags=["exercise"] exercise="cached_beams"
+# solution: solutions.cached_beams.CachedBeams
+
+# %%
+check("cached_beams")
+
+# %% [markdown]
+# The same search, uncached and cached: the same sequences and scores.
+
+# %%
+beam_prompt = "KING HENRY.\nOnce more unto the breach, dear friends, once more;"
+n_new = 8 if QUICK else 30
+results = {}
+for name, beams_class in [("uncached", Beams), ("cached", CachedBeams)]:
+    start = time.perf_counter()
+    results[name] = beam_search(model, tokenizer, beam_prompt, 3, 4, n_new, beams_class=beams_class)
+    print(f"{name:9} {time.perf_counter() - start:.2f} s")
+same = [t.tolist() for _, t in results["uncached"]] == [t.tolist() for _, t in results["cached"]]
+print("same sequences:", same)
+for score, tokens in results["cached"]:
+    print(f"{score:8.3f}  {tokenizer.decode(tokens[len(tokenizer.encode(beam_prompt)) :])!r}")
+
+# %% [markdown]
+# ## 8. Many prompts at once
+#
+# A cached step for one sequence is a tiny amount of work: one row through each matrix. Much
+# of its time goes to fixed costs, Python and the dispatch of each operation, and to reading
+# the weights from memory. Eight rows through the same matrices share those costs, so they take
+# far less than eight times as long as one. So the next step is to generate for many prompts at
+# once: one forward pass per step for the whole batch.
+#
+# Prompts have different lengths, and a tensor needs rows of equal length, so the short
+# prompts are **padded**. The question is on which side.
+#
+# ```
+#  right padding                            left padding
+#  R O M E O . \n pad pad pad               pad pad pad R O M E O . \n
+#  J U L I E T . \n O ,                     J U L I E T . \n O ,
+#                   ^ each row's last                          ^ every row's last
+#                     token: another column                      token: the last column
+# ```
+#
+# With **left** padding, the newest token of every row is in the last column. One
+# `logits[:, -1]` gives every row's next-token logits, and the new tokens are appended as one
+# new column, for every row at once. With right padding, each row's last token sits in a
+# different column: you would have to gather each row's logits from its own column and write
+# each new token into its own column, leaving holes in the cache. HF asks for the same when
+# you generate for a batch: a tokenizer with `padding_side="left"`.
+#
+# The padding itself is handled by `forward_with_cache` (section 5): positions that count real
+# tokens only, padding keys hidden from real queries, every query allowed its own key. Padding
+# uses the end-of-text token as its id (any id would do: the mask hides it).
+#
+# ### Exercise: `left_pad`
+#
+# `left_pad(prompts, pad_id)` takes a list of prompts as lists of token ids and returns
+# `tokens` `[batch, longest]`, each row right-aligned after `pad_id`s, and `mask`
+# `[batch, longest]`, a bool tensor `True` at real tokens.
+#
+# Common mistakes: padding on the right; a mask that is `True` at padding; a mask of 0s and 1s
+# instead of bools; and an empty prompt, where `tokens[row, -len(prompt):]` is
+# `tokens[row, -0:]`, which is the **whole** row, not an empty slice.
+#
+# The test compares your tokens and mask with HF's tokenizer with `padding_side="left"`, the
+# end-of-text token as padding, on four prompts of different lengths.
+#
+# <details><summary>Hint</summary>
+#
+# Start from `torch.full((batch, width), pad_id, dtype=torch.long)` and
+# `torch.zeros((batch, width), dtype=torch.bool)`, then fill each row's last `len(prompt)`
+# columns (skip empty prompts).
+#
+# </details>
+
+# %% tags=["exercise"] exercise="left_pad"
+# solution: solutions.batched.left_pad
+
+# %%
+check("left_pad")
+
+# %%
+pad_demo, pad_mask = left_pad([[11, 12, 13], [21], [31, 32]], pad_id=0)
+print(pad_demo)
+print(pad_mask)
+
+# %% [markdown]
+# ### Exercise: `generate_batch`
+#
+# `generate_batch(model, tokenizer, prompts, max_tokens_generated, seed, stop_at_eos,
+# frequency_penalty, **kwargs)` continues every prompt of a list of strings at once and returns
+# one text per prompt: the prompt and its continuation, up to and including its first
+# `<|endoftext|>` (with `stop_at_eos`) or `max_tokens_generated` new tokens. The start is given:
+# argument checks, `tokens, mask = left_pad(...)` on the model's device, `generator` from the
+# seed and `eos`. So is the end: after your loop, each row's text is read from `cache.tokens`,
+# keeping the columns where `cache.mask` is `True`. Write the loop in between:
+#
+# 1. **Prefill** the padded prompts: `forward_with_cache(model, tokens, attention_mask=mask)`.
+# 2. At each step, take `logits[:, -1]`, apply the frequency penalty (below), and choose every
+#    row's next token with `sample_next_token(cache.tokens, next_logits, generator=generator,
+#    **kwargs)`.
+# 3. **Feed the new column** back, `next_token[:, None]`, with the cache, and with an
+#    `attention_mask` that is `False` for rows that are already finished.
+# 4. **Finished rows.** A row that has written `<|endoftext|>` is done, but the batch moves
+#    together: one forward pass for all rows. Keep a `done` vector `[batch]`. A done row's new
+#    token is padding (`torch.where(done, eos, next_token)`, fed with a mask of `~done`), so
+#    that it is left out of the row's text and hidden from its attention. Mark a row done after
+#    the step that wrote its end-of-text, which is fed as a real token, so the text keeps it.
+#    Stop when every row is done.
+#
+# Every sampled token is fed to the model, the last one too, so that it lands in `cache.tokens`
+# where the given code reads the texts from.
+#
+# **The frequency penalty** is a separate argument here, not part of `kwargs`, for a reason:
+# `sample_next_token` would count every token of `cache.tokens`, padding included, and the
+# padding id is the end-of-text token, so short prompts would have their end of text
+# penalised. Count each row's **real** tokens yourself: a `[batch, d_vocab]` tensor of zeros,
+# `scatter_add_(1, cache.tokens, cache.mask.float())`, adds 1 at each real token and 0 at each
+# padding token. Subtract `frequency_penalty` times the counts from the logits.
+#
+# **One generator for the batch.** All rows draw from the same random stream, in one call per
+# step, so the random numbers a row gets depend on the other rows of the batch: sampled text
+# differs from generating each prompt alone under the same seed. It follows the same
+# distribution, which is what matters. Greedy text uses no random numbers and is the same.
+#
+# **No sliding window.** A batch does not slide past `n_ctx`: that would mean rebuilding each
+# row's cache from its own last tokens, padded again, and we keep the loop simple instead. The
+# given checks refuse a longest prompt plus `max_tokens_generated` longer than `n_ctx`, with a
+# message that says so; generate long texts one at a time.
+#
+# Common mistakes: forgetting `attention_mask` at the prefill (the padding then becomes part of
+# every short prompt); penalising padding; letting a finished row keep writing real tokens;
+# stopping when the *first* row finishes; not feeding the last token (the text then lacks it).
+#
+# The tests compare greedy batched text with HF's `generate` on each prompt alone; a greedy run
+# with a frequency penalty with chapter 3's sampler on each prompt alone (which catches a
+# penalty on padding); and, with a crafted model whose end-of-text is 5 nats more likely, that
+# each row stops after its own end-of-text and the others go on.
+#
+# <details><summary>Hint</summary>
+#
+# ```python
+# logits, cache = forward_with_cache(model, tokens, attention_mask=mask)
+# done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+# for _ in range(max_tokens_generated):
+#     next_logits = logits[:, -1].float()
+#     if frequency_penalty:
+#         ...  # counts of real tokens, [batch, d_vocab]
+#     next_token = sample_next_token(cache.tokens, next_logits, generator=generator, **kwargs)
+#     next_token = torch.where(done, eos, next_token)
+#     logits, cache = forward_with_cache(
+#         model, next_token[:, None], cache, attention_mask=~done[:, None]
+#     )
+#     done = done | (stop_at_eos & (next_token == eos))
+#     ...  # stop when all rows are done
+# ```
+#
+# </details>
+
+# %% tags=["exercise"] exercise="generate_batch"
+# solution: solutions.batched.generate_batch
+
+# %%
+check("generate_batch")
+
+# %% [markdown]
+# Four prompts, greedy, in one batch and one at a time: the same texts.
+
+# %%
+batch_prompts = [
+    "ROMEO.\n",
+    "JULIET.\nO Romeo,",
+    "HAMLET.\nTo be, or not to be,",
+    "PROSPERO.\nWe are such stuff as dreams",
+]
+n_tokens = 15 if QUICK else 40
+batched = generate_batch(model, tokenizer, batch_prompts, n_tokens, temperature=0.0)
+alone = [cached_sampler.sample(p, n_tokens, temperature=0.0) for p in batch_prompts]
+print("same as one at a time:", batched == alone)
+for text in batched:
+    print(repr(text))
+
+# %% [markdown]
+# ## 9. How fast is it?
+#
+# Time to measure. The cells below use the reference implementations from `solutions`, under
+# other names, so that the numbers do not depend on your code being right (or fast). Every
+# method writes the same number of new tokens greedily, without stopping at the end of text,
+# so all of them do the same work.
+
+# %%
+from functools import partial
+
+from solutions.batched import generate_batch as ref_generate_batch
+from solutions.cached_model import forward_with_cache as ref_forward_with_cache
+from solutions.cached_sampling import CachedTransformerSampler as RefCachedSampler
+
+n_new = 16 if QUICK else 200
+prompts_8 = batch_prompts * 2
+greedy = dict(temperature=0.0, stop_at_eos=False)
+uncached_ref, cached_ref = TransformerSampler(model, tokenizer), RefCachedSampler(model, tokenizer)
+batch_of_8 = partial(ref_generate_batch, model, tokenizer, prompts_8, n_new, **greedy)
+methods = {  # name: (batch size, the call to time)
+    "uncached (chapter 3)": (1, partial(uncached_ref.sample, "\n", n_new, **greedy)),
+    "cached": (1, partial(cached_ref.sample, "\n", n_new, **greedy)),
+    "batched, 8 prompts": (8, batch_of_8),
+}
+table = Table(title=f"{n_new} new tokens per prompt, greedy, {torch.get_num_threads()} threads")
+for column in ["method", "batch", "seconds", "tokens/s", "vs uncached"]:
+    table.add_column(column, justify="left" if column == "method" else "right")
+rates = {}
+for name, (batch, run) in methods.items():
+    run()  # warm-up: the first call pays one-time costs
+    start = time.perf_counter()
+    run()
+    seconds = time.perf_counter() - start
+    rates[name] = batch * n_new / seconds
+    ratio = rates[name] / rates["uncached (chapter 3)"]
+    table.add_row(name, str(batch), f"{seconds:.2f}", f"{rates[name]:.0f}", f"{ratio:.1f}x")
+Console().print(table)
+
+# %% [markdown]
+# Where does the time go? Below, the time of one step at each position $t$ of the context:
+# without a cache, the model on the first $t + 1$ tokens; with a cache, one token after a cache
+# of $t$ positions. Since caches are immutable, one pass through the text gives us the cache at
+# every position we want to time.
+
+# %%
+positions = [0, 64, 128, 255] if QUICK else [*range(0, cfg.n_ctx, 8), cfg.n_ctx - 1]
+repeats = 2 if QUICK else 5
+g = torch.Generator().manual_seed(0)
+bench_tokens = torch.randint(0, cfg.d_vocab, (1, cfg.n_ctx), generator=g)  # content is irrelevant
+
+
+def median_ms(fn, *args, repeats: int) -> float:
+    """The median time of `fn(*args)` over `repeats` calls, in milliseconds."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - start)
+    return 1e3 * sorted(times)[len(times) // 2]
+
+
+with torch.inference_mode():
+    caches, cache = {0: None}, None  # caches[t]: the cache of the first t tokens
+    for t in range(1, max(positions) + 1):
+        _, cache = ref_forward_with_cache(model, bench_tokens[:, t - 1 : t], cache)
+        if t in positions:
+            caches[t] = cache
+    uncached_ms, cached_ms = [], []
+    for t in positions:
+        uncached_ms.append(median_ms(model, bench_tokens[:, : t + 1], repeats=repeats))
+        new_token = bench_tokens[:, t : t + 1]
+        cached_ms.append(
+            median_ms(ref_forward_with_cache, model, new_token, caches[t], repeats=repeats)
+        )
+
+# %% [markdown]
+# (The cache "of the first $t$ tokens" at $t = 0$ is `None`: the step at position 0 is the
+# prefill of one token.)
+
+# %%
+import matplotlib.pyplot as plt
+
+fig, ax = plt.subplots(figsize=(7, 3.5))
+ax.plot(positions, uncached_ms, "o-", markersize=3, label="without cache: model(tokens[:, :t+1])")
+ax.plot(positions, cached_ms, "o-", markersize=3, label="with cache: one token after t cached")
+ax.set_xlabel("position t of the new token")
+ax.set_ylabel("time of one step (ms)")
+ax.set_ylim(bottom=0)
+ax.legend()
+plt.show()
+last = positions[-1]
+print(f"at t = {last}: {uncached_ms[-1]:.1f} ms without cache, {cached_ms[-1]:.1f} ms with")
+
+# %% [markdown]
+# Without a cache, the time of a step grows with the position: the model processes more and
+# more tokens, and writing a whole text costs the area under that line, which grows with the
+# square of its length. With a cache, the step time is almost flat: one token through the
+# layers, plus attention over the cache, which grows with $t$ but is small at this size.
+#
+# Compare the ratio at the last position with the 240 times fewer operations computed in
+# section 1. The measured ratio is much smaller. A cached step of this model is about 6 million
+# operations. At the rate this CPU reaches on the uncached step (divide its 1.4 billion
+# operations by its time), that is a tenth of a millisecond of arithmetic or so, yet the step
+# takes a few milliseconds. Most of that is fixed cost: a Python call for each of the
+# operations of the forward pass (about 220 for this model), PyTorch dispatching each one and
+# allocating its result, and reading the weights (13 MB) from memory. The cache removes the
+# arithmetic; the fixed costs stay. That is also why batching pays: 8 rows share the same fixed
+# costs.
+#
+# **The careful benchmark.** These timings come from one run each, on whatever else your
+# machine is doing. `python benchmarks/generate.py` (from the repository's root, in the course
+# environment) measures more carefully: it interleaves the methods over several runs, reports
+# medians, checks that all of them produce the same tokens, and compares with HF's `generate`
+# (with its own cache), for one prompt and a batch of 8, printing JSON. On a 2-core CPU, one
+# run (medians of 5) gave:
+#
+# | method | tokens/s |
+# |---|---|
+# | uncached, batch 1 | 60 |
+# | cached, batch 1 | 320 (5.4 times uncached) |
+# | HF `generate`, batch 1 | 235 (cached is 1.36 times HF) |
+# | batched, batch 8 | 1093 |
+# | HF `generate`, batch 8 | 1126 (batched is 0.97 times HF) |
+#
+# These numbers come from one noisy machine; yours will differ, and even the ratios move from
+# run to run. What should hold: the cache is several times faster than chapter 3 at batch 1,
+# batching multiplies the throughput again, and both are in the same range as HF's `generate`.
+#
+# ## 10. Why a GPU gains less from the cache
+#
+# Run the same comparison on a GPU (`python benchmarks/generate.py --device cuda`) and the
+# speed-up of the cache is much smaller than on a CPU. The arithmetic saved is the same; what
+# changes is that arithmetic was never the bottleneck. A GPU does tens of teraflops: the 1.4
+# billion operations of an uncached step at position 255 take it well under a millisecond of
+# pure compute, and matrix products of 1 row and of 256 rows both finish in a few microseconds.
+# What a step of a small model costs on a GPU is the **launch** of each of its kernels, several
+# microseconds each, plus the Python and PyTorch overhead of issuing them from the CPU, and
+# that is the same for 1 position as for 256. Recomputing the whole context is almost free
+# there; on a CPU, the work really does grow with the number of positions. For a small model
+# on a GPU, the cache mostly saves work the GPU had to spare.
+#
+# The cache matters on a GPU too, for large models and long texts, where the arithmetic of
+# recomputing the context is real. There the limit of a cached step becomes **memory
+# bandwidth**: each step reads all the weights, and the whole cache, from GPU memory to do a
+# little arithmetic with each number. The cures for both problems are the same kind of idea:
+# give each kernel launch and each byte read more work to do. **Batching** does (the same
+# weights serve many rows); **CUDA graphs** record a step's kernels once and replay them with
+# one launch; **fused kernels** do several operations in one launch without writing the
+# intermediate results to memory. Chapter 6 writes fused sampling kernels in Triton.
+#
+# ## Check your understanding
+#
+# - Why does the cache hold keys and values but no queries? Why not the residual stream?
+#
+# <details><summary>Answer</summary>
+#
+# A query is used only by its own position, at the step that computes it; later positions
+# read earlier ones only through attention, which reads their keys and values. The residual
+# stream of an earlier position is never read by a later one, except through the keys and
+# values computed from it.
+#
+# </details>
+#
+# - How much memory does the cache of GPT-2 small need for a batch of 16 texts of 1,024
+#   tokens, in 16-bit numbers?
+#
+# <details><summary>Answer</summary>
+#
+# $2 \times 12 \times 12 \times 64 \times 1024 \times 2$ bytes $= 36$ MiB per text, $576$ MiB
+# for 16: more than twice the weights in 16 bits (about 250 MB).
+#
+# </details>
+#
+# - With a cache, which parts of a step grow with the position $t$, and which do not?
+#
+# <details><summary>Answer</summary>
+#
+# Attention grows with $t$: one query against $t + 1$ keys, and a weighted sum of $t + 1$
+# values (and our `torch.cat` copies the cache, also $\propto t$). The projections, the MLP, the
+# layer norms and the unembedding run on one position and do not grow.
+#
+# </details>
+#
+# - Why may `forward_with_cache` pass no mask at all for one new token?
+#
+# <details><summary>Answer</summary>
+#
+# The one new query is the last position, and every key is at or before it: `causal_mask(1, n)`
+# hides nothing. (With padding it is different: then padding keys must be hidden.)
+#
+# </details>
+#
+# - Suppose your new tokens always got positions from 0. Would the text be nonsense?
+#
+# <details><summary>Answer</summary>
+#
+# Not at first, which is what makes the bug dangerous. Much of what decides the next token
+# sits in the cached keys and values of the prompt, which are right, so the first new token is
+# often the one the correct model picks. But every new token is embedded as if it stood at
+# position 0, and its logits are far off (on one prompt, our model's distribution moves by a
+# KL divergence of about 1 nat). Within a few dozen tokens the text falls into loops and made-up
+# words. A few right tokens prove little: that is why the tests compare logits at every
+# position.
+#
+# </details>
+#
+# - In a left-padded batch, why must a padding query be allowed to see its own key?
+#
+# <details><summary>Answer</summary>
+#
+# Otherwise a padding query with no real key before it sees no key at all, and a softmax over
+# a row of $-\infty$ is NaN (PyTorch's fused attention now returns zeros instead, but a
+# hand-written softmax does not). The NaN enters the residual stream at that position, becomes
+# a NaN key and value in the next layer, and reaches real positions as `0 * NaN = NaN` in
+# their weighted sums of values, although their weight on the padding is 0.
+#
+# </details>
+#
+# - Why does the cache have to be rebuilt when the text slides past `n_ctx`, instead of
+#   dropping its oldest position?
+#
+# <details><summary>Answer</summary>
+#
+# Every cached key and value was computed with the token's position embedding, and, from
+# layer 1 on, from attention over the tokens before it. After a slide by one, every token has
+# moved one position, and the first token has gone from every later token's context. All of
+# it is stale.
+#
+# </details>
+#
+# - In cached beam search, why is the cache gathered in `generate` rather than in `filter`?
+#
+# <details><summary>Answer</summary>
+#
+# `filter` is called on all `k * num_beams` candidates and keeps a few; `generate` gathers one
+# row per surviving beam, once per step. Indexing only moves the small `parents` vector, so
+# discarded candidates never copy a cache.
+#
+# </details>
+#
+# - Why does batched sampling under a seed give different text from one prompt at a time,
+#   when greedy text is the same?
+#
+# <details><summary>Answer</summary>
+#
+# All rows draw from one random stream, so the numbers a row gets depend on the other rows in
+# the batch. Each row still samples from the right distribution. Greedy decoding draws no
+# random numbers.
+#
+# </details>
+#
+# - The cache cuts the arithmetic of a step at position 255 by about 240 times. Why is the
+#   measured speed-up much smaller, and smaller still on a GPU?
+#
+# <details><summary>Answer</summary>
+#
+# A step of a small model is dominated by fixed costs: Python, dispatching and launching each
+# operation, reading the weights. The cache removes arithmetic, not those. On a GPU the
+# arithmetic was almost free to begin with, so even less is saved.
+#
+# </details>
+#
+# ## What's next
+#
+# Each cached step still produces one token for one full pass through the model. In
+# **chapter 5**, speculative decoding, a small **draft** model (`models/shakespeare-draft`,
+# 2 layers, the same tokenizer) guesses several tokens cheaply, one cached step each, and the
+# main model checks all the guesses in **one** forward pass: `forward_with_cache` on a chunk of
+# several new tokens after its cache. Both models keep a cache, and where the main model
+# rejects a guess, both must go back to the cache from before it, which immutable caches make
+# easy. Done right, the text follows exactly the main model's distribution, in fewer main-model
+# passes.

@@ -1,0 +1,105 @@
+"""Batched generation: several prompts of different lengths in one forward pass per step.
+
+The prompts are padded on the LEFT, so that every row's newest token sits in the last column
+and one `logits[:, -1]` serves the whole batch. An attention mask (False at padding) keeps
+padding out of every real token's attention, and each row counts its positions from its own
+first real token, so a row computes what it would compute alone.
+"""
+
+import math
+
+import torch
+from jaxtyping import Bool, Int
+from torch import Tensor, nn
+
+from solutions.cached_model import forward_with_cache
+from solutions.sampling import _check_number, sample_next_token
+
+
+def left_pad(
+    prompts: list[list[int]], pad_id: int
+) -> tuple[Int[Tensor, "batch seq"], Bool[Tensor, "batch seq"]]:
+    """The prompts as one tensor, each row right-aligned after `pad_id`s, and the mask that is
+    True at real tokens."""
+    # BEGIN SOLUTION
+    width = max(len(p) for p in prompts)
+    tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
+    for row, prompt in enumerate(prompts):
+        if prompt:
+            tokens[row, -len(prompt) :] = torch.tensor(prompt)
+            mask[row, -len(prompt) :] = True
+    return tokens, mask
+    # END SOLUTION
+
+
+@torch.inference_mode()
+def generate_batch(
+    model: nn.Module,
+    tokenizer,
+    prompts: list[str],
+    max_tokens_generated: int = 100,
+    seed: int | None = None,
+    stop_at_eos: bool = True,
+    frequency_penalty: float = 0.0,
+    **kwargs,
+) -> list[str]:
+    """Continue every prompt at once, with a cache. Returns each prompt and its continuation,
+    which stops after the end-of-text token (kept) or `max_tokens_generated` tokens.
+
+    `kwargs` go to `sample_next_token` (temperature, top_k, top_p). One random generator
+    serves the whole batch, so sampled text differs from one-prompt-at-a-time runs under the
+    same seed (it follows the same distribution); greedy text is the same. The batch does not
+    slide past `n_ctx`: the longest prompt plus `max_tokens_generated` must fit.
+    """
+    if not isinstance(prompts, list | tuple) or not prompts:
+        raise ValueError("prompts must be a non-empty list of strings")
+    if not all(isinstance(p, str) and p for p in prompts):
+        raise ValueError("every prompt must be a non-empty string")
+    if not isinstance(max_tokens_generated, int) or max_tokens_generated < 0:
+        raise ValueError(
+            f"max_tokens_generated must be an integer >= 0, got {max_tokens_generated!r}"
+        )
+    _check_number("frequency_penalty", frequency_penalty, -math.inf)
+    model.eval()
+    n_ctx, d_vocab = model.cfg.n_ctx, model.cfg.d_vocab
+    ids = [tokenizer.encode(p) for p in prompts]
+    longest = max(len(p) for p in ids)
+    if longest + max_tokens_generated > n_ctx:
+        raise ValueError(
+            f"the longest prompt ({longest} tokens) plus max_tokens_generated="
+            f"{max_tokens_generated} passes n_ctx={n_ctx}; generate long texts one at a time"
+        )
+    device = next(model.parameters()).device
+    generator = None if seed is None else torch.Generator(device).manual_seed(seed)
+    eos = tokenizer.eos_token_id
+    tokens, mask = (t.to(device) for t in left_pad(ids, pad_id=eos))
+    # BEGIN SOLUTION
+    logits, cache = forward_with_cache(model, tokens, attention_mask=mask)
+    done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    for _ in range(max_tokens_generated):
+        next_logits = logits[:, -1].float()
+        if frequency_penalty:
+            # Count real tokens only: padding must not be penalised.
+            counts = torch.zeros(len(prompts), d_vocab, device=device)
+            counts.scatter_add_(1, cache.tokens, cache.mask.float())
+            next_logits = next_logits - frequency_penalty * counts
+        next_token = sample_next_token(cache.tokens, next_logits, generator=generator, **kwargs)
+        # A finished row keeps stepping (the batch moves together) but only on padding.
+        next_token = torch.where(done, eos, next_token)
+        logits, cache = forward_with_cache(
+            model, next_token[:, None], cache, attention_mask=~done[:, None]
+        )
+        done = done | (stop_at_eos & (next_token == eos))
+        if bool(done.all()):
+            break
+    # END SOLUTION
+    # Each row: its real tokens (the mask), up to and including its first end-of-text.
+    texts = []
+    for row, row_mask, prompt in zip(cache.tokens, cache.mask, ids, strict=True):
+        real = row[row_mask].tolist()
+        new = real[len(prompt) :]
+        if stop_at_eos and eos in new:
+            new = new[: new.index(eos) + 1]
+        texts.append(tokenizer.decode(prompt + new))
+    return texts

@@ -1,0 +1,135 @@
+"""The DemoTransformer forward pass with a KeyValueCache: compute the new positions only.
+
+These functions read the weights of the chapter-1 modules (`model.blocks[i].attn.W_Q`, ...), so
+they work on any DemoTransformer, including one loaded with `load_model`. With an empty cache
+they compute exactly what `model(tokens)` computes.
+"""
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from solutions.attention import Attention
+from solutions.kv_cache import KeyValueCache
+from solutions.model import DemoTransformer
+
+
+def causal_mask(n_query: int, n_key: int, device=None) -> Bool[Tensor, "query_pos key_pos"]:
+    """True where a key comes AFTER its query. The queries are the LAST n_query of the n_key
+    positions: query i sits at position n_key - n_query + i."""
+    # BEGIN SOLUTION
+    # Query i may see keys up to its own position, offset + i; the diagonal moves right by the
+    # number of cached positions. With no cache (offset 0) this is chapter 1's mask.
+    offset = n_key - n_query
+    ones = torch.ones(n_query, n_key, dtype=torch.bool, device=device)
+    return torch.triu(ones, diagonal=offset + 1)
+    # END SOLUTION
+
+
+def attention_with_cache(
+    attn: Attention,
+    x: Float[Tensor, "batch new d_model"],
+    past_keys: Float[Tensor, "batch n_heads past d_head"],
+    past_values: Float[Tensor, "batch n_heads past d_head"],
+    allowed: Bool[Tensor, "batch 1 new all"] | Bool[Tensor, "new all"] | None = None,
+) -> tuple[
+    Float[Tensor, "batch new d_model"],
+    Float[Tensor, "batch n_heads all d_head"],
+    Float[Tensor, "batch n_heads all d_head"],
+]:
+    """Attention for the new positions `x` (already layer-normed), reading the cached keys and
+    values too (`all` = past + new positions). Returns the output and the keys and values of
+    all positions. `allowed` says which keys each query may read (None: all of them)."""
+    # BEGIN SOLUTION
+    # [batch, 1, new, d_model] @ [n_heads, d_model, d_head] broadcasts over the heads:
+    # [batch, n_heads, new, d_head], the cache's layout.
+    x = x[:, None]
+    q = x @ attn.W_Q + attn.b_Q[:, None]
+    k = x @ attn.W_K + attn.b_K[:, None]
+    v = x @ attn.W_V + attn.b_V[:, None]
+    # The old positions cost nothing here: their keys and values are read, not recomputed.
+    keys = torch.cat([past_keys, k], dim=2)
+    values = torch.cat([past_values, v], dim=2)
+
+    # softmax(q k^T / sqrt(d_head) + mask) v in one fused call: chapter 1's attention, the
+    # same numbers, with -inf wherever `allowed` is False.
+    z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)
+    # Each head writes through its own slice of W_O; summing the heads' outputs is chapter 1's
+    # einsum over h.
+    out = (z @ attn.W_O).sum(dim=1) + attn.b_O
+    return out, keys, values
+    # END SOLUTION
+
+
+def forward_with_cache(
+    model: DemoTransformer,
+    tokens: Int[Tensor, "batch new"],
+    cache: KeyValueCache | None = None,
+    attention_mask: Bool[Tensor, "batch new"] | None = None,
+) -> tuple[Float[Tensor, "batch new d_vocab"], KeyValueCache]:
+    """Logits for the NEW tokens only, given the cache of everything before them, and the
+    longer cache. `cache=None` starts from an empty cache: the logits are then those of
+    `model(tokens)` (up to float rounding). `attention_mask` (False at left padding) lets the
+    rows of a batch hold prompts of different lengths; each row's positions count its real
+    tokens only."""
+    cfg = model.cfg
+    if tokens.ndim != 2 or tokens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"tokens must be an integer tensor of shape [batch, new], "
+            f"got dtype {tokens.dtype} and shape {tuple(tokens.shape)}"
+        )
+    if tokens.shape[1] < 1:
+        raise ValueError("tokens must hold at least one new position")
+    if not 0 <= int(tokens.min()) <= int(tokens.max()) < cfg.d_vocab:
+        raise ValueError(f"token ids must lie in [0, d_vocab={cfg.d_vocab})")
+    if cache is None:
+        cache = KeyValueCache.new_empty(cfg, tokens.shape[0], tokens.device, model.embed.W_E.dtype)
+    cache.check_next(cfg, tokens)
+    if attention_mask is None:
+        attention_mask = torch.ones_like(tokens, dtype=torch.bool)
+    elif attention_mask.shape != tokens.shape or attention_mask.dtype != torch.bool:
+        raise ValueError(
+            f"attention_mask must be a bool tensor shaped like tokens {tuple(tokens.shape)}, "
+            f"got {attention_mask.dtype} {tuple(attention_mask.shape)}"
+        )
+    mask = torch.cat([cache.mask, attention_mask], dim=1)
+    padded = not bool(mask.all())
+    # BEGIN SOLUTION
+    # A token's position is the number of real tokens before it in its row: the cache's
+    # length when there is no padding. Padding gets position 0; nobody reads its result.
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, cache.length :]
+    residual = model.embed(tokens) + model.pos_embed.W_pos[positions]
+
+    # Which keys each new query may read, built once for all layers. One new token may read
+    # every cached key, so the usual decoding step needs no mask at all.
+    n_new, n_all = tokens.shape[1], mask.shape[1]
+    allowed = None
+    if n_new > 1 or padded:
+        allowed = ~causal_mask(n_new, n_all, device=tokens.device)  # [new, all]
+    if padded:
+        # A padding key is hidden from every query but its own: a padding query still sees
+        # one key, so its softmax has no all -inf row (NaN would leak through 0 * NaN).
+        position = torch.arange(n_all, device=tokens.device)
+        own_key = position[None, :] == position[-n_new:, None]  # [new, all]
+        allowed = allowed & (mask[:, None, None, :] | own_key)  # [batch, 1, new, all]
+
+    keys, values = [], []
+    for block, past_k, past_v in zip(model.blocks, cache.keys, cache.values, strict=True):
+        attn_out, k, v = attention_with_cache(
+            block.attn, block.ln1(residual), past_k, past_v, allowed
+        )
+        residual = residual + attn_out
+        residual = residual + block.mlp(block.ln2(residual))
+        keys.append(k)
+        values.append(v)
+    logits = model.unembed(model.ln_final(residual))
+    # END SOLUTION
+    new_cache = KeyValueCache(
+        keys=tuple(keys),
+        values=tuple(values),
+        tokens=torch.cat([cache.tokens, tokens], dim=1),
+        mask=mask,
+        cfg=cfg,
+    )
+    return logits, new_cache

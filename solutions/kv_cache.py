@@ -1,0 +1,93 @@
+"""KeyValueCache: what a DemoTransformer has already computed for the positions it has seen.
+
+At every layer, attention reads the keys and values of all earlier positions. Those never
+change once computed (a position only attends backwards), so a generator can keep them and
+compute keys and values for the new tokens only. The cache is immutable: a forward pass
+returns a new, longer cache, and indexing picks rows (beams) without touching the original.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from solutions.config import Config
+
+
+@dataclass(frozen=True)
+class KeyValueCache:
+    # One tensor per layer, each [batch, n_heads, pos, d_head]: heads first, so that every
+    # head's keys are one matrix (the layout PyTorch's attention functions and HF use).
+    keys: tuple[Float[Tensor, "batch n_heads pos d_head"], ...]
+    values: tuple[Float[Tensor, "batch n_heads pos d_head"], ...]
+    tokens: Int[Tensor, "batch pos"]  # the token ids these positions came from
+    mask: Bool[Tensor, "batch pos"]  # False where a row is padding (batched generation)
+    cfg: Config
+
+    @classmethod
+    def new_empty(
+        cls,
+        cfg: Config,
+        batch: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> "KeyValueCache":
+        """A cache holding no positions yet, for `batch` sequences."""
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+            raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
+        empty = torch.empty(batch, cfg.n_heads, 0, cfg.d_head, device=device, dtype=dtype)
+        return cls(
+            keys=(empty,) * cfg.n_layers,
+            values=(empty,) * cfg.n_layers,
+            tokens=torch.empty(batch, 0, dtype=torch.long, device=device),
+            mask=torch.empty(batch, 0, dtype=torch.bool, device=device),
+            cfg=cfg,
+        )
+
+    @property
+    def batch(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def length(self) -> int:
+        """Positions cached so far (padding included)."""
+        return self.tokens.shape[1]
+
+    def __getitem__(self, rows) -> "KeyValueCache":
+        """The cache of the sequences picked by `rows` (an index tensor or a slice): beam
+        search uses this to make the cache follow the beams it keeps."""
+        return KeyValueCache(
+            keys=tuple(k[rows] for k in self.keys),
+            values=tuple(v[rows] for v in self.values),
+            tokens=self.tokens[rows],
+            mask=self.mask[rows],
+            cfg=self.cfg,
+        )
+
+    def check_next(self, cfg: Config, tokens: Int[Tensor, "batch new"]) -> None:
+        """A clear ValueError if `tokens` cannot be the next tokens of these sequences."""
+        mine = (self.cfg.n_layers, self.cfg.n_heads, self.cfg.d_head, self.cfg.n_ctx)
+        theirs = (cfg.n_layers, cfg.n_heads, cfg.d_head, cfg.n_ctx)
+        if mine != theirs:
+            raise ValueError(
+                "cache was made for another model: (n_layers, n_heads, d_head, n_ctx) is "
+                f"{mine} for the cache and {theirs} for this model"
+            )
+        if tokens.shape[0] != self.batch:
+            raise ValueError(
+                f"cache holds {self.batch} sequences but tokens has batch size {tokens.shape[0]}"
+            )
+        if self.length + tokens.shape[1] > cfg.n_ctx:
+            raise ValueError(
+                f"cache holds {self.length} positions; {tokens.shape[1]} more would pass "
+                f"n_ctx={cfg.n_ctx}. Slide the window: rebuild the cache from the last tokens"
+            )
+        # The classic slip: feeding the whole sequence again instead of the new tokens only.
+        if 0 < self.length < tokens.shape[1] and torch.equal(
+            tokens[:, : self.length], self.tokens.to(tokens.device)
+        ):
+            raise ValueError(
+                f"tokens starts with the {self.length} positions already in the cache: "
+                "pass only the new tokens, tokens[:, cache.length:]"
+            )
