@@ -38,6 +38,20 @@ def hf_config(cfg: Config):
     )
 
 
+# Per-block weights with the same layout in both namings (HF's Conv1D stores [in, out], as
+# the course's MLP does): (HF name, HookedTransformer name).
+SAME_IN_BOTH = [
+    ("mlp.c_fc.weight", "mlp.W_in"),
+    ("mlp.c_fc.bias", "mlp.b_in"),
+    ("mlp.c_proj.weight", "mlp.W_out"),
+    ("mlp.c_proj.bias", "mlp.b_out"),
+    ("ln_1.weight", "ln1.w"),
+    ("ln_1.bias", "ln1.b"),
+    ("ln_2.weight", "ln2.w"),
+    ("ln_2.bias", "ln2.b"),
+]
+
+
 def hf_to_demo(sd: dict[str, Tensor], cfg: Config) -> dict[str, Tensor]:
     """HF GPT2LMHeadModel state dict -> DemoTransformer state dict (untied W_U = W_E^T)."""
     sd = {k.removeprefix("transformer."): v for k, v in sd.items()}
@@ -59,13 +73,8 @@ def hf_to_demo(sd: dict[str, Tensor], cfg: Config) -> dict[str, Tensor]:
         W_o = sd[hf + "attn.c_proj.weight"]
         out[tl + "attn.W_O"] = einops.rearrange(W_o, "(h e) d -> h e d", h=cfg.n_heads)
         out[tl + "attn.b_O"] = sd[hf + "attn.c_proj.bias"]
-        out[tl + "mlp.W_in"] = sd[hf + "mlp.c_fc.weight"]
-        out[tl + "mlp.b_in"] = sd[hf + "mlp.c_fc.bias"]
-        out[tl + "mlp.W_out"] = sd[hf + "mlp.c_proj.weight"]
-        out[tl + "mlp.b_out"] = sd[hf + "mlp.c_proj.bias"]
-        for i in (1, 2):
-            out[tl + f"ln{i}.w"] = sd[hf + f"ln_{i}.weight"]
-            out[tl + f"ln{i}.b"] = sd[hf + f"ln_{i}.bias"]
+        for hf_name, tl_name in SAME_IN_BOTH:
+            out[tl + tl_name] = sd[hf + hf_name]
     return {k: v.detach().clone() for k, v in out.items()}
 
 
@@ -94,13 +103,8 @@ def demo_to_hf(sd: dict[str, Tensor], cfg: Config) -> dict[str, Tensor]:
         out[hf + "attn.c_attn.bias"] = torch.cat(b, dim=0)
         out[hf + "attn.c_proj.weight"] = einops.rearrange(sd[tl + "attn.W_O"], "h e d -> (h e) d")
         out[hf + "attn.c_proj.bias"] = sd[tl + "attn.b_O"]
-        out[hf + "mlp.c_fc.weight"] = sd[tl + "mlp.W_in"]
-        out[hf + "mlp.c_fc.bias"] = sd[tl + "mlp.b_in"]
-        out[hf + "mlp.c_proj.weight"] = sd[tl + "mlp.W_out"]
-        out[hf + "mlp.c_proj.bias"] = sd[tl + "mlp.b_out"]
-        for i in (1, 2):
-            out[hf + f"ln_{i}.weight"] = sd[tl + f"ln{i}.w"]
-            out[hf + f"ln_{i}.bias"] = sd[tl + f"ln{i}.b"]
+        for hf_name, tl_name in SAME_IN_BOTH:
+            out[hf + hf_name] = sd[tl + tl_name]
     return {k: v.detach().clone().contiguous() for k, v in out.items()}
 
 

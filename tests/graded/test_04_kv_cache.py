@@ -24,6 +24,11 @@ PROMPTS = [
 ]
 
 
+def assert_close_f32(actual: torch.Tensor, expected: torch.Tensor, msg: str) -> None:
+    """Equal within float32 rounding: the bounds chapter 1 uses against the reference."""
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-3, msg=msg)
+
+
 def ids_of(tokenizer, text: str) -> torch.Tensor:
     return torch.tensor([tokenizer.encode(text)])
 
@@ -95,28 +100,14 @@ def test_attention_of_one_new_position_matches_reference(impl, shipped, ref_run,
         f"return the keys of ALL positions, past and new, as [batch, n_heads, pos, d_head]; "
         f"got {tuple(k.shape)}"
     )
-    torch.testing.assert_close(
-        k,
-        keys[:, :, : n_past + 1],
-        atol=1e-4,
-        rtol=1e-3,
-        msg="keys: the cached ones followed by the new position's",
+    assert_close_f32(
+        k, keys[:, :, : n_past + 1], "keys: the cached ones followed by the new position's"
     )
-    torch.testing.assert_close(
-        v,
-        values[:, :, : n_past + 1],
-        atol=1e-4,
-        rtol=1e-3,
-        msg="values: the cached ones followed by the new position's",
+    assert_close_f32(
+        v, values[:, :, : n_past + 1], "values: the cached ones followed by the new position's"
     )
     expected = acts[f"blocks.{layer}.hook_attn_out"][:, n_past : n_past + 1]
-    torch.testing.assert_close(
-        out,
-        expected,
-        atol=1e-4,
-        rtol=1e-3,
-        msg="attention output of the new position (vs transformer-lens)",
-    )
+    assert_close_f32(out, expected, "attention output of the new position (vs transformer-lens)")
 
 
 @pytest.mark.attention_with_cache
@@ -137,13 +128,7 @@ def test_attention_of_a_chunk_matches_reference(impl, shipped, ref_run):
             allowed,
         )
     expected = acts["blocks.1.hook_attn_out"][:, n_past : n_past + n_new]
-    torch.testing.assert_close(
-        out,
-        expected,
-        atol=1e-4,
-        rtol=1e-3,
-        msg="six new positions at once; did you pass `allowed` on?",
-    )
+    assert_close_f32(out, expected, "six new positions at once; did you pass `allowed` on?")
 
 
 # --------------------------------------------------------------------------- forward_with_cache
@@ -204,12 +189,8 @@ def test_cached_logits_match_hf(impl, shipped, hf):
         for t in range(10, tokens.shape[1]):
             logits, cache = impl.forward_with_cache(model, tokens[:, t : t + 1], cache)
             steps.append(logits)
-    torch.testing.assert_close(
-        torch.cat(steps, 1),
-        expected,
-        atol=1e-4,
-        rtol=1e-3,
-        msg="prefill of 10 then single steps, against GPT2LMHeadModel",
+    assert_close_f32(
+        torch.cat(steps, 1), expected, "prefill of 10 then single steps, against GPT2LMHeadModel"
     )
 
 
@@ -231,20 +212,14 @@ def test_left_padded_batch_matches_each_prompt_alone(impl, shipped, hf):
                 "NaN in a padded row: a padding query that may see no key at all gives a softmax "
                 "of all -inf. Let every position see its own key."
             )
-            torch.testing.assert_close(
+            assert_close_f32(
                 logits[i, width - len(r) :],
                 alone[:-1],
-                atol=1e-4,
-                rtol=1e-3,
-                msg=f"prompt {i} padded on the left: its real positions must count from 0 and "
+                f"prompt {i} padded on the left: its real positions must count from 0 and "
                 "never attend to padding",
             )
-            torch.testing.assert_close(
-                step[i, -1],
-                alone[-1],
-                atol=1e-4,
-                rtol=1e-3,
-                msg=f"prompt {i}: the step after the padded prefill",
+            assert_close_f32(
+                step[i, -1], alone[-1], f"prompt {i}: the step after the padded prefill"
             )
 
 
