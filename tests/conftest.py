@@ -3,44 +3,20 @@ rule that every graded test must fail on the blank stubs."""
 
 from __future__ import annotations
 
-import os
+import sys
 
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-from utils.chapters import all_exercises  # noqa: E402
-from utils.grading import IMPL_CHOICES, ExerciseUnavailable, load_impl  # noqa: E402
+from utils.chapters import all_exercises
+from utils.grading import ExerciseUnavailable, Impl, Verdict, load_impl, run_graded_test
 
 EXERCISES = {ex.name: ex for ex in all_exercises()}
 _IMPL_CACHE: dict[tuple[str, str], object] = {}
 
 
-def pytest_addoption(parser):
-    parser.addoption(
-        "--impl",
-        default="notebooks",
-        choices=IMPL_CHOICES,
-        help="what to grade: the learner's notebooks (default), solutions, or blank stubs",
-    )
-    parser.addoption(
-        "--must-fail",
-        action="store_true",
-        help="with --impl stubs: invert outcomes, so that a graded test passing on the blank "
-        "stubs is reported as a failure (the course's self-check)",
-    )
-    parser.addoption(
-        "--runslow",
-        action="store_true",
-        help="also run the tests marked slow (e.g. statistical tests repeated over many seeds)",
-    )
-
-
 def pytest_configure(config):
     if config.getoption("--must-fail") and config.getoption("--impl") != "stubs":
         raise pytest.UsageError("--must-fail only makes sense with --impl stubs")
-    config.addinivalue_line("markers", "slow: long-running; skipped unless --runslow")
     for name, ex in EXERCISES.items():
         config.addinivalue_line("markers", f"{name}: exercise {name} of chapter {ex.chapter}")
     for chapter in sorted({ex.chapter for ex in EXERCISES.values()}):
@@ -79,10 +55,46 @@ def impl(request):
     return _IMPL_CACHE[key]
 
 
-def _caused_by(excinfo, kind) -> bool:
+class GradedFailure(Exception):
+    """A graded test that failed in its child process; the verdict says how."""
+
+    def __init__(self, verdict: Verdict):
+        super().__init__(verdict.message)
+        self.verdict = verdict
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """Graded tests of learner code run in a forked child (utils/grading.py says why)."""
+    impl = pyfuncitem.funcargs.get("impl")
+    exercise = _exercise_of(pyfuncitem)
+    if not isinstance(impl, Impl) or not impl.isolated or exercise is None:
+        return None  # pytest calls the test here, as usual
+    args = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+
+    def call():
+        pyfuncitem.obj(**args)
+
+    def describe(err: BaseException) -> str:
+        return str(pyfuncitem.repr_failure(pytest.ExceptionInfo.from_exception(err)))
+
+    budget = pyfuncitem.get_closest_marker("budget")
+    verdict = run_graded_test(impl, exercise, call, describe, budget.args[0] if budget else None)
+    sys.stdout.write(verdict.stdout)
+    sys.stderr.write(verdict.stderr)
+    if verdict.notes:
+        pyfuncitem.user_properties.append(("note", "; ".join(verdict.notes)))
+    if not verdict.passed:
+        raise GradedFailure(verdict)
+    return True
+
+
+def _not_implemented(excinfo) -> bool:
     err = excinfo.value if excinfo else None
+    if isinstance(err, GradedFailure):
+        return err.verdict.not_implemented
     while err is not None:
-        if isinstance(err, kind):
+        if isinstance(err, NotImplementedError):
             return True
         err = err.__cause__ or err.__context__
     return False
@@ -103,7 +115,10 @@ def pytest_runtest_makereport(item, call):
             report.user_properties.append(("message", excinfo.exconly().splitlines()[0]))
         return
     if report.failed and excinfo is not None:
-        if _caused_by(excinfo, NotImplementedError):
+        if isinstance(excinfo.value, GradedFailure):
+            message = excinfo.value.verdict.message
+            report.longrepr = excinfo.value.verdict.longrepr
+        elif _not_implemented(excinfo):
             message = "not implemented yet: the cell still raises NotImplementedError"
             report.longrepr = message
         elif excinfo.errisinstance(ExerciseUnavailable):
@@ -119,7 +134,7 @@ def pytest_runtest_makereport(item, call):
         if report.passed:
             report.outcome = "failed"
             report.longrepr = "this graded test PASSES on the blank stubs: it cannot fail"
-        elif report.failed and _caused_by(excinfo, NotImplementedError):
+        elif report.failed and _not_implemented(excinfo):
             report.outcome = "passed"
             report.longrepr = None
         elif report.failed:

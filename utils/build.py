@@ -55,10 +55,19 @@ def build_notebook(chapter: str, teacher: bool = False) -> nbformat.NotebookNode
             new = nbformat.v4.new_code_cell(text, metadata=metadata)
         else:
             new = nbformat.v4.new_raw_cell(text, metadata=metadata)
-        new.id = f"{chapter[:2]}-{i:03d}"
+        new.id = cell_id(chapter, i)
         nb.cells.append(new)
     nbformat.validate(nb)
     return nb
+
+
+def cell_id(chapter: str, index: int) -> str:
+    return f"{chapter[:2]}-{index:03d}"
+
+
+def pristine_cell_ids(chapter: str) -> set[str]:
+    """The ids of the cells a fresh build has: any other cell is one the learner added."""
+    return {cell_id(chapter, i) for i in range(len(read_chapter(chapter).notebook.cells))}
 
 
 def notebook_text(nb: nbformat.NotebookNode) -> str:

@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 import pytest
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from utils import TESTS_DIR
 from utils.chapters import find_exercise, read_chapter
-from utils.grading import Impl, impl_from_live
+from utils.grading import Impl, load_impl
 
 GRADED_DIR = TESTS_DIR / "graded"
 
@@ -26,6 +27,7 @@ class TestResult:
     exercise: str
     outcome: str  # passed / failed / skipped
     message: str  # first line of the failure, for a table
+    note: str = ""  # e.g. which reference stood in for a broken earlier exercise
 
 
 class _Collector:
@@ -45,6 +47,7 @@ class _Collector:
                 exercise=props.get("exercise", "?"),
                 outcome=report.outcome,
                 message=props.get("message", ""),
+                note=props.get("note", ""),
             )
         )
 
@@ -70,12 +73,16 @@ def run_graded(args: list[str], plugins: list | None = None) -> list[TestResult]
     return collector.results
 
 
+def _tests(n: int) -> str:
+    return "1 test" if n == 1 else f"{n} tests"
+
+
 def check(exercise: str, namespace: dict | None = None) -> None:
     """Grade one exercise against what this notebook has defined; print a short verdict."""
     ex = find_exercise(exercise)
     if namespace is None:
         namespace = inspect.currentframe().f_back.f_globals
-    impl = impl_from_live(namespace, ex.chapter)
+    impl = load_impl("live", ex.chapter, namespace)
     live = LiveImpls({ex.chapter: impl})
     results = run_graded(["-m", exercise, "--impl", "live"], [live])
     console = Console()
@@ -84,11 +91,14 @@ def check(exercise: str, namespace: dict | None = None) -> None:
     if not results:
         console.print(f"[yellow]No tests ran for {exercise!r}.[/yellow]")
     elif failed:
-        console.print(f"[bold red]✗ {exercise}: {len(failed)} of {len(results)} tests failed[/]")
+        console.print(f"[bold red]✗ {exercise}: {len(failed)} of {_tests(len(results))} failed[/]")
         for r in failed:
-            console.print(f"  [red]•[/red] {r.nodeid.split('::')[-1]}: {r.message}", markup=False)
+            console.print(f"  [red]•[/red] {r.nodeid.split('::')[-1]}: {escape(r.message)}")
     else:
-        console.print(f"[bold green]✓ {exercise}: all {len(passed)} tests passed[/]")
+        every = "the test" if len(passed) == 1 else f"all {len(passed)} tests"
+        console.print(f"[bold green]✓ {exercise}: {every} passed[/]")
+    for note in dict.fromkeys(r.note for r in results if r.note):
+        console.print(f"  [dim]note: {escape(note)}[/dim]")
     if (failed or not results) and os.environ.get("COURSE_STRICT_CHECK") == "1":
         raise AssertionError(f"check({exercise!r}) failed")
 
@@ -124,7 +134,8 @@ def grade(impl: str = "notebooks", chapter: str | None = None) -> list[TestResul
                     else "[yellow]no tests[/]"
                 )
             )
-            table.add_row(ch, ex.name, status, failed[0].message[:90] if failed else "")
+            first = escape(failed[0].message[:90]) if failed else ""
+            table.add_row(ch, ex.name, status, first)
     table.caption = f"{done} of {rows} exercises pass"
     Console().print(table)
     return results

@@ -1,39 +1,62 @@
-"""The grading seam: an `impl` namespace built from learner notebooks, solutions or stubs.
+"""The grading seam: an `impl` namespace built from learner notebooks, solutions or stubs, and
+the one place where a graded test calls into learner code.
 
 Graded tests never import `solutions`; they use `impl.Attention`, `impl.DemoTransformer`...
-where `impl` comes from one of:
+where `impl` comes from one of (`IMPL_KINDS`, the only dispatch):
 
-    notebooks  the learner's notebooks/NN_name.ipynb: setup + exercise cells, run in a fresh
-               namespace (the default of plain `pytest`)
+    notebooks  the learner's saved notebooks/NN_name.ipynb (the default of plain `pytest`)
     solutions  the reference implementation in solutions/
     stubs      a fresh build of the pristine notebooks (every exercise unimplemented)
     live       the namespace of a running notebook kernel (the in-notebook `check(...)`)
 
-Broken learner code never breaks grading: a cell that does not compile, raises, or runs
-forever is recorded against its exercise; the objects it should have defined are replaced by
-the reference ones for the cells that depend on them, and its own tests fail with the reason.
+Rules, the same for `pytest`, `course grade` and `check(...)`:
+
+- Which cells count: the setup cells, the given-code cells, the exercise cells, and any other
+  cell that defines a name those use (a helper of yours, `cfg` from a demo cell). Demo cells
+  and `check(...)` cells are not run. A live notebook has run what it has run.
+- Learner code never runs in the grader's process during a test: each graded test runs in a
+  forked child (utils/sandbox.py) under a time budget. An infinite loop, `sys.exit()`,
+  `os._exit()` or a crash fails that test with a message naming the function and the line;
+  a function found looping fails at once in the exercise's later tests.
+- The reference stands in for a broken earlier exercise: when a test of one exercise fails
+  inside another exercise's code (not implemented, raising, looping, exiting), or that exercise
+  did not load, the test runs again with the reference objects of that exercise, and the
+  message says so. Wrong values are not "broken": each exercise's own tests find those.
+- A cell that rebinds a name of the setup cell (`torch = None`) fails its own exercise with a
+  message saying so; the other exercises are graded with the name restored.
 """
 
 from __future__ import annotations
 
-import contextlib
+import ast
 import itertools
+import linecache
 import os
-import signal
 import sys
-import threading
-import time
-import traceback
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import nbformat
 
-from utils.chapters import Exercise, import_object, read_chapter, solution_paths
+from utils.cells import cell_names, defined_by, name_error_hint, run_cell
+from utils.chapters import Chapter, Exercise, import_object, read_chapter, solution_paths
+from utils.sandbox import Outcome, call_isolated, exit_description, kind_of
 
 CELL_TIMEOUT_S = float(os.environ.get("COURSE_CELL_TIMEOUT", "20"))
-IMPL_CHOICES = ("notebooks", "solutions", "stubs", "live")
+
+
+# Per graded test, for learner code: generous for a correct solution on a busy 2-core machine,
+# short enough that a loop is reported in seconds, not minutes. A test may ask for more with
+# @pytest.mark.budget(seconds).
+def test_budget_s() -> float:
+    return float(os.environ.get("COURSE_TEST_BUDGET", "20"))
+
+
+IMPL_KINDS = ("notebooks", "solutions", "stubs", "live")
+LIVE_SOURCE = "this notebook"
 
 
 class ExerciseUnavailable(Exception):
@@ -48,6 +71,17 @@ class Impl:
     chapter: str
     namespace: dict = field(repr=False)
     problems: dict[str, str] = field(default_factory=dict)  # object name -> why it is missing
+    isolated: bool = False  # learner code: each test runs in a forked child
+    # exercise -> why the reference stands in for it in the other exercises' tests
+    broken: dict[str, str] = field(default_factory=dict)
+    # (top-level name, attribute or None) -> why calling it fails at once (it looped before)
+    hung: dict[tuple[str, str | None], str] = field(default_factory=dict)
+    # names the setup cells bind, as they bound them: restored in every test's child
+    setup_values: dict[str, object] = field(default_factory=dict, repr=False)
+
+    @property
+    def live(self) -> bool:
+        return self.source == LIVE_SOURCE
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
@@ -59,33 +93,28 @@ class Impl:
         except KeyError:
             raise AttributeError(f"{self.source} defines no {name!r}") from None
 
+    @cached_property
+    def spec(self) -> Chapter:
+        return read_chapter(self.chapter)
 
-class CellTimeout(Exception):
-    pass
+    @cached_property
+    def exercise_of_object(self) -> dict[str, str]:
+        return {n: ex.name for ex in self.spec.exercises for n in ex.object_names}
+
+    def exercise_of_code(self, code: types.CodeType) -> str | None:
+        """The exercise whose cell defined this code: by the name of the object it belongs to,
+        else by what the cell it came from defines."""
+        root = code.co_qualname.split(".")[0]
+        if root in self.exercise_of_object:
+            return self.exercise_of_object[root]
+        source = "".join(linecache.getlines(code.co_filename))
+        for name in sorted(defined_by(source)):
+            if name in self.exercise_of_object:
+                return self.exercise_of_object[name]
+        return None
 
 
-@contextlib.contextmanager
-def _time_limit(seconds: float):
-    """Interrupt pure-Python infinite loops at the top level of a cell (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_alarm(signum, frame):
-        raise CellTimeout()
-
-    # pytest-timeout may already have an alarm running for the current test: keep it.
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    outer_remaining, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
-    start = time.monotonic()
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        if outer_remaining > 0:
-            left = outer_remaining - (time.monotonic() - start)
-            signal.setitimer(signal.ITIMER_REAL, max(left, 0.001))
+# --------------------------------------------------------------------------- loading
 
 
 _MODULE_IDS = itertools.count()
@@ -99,105 +128,165 @@ def _fresh_namespace(chapter: str) -> dict:
     return module.__dict__
 
 
-def _python_source(cell_source: str) -> str:
-    """Drop IPython-only lines (%magics, !shell) that plain Python cannot compile."""
-    return "\n".join(
-        "" if line.lstrip().startswith(("%", "!")) else line for line in cell_source.splitlines()
-    )
-
-
-def _run_cell(source: str, namespace: dict, filename: str) -> str | None:
-    """Execute one cell; return None, or a one-paragraph description of what went wrong."""
-    try:
-        code = compile(_python_source(source), filename, "exec")
-    except SyntaxError as err:
-        return f"{type(err).__name__} in the cell, line {err.lineno}: {err.msg}"
-    try:
-        with _time_limit(CELL_TIMEOUT_S):
-            exec(code, namespace)
-    except CellTimeout:
-        return f"the cell did not finish within {CELL_TIMEOUT_S:.0f} s (an infinite loop?)"
-    except Exception as err:
-        last = traceback.extract_tb(err.__traceback__)[-1]
-        return f"the cell raised {type(err).__name__}: {err} (line {last.lineno})"
-    return None
-
-
 def _fallback(exercise: Exercise, namespace: dict) -> None:
-    """Give dependent cells the reference objects of an exercise that did not load."""
+    """Give dependent cells the reference objects of an exercise."""
     for dotted, name in zip(exercise.objects, exercise.object_names, strict=True):
         namespace[name] = import_object(dotted)
 
 
+def _is_check_cell(source: str) -> bool:
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:
+        return False
+    return bool(body) and all(
+        isinstance(s, ast.Expr)
+        and isinstance(s.value, ast.Call)
+        and getattr(s.value.func, "id", None) == "check"
+        for s in body
+    )
+
+
+def _first_line(source: str) -> str:
+    for line in source.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            return line.strip()[:40]
+    return "…"
+
+
+def _label(cell, chapter: str, pristine_ids: set[str]) -> str:
+    tags = cell.metadata.get("tags", [])
+    if "exercise" in tags:
+        return f"the `{cell.metadata.get('exercise')}` cell"
+    if "setup" in tags:
+        return "the setup cell"
+    if "source" in tags:
+        return f"the given cell `{_first_line(cell.source)}`"
+    mine = "" if cell.get("id") in pristine_ids else "your "
+    return f"{mine}cell `{_first_line(cell.source)}`"
+
+
+def graded_cells(nb: nbformat.NotebookNode, chapter: str) -> list:
+    """The code cells grading runs, in notebook order: setup, given code, exercises, and any
+    other cell that defines a name those (or other selected cells) use."""
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    always = [c for c in code if {"setup", "source", "exercise"} & set(c.metadata.get("tags", []))]
+    others = [c for c in code if c not in always and not _is_check_cell(c.source)]
+    names = {id(c): cell_names(c.source) for c in code}
+    provided: set[str] = set()
+    needed: set[str] = set()
+    for c in always:
+        if names[id(c)]:
+            provided |= names[id(c)].bound
+            needed |= names[id(c)].free
+    chosen: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for c in others:
+            n = names[id(c)]
+            if id(c) in chosen or n is None or not (n.bound & (needed - provided)):
+                continue
+            chosen.add(id(c))
+            needed |= n.free
+            changed = True
+    return [c for c in code if c in always or id(c) in chosen]
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def impl_from_notebook(nb: nbformat.NotebookNode, chapter: str, source: str) -> Impl:
+    from utils.build import pristine_cell_ids
+
     spec = read_chapter(chapter)
     namespace = _fresh_namespace(chapter)
-    problems: dict[str, str] = {}
+    impl = Impl(source=source, chapter=chapter, namespace=namespace, isolated=True)
     seen: set[str] = set()
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
+    pristine = pristine_cell_ids(chapter)
+    for cell in graded_cells(nb, chapter):
         tags = cell.metadata.get("tags", [])
-        filename = f"<{source} cell {index}>"
+        label = _label(cell, chapter, pristine)
+        error = run_cell(cell.source, namespace, label, CELL_TIMEOUT_S)
         if "setup" in tags or "source" in tags:
-            error = _run_cell(cell.source, namespace, filename)
+            impl.setup_values.update(
+                {n: namespace[n] for n in defined_by(cell.source) if n in namespace}
+            )
             if error:
                 # Without its setup cells nothing in the chapter can be graded honestly.
-                why = f"a setup cell of {source} failed ({error}); run `course reset` if unsure"
-                problems.update({n: why for ex in spec.exercises for n in ex.object_names})
-        elif "exercise" in tags:
-            name = cell.metadata.get("exercise")
+                why = f"{error}; `course reset {chapter[:2]}` gives a fresh notebook"
+                impl.problems.update({n: why for ex in spec.exercises for n in ex.object_names})
+            continue
+        exercise = None
+        if "exercise" in tags:
             try:
-                exercise = spec.exercise(name)
+                exercise = spec.exercise(cell.metadata.get("exercise"))
             except KeyError:
-                continue
-            seen.add(name)
-            error = _run_cell(cell.source, namespace, filename)
+                exercise = None
+        if exercise is not None:
+            seen.add(exercise.name)
             for obj in exercise.object_names:
                 if error:
-                    problems[obj] = f"exercise {name!r} could not be loaded: {error}"
+                    impl.problems[obj] = f"exercise {exercise.name!r} could not be loaded: {error}"
                 elif obj not in namespace:
-                    problems[obj] = f"exercise {name!r}: its cell ran but did not define {obj!r}"
-            if error:
-                _fallback(exercise, namespace)
+                    impl.problems[obj] = (
+                        f"exercise {exercise.name!r}: its cell ran but did not define {obj!r}"
+                    )
+        # A cell must not take a setup name away from the cells after it.
+        for name, value in impl.setup_values.items():
+            if namespace.get(name) is not value:
+                why = (
+                    f"{label} rebinds `{name}` (defined by the setup cell) to "
+                    f"{_short(namespace.get(name))}, which breaks every cell after it: rename "
+                    f"your variable. The other exercises are graded with `{name}` restored"
+                )
+                namespace[name] = value
+                if exercise is not None:
+                    impl.problems.update({obj: why for obj in exercise.object_names})
+        if exercise is not None and any(o in impl.problems for o in exercise.object_names):
+            impl.broken[exercise.name] = impl.problems[exercise.object_names[0]]
+            _fallback(exercise, namespace)
     for exercise in spec.exercises:
         if exercise.name not in seen:
             why = (
                 f"exercise {exercise.name!r} has no cell in {source} (deleted?); "
                 f"`course reset {chapter[:2]}` restores a fresh notebook"
             )
-            problems.update({n: why for n in exercise.object_names})
+            impl.problems.update({n: why for n in exercise.object_names})
+            impl.broken[exercise.name] = why
             _fallback(exercise, namespace)
-    return Impl(source=source, chapter=chapter, namespace=namespace, problems=problems)
+    return impl
+
+
+def _unreadable(chapter: str, source: str, why: str) -> Impl:
+    problems = {n: why for ex in read_chapter(chapter).exercises for n in ex.object_names}
+    return Impl(source=source, chapter=chapter, namespace={}, problems=problems)
 
 
 def impl_from_notebook_file(path: Path, chapter: str) -> Impl:
     if not path.exists():
         why = f"{path.name} is missing; `course reset {chapter[:2]}` builds a fresh one"
-        spec = read_chapter(chapter)
-        problems = {n: why for ex in spec.exercises for n in ex.object_names}
-        return Impl(source=str(path), chapter=chapter, namespace={}, problems=problems)
+        return _unreadable(chapter, str(path), why)
     try:
         nb = nbformat.read(path, as_version=4)
     except Exception as err:  # a notebook file broken beyond JSON
-        spec = read_chapter(chapter)
-        why = f"{path.name} cannot be read as a notebook ({err})"
-        problems = {n: why for ex in spec.exercises for n in ex.object_names}
-        return Impl(source=str(path), chapter=chapter, namespace={}, problems=problems)
+        return _unreadable(chapter, str(path), f"{path.name} cannot be read as a notebook ({err})")
     return impl_from_notebook(nb, chapter, source=f"notebooks/{path.name}")
 
 
 def impl_from_solutions(chapter: str) -> Impl:
     spec = read_chapter(chapter)
     namespace = _fresh_namespace(chapter)
-    for index, cell in enumerate(spec.notebook.cells):
+    for cell in spec.notebook.cells:
         tags = cell.metadata.get("tags", [])
         if cell.cell_type != "code":
             continue
         if "setup" in tags:
-            error = _run_cell(cell.source, namespace, f"<{chapter} setup cell {index}>")
+            error = run_cell(cell.source, namespace, "the setup cell", CELL_TIMEOUT_S)
             if error:
-                raise RuntimeError(f"setup cell {index} of chapters/{chapter}.py: {error}")
+                raise RuntimeError(f"chapters/{chapter}.py: {error}")
         elif "source" in tags:  # given code: the real objects, as the exercises below
             for dotted in solution_paths(cell.source):
                 namespace[dotted.rpartition(".")[2]] = import_object(dotted)
@@ -206,20 +295,91 @@ def impl_from_solutions(chapter: str) -> Impl:
     return Impl(source="solutions", chapter=chapter, namespace=namespace)
 
 
+def _setup_values(chapter: str) -> dict[str, object]:
+    """What the chapter's setup cells bind (imports: the same objects as in any kernel)."""
+    scratch = _fresh_namespace(chapter)
+    for cell in read_chapter(chapter).notebook.cells:
+        if cell.cell_type == "code" and "setup" in cell.metadata.get("tags", []):
+            run_cell(cell.source, scratch, "the setup cell", CELL_TIMEOUT_S)
+            scratch.pop("__builtins__", None)
+    return {k: v for k, v in scratch.items() if not k.startswith("__")}
+
+
+def _live_culprit(namespace: dict, name: str, impl: Impl) -> str | None:
+    """The exercise whose cell, among the inputs this kernel ran, last rebound `name`."""
+    for source in reversed(namespace.get("In", [])):
+        bound = defined_by(source)
+        if name in bound:
+            for obj in sorted(bound):
+                if obj in impl.exercise_of_object:
+                    return impl.exercise_of_object[obj]
+            return None
+    return None
+
+
 def impl_from_live(namespace: dict, chapter: str) -> Impl:
     """What a running notebook has defined so far."""
-    spec = read_chapter(chapter)
-    problems = {}
-    for exercise in spec.exercises:
+    impl = Impl(source=LIVE_SOURCE, chapter=chapter, namespace=namespace, isolated=True)
+    for exercise in impl.spec.exercises:
         for name in exercise.object_names:
             if name not in namespace:
-                problems[name] = (
+                impl.problems[name] = (
                     f"{name!r} is not defined yet: run the cell of exercise {exercise.name!r}"
                 )
-    return Impl(source="this notebook", chapter=chapter, namespace=namespace, problems=problems)
+    impl.setup_values = _setup_values(chapter)
+    for name, value in impl.setup_values.items():
+        if name in namespace and namespace[name] is not value:
+            culprit = _live_culprit(namespace, name, impl)
+            where = f"the `{culprit}` cell" if culprit else "a cell you ran"
+            why = (
+                f"{where} rebinds `{name}` (defined by the setup cell) to "
+                f"{_short(namespace[name])}, which breaks every cell after it: rename your "
+                f"variable and run the setup cell again. The other exercises are graded with "
+                f"`{name}` restored"
+            )
+            if culprit:
+                exercise = impl.spec.exercise(culprit)
+                impl.problems.update({o: why for o in exercise.object_names})
+                impl.broken[culprit] = why
+    _recall_live(impl)
+    return impl
 
 
-def load_impl(kind: str, chapter: str) -> Impl:
+# What live checks learnt about broken exercises and looping functions, kept for the next
+# check(...) while the learner's objects stay the same (running a cell again makes new ones).
+_LIVE_BROKEN: dict[str, tuple[tuple, str]] = {}
+_LIVE_HUNG: dict[tuple[str, str | None], tuple[object, str]] = {}
+
+
+def _objects(impl: Impl, exercise: str) -> tuple:
+    return tuple(impl.namespace.get(n) for n in impl.spec.exercise(exercise).object_names)
+
+
+def _resolve(namespace: dict, target: tuple[str, str | None]):
+    name, attr = target
+    value = namespace.get(name)
+    return value if attr is None else getattr(value, attr, None)
+
+
+def _remember_live(impl: Impl) -> None:
+    for exercise, why in impl.broken.items():
+        _LIVE_BROKEN[exercise] = (_objects(impl, exercise), why)
+    for target, why in impl.hung.items():
+        _LIVE_HUNG[target] = (_resolve(impl.namespace, target), why)
+
+
+def _recall_live(impl: Impl) -> None:
+    for exercise, (objects, why) in _LIVE_BROKEN.items():
+        now = _objects(impl, exercise)
+        if all(a is b for a, b in zip(now, objects, strict=True)):
+            impl.broken.setdefault(exercise, why)
+    for target, (obj, why) in _LIVE_HUNG.items():
+        if _resolve(impl.namespace, target) is obj:
+            impl.hung.setdefault(target, why)
+
+
+def load_impl(kind: str, chapter: str, namespace: dict | None = None) -> Impl:
+    """The one dispatch over IMPL_KINDS."""
     from utils.build import build_notebook, notebook_path
 
     if kind == "solutions":
@@ -228,4 +388,210 @@ def load_impl(kind: str, chapter: str) -> Impl:
         return impl_from_notebook(build_notebook(chapter), chapter, source="stub notebook")
     if kind == "notebooks":
         return impl_from_notebook_file(notebook_path(chapter), chapter)
-    raise ValueError(f"impl must be one of {IMPL_CHOICES}, got {kind!r}")
+    if kind == "live":
+        if namespace is None:
+            raise ValueError("impl 'live' needs the notebook's namespace")
+        return impl_from_live(namespace, chapter)
+    raise ValueError(f"impl must be one of {IMPL_KINDS}, got {kind!r}")
+
+
+# --------------------------------------------------------------------------- running a test
+
+
+@dataclass(frozen=True)
+class Place:
+    """A frame of learner code: which exercise's cell, which function, which line."""
+
+    exercise: str | None
+    qualname: str
+    line: int
+    target: tuple[str, str | None]  # what to replace to make calling it fail at once
+
+    def describe(self) -> str:
+        where = f"the `{self.exercise}` cell" if self.exercise else "a cell of yours"
+        what = "its top level" if self.qualname == "<module>" else f"`{self.qualname}`"
+        return f"{what} ({where}, line {self.line})"
+
+
+@dataclass
+class Verdict:
+    """What one graded test gave, summarised for pytest and the tables."""
+
+    passed: bool
+    message: str = ""  # the first line, for a table
+    longrepr: str = ""  # the full report
+    not_implemented: bool = False
+    notes: list[str] = field(default_factory=list)
+    stdout: str = ""
+    stderr: str = ""
+
+
+def _learner_places(err: BaseException, impl: Impl) -> list[Place]:
+    """Frames of learner code in the traceback of `err`, innermost first."""
+    places = []
+    tb = err.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_globals is impl.namespace:
+            code = frame.f_code
+            parts = code.co_qualname.split(".")
+            target = (parts[0], parts[1] if len(parts) > 1 and parts[1] != "<locals>" else None)
+            places.append(
+                Place(impl.exercise_of_code(code), code.co_qualname, tb.tb_lineno, target)
+            )
+        tb = tb.tb_next
+    return places[::-1]
+
+
+def _caused_by(err: BaseException | None, kind: type) -> BaseException | None:
+    while err is not None:
+        if isinstance(err, kind):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def _prepare_child(impl: Impl, exercise: str) -> None:
+    """In the test's child: the setup names as the setup cell bound them, the reference for
+    every broken other exercise, and looping functions of this one failing at once."""
+    ns = impl.namespace
+    for name, value in impl.setup_values.items():
+        ns[name] = value
+    for other, _why in impl.broken.items():
+        if other != exercise:
+            _fallback(impl.spec.exercise(other), ns)
+    for (name, attr), why in impl.hung.items():
+        if impl.exercise_of_object.get(name) != exercise and name in impl.exercise_of_object:
+            continue
+
+        def fail_at_once(*_args, _why=why, **_kwargs):
+            raise ExerciseUnavailable(_why)
+
+        if attr is None:
+            ns[name] = fail_at_once
+        elif name in ns:
+            setattr(ns[name], attr, fail_at_once)
+
+
+def _reason(kind: str, info: dict, culprit: Place) -> str:
+    what = culprit.describe()
+    if info["not_implemented"] and kind == "error":
+        return f"your `{culprit.exercise}` exercise is not implemented yet"
+    if kind == "hang":
+        return f"your {what} did not finish (an infinite loop?)"
+    if kind == "exit":
+        return f"your {what}: {info['exit']}"
+    return f"your {what} raised {info['first_line']}"
+
+
+def run_graded_test(
+    impl: Impl,
+    exercise: str,
+    call: Callable[[], object],
+    describe: Callable[[BaseException], str],
+    budget_s: float | None = None,
+) -> Verdict:
+    """Run one graded test of `exercise` on learner code, in a forked child per attempt.
+
+    `describe(exception)` (run in the child) renders a failure as pytest would."""
+    budget_s = test_budget_s() if budget_s is None else budget_s
+
+    def child():
+        _prepare_child(impl, exercise)
+        return call()
+
+    def summarise(err: BaseException) -> dict:
+        unavailable = _caused_by(err, ExerciseUnavailable)
+        name_error = _caused_by(err, NameError)
+        return {
+            "places": _learner_places(err, impl),
+            "first_line": f"{type(err).__name__}: {err}".splitlines()[0][:200],
+            "longrepr": describe(err) if kind_of(err) == "error" else "",
+            "not_implemented": _caused_by(err, NotImplementedError) is not None,
+            "unavailable": str(unavailable) if unavailable else None,
+            "name_error": None if name_error is None else name_error_hint(name_error, impl.live),
+            "exit": exit_description(err) if kind_of(err) == "exit" else "",
+        }
+
+    try:
+        return _run_attempts(impl, exercise, child, summarise, budget_s)
+    finally:
+        if impl.live:
+            _remember_live(impl)
+
+
+def _run_attempts(impl, exercise, child, summarise, budget_s) -> Verdict:
+    for _attempt in range(len(impl.spec.exercises) + 1):
+        outcome: Outcome = call_isolated(child, summarise, budget_s)
+        if outcome.kind in ("ok", "died", "killed"):
+            break
+        info = outcome.value
+        in_exercise = [p for p in info["places"] if p.exercise is not None]
+        culprit = in_exercise[0] if in_exercise else None
+        blamable = culprit is not None and culprit.exercise != exercise
+        if not blamable or culprit.exercise in impl.broken or info["unavailable"]:
+            break
+        impl.broken[culprit.exercise] = _reason(outcome.kind, info, culprit)
+        # and run the test again, with the reference for that exercise
+    if outcome.kind == "ok":
+        verdict = Verdict(True)
+    elif outcome.kind in ("died", "killed"):
+        message = (
+            f"the test did not finish: {outcome.detail}. Does your code end the process or "
+            "run for ever inside a library call?"
+        )
+        verdict = Verdict(False, message, message)
+    else:
+        verdict = _failure(impl, exercise, outcome, outcome.value, budget_s)
+    verdict.stdout, verdict.stderr = outcome.stdout, outcome.stderr
+    order = [ex.name for ex in impl.spec.exercises]
+    stood_in = {
+        other: why
+        for other, why in impl.broken.items()
+        if other != exercise and order.index(other) < order.index(exercise)
+    }
+    if stood_in:
+        names = ", ".join(f"`{other}`" for other in stood_in)
+        verdict.notes = [f"the reference stood in for {names}, broken in this notebook"]
+    if stood_in and not verdict.passed:
+        reasons = "; ".join(f"`{other}`: {why}" for other, why in stood_in.items())
+        verdict.longrepr += f"\n\n(The reference stood in for what is broken: {reasons}.)"
+    return verdict
+
+
+def _failure(impl: Impl, exercise: str, outcome: Outcome, info: dict, budget_s: float) -> Verdict:
+    places = info["places"]
+    here = places[0] if places else None
+    not_implemented = False
+    if here is not None and here.exercise == exercise:
+        # Broken, not just wrong: the other exercises' tests use the reference instead.
+        impl.broken.setdefault(exercise, _reason(outcome.kind, info, here))
+    if outcome.kind == "hang":
+        if here is not None:
+            message = (
+                f"did not finish within {budget_s:.0f} s: an infinite loop in {here.describe()}?"
+            )
+            if here.exercise in (exercise, None):
+                impl.hung[here.target] = (
+                    f"an infinite loop in {here.describe()}? It did not finish in an earlier "
+                    "test: fix it first"
+                )
+        else:
+            message = f"did not finish within {budget_s:.0f} s (an infinite loop?)"
+        longrepr = message
+    elif outcome.kind == "exit":
+        where = f" in {here.describe()}" if here else ""
+        message = f"{info['exit']}{where}: only this test stopped, but a notebook would end there"
+        longrepr = message
+    elif info["unavailable"]:
+        message = longrepr = info["unavailable"]
+    elif info["not_implemented"]:
+        message = longrepr = "not implemented yet: the cell still raises NotImplementedError"
+        not_implemented = True
+    else:
+        message = info["first_line"]
+        longrepr = info["longrepr"]
+        if info["name_error"]:
+            message = f"{message}. {info['name_error']}"
+            longrepr = f"{longrepr}\n\n{info['name_error']}"
+    return Verdict(False, message, longrepr, not_implemented=not_implemented)

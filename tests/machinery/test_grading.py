@@ -1,8 +1,16 @@
-"""Grading survives broken learner notebooks, and pristine notebooks fail as 'not implemented'."""
+"""Grading survives anything a notebook cell does, names the cause, and grades every other
+exercise as it deserves; pristine notebooks fail as 'not implemented'.
+
+Each broken notebook below is a teacher build (the solutions pasted in) with faults planted in
+some exercises. Faults in one notebook sit in different exercises, so one grading run checks
+several of them; each run must finish within twice the clean run plus 30 s.
+"""
 
 import os
 import subprocess
 import sys
+import textwrap
+import time
 import xml.etree.ElementTree as ET
 
 import nbformat
@@ -13,20 +21,29 @@ from utils.build import build_notebook
 from utils.chapters import read_chapter
 
 CHAPTER = "01_transformer"
+BUDGET_S = "4"  # per graded test: plenty for chapter 1's tests on the solutions
 
 
-def run_graded(tmp_path, notebook, *extra):
-    """Grade `notebook` in a subprocess; return {test id: (exercise, outcome, message)}."""
+def run_graded(tmp_path, notebook, chapter=CHAPTER, *extra):
+    """Grade `notebook` in a subprocess: ({test id: (exercise, outcome, message)}, seconds)."""
     nb_dir = tmp_path / "notebooks"
     nb_dir.mkdir()
-    nbformat.write(notebook, nb_dir / f"{CHAPTER}.ipynb")
+    nbformat.write(notebook, nb_dir / f"{chapter}.ipynb")
     xml = tmp_path / "results.xml"
-    env = {**os.environ, "COURSE_NOTEBOOKS_DIR": str(nb_dir), "COURSE_CELL_TIMEOUT": "2"}
-    subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/graded", "-q", "-m", "chapter_01",
+    env = {
+        **os.environ,
+        "COURSE_NOTEBOOKS_DIR": str(nb_dir),
+        "COURSE_CELL_TIMEOUT": "2",
+        "COURSE_TEST_BUDGET": BUDGET_S,
+    }
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/graded", "-q", "-m", f"chapter_{chapter[:2]}",
          "--impl", "notebooks", f"--junitxml={xml}", *extra],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True,
     )  # fmt: skip
+    elapsed = time.monotonic() - start
+    assert xml.exists(), done.stdout[-3000:] + done.stderr[-3000:]
     results = {}
     for case in ET.parse(xml).getroot().iter("testcase"):
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
@@ -36,8 +53,8 @@ def run_graded(tmp_path, notebook, *extra):
         outcome = "passed" if failure is None else "failed"
         message = "" if failure is None else (failure.get("message") or "") + (failure.text or "")
         results[case.get("name")] = (props.get("exercise"), outcome, message)
-    assert results, "no graded test ran"
-    return results
+    assert results, "no graded test ran:\n" + done.stdout[-3000:]
+    return results, elapsed
 
 
 def by_exercise(results):
@@ -47,47 +64,197 @@ def by_exercise(results):
     return grouped
 
 
-def _cell(nb, exercise):
+def cell(nb, exercise):
     return next(c for c in nb.cells if c.metadata.get("exercise") == exercise)
 
 
-def test_broken_cells_fail_only_their_own_exercise(tmp_path):
-    nb = build_notebook(CHAPTER, teacher=True)
-    _cell(nb, "layernorm").source += "\n\ndef broken(:\n    pass\n"
-    _cell(
-        nb, "token_strings"
-    ).source = "def token_strings(tokenizer, text):\n    while True:\n        pass\n"
-    _cell(nb, "mlp").source = "while True:\n    pass\n\n" + _cell(nb, "mlp").source
-    nb.cells.remove(_cell(nb, "attention"))
+def in_method(nb, exercise, method, *lines):
+    """Insert `lines` as the first statements of `method` in an exercise cell."""
+    source = cell(nb, exercise).source.splitlines()
+    i = next(i for i, line in enumerate(source) if line.lstrip().startswith(f"def {method}("))
+    while not source[i].rstrip().endswith(":"):
+        i += 1
+    indent = " " * (len(source[i + 1]) - len(source[i + 1].lstrip()))
+    source[i + 1 : i + 1] = [indent + line for line in lines]
+    cell(nb, exercise).source = "\n".join(source)
 
-    grouped = by_exercise(run_graded(tmp_path, nb, "--timeout", "10"))
-    expected_failures = {
-        "layernorm": "SyntaxError",
-        "token_strings": "Timeout",
-        "mlp": "did not finish",
-        "attention": "has no cell",
-    }
-    for exercise, needle in expected_failures.items():
-        outcomes = grouped[exercise]
-        assert all(o == "failed" for o, _ in outcomes), exercise
-        assert all(needle in m for _, m in outcomes), (exercise, outcomes[0][1][:300])
-    for ex in read_chapter(CHAPTER).exercises:
-        if ex.name not in expected_failures:
+
+def assert_graded(grouped, failures: dict[str, str], chapter=CHAPTER):
+    """Exercises in `failures` fail (the tests that reach the fault), each message containing
+    the needle; every other exercise passes every test."""
+    for exercise, needle in failures.items():
+        failed = [m for o, m in grouped[exercise] if o == "failed"]
+        assert failed, (exercise, grouped[exercise])
+        assert all(needle in m for m in failed), (exercise, needle, failed[0][:400])
+    for ex in read_chapter(chapter).exercises:
+        if ex.name not in failures:
             assert all(o == "passed" for o, _ in grouped[ex.name]), (ex.name, grouped[ex.name])
 
 
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory):
+    """The solutions pasted into chapter 1: every test passes; the time is the yardstick."""
+    results, elapsed = run_graded(tmp_path_factory.mktemp("clean"), build_notebook(CHAPTER, True))
+    return results, elapsed
+
+
+def test_pasting_the_solutions_passes(clean_run):
+    results, _ = clean_run
+    assert {k: v for k, v in results.items() if v[1] != "passed"} == {}
+
+
+def test_faults_inside_methods_fail_only_their_exercise(tmp_path, clean_run):
+    nb = build_notebook(CHAPTER, teacher=True)
+    # an infinite loop, nested in a loop body, inside a function
+    cell(nb, "token_strings").source = textwrap.dedent("""\
+        def token_strings(tokenizer, text):
+            pieces = []
+            for i in tokenizer.encode(text, add_special_tokens=False):
+                if i >= 0:
+                    while True:
+                        pass
+            return pieces
+        """)
+    in_method(nb, "unembed", "forward", "while True:", "    pass")  # loops inside a method
+    in_method(nb, "attention", "forward", "import sys", "sys.exit()")
+    in_method(nb, "mlp", "forward", "raise NotImplementedError()")  # block uses the reference
+    cell(nb, "embed").source += "\n\ntorch = None\n"  # a clobbered setup name
+    # a helper in a cell of its own, and a try-out line that reads a demo cell's `cfg`
+    ln = cell(nb, "layernorm")
+    ln.source = ln.source.replace(
+        "residual - residual.mean(dim=-1, keepdim=True)", "centre(residual)"
+    )
+    nb.cells.insert(
+        nb.cells.index(ln),
+        nbformat.v4.new_code_cell("def centre(x):\n    return x - x.mean(dim=-1, keepdim=True)"),
+    )
+    cell(nb, "pos_embed").source += "\n\nprint(PosEmbed(cfg))\n"
+
+    results, elapsed = run_graded(tmp_path, nb)
+    assert_graded(
+        by_exercise(results),
+        {
+            "token_strings": "an infinite loop in `token_strings` (the `token_strings` cell, "
+            "line 5)",
+            "unembed": "`Unembed.forward` (the `unembed` cell",
+            "attention": "`sys.exit()` (or `exit()`) called in `Attention.forward` (the "
+            "`attention` cell",
+            "mlp": "not implemented yet",
+            "embed": "the `embed` cell rebinds `torch` (defined by the setup cell) to None",
+        },
+    )
+    assert elapsed <= 2 * clean_run[1] + 30, (elapsed, clean_run[1])
+
+
+def test_faults_at_the_top_level_of_cells_fail_only_their_exercise(tmp_path, clean_run):
+    nb = build_notebook(CHAPTER, teacher=True)
+    in_method(nb, "layernorm", "forward", "while True:", "    pass")  # ten tests call it
+    cell(nb, "token_strings").source = "import sys\nsys.exit()\n" + cell(nb, "token_strings").source
+    cell(nb, "embed").source = "import os\nos._exit(1)\n" + cell(nb, "embed").source
+    cell(nb, "mlp").source += "\n\ndef broken(:\n    pass\n"
+    cell(nb, "pos_embed").source += "\n\nwhile True:\n    pass\n"
+    in_method(nb, "unembed", "forward", "import os", "os._exit(1)")
+    nb.cells.remove(cell(nb, "block"))
+
+    results, elapsed = run_graded(tmp_path, nb)
+    assert_graded(
+        by_exercise(results),
+        {
+            "layernorm": "`LayerNorm.forward` (the `layernorm` cell, line",
+            "token_strings": "`sys.exit()` (or `exit()`) called in the `token_strings` cell, "
+            "line 2",
+            "embed": "`os._exit()` called in the `embed` cell, line 2",
+            "mlp": "SyntaxError in the `mlp` cell",
+            "pos_embed": "the `pos_embed` cell, line",
+            "unembed": "`os._exit()` called in `Unembed.forward`",
+            "block": "has no cell",
+        },
+    )
+    assert elapsed <= 2 * clean_run[1] + 30, (elapsed, clean_run[1])
+
+
+def test_a_loop_deep_in_a_sampling_loop_fails_only_its_exercise(tmp_path):
+    nb = build_notebook("03_sampling", teacher=True)
+    sample = cell(nb, "sample").source.splitlines()
+    i = next(i for i, line in enumerate(sample) if line.lstrip().startswith("for "))
+    indent = " " * (len(sample[i + 1]) - len(sample[i + 1].lstrip()))
+    loop = ["if True:", "    while True:", "        x = 1"]
+    sample[i + 1 : i + 1] = [indent + line for line in loop]
+    cell(nb, "sample").source = "\n".join(sample)
+    results, _ = run_graded(tmp_path, nb, "03_sampling")
+    assert_graded(by_exercise(results), {"sample": "an infinite loop in"}, "03_sampling")
+
+
 def test_pristine_notebook_fails_every_exercise_as_not_implemented(tmp_path):
-    grouped = by_exercise(run_graded(tmp_path, build_notebook(CHAPTER)))
+    results, _ = run_graded(tmp_path, build_notebook(CHAPTER))
+    grouped = by_exercise(results)
     assert set(grouped) == {ex.name for ex in read_chapter(CHAPTER).exercises}
     for exercise, outcomes in grouped.items():
         for outcome, message in outcomes:
             assert outcome == "failed" and "not implemented yet" in message, exercise
 
 
-def test_pasting_the_solutions_passes(tmp_path):
-    results = run_graded(tmp_path, build_notebook(CHAPTER, teacher=True))
-    failed = {k: v for k, v in results.items() if v[1] != "passed"}
-    assert not failed
+LIVE_SCRIPT = """
+import sys, time
+import nbformat
+from utils.check import check
+
+# Run the notebook's cells as a kernel would (but not its check cells), then check.
+nb = nbformat.read(sys.argv[1], as_version=4)
+ns = {"__name__": "__main__", "In": []}
+for cell in nb.cells:
+    if cell.cell_type != "code" or cell.source.startswith("check("):
+        continue
+    ns["In"].append(cell.source)
+    try:
+        exec(compile(cell.source, f"<ipython-input-{len(ns['In'])}>", "exec"), ns)
+    except Exception:
+        pass  # demo cells that use what is broken
+for exercise in ["unembed", "block", "transformer", "embed", "layernorm"]:
+    start = time.monotonic()
+    check(exercise, ns)
+    print(f"[{exercise} took {time.monotonic() - start:.1f} s]")
+"""
+
+
+def test_live_check_names_the_cause_and_agrees_with_pytest(tmp_path):
+    nb = build_notebook(CHAPTER, teacher=True)
+    in_method(nb, "unembed", "forward", "while True:", "    pass")
+    in_method(nb, "mlp", "forward", "raise NotImplementedError()")
+    cell(nb, "embed").source += "\n\ntorch = None\n"
+    nbformat.write(nb, tmp_path / "live.ipynb")
+    env = {**os.environ, "COURSE_TEST_BUDGET": BUDGET_S, "COLUMNS": "300"}
+    done = subprocess.run(
+        [sys.executable, "-c", LIVE_SCRIPT, str(tmp_path / "live.ipynb")], cwd=REPO_ROOT,
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 0, out[-2000:] + done.stderr[-3000:]
+    assert "[red]" not in out, "rich markup printed literally"
+    assert "✗ unembed: 1 of 1 test failed" in out, out
+    assert "an infinite loop in `Unembed.forward` (the `unembed` cell" in out, out
+    assert "✓ block: all 2 tests passed" in out and "stood in for `embed`, `mlp`" in out, out
+    assert "✓ transformer: all 3 tests passed" in out, out
+    assert "✗ embed" in out and "the `embed` cell rebinds `torch`" in out, out
+    assert "✓ layernorm" in out, out
+    took = {line.split()[0][1:]: float(line.split()[2]) for line in out.splitlines()
+            if line.startswith("[") and line.endswith("s]")}  # fmt: skip
+    assert took["unembed"] < float(BUDGET_S) + 10, took
+    assert took["transformer"] < float(BUDGET_S), "the loop found by check('unembed') is known"
+
+
+def test_course_grade_survives_os_exit(tmp_path):
+    nb = build_notebook(CHAPTER, teacher=True)
+    in_method(nb, "mlp", "forward", "import os", "os._exit(1)")
+    nbformat.write(nb, tmp_path / f"{CHAPTER}.ipynb")
+    env = {**os.environ, "COURSE_NOTEBOOKS_DIR": str(tmp_path), "COLUMNS": "200"}
+    done = subprocess.run(
+        [sys.executable, "-m", "utils.cli", "grade", "1"], cwd=REPO_ROOT, env=env,
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "8 of 9 exercises pass" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert "os._exit()" in done.stdout
 
 
 @pytest.mark.parametrize("name", ["Attention", "LayerNorm"])
