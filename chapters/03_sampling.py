@@ -74,6 +74,7 @@ from rich.table import Table
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from solutions import checks
 from utils.check import check
 from utils.display import show_solution
 
@@ -729,7 +730,7 @@ Console().print(table)
 # `temperature=-1` or `top_p=90` should fail loudly, not produce strange text.
 
 # %% tags=["source"]
-# solution: solutions.sampling._check_number
+# solution: solutions.sampling.check_sampling_args
 # solution: solutions.sampling.sample_next_token
 
 # %% [markdown]

@@ -66,9 +66,9 @@ from rich.table import Table
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from solutions import Attention, Config, DemoTransformer, TransformerSampler
+from solutions import Attention, Config, DemoTransformer, TransformerSampler, checks
 from solutions.beams import Beams, beam_search, top_continuations
-from solutions.sampling import _check_number, sample_next_token
+from solutions.sampling import check_sampling_args, sample_next_token
 from utils.check import check
 from utils.display import show_solution
 

@@ -6,14 +6,13 @@ padding out of every real token's attention, and each row counts its positions f
 first real token, so a row computes what it would compute alone.
 """
 
-import math
-
 import torch
 from jaxtyping import Bool, Int
 from torch import Tensor, nn
 
+from solutions import checks
 from solutions.cached_model import forward_with_cache
-from solutions.sampling import _check_number, sample_next_token
+from solutions.sampling import check_sampling_args, sample_next_token
 
 
 def left_pad(
@@ -56,11 +55,8 @@ def generate_batch(
         raise ValueError("prompts must be a non-empty list of strings")
     if not all(isinstance(p, str) and p for p in prompts):
         raise ValueError("every prompt must be a non-empty string")
-    if not isinstance(max_tokens_generated, int) or max_tokens_generated < 0:
-        raise ValueError(
-            f"max_tokens_generated must be an integer >= 0, got {max_tokens_generated!r}"
-        )
-    _check_number("frequency_penalty", frequency_penalty, -math.inf)
+    checks.integer("max_tokens_generated", max_tokens_generated, low=0)
+    check_sampling_args(frequency_penalty=frequency_penalty, **kwargs)
     model.eval()
     n_ctx, d_vocab = model.cfg.n_ctx, model.cfg.d_vocab
     ids = [tokenizer.encode(p) for p in prompts]

@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.table import Table
 from torch import Tensor, nn
 
+from solutions import checks
+
 
 def banned_ngram_tokens(
     tokens: Int[Tensor, "beam seq"], ngram_size: int, d_vocab: int
@@ -146,18 +148,13 @@ def beam_search(
     (log-probabilities are negative, so a running beam's score can only fall).
     `beams_class` is the kind of `Beams` to search with; chapter 4 passes one with a cache.
     """
-    for name, value, low in [("num_beams", num_beams, 1), ("max_new_tokens", max_new_tokens, 1)]:
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    if not isinstance(num_return_sequences, int) or not 1 <= num_return_sequences <= num_beams:
-        raise ValueError(
-            f"num_return_sequences must be an integer in [1, num_beams={num_beams}], "
-            f"got {num_return_sequences!r}"
-        )
-    if no_repeat_ngram_size is not None and (
-        not isinstance(no_repeat_ngram_size, int) or no_repeat_ngram_size < 1
-    ):
-        raise ValueError(f"no_repeat_ngram_size must be None or >= 1, got {no_repeat_ngram_size!r}")
+    checks.integer("num_beams", num_beams, low=1)
+    checks.integer("max_new_tokens", max_new_tokens, low=1)
+    checks.integer(
+        f"num_return_sequences (num_beams={num_beams})", num_return_sequences, 1, num_beams
+    )
+    if no_repeat_ngram_size is not None:
+        checks.integer("no_repeat_ngram_size (None: off)", no_repeat_ngram_size, low=1)
     if not isinstance(prompt, str) or not prompt:
         raise ValueError("prompt must be a non-empty string")
     model.eval()

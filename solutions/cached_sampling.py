@@ -11,6 +11,7 @@ from jaxtyping import Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from solutions import checks
 from solutions.cached_model import forward_with_cache
 from solutions.sampling import TransformerSampler
 
@@ -38,11 +39,8 @@ class CachedTransformerSampler(TransformerSampler):
         **kwargs,
     ) -> str | Int[Tensor, "seq"]:
         n_ctx = self.cfg.n_ctx
-        if not isinstance(window_shift, int) or not 1 <= window_shift <= n_ctx:
-            raise ValueError(
-                f"window_shift must be an integer in [1, n_ctx={n_ctx}], got {window_shift!r}"
-            )
-        input_ids, generator = self._start(prompt, max_tokens_generated, seed)
+        checks.integer(f"window_shift (n_ctx={n_ctx})", window_shift, low=1, high=n_ctx)
+        input_ids, generator = self._start(prompt, max_tokens_generated, seed, kwargs)
         eos = self.tokenizer.eos_token_id
         cache = None
         # BEGIN SOLUTION

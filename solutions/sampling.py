@@ -6,12 +6,12 @@ of samples in one call. `generator` is a `torch.Generator`: pass one to make sam
 reproducible without touching the global random state.
 """
 
-import math
-
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 from tqdm.auto import tqdm
+
+from solutions import checks
 
 
 def greedy_search(logits: Float[Tensor, "batch d_vocab"]) -> Int[Tensor, "batch"]:
@@ -104,11 +104,27 @@ def sample_top_p(
     # END SOLUTION
 
 
-def _check_number(name: str, value, low: float, high: float = math.inf) -> None:
-    """A clear ValueError for anything that is not a real number in [low, high]."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high
-    if not ok:
-        raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
+def check_sampling_args(
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_tokens_to_keep: int = 1,
+    frequency_penalty: float = 0.0,
+) -> tuple[bool, bool]:
+    """(top-k on, top-p on), after a clear ValueError for any argument out of range. Samplers
+    call it before generating anything, so a bad argument fails even if no token is asked for."""
+    checks.number("temperature", temperature, low=0.0)
+    checks.number("frequency_penalty", frequency_penalty)
+    if top_k is not None:
+        checks.integer("top_k (0 or None: off)", top_k, low=0)
+    if top_p is not None:
+        checks.number("top_p", top_p, low=0.0, high=1.0)
+    checks.integer("min_tokens_to_keep", min_tokens_to_keep, low=1)
+    use_top_k = bool(top_k)
+    use_top_p = top_p is not None and top_p < 1.0
+    if use_top_k and use_top_p:
+        raise ValueError("top_k and top_p cannot be used together: choose one")
+    return use_top_k, use_top_p
 
 
 def sample_next_token(
@@ -124,18 +140,9 @@ def sample_next_token(
     """The next token of each row. The order follows HF `generate`: the penalty, then the
     temperature (0 means greedy), then top-k or top-p. `top_k=0` or `None` and `top_p=1.0` or
     `None` switch those filters off, as in HF."""
-    _check_number("temperature", temperature, 0.0)
-    _check_number("frequency_penalty", frequency_penalty, -math.inf)
-    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0):
-        raise ValueError(f"top_k must be an integer >= 0 (0 or None: off), got {top_k!r}")
-    if top_p is not None:
-        _check_number("top_p", top_p, 0.0, 1.0)
-    if not isinstance(min_tokens_to_keep, int) or min_tokens_to_keep < 1:
-        raise ValueError(f"min_tokens_to_keep must be an integer >= 1, got {min_tokens_to_keep!r}")
-    use_top_k = bool(top_k)
-    use_top_p = top_p is not None and top_p < 1.0
-    if use_top_k and use_top_p:
-        raise ValueError("top_k and top_p cannot be used together: choose one")
+    use_top_k, use_top_p = check_sampling_args(
+        temperature, top_k, top_p, min_tokens_to_keep, frequency_penalty
+    )
     if input_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
     if logits.ndim != 2 or input_ids.ndim != 2 or input_ids.shape[0] != logits.shape[0]:
@@ -189,7 +196,7 @@ class TransformerSampler:
         text token (included in the output) unless `stop_at_eos=False`. `verbose` prints each
         token as it comes; `progress` shows a progress bar; `seed` makes the run reproducible.
         """
-        input_ids, generator = self._start(prompt, max_tokens_generated, seed)
+        input_ids, generator = self._start(prompt, max_tokens_generated, seed, kwargs)
         eos = self.tokenizer.eos_token_id
         # BEGIN SOLUTION
         for _ in tqdm(range(max_tokens_generated), disable=not progress, desc="sampling"):
@@ -217,15 +224,14 @@ class TransformerSampler:
         return input_ids.cpu()
 
     def _start(
-        self, prompt, max_tokens_generated: int, seed: int | None
+        self, prompt, max_tokens_generated: int, seed: int | None, sampling_kwargs: dict
     ) -> tuple[Int[Tensor, "seq"], torch.Generator | None]:
-        """The checked prompt ids on the model's device, and the seeded generator."""
+        """The checked prompt ids on the model's device, and the seeded generator. Every
+        argument is checked here, before the first token: also when none is asked for."""
         self.model.eval()
         input_ids = self._prompt_ids(prompt)
-        if not isinstance(max_tokens_generated, int) or max_tokens_generated < 0:
-            raise ValueError(
-                f"max_tokens_generated must be an integer >= 0, got {max_tokens_generated!r}"
-            )
+        checks.integer("max_tokens_generated", max_tokens_generated, low=0)
+        check_sampling_args(**sampling_kwargs)
         device = next(self.model.parameters()).device
         generator = None if seed is None else torch.Generator(device).manual_seed(seed)
         return input_ids.to(device), generator

@@ -95,7 +95,8 @@ def test_new_empty_needs_a_batch():
 @pytest.mark.parametrize("shift", [0, -1, 257, 1.5])
 def test_window_shift_range(shipped, shift):
     sampler = cached_sampling.CachedTransformerSampler(*shipped)
-    with pytest.raises(ValueError, match=r"window_shift must be an integer in \[1, n_ctx=256\]"):
+    message = r"window_shift \(n_ctx=256\) must be an integer in \[1, 256\]"
+    with pytest.raises(ValueError, match=message):
         sampler.sample("ROMEO.", 3, window_shift=shift)
 
 

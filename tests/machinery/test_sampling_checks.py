@@ -38,6 +38,8 @@ LOGITS = torch.zeros(1, 10)
         ({"top_k": 5, "top_p": 0.9}, "top_k and top_p"),
         ({"min_tokens_to_keep": 0}, "min_tokens_to_keep"),
         ({"frequency_penalty": float("nan")}, "frequency_penalty"),
+        ({"top_k": True}, "top_k"),
+        ({"min_tokens_to_keep": True}, "min_tokens_to_keep"),
     ],
 )
 def test_sample_next_token_rejects_bad_arguments(kwargs, name):
@@ -81,6 +83,17 @@ def test_sampler_rejects_bad_arguments(shipped, prompt, kwargs, name):
     sampler = sampling.TransformerSampler(*shipped)
     with pytest.raises(ValueError, match=name):
         sampler.sample(prompt, **{"max_tokens_generated": 3, **kwargs})
+
+
+@pytest.mark.parametrize("kwargs", [{"temperature": -1}, {"top_k": -2}, {"top_p": 90}])
+def test_arguments_are_checked_even_when_no_token_is_asked_for(shipped, kwargs):
+    from solutions import CachedTransformerSampler, generate_batch
+
+    for sampler in (sampling.TransformerSampler(*shipped), CachedTransformerSampler(*shipped)):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            sampler.sample("ROMEO.", max_tokens_generated=0, **kwargs)
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        generate_batch(*shipped, ["ROMEO."], max_tokens_generated=0, **kwargs)
 
 
 @pytest.mark.parametrize(

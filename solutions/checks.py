@@ -1,0 +1,60 @@
+"""Argument checks, one line where they are used. Each raises a ValueError that names the
+argument, says what is allowed and shows what it got, so that a wrong call fails at the door
+with a sentence, not deep inside torch with a shape error or, worse, not at all.
+
+    checks.integer("num_beams", num_beams, low=1)
+    checks.number("top_p", top_p, low=0.0, high=1.0)
+    checks.token_ids("tokens", tokens, d_vocab=cfg.d_vocab, ndim=2)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def _range(low, high) -> str:
+    if high is None or high == math.inf:
+        return f">= {low}" if low is not None and low != -math.inf else "any value"
+    if low is None or low == -math.inf:
+        return f"<= {high}"
+    return f"in [{low}, {high}]"
+
+
+def integer(name: str, value, low: int | None = None, high: int | None = None) -> int:
+    """`value`, an int in [low, high] (either end may be open). A bool is refused: `True` is not
+    a count, however Python treats it."""
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    ok = ok and (low is None or value >= low) and (high is None or value <= high)
+    if not ok:
+        raise ValueError(f"{name} must be an integer {_range(low, high)}, got {value!r}")
+    return value
+
+
+def number(name: str, value, low: float = -math.inf, high: float = math.inf) -> float:
+    """`value`, a real number (int or float, not bool, not NaN) in [low, high]."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    ok = ok and not math.isnan(value) and low <= value <= high
+    if not ok:
+        what = (
+            "a number" if (low, high) == (-math.inf, math.inf) else f"a number {_range(low, high)}"
+        )
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return value
+
+
+def token_ids(name: str, ids: Tensor, d_vocab: int, ndim: int | None = None) -> Tensor:
+    """`ids`, an integer tensor (of `ndim` dimensions) whose values lie in [0, d_vocab)."""
+    if not isinstance(ids, Tensor) or ids.dtype not in (torch.int32, torch.int64):
+        got = ids.dtype if isinstance(ids, Tensor) else type(ids).__name__
+        raise ValueError(f"{name} must be an integer tensor of token ids, got {got}")
+    if ndim is not None and ids.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(ids.shape)}")
+    if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < d_vocab:
+        raise ValueError(
+            f"{name} must hold token ids in [0, d_vocab={d_vocab}), got values in "
+            f"[{int(ids.min())}, {int(ids.max())}]"
+        )
+    return ids
