@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import time
@@ -43,13 +42,17 @@ def _reset(args) -> int:
 
     chapter = resolve_chapter(args.chapter)
     path = notebook_path(chapter)
+    fresh = notebook_text(build_notebook(chapter))
+    if path.exists() and path.read_text(encoding="utf-8") == fresh:
+        print(f"{path} is already fresh: nothing to back up")
+        return 0
     if path.exists():
         backups = NOTEBOOKS_DIR / ".backups"
         backups.mkdir(exist_ok=True)
         backup = backups / f"{chapter}.{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
         shutil.copy2(path, backup)
         print(f"your notebook is kept at {backup}")
-    path.write_text(notebook_text(build_notebook(chapter)), encoding="utf-8")
+    path.write_text(fresh, encoding="utf-8")
     print(f"{path} is fresh again")
     return 0
 
@@ -58,6 +61,13 @@ def _solution(args) -> int:
     from utils.display import show_solution
 
     show_solution(args.name)
+    return 0
+
+
+def _corpus(args) -> int:
+    from utils.corpus import fetch_corpus
+
+    print(f"the Shakespeare corpus is cached in {fetch_corpus()}")
     return 0
 
 
@@ -74,7 +84,6 @@ def _train(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parser = argparse.ArgumentParser(prog="course", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -101,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("solution", help="print the reference source of an exercise object")
     p.add_argument("name", help="e.g. LayerNorm, or an exercise name such as attention")
     p.set_defaults(func=_solution)
+
+    p = sub.add_parser("corpus", help="fetch and cache the training corpus (setup does this)")
+    p.set_defaults(func=_corpus)
 
     p = sub.add_parser("train", help="reproduce a shipped Shakespeare model from its seed")
     p.add_argument("--model", choices=("main", "draft"), default="main")

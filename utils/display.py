@@ -26,6 +26,10 @@ def solution_source(name: str) -> str:
 
 def show_solution(name: str) -> None:
     """Print the reference solution for `name`. Try the exercise first: reading is not writing."""
-    # soft_wrap: never crop a line of code, whatever the terminal width.
+    # soft_wrap: never crop a line of code, whatever the terminal width. The theme paints its
+    # own dark background, so the colours read the same on a light or a dark Jupyter theme
+    # and terminal (ANSI themes take the viewer's background, and yellow on white is unreadable).
+    source = solution_source(name)
+    width = max(len(line) for line in source.splitlines()) + 1
     console = Console(soft_wrap=True)
-    console.print(Syntax(solution_source(name), "python", theme="ansi_dark"))
+    console.print(Syntax(source, "python", theme="monokai", code_width=width))

@@ -57,14 +57,34 @@ def config_from_hf(hf_config):
     )
 
 
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the HF hub answers a TCP connection now: decided per call, never by a setting
+    made once for the whole process."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        with socket.create_connection((url.hostname, url.port or 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
 def load_hf(name_or_path: str | Path):
-    """(GPT2LMHeadModel, tokenizer) for a shipped model, 'gpt2' from the HF hub, or a folder."""
+    """(GPT2LMHeadModel, tokenizer) for a shipped model, 'gpt2' from the HF hub, or a folder.
+
+    Folders are read with `local_files_only`: loading one never touches the network."""
     from transformers import AutoTokenizer, GPT2LMHeadModel
 
     if name_or_path == "gpt2":
+        online = hub_reachable()
         try:
-            hf = GPT2LMHeadModel.from_pretrained("gpt2")
-            tokenizer = AutoTokenizer.from_pretrained("gpt2")
+            # Offline, a copy in the HF cache still works; online, the hub is asked.
+            hf = GPT2LMHeadModel.from_pretrained("gpt2", local_files_only=not online)
+            tokenizer = AutoTokenizer.from_pretrained("gpt2", local_files_only=not online)
         except OSError as err:
             raise RuntimeError(
                 "'gpt2' (GPT-2 small, 124M parameters) is downloaded from the Hugging Face hub "
@@ -75,9 +95,8 @@ def load_hf(name_or_path: str | Path):
         path = Path(name_or_path)
         if not path.is_dir():  # a name, not a folder
             path = model_dir(str(name_or_path))
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        hf = GPT2LMHeadModel.from_pretrained(path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        hf = GPT2LMHeadModel.from_pretrained(path, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return hf.eval(), tokenizer
 
 
@@ -126,14 +145,15 @@ def load_reference(name_or_path: str | Path = "shakespeare") -> Reference:
 
 @functools.cache
 def _load_reference(path: Path) -> Reference:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoTokenizer, GPT2LMHeadModel
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    hf_model = GPT2LMHeadModel.from_pretrained(path, attn_implementation="eager").eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    hf_model = GPT2LMHeadModel.from_pretrained(
+        path, attn_implementation="eager", local_files_only=True
+    ).eval()
     bridge = TransformerBridge.boot_transformers(str(path), hf_model=hf_model, tokenizer=tokenizer)
     bridge.eval()
     bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)

@@ -56,3 +56,11 @@ def test_grade_fails_on_the_stubs_with_the_reason():
     assert done.returncode == 1
     n = len(list(all_exercises()))
     assert f"0 of {n} exercises pass" in done.stdout and "not implemented yet" in done.stdout
+
+
+def test_reset_of_an_unchanged_notebook_keeps_no_backup(tmp_path):
+    nb = tmp_path / "01_transformer.ipynb"
+    nb.write_text(notebook_text(build_notebook("01_transformer")), encoding="utf-8")
+    done = course("reset", "1", env={"COURSE_NOTEBOOKS_DIR": str(tmp_path)})
+    assert done.returncode == 0 and "nothing to back up" in done.stdout, done.stderr
+    assert not (tmp_path / ".backups").exists()

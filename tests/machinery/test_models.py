@@ -1,12 +1,23 @@
 """The shipped models, the converters and the one loader every notebook uses."""
 
 import json
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 
 from utils.convert import demo_to_hf, hf_config
-from utils.models import MODELS_DIR, SHIPPED, load_hf, load_model, load_reference
+from utils.models import (
+    MODELS_DIR,
+    SHIPPED,
+    hub_reachable,
+    load_hf,
+    load_model,
+    load_reference,
+)
 
 PROMPT = "ROMEO.\nBut soft, what light through yonder window breaks?"
 
@@ -89,3 +100,26 @@ def test_gpt2_offline_is_a_clear_error(monkeypatch):
 def test_unknown_model_name_is_a_clear_error():
     with pytest.raises(ValueError, match="name must be one of"):
         load_model("shakespeare-large")
+
+
+def test_offline_is_decided_per_call(monkeypatch):
+    """Loading the shipped models (as grading does) must not switch the hub off for the rest of
+    the process, and 'gpt2' offline fails fast, with the way out."""
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_OFFLINE")}
+    code = (
+        "import os; from utils.models import load_model, load_reference; load_reference(); "
+        "load_model(); print(os.environ.get('HF_HUB_OFFLINE'), "
+        "os.environ.get('TRANSFORMERS_OFFLINE'))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.stdout.split() == ["None", "None"], done.stdout + done.stderr[-2000:]
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert not hub_reachable()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    start = time.monotonic()
+    assert not hub_reachable()
+    with pytest.raises(RuntimeError, match="shakespeare"):
+        load_hf("gpt2")
+    assert time.monotonic() - start < 10, "offline must fail fast, not after minutes of retries"
