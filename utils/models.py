@@ -1,33 +1,24 @@
-"""Models for the course: the one loader every notebook uses, and the grading reference.
+"""Models for the course: the one loader every notebook uses, the grading reference, and
+copying its weights into a module by name.
 
 Everything here works offline. The course ships its own Shakespeare models (models/, HF GPT-2
 format, trained by `course train`); real GPT-2 small comes from the HF hub when asked for.
-A tiny random GPT-2, built locally in seconds, serves the machinery tests.
+The HF <-> course config table lives in utils/convert.py; the tiny random GPT-2 of the
+machinery tests in utils/tiny_model.py.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from utils import REPO_ROOT
+from utils.paths import MODELS_DIR
 
-MODELS_DIR = REPO_ROOT / "models"  # the course's shipped models, HF GPT-2 format
 SHIPPED = ("shakespeare", "shakespeare-draft")
-
-
-def cache_dir() -> Path:
-    """Where the course caches what it builds or fetches: $COURSE_CACHE, else the user's cache
-    folder ($XDG_CACHE_HOME or ~/.cache) under transformer-course/. Never inside the repo."""
-    if "COURSE_CACHE" in os.environ:
-        return Path(os.environ["COURSE_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "transformer-course"
 
 
 def model_dir(name: str) -> Path:
@@ -38,23 +29,6 @@ def model_dir(name: str) -> Path:
     if not (path / "model.safetensors").exists():
         raise FileNotFoundError(f"{path} has no weights: `course train` rebuilds them")
     return path
-
-
-def config_from_hf(hf_config):
-    """The course's Config for an HF GPT2Config."""
-    from solutions.config import Config
-
-    return Config(
-        d_model=hf_config.n_embd,
-        layer_norm_eps=hf_config.layer_norm_epsilon,
-        d_vocab=hf_config.vocab_size,
-        init_range=hf_config.initializer_range,
-        n_ctx=hf_config.n_positions,
-        d_head=hf_config.n_embd // hf_config.n_head,
-        d_mlp=hf_config.n_inner or 4 * hf_config.n_embd,
-        n_heads=hf_config.n_head,
-        n_layers=hf_config.n_layer,
-    )
 
 
 def hub_reachable(timeout_s: float = 3.0) -> bool:
@@ -108,7 +82,7 @@ def load_model(name: str | Path = "shakespeare"):
     HF GPT-2 checkpoint.
     """
     from solutions.model import DemoTransformer
-    from utils.convert import hf_to_demo
+    from utils.convert import config_from_hf, hf_to_demo
 
     hf, tokenizer = load_hf(name)
     cfg = config_from_hf(hf.config)
@@ -129,6 +103,8 @@ class Reference:
 
     @property
     def cfg(self):
+        from utils.convert import config_from_hf
+
         return config_from_hf(self.hf_model.config)
 
 
@@ -163,101 +139,44 @@ def _load_reference(path: Path) -> Reference:
     )
 
 
-def load_weights(model: torch.nn.Module, params: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """Copy HookedTransformer-named weights into `model`, with a readable error on mismatch."""
-    own = dict(model.named_parameters())
-    missing = sorted(set(own) - set(params))
-    if missing:
-        raise ValueError(
-            f"the reference has no weights for {missing[:5]}: name your parameters as in the "
-            "course (W_Q, b_Q, W_E, W_pos, w and b for LayerNorm...)"
-        )
+def params_under(params: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The weights under `prefix` ("blocks.0.attn."), with the prefix removed: one layer's
+    weights, named as that layer names its own parameters, ready for `load_weights`."""
+    return {k.removeprefix(prefix): v for k, v in params.items() if k.startswith(prefix)}
+
+
+def load_weights(module: torch.nn.Module, params: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """Copy HookedTransformer-named weights into `module` by name; returns the module.
+
+    The names must match both ways: a weight the module has no parameter for would be lost,
+    and a parameter with no weight would keep its random initial value; either way the module
+    would not compute the reference's function. So both, and any shape that differs, raise a
+    ValueError that names the parameters, in words a learner can act on.
+    """
+    cls = type(module).__name__
+    own = dict(module.named_parameters())
+    missing = sorted(set(params) - set(own))
+    unknown = sorted(set(own) - set(params))
+    if missing or unknown:
+        if not unknown:
+            problem = f"has no parameter(s) {_names(missing)}"
+        elif not missing:
+            problem = f"has parameter(s) {_names(unknown)} that the reference does not"
+        else:  # most likely renamed
+            problem = f"has no parameter(s) {_names(missing)} but has {_names(unknown)}"
+        raise ValueError(f"{cls} {problem}: keep the names from the cell's __init__")
     with torch.no_grad():
         for name, param in own.items():
             if param.shape != params[name].shape:
                 raise ValueError(
-                    f"{name} has shape {tuple(param.shape)} but the reference weight has "
-                    f"shape {tuple(params[name].shape)}"
+                    f"{cls}.{name} has shape {tuple(param.shape)}, "
+                    f"expected {tuple(params[name].shape)} as in the reference"
                 )
             param.copy_(params[name])
-    return model
+    return module
 
 
-# A tiny random GPT-2 for tests of the machinery itself.
-
-TINY_MODEL_VERSION = "tiny-random-gpt2-v1"
-
-# Training text for the tiny tokenizer: written for this course, enough to learn common merges.
-_TINY_TEXT = """\
-A language model reads a sequence of tokens and predicts the next one. Each token is a small
-piece of text: a word, part of a word, a space followed by a word, or a single byte. The model
-turns every token into a vector, lets the vectors at different positions talk to each other
-through attention, refines each of them with a small neural network, and finally scores every
-token in the vocabulary. Those scores are called logits. A softmax turns the logits into
-probabilities, and sampling from those probabilities writes the next token of the text.
-To generate a paragraph, the model appends the token it chose and reads the longer sequence
-again. Greedy search always picks the most likely token; temperature sharpens or flattens the
-distribution; top-k and top-p sampling cut away the unlikely tail before sampling. Beam search
-keeps several candidate continuations and extends the best of them. A cache of keys and values
-avoids recomputing the past at every step, and speculative decoding lets a small draft model
-propose tokens that the large model checks in one pass.
-"""
-
-
-def tiny_tokenizer_texts() -> list[str]:
-    lines = _TINY_TEXT.splitlines()
-    return [_TINY_TEXT] * 4 + lines
-
-
-def build_tiny_gpt2(path: str | Path, seed: int = 0, vocab_size: int = 400) -> Path:
-    """Write a small GPT-2 (HF format: config, safetensors, tokenizer files) to `path`.
-
-    Every parameter is random and non-trivial (biases and LayerNorm weights included), so a
-    learner who drops a bias or a LayerNorm scale cannot match the reference by luck.
-    """
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from utils.tokenizer import train_bpe
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    fast = train_bpe(tiny_tokenizer_texts(), vocab_size)
-    fast.save_pretrained(path)
-
-    config = GPT2Config(
-        vocab_size=len(fast),
-        n_positions=64,
-        n_embd=64,
-        n_layer=2,
-        n_head=4,
-        bos_token_id=fast.eos_token_id,
-        eos_token_id=fast.eos_token_id,
-        tie_word_embeddings=True,
-    )
-    gen = torch.Generator().manual_seed(seed)
-    model = GPT2LMHeadModel(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=gen)
-            if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
-                param.copy_(1.0 + 0.2 * noise)
-            elif name.endswith(".bias"):
-                param.copy_(0.1 * noise)
-            else:
-                param.copy_(0.1 * noise)
-    model.save_pretrained(path)
-    return path
-
-
-def tiny_model_dir() -> Path:
-    """The tiny reference model, built on first use and cached."""
-    path = cache_dir() / "models" / TINY_MODEL_VERSION
-    if not (path / "model.safetensors").exists():
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        build_tiny_gpt2(tmp)
-        # Build aside, then rename: a half-written model is never seen by another process.
-        if path.exists():
-            shutil.rmtree(tmp)
-        else:
-            tmp.replace(path)
-    return path
+def _names(names: list[str], most: int = 6) -> str:
+    """A list of parameter names for a message: the first `most`, and how many more."""
+    more = f" (and {len(names) - most} more)" if len(names) > most else ""
+    return f"{names[:most]}{more}"

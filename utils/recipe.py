@@ -10,13 +10,32 @@ import json
 import math
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Subset
 
+from solutions.bigram import BigramLM
 from solutions.config import Config
-from solutions.train import TrainingArgs
+from solutions.dataset import TokenWindows
+from solutions.model import DemoTransformer
+from solutions.train import (
+    History,
+    TrainingArgs,
+    evaluate,
+    greedy_continuation,
+    tie_embeddings,
+    train,
+)
+from utils.convert import to_hf_model
+from utils.corpus import VALIDATION_PLAYS, load_plays, split_plays
+from utils.paths import MODELS_DIR
+
+if TYPE_CHECKING:
+    from transformers import GPT2LMHeadModel, PreTrainedTokenizerBase
 
 VOCAB_SIZE = 4096
 PROMPT = "ROMEO.\nWhat light"
@@ -30,23 +49,26 @@ class Recipe:
     train_stride: int  # windows start every `train_stride` tokens
 
 
+def shakespeare_recipe(name: str, d_model: int, n_heads: int, n_layers: int) -> Recipe:
+    """A model with GPT-2's proportions (n_heads * d_head == d_model, an MLP 4 x d_model wide)
+    at the course's context and vocabulary. Both shipped models train the same way: they
+    differ only in size."""
+    cfg = Config(
+        d_model=d_model,
+        n_heads=n_heads,
+        d_head=d_model // n_heads,
+        d_mlp=4 * d_model,
+        n_layers=n_layers,
+        n_ctx=256,
+        d_vocab=VOCAB_SIZE,
+    )
+    args = TrainingArgs(batch_size=16, n_steps=2000, max_lr=2e-3, warmup_steps=100, seed=0)
+    return Recipe(name=name, cfg=cfg, args=args, train_stride=64)
+
+
 RECIPES = {
-    "main": Recipe(
-        name="shakespeare",
-        cfg=Config(
-            d_model=192, n_heads=6, d_head=32, d_mlp=768, n_layers=4, n_ctx=256, d_vocab=VOCAB_SIZE
-        ),
-        args=TrainingArgs(batch_size=16, n_steps=2000, max_lr=2e-3, warmup_steps=100, seed=0),
-        train_stride=64,
-    ),
-    "draft": Recipe(
-        name="shakespeare-draft",
-        cfg=Config(
-            d_model=128, n_heads=4, d_head=32, d_mlp=512, n_layers=2, n_ctx=256, d_vocab=VOCAB_SIZE
-        ),
-        args=TrainingArgs(batch_size=16, n_steps=2000, max_lr=2e-3, warmup_steps=100, seed=0),
-        train_stride=64,
-    ),
+    "main": shakespeare_recipe("shakespeare", d_model=192, n_heads=6, n_layers=4),
+    "draft": shakespeare_recipe("shakespeare-draft", d_model=128, n_heads=4, n_layers=2),
 }
 
 
@@ -71,19 +93,11 @@ def run(model: str = "main", out: Path | None = None, n_steps: int | None = None
 
     The main recipe trains the tokenizer; the draft reuses the main model's tokenizer (from
     `tokenizer_dir`, default: the shipped models/shakespeare) so the two share a vocabulary.
+    Keep the steps in this order: the shipped models are reproducible only as long as no use
+    of torch's global random numbers moves (training starts from `torch.manual_seed(args.seed)`,
+    the sampled continuation from `torch.manual_seed(0)`; evaluation's DataLoaders and the HF
+    model's initialisation draw from it too).
     """
-    from dataclasses import replace
-
-    from transformers import AutoTokenizer
-
-    from solutions.bigram import BigramLM
-    from solutions.dataset import TokenWindows
-    from solutions.model import DemoTransformer
-    from solutions.train import evaluate, greedy_continuation, tie_embeddings, train
-    from utils.convert import to_hf_model
-    from utils.corpus import VALIDATION_PLAYS, load_plays, split_plays
-    from utils.models import MODELS_DIR
-
     if model not in RECIPES:
         raise ValueError(f"model must be one of {sorted(RECIPES)}, got {model!r}")
     if n_steps is not None and (not isinstance(n_steps, int) or n_steps < 1):
@@ -93,52 +107,14 @@ def run(model: str = "main", out: Path | None = None, n_steps: int | None = None
     out = Path(out) if out is not None else MODELS_DIR / recipe.name
     started = time.perf_counter()
 
-    train_plays, val_plays = split_plays(load_plays())
-    if model == "main":
-        tokenizer = build_tokenizer(train_plays)
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or MODELS_DIR / "shakespeare")
-    train_tokens = encode_plays(tokenizer, train_plays)
-    val_tokens = encode_plays(tokenizer, val_plays)
-    n_ctx = recipe.cfg.n_ctx
-    train_data = TokenWindows(train_tokens, n_ctx, stride=recipe.train_stride)
-    val_data = TokenWindows(val_tokens, n_ctx)
+    # None: the main model trains its own tokenizer.
+    shared_tokenizer = None if model == "main" else (tokenizer_dir or MODELS_DIR / "shakespeare")
+    data = load_data(recipe, shared_tokenizer)
+    net, history = train_model(recipe, args, data, progress)
+    losses = evaluate_model(net, recipe, data)
+    hf = save_model(net, recipe, data.tokenizer, out)
+    continuations = continue_prompt(hf, data.tokenizer)
 
-    torch.manual_seed(args.seed)
-    net = tie_embeddings(DemoTransformer(recipe.cfg))
-
-    def sample(m):
-        return greedy_continuation(m, tokenizer, PROMPT, 40)
-
-    history = train(net, train_data, val_data, args, sample=sample, progress=progress)
-    net.eval()
-
-    # Final numbers on ALL held-out windows; the training loss on as many training tokens.
-    loader = torch.utils.data.DataLoader
-    val_loss = evaluate(net, loader(val_data, batch_size=32))
-    n_eval_train = len(val_data)
-    train_subset = torch.utils.data.Subset(train_data, range(0, len(train_data), 4)[:n_eval_train])
-    train_loss = evaluate(net, loader(train_subset, batch_size=32))
-    bigram = BigramLM(train_tokens, recipe.cfg.d_vocab)
-    bigram_loss = evaluate(bigram, loader(val_data, batch_size=32))
-    val_text_chars = sum(len(t) for t in val_plays.values())
-    chars_per_token = val_text_chars / len(val_tokens)
-
-    def per_char(loss: float) -> float:
-        return loss / chars_per_token
-
-    hf = to_hf_model(net, recipe.cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    hf.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-
-    with torch.no_grad():
-        prompt_ids = tokenizer(PROMPT, return_tensors="pt").input_ids
-        greedy = hf.generate(prompt_ids, max_new_tokens=60, do_sample=False, top_k=None)
-        torch.manual_seed(0)
-        sampled = hf.generate(
-            prompt_ids, max_new_tokens=60, do_sample=True, temperature=0.8, top_k=0, top_p=1.0
-        )
     metrics = {
         "model": recipe.name,
         "command": f"course train --model {model}" + (f" --steps {n_steps}" if n_steps else ""),
@@ -147,9 +123,88 @@ def run(model: str = "main", out: Path | None = None, n_steps: int | None = None
         "training": asdict(args),
         "train_stride": recipe.train_stride,
         "n_parameters": sum(p.numel() for p in net.parameters()),
-        "train_tokens": len(train_tokens),
-        "val_tokens": len(val_tokens),
+        "train_tokens": len(data.train_tokens),
+        "val_tokens": len(data.val_tokens),
         "validation_plays": list(VALIDATION_PLAYS),
+        **losses,
+        "wall_time_s": round(time.perf_counter() - started, 1),
+        "training_time_s": round(history.seconds, 1),
+        "device": "cpu",
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
+        "torch": torch.__version__,
+        "prompt": PROMPT,
+        **continuations,
+        "history": {"eval_steps": history.eval_steps, "val_loss": history.val_loss},
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    (out / "README.md").write_text(model_card(metrics), encoding="utf-8")
+    return metrics
+
+
+@dataclass
+class Data:
+    """The corpus as one recipe sees it: its tokenizer, the two token streams, their windows."""
+
+    tokenizer: PreTrainedTokenizerBase
+    train_tokens: Tensor
+    val_tokens: Tensor
+    train: TokenWindows
+    val: TokenWindows
+    val_chars: int  # characters in the held-out plays, for the losses per character
+
+
+def load_data(recipe: Recipe, tokenizer_dir: Path | None) -> Data:
+    """Split the plays, tokenize them and cut them into windows. The tokenizer comes from
+    `tokenizer_dir`, or is trained on the training plays when that is None."""
+    train_plays, val_plays = split_plays(load_plays())
+    if tokenizer_dir is None:
+        tokenizer = build_tokenizer(train_plays)
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    train_tokens = encode_plays(tokenizer, train_plays)
+    val_tokens = encode_plays(tokenizer, val_plays)
+    return Data(
+        tokenizer=tokenizer,
+        train_tokens=train_tokens,
+        val_tokens=val_tokens,
+        train=TokenWindows(train_tokens, recipe.cfg.n_ctx, stride=recipe.train_stride),
+        val=TokenWindows(val_tokens, recipe.cfg.n_ctx),
+        val_chars=sum(len(t) for t in val_plays.values()),
+    )
+
+
+def train_model(
+    recipe: Recipe, args: TrainingArgs, data: Data, progress: bool
+) -> tuple[DemoTransformer, History]:
+    """A tied DemoTransformer, initialised from `args.seed` and trained with chapter 2's loop."""
+    torch.manual_seed(args.seed)
+    net = tie_embeddings(DemoTransformer(recipe.cfg))
+
+    def sample(m):
+        return greedy_continuation(m, data.tokenizer, PROMPT, 40)
+
+    history = train(net, data.train, data.val, args, sample=sample, progress=progress)
+    return net.eval(), history
+
+
+def evaluate_model(net: DemoTransformer, recipe: Recipe, data: Data) -> dict[str, float]:
+    """The final losses for the metrics: on ALL held-out windows, on as many training windows
+    (every fourth), and the bigram baseline's on the held-out windows, per token and per
+    character of the held-out text."""
+    val_loss = evaluate(net, DataLoader(data.val, batch_size=32))
+    n_eval_train = len(data.val)
+    train_subset = Subset(data.train, range(0, len(data.train), 4)[:n_eval_train])
+    train_loss = evaluate(net, DataLoader(train_subset, batch_size=32))
+    bigram = BigramLM(data.train_tokens, recipe.cfg.d_vocab)
+    bigram_loss = evaluate(bigram, DataLoader(data.val, batch_size=32))
+    chars_per_token = data.val_chars / len(data.val_tokens)
+
+    def per_char(loss: float) -> float:
+        return loss / chars_per_token
+
+    return {
         "chars_per_token_val": round(chars_per_token, 4),
         "train_loss_nats_per_token": round(train_loss, 4),
         "val_loss_nats_per_token": round(val_loss, 4),
@@ -157,19 +212,34 @@ def run(model: str = "main", out: Path | None = None, n_steps: int | None = None
         "val_bits_per_char": round(per_char(val_loss) / math.log(2), 4),
         "bigram_val_loss_nats_per_token": round(bigram_loss, 4),
         "bigram_val_loss_nats_per_char": round(per_char(bigram_loss), 4),
-        "wall_time_s": round(time.perf_counter() - started, 1),
-        "training_time_s": round(history.seconds, 1),
-        "device": "cpu",
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
-        "torch": torch.__version__,
-        "prompt": PROMPT,
+    }
+
+
+def save_model(
+    net: DemoTransformer, recipe: Recipe, tokenizer: PreTrainedTokenizerBase, out: Path
+) -> GPT2LMHeadModel:
+    """Write the model and its tokenizer to `out` in HF GPT-2 format; returns the HF model."""
+    hf = to_hf_model(net, recipe.cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    hf.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return hf
+
+
+def continue_prompt(hf: GPT2LMHeadModel, tokenizer: PreTrainedTokenizerBase) -> dict[str, str]:
+    """Two continuations of PROMPT for the model card, by HF's own `generate`: greedy, and
+    sampled at temperature 0.8 after `torch.manual_seed(0)`."""
+    with torch.no_grad():
+        prompt_ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+        greedy = hf.generate(prompt_ids, max_new_tokens=60, do_sample=False, top_k=None)
+        torch.manual_seed(0)
+        sampled = hf.generate(
+            prompt_ids, max_new_tokens=60, do_sample=True, temperature=0.8, top_k=0, top_p=1.0
+        )
+    return {
         "greedy": tokenizer.decode(greedy[0]),
         "sampled_t0.8_seed0": tokenizer.decode(sampled[0]),
-        "history": {"eval_steps": history.eval_steps, "val_loss": history.val_loss},
     }
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-    (out / "README.md").write_text(model_card(metrics), encoding="utf-8")
-    return metrics
 
 
 def model_card(m: dict) -> str:

@@ -7,35 +7,27 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.graded._oracles import F32_ATOL, F32_RTOL
+from utils.models import load_weights, params_under
+
 CHAPTER = "01_transformer"
-ATOL, RTOL = 1e-4, 1e-3
-
-
-def layer_params(reference, prefix: str) -> dict[str, torch.Tensor]:
-    """Reference weights under `prefix` ("blocks.0.attn."), with the prefix removed."""
-    return {k[len(prefix) :]: v for k, v in reference.params.items() if k.startswith(prefix)}
 
 
 def build(cls, cfg, params: dict[str, torch.Tensor]):
-    """Instantiate a learner module and copy reference weights into it by name."""
+    """A learner module holding `params`. A module whose parameter names or shapes differ from
+    the reference's fails the test with load_weights' message (which names them), not with a
+    ValueError the learner would take for an error in their own code."""
     module = cls(cfg)
-    own = dict(module.named_parameters())
-    missing = sorted(set(params) - set(own))
-    assert not missing, (
-        f"{cls.__name__} has no parameter(s) {missing}: keep the names from the cell's __init__"
-    )
-    with torch.no_grad():
-        for name, value in params.items():
-            assert own[name].shape == value.shape, (
-                f"{cls.__name__}.{name} has shape {tuple(own[name].shape)}, "
-                f"expected {tuple(value.shape)}"
-            )
-            own[name].copy_(value)
-    return module.eval()
+    try:
+        return load_weights(module, params).eval()
+    except ValueError as err:
+        raise AssertionError(str(err)) from None
 
 
 def close(actual, expected) -> bool:
-    return actual.shape == expected.shape and torch.allclose(actual, expected, atol=ATOL, rtol=RTOL)
+    return actual.shape == expected.shape and torch.allclose(
+        actual, expected, atol=F32_ATOL, rtol=F32_RTOL
+    )
 
 
 def assert_matches(actual, expected, what: str, hint: str = "") -> None:
@@ -141,7 +133,7 @@ def test_layernorm_does_not_modify_its_input(impl, reference):
 @pytest.mark.layernorm
 def test_layernorm_matches_reference(impl, reference, ref_run):
     _, _, cache = ref_run
-    ln = build(impl.LayerNorm, reference.cfg, layer_params(reference, "blocks.0.ln1."))
+    ln = build(impl.LayerNorm, reference.cfg, params_under(reference.params, "blocks.0.ln1."))
     out = ln(cache["blocks.0.hook_resid_pre"])
     assert_matches(out, cache["blocks.0.ln1.hook_out"], "LayerNorm (block 0, ln1)")
 
@@ -152,21 +144,21 @@ def test_layernorm_matches_reference(impl, reference, ref_run):
 @pytest.mark.embed
 def test_embed_matches_reference(impl, reference, ref_run):
     tokens, _, cache = ref_run
-    embed = build(impl.Embed, reference.cfg, layer_params(reference, "embed."))
+    embed = build(impl.Embed, reference.cfg, params_under(reference.params, "embed."))
     assert_matches(embed(tokens), cache["hook_embed"], "Embed", "Row t of W_E embeds token t.")
 
 
 @pytest.mark.pos_embed
 def test_pos_embed_matches_reference(impl, reference, ref_run):
     tokens, _, cache = ref_run
-    pos = build(impl.PosEmbed, reference.cfg, layer_params(reference, "pos_embed."))
+    pos = build(impl.PosEmbed, reference.cfg, params_under(reference.params, "pos_embed."))
     assert_matches(pos(tokens), cache["hook_pos_embed"], "PosEmbed")
 
 
 @pytest.mark.pos_embed
 def test_pos_embed_depends_on_position_not_token(impl, reference):
     cfg = reference.cfg
-    pos = build(impl.PosEmbed, cfg, layer_params(reference, "pos_embed."))
+    pos = build(impl.PosEmbed, cfg, params_under(reference.params, "pos_embed."))
     tokens = torch.tensor([[5, 9, 2, 7], [1, 1, 30, 3]])
     out = pos(tokens)
     assert out.shape == (2, 4, cfg.d_model), f"expected shape (2, 4, d_model), got {out.shape}"
@@ -202,7 +194,7 @@ def test_causal_mask(impl, reference):
 def test_attention_matches_reference(impl, reference, ref_run):
     _, _, cache = ref_run
     cfg = reference.cfg
-    params = layer_params(reference, "blocks.0.attn.")
+    params = params_under(reference.params, "blocks.0.attn.")
     x = cache["blocks.0.ln1.hook_out"]
     expected = cache["blocks.0.hook_attn_out"]
     out = build(impl.Attention, cfg, params)(x)
@@ -221,12 +213,12 @@ def test_attention_matches_reference(impl, reference, ref_run):
 @pytest.mark.attention
 def test_attention_is_causal(impl, reference):
     cfg = reference.cfg
-    attn = build(impl.Attention, cfg, layer_params(reference, "blocks.0.attn."))
+    attn = build(impl.Attention, cfg, params_under(reference.params, "blocks.0.attn."))
     x = torch.randn(1, 6, cfg.d_model)
     y = x.clone()
     y[0, 4] += 1.0
     out_x, out_y = attn(x), attn(y)
-    assert torch.allclose(out_x[0, :4], out_y[0, :4], atol=ATOL), (
+    assert torch.allclose(out_x[0, :4], out_y[0, :4], atol=F32_ATOL), (
         "Changing token 4 changed the output at earlier positions: attention is reading the "
         "future. Apply the causal mask before the softmax."
     )
@@ -241,7 +233,7 @@ def test_attention_is_causal(impl, reference):
 @pytest.mark.mlp
 def test_mlp_matches_reference(impl, reference, ref_run):
     _, _, cache = ref_run
-    p = layer_params(reference, "blocks.0.mlp.")
+    p = params_under(reference.params, "blocks.0.mlp.")
     x = cache["blocks.0.ln2.hook_out"]
     expected = cache["blocks.0.hook_mlp_out"]
     out = build(impl.MLP, reference.cfg, p)(x)
@@ -262,7 +254,9 @@ def test_mlp_matches_reference(impl, reference, ref_run):
 @pytest.mark.parametrize("layer", [0, 1])
 def test_block_matches_reference(impl, reference, ref_run, layer):
     _, _, cache = ref_run
-    block = build(impl.TransformerBlock, reference.cfg, layer_params(reference, f"blocks.{layer}."))
+    block = build(
+        impl.TransformerBlock, reference.cfg, params_under(reference.params, f"blocks.{layer}.")
+    )
     resid_pre = cache[f"blocks.{layer}.hook_resid_pre"].clone()
     out = block(resid_pre)
     assert torch.equal(resid_pre, cache[f"blocks.{layer}.hook_resid_pre"]), (
@@ -283,7 +277,7 @@ def test_block_matches_reference(impl, reference, ref_run, layer):
 @pytest.mark.unembed
 def test_unembed_matches_reference(impl, reference, ref_run):
     _, logits, cache = ref_run
-    unembed = build(impl.Unembed, reference.cfg, layer_params(reference, "unembed."))
+    unembed = build(impl.Unembed, reference.cfg, params_under(reference.params, "unembed."))
     assert_matches(unembed(cache["ln_final.hook_out"]), logits, "Unembed")
 
 

@@ -10,14 +10,8 @@ import pytest
 import torch
 
 from utils.convert import demo_to_hf, hf_config
-from utils.models import (
-    MODELS_DIR,
-    SHIPPED,
-    hub_reachable,
-    load_hf,
-    load_model,
-    load_reference,
-)
+from utils.models import SHIPPED, hub_reachable, load_hf, load_model, load_reference
+from utils.paths import MODELS_DIR
 
 PROMPT = "ROMEO.\nBut soft, what light through yonder window breaks?"
 

@@ -2,7 +2,8 @@
 
 import torch
 
-from utils.models import load_reference, load_weights, tiny_model_dir
+from utils.models import load_reference, load_weights
+from utils.tiny_model import build_tiny_gpt2, tiny_model_dir
 
 
 def test_bridge_and_hf_agree():
@@ -25,8 +26,6 @@ def test_solution_demo_transformer_agrees_with_reference():
 
 
 def test_tiny_model_is_deterministic(tmp_path):
-    from utils.models import build_tiny_gpt2
-
     a = build_tiny_gpt2(tmp_path / "a")
     b = build_tiny_gpt2(tmp_path / "b")
     assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
