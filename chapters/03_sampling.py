@@ -304,18 +304,9 @@ Console().print(table)
 # tail, each unlikely but together far from negligible, get a real share.
 
 # %%
-import matplotlib.pyplot as plt
+from utils.plots import plot_temperature_curves
 
-fig, ax = plt.subplots(figsize=(7, 3.5))
-ranks = range(1, 41)
-for T in temperatures:
-    ax.plot(ranks, by_temperature[T].sort(descending=True).values[:40], label=f"T = {T}")
-ax.axhline(1 / cfg.d_vocab, color="grey", linestyle=":", label="uniform")
-ax.set_yscale("log")
-ax.set_xlabel("rank of the token (1 = most likely at every T)")
-ax.set_ylabel("probability")
-ax.legend()
-plt.show()
+plot_temperature_curves(by_temperature, n_ranks=40)
 
 # %% [markdown]
 # ## 4. Frequency penalty
@@ -338,9 +329,12 @@ plt.show()
 #
 # ### Exercise: `apply_frequency_penalty`
 #
-# `apply_frequency_penalty(input_ids, logits, freq_penalty)` takes the sequences so far,
-# `input_ids [batch, seq]`, and the logits for their next token, `[batch, d_vocab]`, and returns
-# new logits with row `b` penalised by the counts of row `b`'s tokens.
+# `apply_frequency_penalty(input_ids, logits, freq_penalty, mask=None)` takes the sequences so
+# far, `input_ids [batch, seq]`, and the logits for their next token, `[batch, d_vocab]`, and
+# returns new logits with row `b` penalised by the counts of row `b`'s tokens. The optional
+# `mask [batch, seq]` says which positions are text: chapter 4 pads short prompts to a common
+# length, and padding is not text, so where a mask is given only the positions where it is
+# `True` count. (`bincount` takes `weights`: a weight of 1 counts a position, 0 skips it.)
 #
 # The counting is done by `torch.bincount(x, minlength=d_vocab)`: for a 1-D tensor of
 # non-negative integers, it returns a tensor whose entry `t` is the number of times `t` occurs
@@ -362,7 +356,8 @@ plt.show()
 # tensor too: the tests check that the input is left alone.
 #
 # The tests compare with the closed form above, computed with Python's `Counter`, for penalties
-# 0.5, 2 and −1, on two rows with very different counts.
+# 0.5, 2 and −1, on two rows with very different counts, and on two rows with a mask (one
+# left-padded, one not).
 #
 # <details><summary>Hint</summary>
 #
@@ -371,7 +366,8 @@ plt.show()
 # counts = torch.bincount((input_ids + offsets).flatten(), minlength=batch * d_vocab)
 # ```
 #
-# then subtract `freq_penalty * counts.view(batch, d_vocab)` from the logits.
+# then subtract `freq_penalty * counts.view(batch, d_vocab)` from the logits. With a mask, pass
+# the flattened mask (as floats) to `bincount` as `weights`.
 #
 # </details>
 
@@ -463,6 +459,8 @@ check("sample_basic")
 # samples, less memory.
 
 # %%
+from utils.plots import plot_sample_frequencies
+
 N = 2_000 if QUICK else 20_000
 dist_prompt = "ROMEO.\nI"
 with torch.inference_mode():
@@ -479,33 +477,10 @@ def draw(sampler, logits: Tensor, n: int, seed: int = 0, chunk: int = 2_000, **k
     return torch.cat(batches)
 
 
-def plot_samples(
-    ax, samples: Tensor, probs: Tensor, title: str, rank_by: Tensor, n_show: int = 15
-) -> None:
-    """Observed frequency against exact probability `probs`, for the n_show tokens that are
-    most likely under `rank_by` (the unfiltered distribution, so every plot shows the same)."""
-    top = rank_by.topk(n_show).indices
-    observed = torch.bincount(samples, minlength=probs.numel()).double() / samples.numel()
-    x = range(n_show)
-    ax.bar(x, observed[top], color="tab:blue", alpha=0.7, label=f"frequency in {N:,} samples")
-    ax.plot(x, probs[top], "o", color="black", markersize=4, label="exact probability")
-    labels = [repr(tokenizer.decode([t]))[1:-1] for t in top.tolist()]
-    ax.set_xticks(list(x), labels, rotation=70, fontsize=8)
-    ax.set_title(title, fontsize=10)
-    # How far off is it? The largest gap, in standard errors of a frequency, sqrt(p (1 - p) / N).
-    p, freq = probs[top].double(), observed[top]
-    kept = p > 0
-    z = ((freq - p)[kept].abs() / (p * (1 - p) / samples.numel())[kept].sqrt()).max().item()
-    outside = (probs[samples] == 0).sum().item()
-    print(f"{title}: largest gap {z:.1f} standard errors; samples outside the kept set: {outside}")
-
-
 basic_probs = dist_logits[0].softmax(-1)
-fig, ax = plt.subplots(figsize=(8, 3.5))
 samples = draw(sample_basic, dist_logits, N)
-plot_samples(ax, samples, basic_probs, f"sample_basic after {dist_prompt!r}", basic_probs)
-ax.legend()
-plt.show()
+title = f"sample_basic after {dist_prompt!r}"
+plot_sample_frequencies(samples, basic_probs, title, tokenizer, rank_by=basic_probs)
 
 # %% [markdown]
 # The bars should sit on the dots, give or take the noise of a finite sample: a frequency
@@ -582,11 +557,10 @@ from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsW
 
 k = 5
 top_k_probs = TopKLogitsWarper(top_k=k)(None, dist_logits.clone())[0].softmax(-1)
-fig, ax = plt.subplots(figsize=(8, 3.5))
 samples = draw(sample_top_k, dist_logits, N, k=k)
-plot_samples(ax, samples, top_k_probs, f"sample_top_k, k={k}", basic_probs)
-ax.legend()
-plt.show()
+plot_sample_frequencies(
+    samples, top_k_probs, f"sample_top_k, k={k}", tokenizer, rank_by=basic_probs
+)
 
 # %% [markdown]
 # Top-k has a weakness: $k$ is the same whatever the distribution looks like. When the model
@@ -684,11 +658,9 @@ for top_p in [0.49, 0.5, 0.81, 0.96]:
 
 top_p = 0.9
 top_p_probs = TopPLogitsWarper(top_p=top_p)(None, dist_logits.clone())[0].softmax(-1)
-fig, ax = plt.subplots(figsize=(8, 3.5))
 samples = draw(sample_top_p, dist_logits, N, top_p=top_p)
-plot_samples(ax, samples, top_p_probs, f"sample_top_p, top_p={top_p}", basic_probs)
-ax.legend()
-plt.show()
+title = f"sample_top_p, top_p={top_p}"
+plot_sample_frequencies(samples, top_p_probs, title, tokenizer, rank_by=basic_probs)
 
 sure_prompt = "MACBETH.\nIs this a dagger which I see before me,"
 with torch.inference_mode():
@@ -761,16 +733,18 @@ check("apply_temperature")
 # except for the loop. The code around it already turns the prompt into a 1-D tensor of token
 # ids `input_ids` (the prompt may be a string or token ids), moves it to the model's device,
 # builds `generator` from `seed`, and finds `eos`, the id of `<|endoftext|>`; after your loop it
-# decodes the result (a string in, a string out; token ids in, token ids out). Write the loop,
-# for at most `max_tokens_generated` steps:
+# decodes the result (a string in, a string out; token ids in, token ids out). You write two
+# pieces:
 #
-# - **The context window.** The model has `n_ctx` learned positions and refuses longer input.
-#   Once the sequence is longer than that, feed it the **most recent** `n_ctx` tokens:
+# - **`next_logits(input_ids)`**: one model call, the logits `[1, d_vocab]` for the token after
+#   the text so far. The model has `n_ctx` learned positions and refuses longer input: once the
+#   text is longer than that, feed it the **most recent** `n_ctx` tokens,
 #   `input_ids[-self.cfg.n_ctx:]`. Crop what the model *reads*, never what you *return*: the
-#   output keeps every token.
-# - **The batch dimension.** The model takes `[batch, posn]` and `sample_next_token` takes
-#   `input_ids [batch, seq]` and `logits [batch, d_vocab]`, all with a batch of 1 here:
-#   `tensor[None]` adds it.
+#   output keeps every token. The model takes `[batch, posn]`, with a batch of 1 here:
+#   `tensor[None]` adds it. This method is the only step chapter 4's faster sampler changes.
+# - **The loop in `sample`**, for at most `max_tokens_generated` steps: `self.next_logits`,
+#   then a token from `self.sample_next_token`, which takes `input_ids [batch, seq]` (again
+#   `[None]`) and `logits [batch, d_vocab]`.
 # - **Options.** Pass `generator=generator` and every other keyword argument (`**kwargs`:
 #   temperature, top_k, top_p, frequency_penalty...) on to `self.sample_next_token`. Give it the
 #   **whole** sequence so far, not the cropped window: the penalty counts every token the text
@@ -796,14 +770,9 @@ check("apply_temperature")
 #
 # <details><summary>Hint</summary>
 #
-# ```python
-# for _ in tqdm(range(max_tokens_generated), disable=not progress):
-#     context = input_ids[-self.cfg.n_ctx :][None]  # [1, posn]
-#     logits = self.model(context)[:, -1]  # [1, d_vocab]
-#     next_token = self.sample_next_token(input_ids[None], logits, generator=generator, **kwargs)
-#     input_ids = torch.cat([input_ids, next_token])
-#     ...  # verbose, then the end-of-text check
-# ```
+# `next_logits` is one line: crop, add the batch dimension, call the model, keep the last
+# position. In the loop, `torch.cat` appends the new token (`sample_next_token` returns a
+# tensor of shape `[1]`); print it, then check for the end of the text.
 #
 # </details>
 
@@ -1272,61 +1241,35 @@ Console().print(table)
 # the model's own logits, and your beam search against it.
 
 # %%
+# The HF ground truths the graded tests use: greedy `generate`, the tokens a warper keeps, and
+# beam search with its sequences cut after <|endoftext|> as yours are.
+from utils.hf_oracles import hf_beam_search, hf_greedy, hf_kept
 from utils.models import load_hf
 
 hf_model, _ = load_hf("shakespeare")
-eos = tokenizer.eos_token_id
-hf_ids = torch.tensor([tokenizer.encode(compare_prompt)])
 n_new = 10 if QUICK else 30
 
-with torch.inference_mode():
-    hf_greedy = hf_model.generate(
-        hf_ids, max_new_tokens=n_new, do_sample=False, top_k=None, pad_token_id=eos
-    )[0]
-ours = sampler.sample(hf_ids[0], n_new, temperature=0.0)
-print("greedy generation equals HF's:", ours.tolist() == hf_greedy.tolist())
+ours = sampler.sample(compare_ids, n_new, temperature=0.0)
+print("greedy generation equals HF's:", ours.tolist() == hf_greedy(hf_model, compare_ids, n_new))
 
 for k in [1, 5, 40]:
-    same = torch.equal(
-        torch.isfinite(filter_top_k(dist_logits, k)),
-        torch.isfinite(TopKLogitsWarper(top_k=k)(None, dist_logits.clone())),
-    )
+    kept = torch.isfinite(filter_top_k(dist_logits, k))
+    same = torch.equal(kept, hf_kept(TopKLogitsWarper(top_k=k), dist_logits))
     print(f"top-k {k}: same tokens kept as TopKLogitsWarper: {same}")
 for top_p in [0.5, 0.9, 0.99]:
-    same = torch.equal(
-        torch.isfinite(filter_top_p(dist_logits, top_p)),
-        torch.isfinite(TopPLogitsWarper(top_p=top_p)(None, dist_logits.clone())),
-    )
+    kept = torch.isfinite(filter_top_p(dist_logits, top_p))
+    same = torch.equal(kept, hf_kept(TopPLogitsWarper(top_p=top_p), dist_logits))
     print(f"top-p {top_p}: same tokens kept as TopPLogitsWarper: {same}")
 
 num_beams = 4
-with torch.inference_mode():
-    hf_beams = hf_model.generate(
-        hf_ids,
-        num_beams=num_beams,
-        num_return_sequences=num_beams,
-        max_new_tokens=n_new,
-        length_penalty=0.0,
-        early_stopping=False,
-        do_sample=False,
-        top_k=None,
-        pad_token_id=eos,
-        eos_token_id=eos,
-        output_scores=True,
-        return_dict_in_generate=True,
-    )
 ours = beam_search(model, tokenizer, compare_prompt, num_beams, num_beams, n_new)
+theirs = hf_beam_search(hf_model, compare_ids, num_beams, num_beams, n_new)
 table = Table(title=f"beam search, {num_beams} beams: yours and HF's")
 for column in ["rank", "your score", "HF score", "same tokens"]:
     table.add_column(column, justify="right")
-for rank, ((score, tokens), hf_seq, hf_score) in enumerate(
-    zip(ours, hf_beams.sequences, hf_beams.sequences_scores, strict=True)
-):
-    hf_tokens = hf_seq.tolist()
-    if eos in hf_tokens[hf_ids.shape[1] :]:  # HF pads a sequence that ended early
-        hf_tokens = hf_tokens[: hf_tokens.index(eos, hf_ids.shape[1]) + 1]
-    same = str(tokens.tolist() == hf_tokens)
-    table.add_row(str(rank), f"{score:.4f}", f"{hf_score.item():.4f}", same)
+for rank, ((score, tokens), (hf_score, hf_tokens)) in enumerate(zip(ours, theirs, strict=True)):
+    same = str(tokens.tolist() == hf_tokens.tolist())
+    table.add_row(str(rank), f"{score:.4f}", f"{hf_score:.4f}", same)
 Console().print(table)
 
 # %% [markdown]

@@ -596,24 +596,28 @@ for name, mistake in mistakes.items():
 # %% [markdown]
 # ## 6. Sampling with a cache
 #
-# `CachedTransformerSampler` is chapter 3's `TransformerSampler` with a cache. It inherits
-# everything (the argument checks, `sample_next_token`, turning the prompt into ids and the
-# result back into text) and overrides `sample` with the same arguments plus one,
-# `window_shift`. Under the same seed it must produce **exactly** chapter 3's tokens.
+# `CachedTransformerSampler` is chapter 3's `TransformerSampler` with a cache. Chapter 3's loop
+# gets each step's logits from one method, `next_logits(input_ids)`, and that is the only
+# thing this class changes: it inherits everything else (the argument checks, the loop,
+# `sample_next_token`, turning the prompt into ids and the result back into text). Its given
+# `sample` takes one more argument, `window_shift`, stores it in `self.window_shift`, starts
+# each text with `self.cache = None` and calls chapter 3's `sample`. Under the same seed it
+# must produce **exactly** chapter 3's tokens.
 #
-# The loop has three cases:
+# You write `next_logits`: it receives the whole text so far, one token longer than at the
+# previous call, and returns the logits `[1, d_vocab]` for the token after it, keeping
+# `self.cache` up to date. Three cases:
 #
-# 1. **The first step, a prefill** (`cache is None`): run `forward_with_cache` on the prompt,
-#    at most its last `n_ctx` tokens, `input_ids[None, -n_ctx:]`.
+# 1. **The first step, a prefill** (`self.cache is None`): run `forward_with_cache` on the
+#    prompt, at most its last `n_ctx` tokens, `input_ids[None, -n_ctx:]`.
 # 2. **The usual step**: run it on the one token sampled last, `input_ids[None, -1:]`, with the
 #    cache. Everything before it is in the cache already.
-# 3. **The cache is full** (`cache.length == n_ctx`): there is no room for the new token. See
-#    below.
+# 3. **The cache is full** (`self.cache.length == n_ctx`): there is no room for the new token.
+#    See below.
 #
-# After the model call, the rest is chapter 3's loop: sample from `logits[:, -1]` with
-# `self.sample_next_token`, giving it the **whole** text so far (`input_ids[None]`: the
-# frequency penalty counts every token, even those out of the model's view), append the token,
-# print it if `verbose`, stop after `<|endoftext|>` if `stop_at_eos`.
+# Keep the cache that `forward_with_cache` returns in `self.cache`, and return the logits at
+# the last position. The loop around it is chapter 3's, so the frequency penalty still counts
+# the whole text, even the part out of the model's view.
 #
 # ### Past the context window
 #
@@ -646,8 +650,8 @@ for name, mistake in mistakes.items():
 #
 # Common mistakes: passing the whole text to `forward_with_cache` at every step (the cache
 # rejects it with a clear message) or forgetting the batch dimension; a prefill of a long
-# prompt without cropping it to `n_ctx`; rebuilding from the wrong number of tokens; giving
-# `sample_next_token` only the window instead of the whole text.
+# prompt without cropping it to `n_ctx`; rebuilding from the wrong number of tokens; keeping
+# the new cache in a local variable instead of `self.cache` (every step is then a prefill).
 #
 # The tests compare your greedy text with HF's `generate` for three prompts; your sampled text
 # with chapter 3's uncached sampler under two seeds each with a temperature, top-k, top-p and a
@@ -657,20 +661,9 @@ for name, mistake in mistakes.items():
 #
 # <details><summary>Hint</summary>
 #
-# ```python
-# for _ in tqdm(range(max_tokens_generated), disable=not progress, desc="sampling"):
-#     if cache is None:
-#         logits, cache = forward_with_cache(self.model, input_ids[None, -n_ctx:])
-#     elif cache.length == n_ctx:
-#         keep = n_ctx - window_shift + 1
-#         logits, cache = ...
-#     else:
-#         logits, cache = ...
-#     next_token = self.sample_next_token(
-#         input_ids[None], logits[:, -1], generator=generator, **kwargs
-#     )
-#     ...  # as in chapter 3
-# ```
+# Start from the three cases above as an `if` / `elif` / `else` on `self.cache`; each branch
+# is one call of `forward_with_cache` whose result goes to `logits, self.cache`. For a full
+# cache, `keep = n_ctx - self.window_shift + 1` tokens are read again, without the old cache.
 #
 # </details>
 
@@ -910,9 +903,10 @@ print(pad_mask)
 # keeping the columns where `cache.mask` is `True`. Write the loop in between:
 #
 # 1. **Prefill** the padded prompts: `forward_with_cache(model, tokens, attention_mask=mask)`.
-# 2. At each step, take `logits[:, -1]`, apply the frequency penalty (below), and choose every
-#    row's next token with `sample_next_token(cache.tokens, next_logits, generator=generator,
-#    **kwargs)`.
+# 2. At each step, choose every row's next token from `logits[:, -1]` with
+#    `sample_next_token(cache.tokens, ..., frequency_penalty=frequency_penalty,
+#    generator=generator, attention_mask=cache.mask, **kwargs)`: the mask keeps padding out
+#    of the penalty (below).
 # 3. **Feed the new column** back, `next_token[:, None]`, with the cache, and with an
 #    `attention_mask` that is `False` for rows that are already finished.
 # 4. **Finished rows.** A row that has written `<|endoftext|>` is done, but the batch moves
@@ -925,12 +919,10 @@ print(pad_mask)
 # Every sampled token is fed to the model, the last one too, so that it lands in `cache.tokens`
 # where the given code reads the texts from.
 #
-# **The frequency penalty** is a separate argument here, not part of `kwargs`, for a reason:
-# `sample_next_token` would count every token of `cache.tokens`, padding included, and the
-# padding id is the end-of-text token, so short prompts would have their end of text
-# penalised. Count each row's **real** tokens yourself: a `[batch, d_vocab]` tensor of zeros,
-# `scatter_add_(1, cache.tokens, cache.mask.float())`, adds 1 at each real token and 0 at each
-# padding token. Subtract `frequency_penalty` times the counts from the logits.
+# **The frequency penalty** counts each row's tokens, and `cache.tokens` holds padding too:
+# the padding id is the end-of-text token, so without a mask short prompts would have their end
+# of text penalised. Your chapter-3 `apply_frequency_penalty` takes a mask for this reason, and
+# `sample_next_token` hands it `attention_mask`: pass `cache.mask`, which is `False` at padding.
 #
 # **One generator for the batch.** All rows draw from the same random stream, in one call per
 # step, so the random numbers a row gets depend on the other rows of the batch: sampled text
@@ -957,10 +949,7 @@ print(pad_mask)
 # logits, cache = forward_with_cache(model, tokens, attention_mask=mask)
 # done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
 # for _ in range(max_tokens_generated):
-#     next_logits = logits[:, -1].float()
-#     if frequency_penalty:
-#         ...  # counts of real tokens, [batch, d_vocab]
-#     next_token = sample_next_token(cache.tokens, next_logits, generator=generator, **kwargs)
+#     next_token = sample_next_token(cache.tokens, logits[:, -1], ...)  # as in step 2
 #     next_token = torch.where(done, eos, next_token)
 #     logits, cache = forward_with_cache(
 #         model, next_token[:, None], cache, attention_mask=~done[:, None]

@@ -58,7 +58,7 @@ def generate_batch(
     checks.integer("max_tokens_generated", max_tokens_generated, low=0)
     check_sampling_args(frequency_penalty=frequency_penalty, **kwargs)
     model.eval()
-    n_ctx, d_vocab = model.cfg.n_ctx, model.cfg.d_vocab
+    n_ctx = model.cfg.n_ctx
     ids = [tokenizer.encode(p) for p in prompts]
     longest = max(len(p) for p in ids)
     if longest + max_tokens_generated > n_ctx:
@@ -74,13 +74,11 @@ def generate_batch(
     logits, cache = forward_with_cache(model, tokens, attention_mask=mask)
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     for _ in range(max_tokens_generated):
-        next_logits = logits[:, -1].float()
-        if frequency_penalty:
-            # Count real tokens only: padding must not be penalised.
-            counts = torch.zeros(len(prompts), d_vocab, device=device)
-            counts.scatter_add_(1, cache.tokens, cache.mask.float())
-            next_logits = next_logits - frequency_penalty * counts
-        next_token = sample_next_token(cache.tokens, next_logits, generator=generator, **kwargs)
+        # The mask keeps padding out of the frequency penalty's counts.
+        next_token = sample_next_token(
+            cache.tokens, logits[:, -1], frequency_penalty=frequency_penalty,
+            generator=generator, attention_mask=cache.mask, **kwargs,
+        )  # fmt: skip
         # A finished row keeps stepping (the batch moves together) but only on padding.
         next_token = torch.where(done, eos, next_token)
         logits, cache = forward_with_cache(

@@ -6,18 +6,20 @@ positions are baked into every cached key and value, so moving the window means 
 the cache from the tokens that stay in view.
 """
 
-import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from solutions import checks
 from solutions.cached_model import forward_with_cache
+from solutions.kv_cache import KeyValueCache
 from solutions.sampling import TransformerSampler
 
 
 class CachedTransformerSampler(TransformerSampler):
     """`sampler.sample(prompt, max_tokens_generated, **kwargs)` as in chapter 3, with a cache.
+
+    Chapter 3's loop asks `next_logits` for each step's logits; this class answers from a
+    KeyValueCache and changes nothing else, so it gives the same tokens under the same seed.
 
     `window_shift` says what happens when the text outgrows the model's `n_ctx` positions:
     the cache is rebuilt from the last `n_ctx - window_shift + 1` tokens, so there is one
@@ -26,42 +28,37 @@ class CachedTransformerSampler(TransformerSampler):
     `n_ctx` tokens; a larger shift is faster but reads a shorter context after each rebuild.
     """
 
-    @torch.inference_mode()
+    cache: KeyValueCache | None = None  # what the model has read of the current text
+    window_shift: int = 1
+
     def sample(
         self,
         prompt: str | list[int] | Int[Tensor, "seq"],
         max_tokens_generated: int = 100,
-        verbose: bool = False,
-        progress: bool = False,
-        seed: int | None = None,
-        stop_at_eos: bool = True,
         window_shift: int = 1,
         **kwargs,
     ) -> str | Int[Tensor, "seq"]:
+        """Chapter 3's `sample` (same arguments: verbose, progress, seed, stop_at_eos, and the
+        sampling options), plus `window_shift`."""
         n_ctx = self.cfg.n_ctx
         checks.integer(f"window_shift (n_ctx={n_ctx})", window_shift, low=1, high=n_ctx)
-        input_ids, generator = self._start(prompt, max_tokens_generated, seed, kwargs)
-        eos = self.tokenizer.eos_token_id
-        cache = None
+        self.window_shift = window_shift
+        self.cache = None  # a new text: the first step is a prefill
+        return super().sample(prompt, max_tokens_generated, **kwargs)
+
+    def next_logits(self, input_ids: Int[Tensor, "seq"]) -> Float[Tensor, "1 d_vocab"]:
+        """The logits for the token after `input_ids`, computing only what the cache lacks."""
+        n_ctx = self.cfg.n_ctx
         # BEGIN SOLUTION
-        for _ in tqdm(range(max_tokens_generated), disable=not progress, desc="sampling"):
-            if cache is None:
-                # Prefill: the whole prompt (its last n_ctx tokens) in one forward pass.
-                logits, cache = forward_with_cache(self.model, input_ids[None, -n_ctx:])
-            elif cache.length == n_ctx:
-                # No room for the newest token: every position moves, so rebuild the cache.
-                keep = n_ctx - window_shift + 1
-                logits, cache = forward_with_cache(self.model, input_ids[None, -keep:])
-            else:
-                # The usual step: only the token sampled last is new to the model.
-                logits, cache = forward_with_cache(self.model, input_ids[None, -1:], cache)
-            next_token = self.sample_next_token(
-                input_ids[None], logits[:, -1], generator=generator, **kwargs
-            )
-            input_ids = torch.cat([input_ids, next_token])
-            if verbose:
-                print(self.tokenizer.decode(next_token), end="", flush=True)
-            if stop_at_eos and next_token.item() == eos:
-                break
+        if self.cache is None:
+            # Prefill: the whole prompt (its last n_ctx tokens) in one forward pass.
+            logits, self.cache = forward_with_cache(self.model, input_ids[None, -n_ctx:])
+        elif self.cache.length == n_ctx:
+            # No room for the newest token: every position moves, so rebuild the cache.
+            keep = n_ctx - self.window_shift + 1
+            logits, self.cache = forward_with_cache(self.model, input_ids[None, -keep:])
+        else:
+            # The usual step: only the token sampled last is new to the model.
+            logits, self.cache = forward_with_cache(self.model, input_ids[None, -1:], self.cache)
+        return logits[:, -1]
         # END SOLUTION
-        return self._finish(prompt, input_ids, verbose)

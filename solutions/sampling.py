@@ -7,7 +7,7 @@ reproducible without touching the global random state.
 """
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
@@ -36,13 +36,18 @@ def apply_frequency_penalty(
     input_ids: Int[Tensor, "batch seq"],
     logits: Float[Tensor, "batch d_vocab"],
     freq_penalty: float,
+    mask: Bool[Tensor, "batch seq"] | None = None,
 ) -> Float[Tensor, "batch d_vocab"]:
-    """Subtract `freq_penalty` times the number of times each token occurs in its row's input."""
+    """Subtract `freq_penalty` times the number of times each token occurs in its row's input.
+    Where `mask` is given, only the positions where it is True count (padding does not)."""
     batch, d_vocab = logits.shape
     # BEGIN SOLUTION
     # One bincount for the whole batch: shift row b's ids by b * d_vocab so rows do not mix.
     offsets = torch.arange(batch, device=input_ids.device)[:, None] * d_vocab
-    counts = torch.bincount((input_ids + offsets).flatten(), minlength=batch * d_vocab)
+    weights = None if mask is None else mask.flatten().to(logits.dtype)
+    counts = torch.bincount(
+        (input_ids + offsets).flatten(), weights=weights, minlength=batch * d_vocab
+    )
     return logits - freq_penalty * counts.view(batch, d_vocab).to(logits.dtype)
     # END SOLUTION
 
@@ -136,10 +141,12 @@ def sample_next_token(
     min_tokens_to_keep: int = 1,
     frequency_penalty: float = 0.0,
     generator: torch.Generator | None = None,
+    attention_mask: Bool[Tensor, "batch seq"] | None = None,
 ) -> Int[Tensor, "batch"]:
     """The next token of each row. The order follows HF `generate`: the penalty, then the
     temperature (0 means greedy), then top-k or top-p. `top_k=0` or `None` and `top_p=1.0` or
-    `None` switch those filters off, as in HF."""
+    `None` switch those filters off, as in HF. `attention_mask` (False at padding) keeps
+    padding out of the penalty's counts."""
     use_top_k, use_top_p = check_sampling_args(
         temperature, top_k, top_p, min_tokens_to_keep, frequency_penalty
     )
@@ -152,8 +159,13 @@ def sample_next_token(
         )
 
     logits = logits.float()  # sampling in float32 whatever the model computed in
+    if attention_mask is not None and attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask must have input_ids' shape {tuple(input_ids.shape)}, "
+            f"got {tuple(attention_mask.shape)}"
+        )
     if frequency_penalty != 0:
-        logits = apply_frequency_penalty(input_ids, logits, frequency_penalty)
+        logits = apply_frequency_penalty(input_ids, logits, frequency_penalty, attention_mask)
     if temperature == 0:
         return greedy_search(logits)
     logits = apply_temperature(logits, temperature)
@@ -200,9 +212,7 @@ class TransformerSampler:
         eos = self.tokenizer.eos_token_id
         # BEGIN SOLUTION
         for _ in tqdm(range(max_tokens_generated), disable=not progress, desc="sampling"):
-            # The model has n_ctx learned positions: it reads the most recent n_ctx tokens.
-            context = input_ids[-self.cfg.n_ctx :][None]
-            logits = self.model(context)[:, -1]
+            logits = self.next_logits(input_ids)
             # The penalty counts every token so far, also those the model can no longer see.
             next_token = self.sample_next_token(
                 input_ids[None], logits, generator=generator, **kwargs
@@ -214,6 +224,14 @@ class TransformerSampler:
                 break
         # END SOLUTION
         return self._finish(prompt, input_ids, verbose)
+
+    def next_logits(self, input_ids: Int[Tensor, "seq"]) -> Float[Tensor, "1 d_vocab"]:
+        """The model's logits for the token after `input_ids`, the whole text so far. The one
+        step a faster sampler changes: chapter 4's keeps a cache and is otherwise this class."""
+        # BEGIN SOLUTION
+        # The model has n_ctx learned positions: it reads the most recent n_ctx tokens.
+        return self.model(input_ids[None, -self.cfg.n_ctx :])[:, -1]
+        # END SOLUTION
 
     def _finish(self, prompt, input_ids: Int[Tensor, "seq"], verbose: bool) -> str | Tensor:
         """The result in the prompt's form: text for a string prompt, else token ids."""

@@ -5,12 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.graded._oracles import PROMPT
 from utils.models import load_reference
-
-# A fixed prompt from a held-out play (Macbeth): long enough for attention to matter.
-PROMPT = (
-    "MACBETH.\nSo foul and fair a day I have not seen.\n\nBANQUO.\nHow far is't call'd to Forres?"
-)
 
 
 @pytest.fixture(scope="session")

@@ -20,16 +20,19 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from tests.graded._oracles import (
+    BEAM_SCORE_ATOL,
+    PROMPTS,
+    hf_beam_search,
+    hf_greedy,
+    hf_kept,
+    hf_window_greedy,
+)
 from tests.graded._stats import assert_samples_follow
 
 CHAPTER = "03_sampling"
 
 N_SAMPLES = 20_000  # per distribution: enough to expose a temperature off by 20%
-PROMPTS = [
-    "MACBETH.\nIs this a dagger which I see before me,",
-    "VIOLA.\nWhat country, friends, is this?\n\nCAPTAIN.\n",
-    "KING HENRY.\nOnce more unto the breach, dear friends, once more;",
-]
 
 
 def crafted_logits(seed: int = 0, d_vocab: int = 24) -> torch.Tensor:
@@ -47,9 +50,15 @@ def draw(fn, logits: torch.Tensor, n: int = N_SAMPLES, seed: int = 0, **kwargs):
     return out
 
 
-def hf_kept(warper, logits: torch.Tensor) -> torch.Tensor:
-    """The tokens an HF logits warper keeps (its output is -inf everywhere else)."""
-    return torch.isfinite(warper(None, logits.clone()))
+def assert_draws_follow_what_hf_keeps(sampler, logits, warper, what: str, **kwargs) -> None:
+    """N_SAMPLES from `sampler` follow softmax(logits) renormalised over the tokens that HF's
+    `warper` keeps: the distribution top-k and top-p sampling draw from.
+
+    False failure for a correct implementation: ALPHA (1e-5).
+    """
+    samples = draw(sampler, logits, **kwargs)
+    kept = hf_kept(warper, logits[None])[0]
+    assert_samples_follow(samples, logits.softmax(-1) * kept, what)
 
 
 # --------------------------------------------------------------------------- greedy_search
@@ -141,6 +150,24 @@ def test_frequency_penalty_matches_the_closed_form(impl, penalty):
             )
 
 
+@pytest.mark.apply_frequency_penalty
+def test_frequency_penalty_counts_only_where_the_mask_is_true(impl):
+    # Left padding with id 6 (not 0: a hard-coded pad id must not pass); row 1 has no padding.
+    sequences = torch.tensor([[6, 6, 6, 3, 6, 3], [6, 2, 2, 4, 1, 6]])
+    mask = torch.tensor([[False, False, False, True, True, True], [True] * 6])
+    logits = torch.randn(2, 8, generator=torch.Generator().manual_seed(5))
+    original = logits.clone()
+    got = impl.apply_frequency_penalty(sequences, logits, 1.0, mask)
+    assert torch.equal(logits, original), "apply_frequency_penalty must not modify its input"
+    for row in range(2):
+        counts = Counter(sequences[row][mask[row]].tolist())
+        expected = torch.tensor([original[row, t].item() - counts[t] for t in range(8)])
+        assert torch.allclose(got[row], expected, atol=1e-5), (
+            f"row {row}: with a mask, count only the positions where it is True (padding is "
+            f"not text): expected {expected.tolist()}, got {got[row].tolist()}"
+        )
+
+
 # --------------------------------------------------------------------------- sample_basic
 
 
@@ -210,10 +237,9 @@ def test_filter_top_k_works_row_by_row(impl):
 @pytest.mark.parametrize("k", [1, 4])
 def test_sample_top_k_follows_the_renormalised_distribution(impl, k):
     # False failure for a correct implementation: ALPHA (1e-5).
-    logits = crafted_logits(22)
-    samples = draw(impl.sample_top_k, logits, k=k)
-    kept = hf_kept(TopKLogitsWarper(top_k=k), logits[None])[0]
-    assert_samples_follow(samples, logits.softmax(-1) * kept, f"sample_top_k with k={k}")
+    warper = TopKLogitsWarper(top_k=k)
+    what = f"sample_top_k with k={k}"
+    assert_draws_follow_what_hf_keeps(impl.sample_top_k, crafted_logits(22), warper, what, k=k)
 
 
 # --------------------------------------------------------------------------- top-p
@@ -272,21 +298,14 @@ def test_filter_top_p_works_row_by_row(impl):
 @pytest.mark.parametrize("top_p", [0.5, 0.9])
 def test_sample_top_p_follows_the_renormalised_distribution(impl, top_p):
     # False failure for a correct implementation: ALPHA (1e-5).
-    logits = crafted_logits(32)
-    samples = draw(impl.sample_top_p, logits, top_p=top_p)
-    kept = hf_kept(TopPLogitsWarper(top_p=top_p), logits[None])[0]
-    assert_samples_follow(samples, logits.softmax(-1) * kept, f"sample_top_p with top_p={top_p}")
+    warper = TopPLogitsWarper(top_p=top_p)
+    what = f"sample_top_p with top_p={top_p}"
+    assert_draws_follow_what_hf_keeps(
+        impl.sample_top_p, crafted_logits(32), warper, what, top_p=top_p
+    )
 
 
 # --------------------------------------------------------------------------- sample (the loop)
-
-
-def hf_greedy(hf_model, ids: torch.Tensor, n: int) -> torch.Tensor:
-    with torch.no_grad():
-        out = hf_model.generate(
-            ids[None], max_new_tokens=n, do_sample=False, top_k=None, pad_token_id=0
-        )
-    return out[0]
 
 
 @pytest.mark.sample
@@ -297,7 +316,7 @@ def test_greedy_sampling_equals_hf_generate(impl, shipped, hf, prompt):
     expected = hf_greedy(hf, ids, 40)
     got = impl.TransformerSampler(model, tokenizer).sample(ids, 40, temperature=0.0)
     assert isinstance(got, torch.Tensor), "given token ids, sample must return token ids"
-    assert got.tolist() == expected.tolist(), (
+    assert got.tolist() == expected, (
         f"greedy continuation differs from GPT2LMHeadModel.generate(do_sample=False):\n"
         f"HF:   {tokenizer.decode(expected[len(ids) :])!r}\n"
         f"you:  {tokenizer.decode(got[len(ids) :])!r}\n"
@@ -364,12 +383,8 @@ def test_sampling_past_the_context_window_reads_the_last_n_ctx_tokens(impl, ship
     ids = torch.tensor(tokenizer.encode(text))[: n_ctx - 3]
     got = impl.TransformerSampler(model, tokenizer).sample(ids, 8, temperature=0.0)
     # Ground truth: HF's logits on the most recent n_ctx tokens, step by step.
-    expected = ids.clone()
-    with torch.no_grad():
-        for _ in range(8):
-            logits = hf(expected[-n_ctx:][None]).logits[0, -1]
-            expected = torch.cat([expected, logits.argmax()[None]])
-    assert got.tolist() == expected.tolist(), (
+    expected = hf_window_greedy(hf, ids.tolist(), 8, lambda t, length: max(0, length - n_ctx))
+    assert got.tolist() == expected, (
         f"past {n_ctx} tokens the model can only read the most recent n_ctx of them: crop the "
         "input to input_ids[-n_ctx:] at each step (the output keeps every token)"
     )
@@ -493,42 +508,18 @@ def test_filter_keeps_the_best_continuing_and_the_finished(impl, shipped):
 # --------------------------------------------------------------------------- beam_search
 
 
-def hf_beam_search(hf_model, ids, num_beams, n_return, n_new, early_stopping, ngram=None, **kw):
-    with torch.no_grad():
-        out = hf_model.generate(
-            ids[None],
-            num_beams=num_beams,
-            num_return_sequences=n_return,
-            max_new_tokens=n_new,
-            length_penalty=0.0,
-            early_stopping=early_stopping,
-            do_sample=False,
-            no_repeat_ngram_size=ngram,
-            pad_token_id=0,
-            eos_token_id=0,
-            output_scores=True,
-            return_dict_in_generate=True,
-            top_k=None,
-            **kw,
-        )
-    return out.sequences, out.sequences_scores
-
-
-def assert_same_beams(got, hf_sequences, hf_scores, prompt_len, tokenizer, context):
-    assert len(got) == len(hf_sequences), f"{context}: expected {len(hf_sequences)} sequences"
-    for rank, ((score, tokens), seq, hf_score) in enumerate(
-        zip(got, hf_sequences, hf_scores, strict=True)
+def assert_same_beams(got, expected, tokenizer, context: str) -> None:
+    """`got` (the learner's beam_search) equals `expected` (hf_beam_search), best first."""
+    assert len(got) == len(expected), f"{context}: expected {len(expected)} sequences"
+    for rank, ((score, tokens), (hf_score, hf_tokens)) in enumerate(
+        zip(got, expected, strict=True)
     ):
-        hf_tokens = seq.tolist()
-        generated = hf_tokens[prompt_len:]
-        if 0 in generated:  # HF pads a sequence that ended early (pad = EOS = 0 here)
-            hf_tokens = hf_tokens[: prompt_len + generated.index(0) + 1]
-        assert tokens.tolist() == hf_tokens, (
+        assert tokens.tolist() == hf_tokens.tolist(), (
             f"{context}, sequence {rank}:\nHF:  {tokenizer.decode(hf_tokens)!r}\n"
             f"you: {tokenizer.decode(tokens)!r}"
         )
-        assert math.isclose(score, hf_score.item(), abs_tol=2e-3), (
-            f"{context}, sequence {rank}: score {score:.4f}, HF {hf_score.item():.4f} (the sum "
+        assert math.isclose(score, hf_score, abs_tol=BEAM_SCORE_ATOL), (
+            f"{context}, sequence {rank}: score {score:.4f}, HF {hf_score:.4f} (the sum "
             "of the generated tokens' log-probabilities)"
         )
 
@@ -547,13 +538,11 @@ def test_beam_search_equals_hf_generate(impl, shipped, hf, prompt, num_beams, n_
     model, tokenizer = shipped
     ids = torch.tensor(tokenizer.encode(prompt))
     n_new = 12
-    hf_seqs, hf_scores = hf_beam_search(hf, ids, num_beams, n_return, n_new, False, ngram)
+    expected = hf_beam_search(hf, ids, n_return, num_beams, n_new, no_repeat_ngram_size=ngram)
     got = impl.beam_search(
         model, tokenizer, prompt, n_return, num_beams, n_new, no_repeat_ngram_size=ngram
     )
-    assert_same_beams(
-        got, hf_seqs, hf_scores, len(ids), tokenizer, f"{num_beams} beams, ngram={ngram}"
-    )
+    assert_same_beams(got, expected, tokenizer, f"{num_beams} beams, ngram={ngram}")
 
 
 class BigramTable(torch.nn.Module):
@@ -599,21 +588,14 @@ def test_beam_search_end_of_text_and_stopping_rules(impl, shipped, hf, early_sto
     table = BigramTable(model.cfg, tokenizer.eos_token_id, seed)
     prompt = PROMPTS[seed % 3]
     ids = torch.tensor(tokenizer.encode(prompt))
-    hf_seqs, hf_scores = hf_beam_search(
+    expected = hf_beam_search(
         hf,
         ids,
         3,
         3,
         10,
-        early_stopping,
+        early_stopping=early_stopping,
         logits_processor=LogitsProcessorList([TableProcessor(table)]),
     )
     got = impl.beam_search(table, tokenizer, prompt, 3, 3, 10, early_stopping=early_stopping)
-    assert_same_beams(
-        got,
-        hf_seqs,
-        hf_scores,
-        len(ids),
-        tokenizer,
-        f"crafted logits, early_stopping={early_stopping}",
-    )
+    assert_same_beams(got, expected, tokenizer, f"crafted logits, early_stopping={early_stopping}")

@@ -13,43 +13,21 @@ import copy
 import pytest
 import torch
 
-from tests.graded.conftest import PROMPT
+from tests.graded._oracles import (
+    BATCH_PROMPTS,
+    BEAM_SCORE_ATOL,
+    PROMPT,
+    assert_close_f32,
+    hf_beam_search,
+    hf_greedy,
+    hf_window_greedy,
+)
 
 CHAPTER = "04_kv_cache"
-
-PROMPTS = [
-    "MACBETH.\nIs this a dagger which I see before me,",
-    "VIOLA.\nWhat",
-    "KING HENRY.\nOnce more unto the breach, dear friends, once more;",
-]
-
-
-def assert_close_f32(actual: torch.Tensor, expected: torch.Tensor, msg: str) -> None:
-    """Equal within float32 rounding: the bounds chapter 1 uses against the reference."""
-    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-3, msg=msg)
 
 
 def ids_of(tokenizer, text: str) -> torch.Tensor:
     return torch.tensor([tokenizer.encode(text)])
-
-
-def hf_greedy(hf, tokenizer, text: str, new: int) -> list[int]:
-    ids = ids_of(tokenizer, text)
-    out = hf.generate(
-        ids, max_new_tokens=new, do_sample=False, top_k=None, pad_token_id=tokenizer.eos_token_id
-    )
-    return out[0].tolist()
-
-
-def hf_window_greedy(hf, ids: list[int], new: int, window_starts) -> list[int]:
-    """Greedy decoding where step t reads ids[window_starts(t, len):]: HF run on the window."""
-    ids = list(ids)
-    for t in range(new):
-        start = window_starts(t, len(ids))
-        with torch.no_grad():
-            logits = hf(torch.tensor([ids[start:]])).logits[0, -1]
-        ids.append(int(logits.argmax()))
-    return ids
 
 
 # --------------------------------------------------------------------------- causal_mask
@@ -197,7 +175,7 @@ def test_cached_logits_match_hf(impl, shipped, hf):
 @pytest.mark.forward_with_cache
 def test_left_padded_batch_matches_each_prompt_alone(impl, shipped, hf):
     model, tokenizer = shipped
-    rows = [tokenizer.encode(p) for p in PROMPTS]
+    rows = [tokenizer.encode(p) for p in BATCH_PROMPTS]
     width = max(map(len, rows))
     pad = tokenizer.eos_token_id
     tokens = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
@@ -227,12 +205,12 @@ def test_left_padded_batch_matches_each_prompt_alone(impl, shipped, hf):
 
 
 @pytest.mark.cached_sample
-@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("prompt", BATCH_PROMPTS)
 def test_cached_greedy_equals_hf_generate(impl, shipped, hf, prompt):
     model, tokenizer = shipped
     sampler = impl.CachedTransformerSampler(model, tokenizer)
     got = sampler.sample(tokenizer.encode(prompt), 40, temperature=0.0, stop_at_eos=False)
-    assert got.tolist() == hf_greedy(hf, tokenizer, prompt, 40)
+    assert got.tolist() == hf_greedy(hf, tokenizer.encode(prompt), 40)
 
 
 @pytest.mark.cached_sample
@@ -246,8 +224,8 @@ def test_cached_sampling_equals_uncached_under_a_seed(impl, shipped, kwargs):
     uncached = impl.TransformerSampler(model, tokenizer)
     cached = impl.CachedTransformerSampler(model, tokenizer)
     for seed in (0, 1):
-        a = uncached.sample(PROMPTS[0], 50, seed=seed, stop_at_eos=False, **kwargs)
-        b = cached.sample(PROMPTS[0], 50, seed=seed, stop_at_eos=False, **kwargs)
+        a = uncached.sample(BATCH_PROMPTS[0], 50, seed=seed, stop_at_eos=False, **kwargs)
+        b = cached.sample(BATCH_PROMPTS[0], 50, seed=seed, stop_at_eos=False, **kwargs)
         assert a == b, (
             f"seed {seed}, {kwargs}: the cached sampler must draw exactly the uncached tokens. "
             "Does it pass the WHOLE text so far to sample_next_token (the penalty counts it)?"
@@ -294,28 +272,17 @@ def test_cached_sampling_past_n_ctx_slides_the_window(impl, shipped, hf, shift):
 )
 def test_cached_beam_search_equals_hf(impl, shipped, hf, cfg):
     model, tokenizer = shipped
-    got = impl.beam_search(model, tokenizer, PROMPTS[0], beams_class=impl.CachedBeams, **cfg)
-    ids = ids_of(tokenizer, PROMPTS[0])
-    out = hf.generate(
-        ids,
-        do_sample=False,
-        num_beams=cfg["num_beams"],
-        max_new_tokens=cfg["max_new_tokens"],
-        num_return_sequences=cfg["num_return_sequences"],
-        length_penalty=0.0,
-        early_stopping=False,
-        no_repeat_ngram_size=cfg.get("no_repeat_ngram_size") or 0,
-        output_scores=True,
-        return_dict_in_generate=True,
-        pad_token_id=tokenizer.eos_token_id,
-        top_k=None,
-    )
-    assert [t.tolist() for _, t in got] == out.sequences.tolist(), (
+    got = impl.beam_search(model, tokenizer, BATCH_PROMPTS[0], beams_class=impl.CachedBeams, **cfg)
+    expected = hf_beam_search(hf, tokenizer.encode(BATCH_PROMPTS[0]), **cfg)
+    assert [t.tolist() for _, t in got] == [t.tolist() for _, t in expected], (
         "beams differ from HF's: does each candidate's cache row follow its parent beam "
         "(cache[parents]) after filter?"
     )
     torch.testing.assert_close(
-        torch.tensor([s for s, _ in got]), out.sequences_scores, atol=2e-3, rtol=0
+        torch.tensor([s for s, _ in got]),
+        torch.tensor([s for s, _ in expected]),
+        atol=BEAM_SCORE_ATOL,
+        rtol=0,
     )
 
 
@@ -342,7 +309,7 @@ def test_left_pad_matches_hf_tokenizer_padding(impl, shipped):
     tok = copy.deepcopy(tokenizer)
     tok.padding_side = "left"
     tok.pad_token = tok.eos_token
-    texts = PROMPTS + ["A"]
+    texts = BATCH_PROMPTS + ["A"]
     expected = tok(texts, padding=True, return_tensors="pt")
     tokens, mask = impl.left_pad([tokenizer.encode(t) for t in texts], tok.pad_token_id)
     assert torch.equal(tokens, expected["input_ids"]), "each row: padding first, then the prompt"
@@ -354,25 +321,40 @@ def test_left_pad_matches_hf_tokenizer_padding(impl, shipped):
 @pytest.mark.generate_batch
 def test_batched_greedy_equals_hf_on_each_prompt(impl, shipped, hf):
     model, tokenizer = shipped
-    texts = impl.generate_batch(model, tokenizer, PROMPTS, 30, temperature=0.0, stop_at_eos=False)
-    assert len(texts) == len(PROMPTS), "one text per prompt, in the prompts' order"
-    for text, prompt in zip(texts, PROMPTS, strict=True):
-        assert text == tokenizer.decode(hf_greedy(hf, tokenizer, prompt, 30)), (
+    texts = impl.generate_batch(
+        model, tokenizer, BATCH_PROMPTS, 30, temperature=0.0, stop_at_eos=False
+    )
+    assert len(texts) == len(BATCH_PROMPTS), "one text per prompt, in the prompts' order"
+    for text, prompt in zip(texts, BATCH_PROMPTS, strict=True):
+        assert text == tokenizer.decode(hf_greedy(hf, tokenizer.encode(prompt), 30)), (
             f"prompt {prompt!r}: batched greedy text must equal the prompt generated alone"
         )
+
+
+def eos_boosted(model, tokenizer, nats: float):
+    """A copy of `model` on which end-of-text is `nats` more likely everywhere."""
+    crafted = copy.deepcopy(model)
+    with torch.no_grad():
+        crafted.unembed.b_U[tokenizer.eos_token_id] += nats
+    return crafted
 
 
 @pytest.mark.generate_batch
 def test_batched_frequency_penalty_counts_each_row_alone(impl, shipped):
     model, tokenizer = shipped
-    sampler = impl.TransformerSampler(model, tokenizer)  # chapter 3's, graded vs closed form
-    kwargs = dict(temperature=0.0, frequency_penalty=1.5, stop_at_eos=False)
-    texts = impl.generate_batch(model, tokenizer, PROMPTS, 25, **kwargs)
-    for text, prompt in zip(texts, PROMPTS, strict=True):
-        assert text == sampler.sample(prompt, 25, **kwargs), (
-            "with a frequency penalty, count each row's own real tokens: not the other rows', "
-            "not the padding"
-        )
+    # The padding id is end-of-text: made 5 nats more likely, greedy text ends within 25
+    # tokens for the second and third prompts alone, and counting the 12 padding tokens of the
+    # short second prompt as text (1.5 each) would stop its text ending.
+    crafted = eos_boosted(model, tokenizer, 5.0)
+    for m, stop in [(model, False), (crafted, True)]:
+        sampler = impl.TransformerSampler(m, tokenizer)  # chapter 3's, graded vs closed form
+        kwargs = dict(temperature=0.0, frequency_penalty=1.5, stop_at_eos=stop)
+        texts = impl.generate_batch(m, tokenizer, BATCH_PROMPTS, 25, **kwargs)
+        for text, prompt in zip(texts, BATCH_PROMPTS, strict=True):
+            assert text == sampler.sample(prompt, 25, **kwargs), (
+                "with a frequency penalty, count each row's own real tokens: not the other "
+                "rows', not the padding (pass the cache's mask on as attention_mask)"
+            )
 
 
 @pytest.mark.generate_batch
@@ -380,14 +362,12 @@ def test_batched_rows_stop_at_their_own_end_of_text(impl, shipped):
     model, tokenizer = shipped
     # A crafted model: end-of-text made 5 nats more likely, so that greedy text ends after
     # 19 tokens for the first prompt, 6 for the second, and not within 30 for the third.
-    crafted = copy.deepcopy(model)
-    with torch.no_grad():
-        crafted.unembed.b_U[tokenizer.eos_token_id] += 5.0
+    crafted = eos_boosted(model, tokenizer, 5.0)
     sampler = impl.TransformerSampler(crafted, tokenizer)  # chapter 3's, graded vs HF
-    expected = [sampler.sample(p, 30, temperature=0.0) for p in PROMPTS]
+    expected = [sampler.sample(p, 30, temperature=0.0) for p in BATCH_PROMPTS]
     ends = [t.endswith(tokenizer.eos_token) for t in expected]
     assert ends == [True, True, False], f"test setup: expected two texts to end, got {ends}"
-    got = impl.generate_batch(crafted, tokenizer, PROMPTS, 30, temperature=0.0)
+    got = impl.generate_batch(crafted, tokenizer, BATCH_PROMPTS, 30, temperature=0.0)
     for text, want in zip(got, expected, strict=True):
         assert text == want, (
             "stop each row after its own end-of-text token (keep that token), and let the "

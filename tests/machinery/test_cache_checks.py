@@ -243,17 +243,18 @@ def test_padding_that_sees_no_key_fails(shipped, hf):
         graded.test_left_padded_batch_matches_each_prompt_alone(impl, shipped, hf)
 
 
-@pytest.mark.parametrize("bug", ["whole batch", "ignored"])
+@pytest.mark.parametrize("bug", ["whole batch", "ignored", "padding counted"])
 def test_frequency_penalty_not_counted_per_row_fails(shipped, bug):
     def buggy(model, tokenizer, prompts, max_tokens_generated=100, **kwargs):
-        penalty = kwargs.pop("frequency_penalty", 0.0)
         original = batched.sample_next_token
 
-        def counted_wrong(input_ids, logits, **kw):
+        def counted_wrong(input_ids, logits, frequency_penalty=0.0, attention_mask=None, **kw):
+            if bug == "padding counted":  # the mask not passed on
+                return original(input_ids, logits, frequency_penalty=frequency_penalty, **kw)
             if bug == "whole batch":  # one count over every row's tokens
                 counts = torch.bincount(input_ids.flatten(), minlength=logits.shape[-1])
-                logits = logits - penalty * counts
-            return original(input_ids, logits, **kw)
+                logits = logits - frequency_penalty * counts
+            return original(input_ids, logits, **kw)  # and the penalty itself never applied
 
         batched.sample_next_token = counted_wrong
         try:

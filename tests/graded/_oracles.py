@@ -1,0 +1,93 @@
+"""Ground truths and shared constants of the graded tests, each declared once.
+
+Test files import every oracle, prompt and closeness bound from here. The HF oracles that a
+chapter also runs in front of the learner (greedy `generate`, beam search, the tokens a logits
+warper keeps) are defined in `utils/hf_oracles.py`, because a notebook can import `utils` but
+not `tests`, and are re-exported here; the ones only tests need are defined below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from transformers import GPT2LMHeadModel
+
+from utils.hf_oracles import hf_beam_search, hf_greedy, hf_kept
+
+__all__ = [
+    "BATCH_PROMPTS",
+    "BEAM_SCORE_ATOL",
+    "F32_ATOL",
+    "F32_RTOL",
+    "PROMPT",
+    "PROMPTS",
+    "assert_close_f32",
+    "hf_beam_search",
+    "hf_greedy",
+    "hf_kept",
+    "hf_window_greedy",
+]
+
+# --------------------------------------------------------------------------- prompts
+
+PROMPT = (
+    "MACBETH.\nSo foul and fair a day I have not seen.\n\nBANQUO.\nHow far is't call'd to Forres?"
+)
+"""The reference model's activations are taken on this prompt: from a held-out play (Macbeth),
+35 tokens, long enough for attention to matter."""
+
+PROMPTS = [
+    "MACBETH.\nIs this a dagger which I see before me,",
+    "VIOLA.\nWhat country, friends, is this?\n\nCAPTAIN.\n",
+    "KING HENRY.\nOnce more unto the breach, dear friends, once more;",
+]
+"""Three openings to generate from (18, 21 and 18 tokens): chapter 3's sampling and beam search
+are compared with HF's `generate` on each."""
+
+BATCH_PROMPTS = [
+    "MACBETH.\nIs this a dagger which I see before me,",
+    "VIOLA.\nWhat",
+    "KING HENRY.\nOnce more unto the breach, dear friends, once more;",
+]
+"""Chapter 4's prompts: 18, 6 and 18 tokens, so that a left-padded batch of them has a row that
+is mostly padding, and each row must still generate what it would alone."""
+
+# --------------------------------------------------------------------------- closeness bounds
+
+F32_ATOL, F32_RTOL = 1e-4, 1e-3
+"""Float32 activations and logits of the course's model against the reference (transformer-lens,
+HF): two implementations sum in different orders and differ in the last digits; a real mistake
+lands far outside these bounds."""
+
+BEAM_SCORE_ATOL = 2e-3
+"""A beam's score (a sum of up to a few dozen float32 log-probabilities) against HF's."""
+
+
+def assert_close_f32(actual: torch.Tensor, expected: torch.Tensor, msg: str) -> None:
+    """Equal within float32 rounding (`F32_ATOL`, `F32_RTOL`), or fail with `msg`."""
+    torch.testing.assert_close(actual, expected, atol=F32_ATOL, rtol=F32_RTOL, msg=msg)
+
+
+# --------------------------------------------------------------------------- generation
+
+
+def hf_window_greedy(
+    hf_model: GPT2LMHeadModel,
+    ids: list[int],
+    max_new_tokens: int,
+    window_start: Callable[[int, int], int],
+) -> list[int]:
+    """Greedy decoding where step t reads only ids[window_start(t, len(ids)):], by HF's logits.
+
+    The ground truth for text longer than the context window, where `generate` cannot go (the
+    model has `n_positions` learned positions): the HF model is called on exactly the window
+    that the rule under test says the model reads.
+    """
+    ids = list(ids)
+    for t in range(max_new_tokens):
+        start = window_start(t, len(ids))
+        with torch.no_grad():
+            logits = hf_model(torch.tensor([ids[start:]])).logits[0, -1]
+        ids.append(int(logits.argmax()))
+    return ids
