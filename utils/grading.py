@@ -503,11 +503,14 @@ def run_graded_test(
     def summarise(err: BaseException) -> dict:
         unavailable = _caused_by(err, ExerciseUnavailable)
         name_error = _caused_by(err, NameError)
+        not_implemented = _caused_by(err, NotImplementedError) is not None
+        # A full report only where it will be shown (rendering one reads source: slow).
+        plain = kind_of(err) == "error" and not (unavailable or not_implemented)
         return {
             "places": _learner_places(err, impl),
             "first_line": f"{type(err).__name__}: {err}".splitlines()[0][:200],
-            "longrepr": describe(err) if kind_of(err) == "error" else "",
-            "not_implemented": _caused_by(err, NotImplementedError) is not None,
+            "longrepr": describe(err) if plain else "",
+            "not_implemented": not_implemented,
             "unavailable": str(unavailable) if unavailable else None,
             "name_error": None if name_error is None else name_error_hint(name_error, impl.live),
             "exit": exit_description(err) if kind_of(err) == "exit" else "",

@@ -45,16 +45,11 @@ def test_reset_of_unknown_chapter_is_a_clear_error():
     assert done.returncode == 2 and "chapter must be one of" in done.stderr
 
 
-def test_grade_prints_a_table_and_passes_on_the_solutions():
-    done = course("grade", "1", "--impl", "solutions")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "token_strings" in done.stdout and "9 of 9 exercises pass" in done.stdout
-
-
 def test_grade_fails_on_the_stubs_with_the_reason():
-    done = course("grade", "--impl", "stubs")
+    # One chapter: `make test` grades every chapter's stubs already (--must-fail).
+    done = course("grade", "2", "--impl", "stubs")
     assert done.returncode == 1
-    n = len(list(all_exercises()))
+    n = len([ex for ex in all_exercises() if ex.chapter.startswith("02")])
     assert f"0 of {n} exercises pass" in done.stdout and "not implemented yet" in done.stdout
 
 
