@@ -1,18 +1,26 @@
 """Generation speed: the course's uncached, cached and batched generators against HF generate.
 
     python benchmarks/generate.py [--model shakespeare] [--runs 5] [--device cpu|cuda|all]
+                                  [--load N] [--threads T]
 
 Prints one JSON object: tokens/s (medians over `--runs` runs, all methods interleaved in one
 process, so they share the machine's mood) and the ratios the course aims at. Every method
 decodes greedily, so all of them do the same work and must produce the same tokens (checked).
 The model's context is n_ctx positions and HF's GPT-2 cannot go past it, so each run
 generates n_ctx minus the longest prompt's length new tokens (255 for a 1-token prompt).
+
+`--load N` starts N busy processes beside the benchmark (each a loop of PyTorch matrix products
+with PyTorch's default threads, like a test run), so that the ratios can be read on a machine
+that is shared, as CI machines and laptops are. `--threads T` sets PyTorch's intra-op threads
+for the benchmark itself (default: PyTorch's choice, one per core).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import multiprocessing
 import platform
 import statistics
 import time
@@ -35,6 +43,34 @@ PROMPTS_8 = [
     "PUCK.\n",
     "PROSPERO.\nWe are such stuff as dreams",
 ]
+
+
+def _busy(stop) -> None:
+    """A stand-in for another test run: small and large matrix products, until told to stop."""
+    small, large = torch.randn(64, 192), torch.randn(512, 512)
+    while not stop.is_set():
+        for _ in range(50):
+            small @ small.T
+        large @ large
+
+
+@contextlib.contextmanager
+def load(n: int):
+    """N busy processes for the duration of the block (spawned: a fork would inherit torch's
+    thread pool in a state it cannot use)."""
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    workers = [ctx.Process(target=_busy, args=(stop,), daemon=True) for _ in range(n)]
+    for w in workers:
+        w.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(timeout=10)
+            if w.is_alive():
+                w.kill()
 
 
 def timed(fn, device: torch.device) -> tuple[float, object]:
@@ -143,7 +179,13 @@ def main() -> None:
     parser.add_argument("--model", default="shakespeare")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
+    parser.add_argument("--load", type=int, default=0, help="busy processes beside the runs")
+    parser.add_argument("--threads", type=int, default=None, help="PyTorch intra-op threads")
     args = parser.parse_args()
+    if args.load < 0 or (args.threads is not None and args.threads < 1):
+        parser.error("--load must be >= 0 and --threads >= 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     devices = []
     if args.device in ("cpu", "all"):
         devices.append(torch.device("cpu"))
@@ -151,9 +193,10 @@ def main() -> None:
         devices.append(torch.device("cuda"))
     if args.device == "cuda" and not devices:
         raise SystemExit("--device cuda: no CUDA device here")
-    result = {"model": args.model, "torch": torch.__version__}
-    for device in devices:
-        result[device.type] = bench_device(args.model, device, args.runs)
+    result = {"model": args.model, "torch": torch.__version__, "load": args.load}
+    with load(args.load):
+        for device in devices:
+            result[device.type] = bench_device(args.model, device, args.runs)
     print(json.dumps(result, indent=2))
 
 
