@@ -154,7 +154,7 @@ def _first_line(source: str) -> str:
     return "…"
 
 
-def _label(cell, chapter: str, pristine_ids: set[str]) -> str:
+def _label(cell, pristine_ids: set[str]) -> str:
     tags = cell.metadata.get("tags", [])
     if "exercise" in tags:
         return f"the `{cell.metadata.get('exercise')}` cell"
@@ -166,7 +166,7 @@ def _label(cell, chapter: str, pristine_ids: set[str]) -> str:
     return f"{mine}cell `{_first_line(cell.source)}`"
 
 
-def graded_cells(nb: nbformat.NotebookNode, chapter: str) -> list:
+def graded_cells(nb: nbformat.NotebookNode) -> list:
     """The code cells grading runs, in notebook order: setup, given code, exercises, and any
     other cell that defines a name those (or other selected cells) use."""
     code = [c for c in nb.cells if c.cell_type == "code"]
@@ -206,9 +206,9 @@ def impl_from_notebook(nb: nbformat.NotebookNode, chapter: str, source: str) -> 
     impl = Impl(source=source, chapter=chapter, namespace=namespace, isolated=True)
     seen: set[str] = set()
     pristine = pristine_cell_ids(chapter)
-    for cell in graded_cells(nb, chapter):
+    for cell in graded_cells(nb):
         tags = cell.metadata.get("tags", [])
-        label = _label(cell, chapter, pristine)
+        label = _label(cell, pristine)
         error = run_cell(cell.source, namespace, label, CELL_TIMEOUT_S)
         if "setup" in tags or "source" in tags:
             impl.setup_values.update(
