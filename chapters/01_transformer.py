@@ -40,6 +40,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from solutions import checks
 from solutions.config import Config
 from solutions.mlp import gelu_new
 from utils.check import check

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from solutions import checks
 from solutions.attention import Attention
 from solutions.kv_cache import KeyValueCache
 from solutions.model import DemoTransformer
@@ -74,15 +75,9 @@ def forward_with_cache(
     rows of a batch hold prompts of different lengths; each row's positions count its real
     tokens only."""
     cfg = model.cfg
-    if tokens.ndim != 2 or tokens.dtype not in (torch.int32, torch.int64):
-        raise ValueError(
-            f"tokens must be an integer tensor of shape [batch, new], "
-            f"got dtype {tokens.dtype} and shape {tuple(tokens.shape)}"
-        )
+    checks.token_ids("tokens [batch, new]", tokens, cfg.d_vocab, ndim=2)
     if tokens.shape[1] < 1:
         raise ValueError("tokens must hold at least one new position")
-    if not 0 <= int(tokens.min()) <= int(tokens.max()) < cfg.d_vocab:
-        raise ValueError(f"token ids must lie in [0, d_vocab={cfg.d_vocab})")
     if cache is None:
         cache = KeyValueCache.new_empty(cfg, tokens.shape[0], tokens.device, model.embed.W_E.dtype)
     cache.check_next(cfg, tokens)

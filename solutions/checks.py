@@ -51,7 +51,9 @@ def token_ids(name: str, ids: Tensor, d_vocab: int, ndim: int | None = None) -> 
         got = ids.dtype if isinstance(ids, Tensor) else type(ids).__name__
         raise ValueError(f"{name} must be an integer tensor of token ids, got {got}")
     if ndim is not None and ids.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(ids.shape)}")
+        raise ValueError(
+            f"{name} must be an integer tensor with {ndim} dimensions, got shape {tuple(ids.shape)}"
+        )
     if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < d_vocab:
         raise ValueError(
             f"{name} must hold token ids in [0, d_vocab={d_vocab}), got values in "

@@ -1,9 +1,9 @@
 """DemoTransformer: GPT-2 from tokens to logits."""
 
-import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from solutions import checks
 from solutions.block import TransformerBlock
 from solutions.config import Config
 from solutions.embed import Embed, PosEmbed
@@ -23,18 +23,9 @@ class DemoTransformer(nn.Module):
 
     def forward(self, tokens: Int[Tensor, "batch posn"]) -> Float[Tensor, "batch posn d_vocab"]:
         # Bad input gets a clear error here, not an index error deep inside an embedding.
-        if tokens.ndim != 2 or tokens.dtype not in (torch.int32, torch.int64):
-            raise ValueError(
-                f"tokens must be an integer tensor of shape [batch, posn], "
-                f"got dtype {tokens.dtype} and shape {tuple(tokens.shape)}"
-            )
-        if not 1 <= tokens.shape[1] <= self.cfg.n_ctx:
-            raise ValueError(
-                f"tokens must hold between 1 and n_ctx={self.cfg.n_ctx} positions, "
-                f"got {tokens.shape[1]}"
-            )
-        if tokens.numel() and not 0 <= int(tokens.min()) <= int(tokens.max()) < self.cfg.d_vocab:
-            raise ValueError(f"token ids must lie in [0, d_vocab={self.cfg.d_vocab})")
+        checks.token_ids("tokens [batch, posn]", tokens, self.cfg.d_vocab, ndim=2)
+        checks.integer(f"the number of positions (n_ctx={self.cfg.n_ctx})", tokens.shape[1],
+                       low=1, high=self.cfg.n_ctx)  # fmt: skip
         # BEGIN SOLUTION
         residual = self.embed(tokens) + self.pos_embed(tokens)
         for block in self.blocks:
