@@ -50,7 +50,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from solutions import Config, DemoTransformer, token_strings
+from solutions import Config, DemoTransformer, checks, token_strings
 from utils.check import check
 from utils.display import show_solution
 

@@ -45,8 +45,19 @@ def number(name: str, value, low: float = -math.inf, high: float = math.inf) -> 
     return value
 
 
-def token_ids(name: str, ids: Tensor, d_vocab: int, ndim: int | None = None) -> Tensor:
-    """`ids`, an integer tensor (of `ndim` dimensions) whose values lie in [0, d_vocab)."""
+def positive(name: str, value) -> float:
+    """`value`, a real number > 0 (a scale, an epsilon: zero would divide by zero)."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (ok and value > 0):  # NaN fails too
+        raise ValueError(f"{name} must be a number > 0, got {value!r}")
+    return value
+
+
+def token_ids(
+    name: str, ids: Tensor, d_vocab: int | None = None, ndim: int | None = None
+) -> Tensor:
+    """`ids`, an integer tensor (of `ndim` dimensions) whose values lie in [0, d_vocab) (or are
+    at least not negative, when the vocabulary size is not known here)."""
     if not isinstance(ids, Tensor) or ids.dtype not in (torch.int32, torch.int64):
         got = ids.dtype if isinstance(ids, Tensor) else type(ids).__name__
         raise ValueError(f"{name} must be an integer tensor of token ids, got {got}")
@@ -54,9 +65,11 @@ def token_ids(name: str, ids: Tensor, d_vocab: int, ndim: int | None = None) -> 
         raise ValueError(
             f"{name} must be an integer tensor with {ndim} dimensions, got shape {tuple(ids.shape)}"
         )
-    if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < d_vocab:
+    high = math.inf if d_vocab is None else d_vocab
+    if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < high:
+        allowed = f"[0, d_vocab={d_vocab})" if d_vocab else ">= 0"
         raise ValueError(
-            f"{name} must hold token ids in [0, d_vocab={d_vocab}), got values in "
+            f"{name} must hold token ids {allowed}, got values in "
             f"[{int(ids.min())}, {int(ids.max())}]"
         )
     return ids

@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass
 
+from solutions import checks
+
 
 @dataclass
 class Config:
@@ -18,10 +20,6 @@ class Config:
 
     def __post_init__(self) -> None:
         for name in ("d_model", "d_vocab", "n_ctx", "d_head", "d_mlp", "n_heads", "n_layers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"Config.{name} must be a positive integer, got {value!r}")
-        if not self.layer_norm_eps > 0:
-            raise ValueError(f"Config.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
-        if not self.init_range > 0:
-            raise ValueError(f"Config.init_range must be > 0, got {self.init_range!r}")
+            checks.integer(f"Config.{name}", getattr(self, name), low=1)
+        checks.positive("Config.layer_norm_eps", self.layer_norm_eps)
+        checks.positive("Config.init_range", self.init_range)

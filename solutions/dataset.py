@@ -1,9 +1,10 @@
 """Training windows: a long token stream cut into (input, target) pairs for next-token loss."""
 
-import torch
 from jaxtyping import Int
 from torch import Tensor
 from torch.utils.data import Dataset
+
+from solutions import checks
 
 
 class TokenWindows(Dataset):
@@ -15,12 +16,9 @@ class TokenWindows(Dataset):
 
     def __init__(self, tokens: Int[Tensor, " n_tokens"], n_ctx: int, stride: int | None = None):
         stride = n_ctx if stride is None else stride
-        if not isinstance(n_ctx, int) or n_ctx < 1:
-            raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
-        if not isinstance(stride, int) or not 1 <= stride <= n_ctx:
-            raise ValueError(f"stride must be an integer in [1, n_ctx={n_ctx}], got {stride!r}")
-        if tokens.ndim != 1 or tokens.dtype not in (torch.int32, torch.int64):
-            raise ValueError("tokens must be a 1-D integer tensor")
+        checks.integer("n_ctx", n_ctx, low=1)
+        checks.integer(f"stride (n_ctx={n_ctx})", stride, low=1, high=n_ctx)
+        checks.token_ids("tokens", tokens, ndim=1)
         if len(tokens) < n_ctx + 1:
             raise ValueError(f"tokens must hold at least n_ctx + 1 = {n_ctx + 1} tokens")
         self.tokens = tokens

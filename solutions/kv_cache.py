@@ -12,6 +12,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from solutions import checks
 from solutions.config import Config
 
 
@@ -34,8 +35,7 @@ class KeyValueCache:
         dtype: torch.dtype = torch.float32,
     ) -> "KeyValueCache":
         """A cache holding no positions yet, for `batch` sequences."""
-        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-            raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
+        checks.integer("batch", batch, low=1)
         empty = torch.empty(batch, cfg.n_heads, 0, cfg.d_head, device=device, dtype=dtype)
         return cls(
             keys=(empty,) * cfg.n_layers,
