@@ -25,6 +25,7 @@ import pickle
 import select
 import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -91,13 +92,12 @@ def guarded(budget_s: float | None):
     into `Hang`. Used in the child, and around loading notebook cells."""
     saved = os._exit, os.abort
     os._exit, os.abort = _raise_exit("os._exit()"), _raise_exit("os.abort()")
-    use_alarm = budget_s is not None and hasattr(signal, "setitimer")
-    try:
-        import threading
-
-        use_alarm = use_alarm and threading.current_thread() is threading.main_thread()
-    except ImportError:  # pragma: no cover
-        pass
+    # Signals reach the main thread only; setitimer does not exist on Windows.
+    use_alarm = (
+        budget_s is not None
+        and hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+    )
     previous = None
     if use_alarm:
         previous = signal.signal(signal.SIGALRM, _on_alarm)
