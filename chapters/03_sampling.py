@@ -776,6 +776,15 @@ check("apply_temperature")
 #
 # </details>
 
+# %% [markdown]
+# The given part first: `SamplerBase` holds the model and the tokenizer, checks every argument
+# before the first token (`prompt_ids` turns a string or token ids into a checked 1-D tensor),
+# and returns the result in the prompt's form. Your `TransformerSampler` inherits all of it.
+
+# %% tags=["source"]
+# solution: solutions.sampling.prompt_ids
+# solution: solutions.sampling.SamplerBase
+
 # %% tags=["exercise"] exercise="sample"
 # solution: solutions.sampling.TransformerSampler
 
@@ -955,8 +964,9 @@ for n in [1, 2, 3]:
 #
 # `Beams` holds a set of beams of equal length: `tokens [beam, seq]` and their scores,
 # `logprob_sums [beam]`, along with the model and tokenizer. Indexing it, `beams[indices]`,
-# gives the `Beams` picked by a tensor of indices; `print` shows them as a table. Write its two
-# steps:
+# gives the `Beams` picked by a tensor of indices. The given `BeamsBase` it inherits from (the
+# cell below) adds `len(beams)`, `to_list()` (score and tokens of each beam) and `print`, which
+# shows them as a table. Write its two steps:
 #
 # **`generate(k, no_repeat_ngram_size=None)`**: every beam's `k` most likely one-token
 # continuations, as a new `Beams` of `k * len(self)` beams. `generate` itself is given: it runs
@@ -1016,6 +1026,9 @@ for n in [1, 2, 3]:
 #
 # </details>
 
+# %% tags=["source"]
+# solution: solutions.beams.BeamsBase
+
 # %% tags=["exercise"] exercise="beams"
 # solution: solutions.beams.top_continuations
 # solution: solutions.beams.Beams
@@ -1044,8 +1057,9 @@ continuing.print("after two steps: the 3 best of 16 candidates")
 # no_repeat_ngram_size=None, early_stopping=False, verbose=False)` returns the
 # `num_return_sequences` best sequences as `(score, tokens)` pairs, best first: `tokens` holds
 # the prompt and the continuation, `score` the sum of the continuation's log-probabilities. The
-# argument checks and the start are given: `beams` is the prompt as one beam of score 0, and
-# `finished` an empty list of `(score, tokens)` pairs. Write the loop, one step per new token:
+# argument checks and the start are given (`start_beam_search`, in the cell before yours):
+# `beams` is the prompt as one beam of score 0, and `finished` an empty list of
+# `(score, tokens)` pairs. Write the loop, one step per new token:
 #
 # 1. **Expand** with `beams.generate(num_beams + 1, no_repeat_ngram_size)`: `num_beams + 1`
 #    continuations per beam, not `num_beams`. Why one more? At most one of a beam's
@@ -1098,6 +1112,12 @@ continuing.print("after two steps: the 3 best of 16 candidates")
 # ```
 #
 # </details>
+
+# %% [markdown]
+# The given start, `start_beam_search`, checks every argument and returns the prompt as one beam:
+
+# %% tags=["source"]
+# solution: solutions.beams.start_beam_search
 
 # %% tags=["exercise"] exercise="beam_search"
 # solution: solutions.beams.beam_search

@@ -364,11 +364,14 @@ print("one new token after 4 cached positions:\n", causal_mask(1, 5).int())
 # The steps:
 #
 # 1. **Project** the new positions to queries, keys and values, straight into the heads-first
-#    layout. `x[:, None]` is `[batch, 1, new, d_model]`, and `@` with `W_Q`
-#    `[n_heads, d_model, d_head]` broadcasts the leading dimensions, `(batch, 1)` against
-#    `(n_heads,)`, to give `[batch, n_heads, new, d_head]`. The bias `[n_heads, d_head]` needs
-#    a position axis to broadcast right: `attn.b_Q[:, None]`, `[n_heads, 1, d_head]`. (An
-#    `einsum` with `"b p d, h d e -> b h p e"` says the same thing.)
+#    layout `[batch, n_heads, new, d_head]`. The shortest way: `x[:, None]` is
+#    `[batch, 1, new, d_model]`, and `@` with `W_Q` `[n_heads, d_model, d_head]` broadcasts
+#    `(batch, 1)` against `(n_heads,)`. It is right, but for a batch PyTorch materialises the
+#    broadcast weights, one copy of `W_Q` per sequence. Cheaper: make the positions rows,
+#    `x.flatten(0, 1)` `[batch * new, d_model]`; `@ W_Q` broadcasts those rows to every head,
+#    `[n_heads, batch * new, d_head]`; add the bias with a row axis, `attn.b_Q[:, None]`
+#    `[n_heads, 1, d_head]`; then `.unflatten(1, (batch, new)).transpose(0, 1)`. Either way
+#    passes the tests; the solution takes the second (section 9 times a batch).
 # 2. **Append** the new keys and values to the cached ones, along the position axis,
 #    `dim=2`. The old positions cost nothing here: they are read, not recomputed.
 # 3. **Attend**: `F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)` computes
@@ -378,11 +381,14 @@ print("one new token after 4 cached positions:\n", causal_mask(1, 5).int())
 #    $1/\sqrt{d_\text{head}}$ scale; on a GPU it runs memory-efficient kernels. Its output is
 #    `z` `[batch, n_heads, new, d_head]`. Note the convention: for PyTorch, a boolean mask is
 #    `True` where attention is **allowed**, the opposite of `causal_mask`.
-# 4. **Project out**: `z @ attn.W_O` is each head's output, `[batch, n_heads, new, d_model]`;
-#    sum over the heads (`dim=1`) and add `b_O`. That is chapter 1's einsum over `h`.
+# 4. **Project out**: each head writes through its own `W_O` `[n_heads, d_head, d_model]` and
+#    the heads' outputs add up, so contract both `h` and `e`:
+#    `torch.einsum("b h p e, h e d -> b p d", z, attn.W_O)`, plus `b_O`. That is chapter 1's
+#    einsum. (`(z @ attn.W_O).sum(dim=1)` is the same sum, with the same weight copies as above.)
 #
 # Common mistakes: forgetting a bias, or adding `b_Q` without the extra axis (it then lines
-# up its heads with the positions: an error, or, when `new == n_heads`, a silent mistake);
+# up its heads with the positions: an error, or, when they happen to be as many, a silent
+# mistake);
 # concatenating along the wrong dimension; returning only the new keys and values;
 # passing `causal_mask(...)` itself as `attn_mask`, which allows exactly what should be
 # hidden; and `is_causal=True` in `F.scaled_dot_product_attention`: with fewer queries than
@@ -396,13 +402,13 @@ print("one new token after 4 cached positions:\n", causal_mask(1, 5).int())
 # <details><summary>Hint</summary>
 #
 # ```python
-# x = x[:, None]  # [batch, 1, new, d_model]
-# q = x @ attn.W_Q + attn.b_Q[:, None]  # [batch, n_heads, new, d_head]
-# ...  # k and v the same way
+# rows = x.flatten(0, 1)  # [batch * new, d_model]
+# q = (rows @ attn.W_Q + attn.b_Q[:, None]).unflatten(1, x.shape[:2]).transpose(0, 1)
+# ...  # k and v the same way: [batch, n_heads, new, d_head]
 # keys = torch.cat([past_keys, k], dim=2)
 # ...
 # z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)
-# out = (z @ attn.W_O).sum(dim=1) + attn.b_O
+# out = ...  # the einsum of step 4, plus b_O
 # ```
 #
 # </details>
@@ -473,9 +479,10 @@ print("5 positions cached, the rest:", (rest - expected[:, 5:]).abs().max().item
 # The same function serves **batches of prompts of different lengths** (section 8), and this
 # is where they need care. Such a batch is padded on the **left**: each row is filled up with
 # a padding token before its prompt, and `attention_mask` `[batch, new]` says which columns are
-# real (`True`) and which are padding (`False`). The cache stores that mask, and the code given
-# before your part joins the two: `mask` `[batch, all]` covers every position, cached and new,
-# and `padded` says whether it has any `False` at all.
+# real (`True`) and which are padding (`False`). The cache stores that mask, and the given
+# `start_forward` (in the cell before yours, which also checks every argument) joins the two:
+# `mask` `[batch, all]` covers every position, cached and new, and `padded` says whether it
+# has any `False` at all.
 #
 # ```
 #   column:      0    1    2    3    4    5
@@ -544,6 +551,9 @@ print("5 positions cached, the rest:", (rest - expected[:, 5:]).abs().max().item
 # ```
 #
 # </details>
+
+# %% tags=["source"]
+# solution: solutions.cached_model.start_forward
 
 # %% tags=["exercise"] exercise="forward_with_cache"
 # solution: solutions.cached_model.forward_with_cache
@@ -894,19 +904,21 @@ print(pad_mask)
 # %% [markdown]
 # ### Exercise: `generate_batch`
 #
-# `generate_batch(model, tokenizer, prompts, max_tokens_generated, seed, stop_at_eos,
-# frequency_penalty, **kwargs)` continues every prompt of a list of strings at once and returns
-# one text per prompt: the prompt and its continuation, up to and including its first
-# `<|endoftext|>` (with `stop_at_eos`) or `max_tokens_generated` new tokens. The start is given:
-# argument checks, `tokens, mask = left_pad(...)` on the model's device, `generator` from the
-# seed and `eos`. So is the end: after your loop, each row's text is read from `cache.tokens`,
-# keeping the columns where `cache.mask` is `True`. Write the loop in between:
+# `generate_batch(model, tokenizer, prompts, max_tokens_generated, seed, stop_at_eos, **kwargs)`
+# continues every prompt of a list of strings at once and returns one text per prompt: the
+# prompt and its continuation, up to and including its first `<|endoftext|>` (with
+# `stop_at_eos`) or `max_tokens_generated` new tokens. It is given (the cell below): it checks
+# the arguments, pads the prompts with `left_pad` (the padding id is `eos`), builds `generator`
+# from the seed, calls the function you write, and reads each row's text from the returned
+# cache, keeping the columns where `cache.mask` is `True`.
+#
+# You write `generate_batch_tokens(model, tokens, mask, max_tokens_generated, eos, generator,
+# stop_at_eos, **kwargs)`, the loop, and return the final cache:
 #
 # 1. **Prefill** the padded prompts: `forward_with_cache(model, tokens, attention_mask=mask)`.
 # 2. At each step, choose every row's next token from `logits[:, -1]` with
-#    `sample_next_token(cache.tokens, ..., frequency_penalty=frequency_penalty,
-#    generator=generator, attention_mask=cache.mask, **kwargs)`: the mask keeps padding out
-#    of the penalty (below).
+#    `sample_next_token(cache.tokens, ..., generator=generator, attention_mask=cache.mask,
+#    **kwargs)`: the mask keeps padding out of the frequency penalty (below).
 # 3. **Feed the new column** back, `next_token[:, None]`, with the cache, and with an
 #    `attention_mask` that is `False` for rows that are already finished.
 # 4. **Finished rows.** A row that has written `<|endoftext|>` is done, but the batch moves
@@ -917,12 +929,13 @@ print(pad_mask)
 #    Stop when every row is done.
 #
 # Every sampled token is fed to the model, the last one too, so that it lands in `cache.tokens`
-# where the given code reads the texts from.
+# where `generate_batch` reads the texts from.
 #
-# **The frequency penalty** counts each row's tokens, and `cache.tokens` holds padding too:
-# the padding id is the end-of-text token, so without a mask short prompts would have their end
-# of text penalised. Your chapter-3 `apply_frequency_penalty` takes a mask for this reason, and
-# `sample_next_token` hands it `attention_mask`: pass `cache.mask`, which is `False` at padding.
+# **The frequency penalty** (`frequency_penalty`, one of the `kwargs`) counts each row's tokens,
+# and `cache.tokens` holds padding too: the padding id is the end-of-text token, so without a
+# mask short prompts would have their end of text penalised. Your chapter-3
+# `apply_frequency_penalty` takes a mask for this reason, and `sample_next_token` hands it
+# `attention_mask`: pass `cache.mask`, which is `False` at padding.
 #
 # **One generator for the batch.** All rows draw from the same random stream, in one call per
 # step, so the random numbers a row gets depend on the other rows of the batch: sampled text
@@ -947,7 +960,7 @@ print(pad_mask)
 #
 # ```python
 # logits, cache = forward_with_cache(model, tokens, attention_mask=mask)
-# done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+# done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
 # for _ in range(max_tokens_generated):
 #     next_token = sample_next_token(cache.tokens, logits[:, -1], ...)  # as in step 2
 #     next_token = torch.where(done, eos, next_token)
@@ -960,8 +973,11 @@ print(pad_mask)
 #
 # </details>
 
-# %% tags=["exercise"] exercise="generate_batch"
+# %% tags=["source"]
 # solution: solutions.batched.generate_batch
+
+# %% tags=["exercise"] exercise="generate_batch"
+# solution: solutions.batched.generate_batch_tokens
 
 # %%
 check("generate_batch")

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from solutions import checks
 from solutions.cached_model import forward_with_cache
+from solutions.kv_cache import KeyValueCache
 from solutions.sampling import check_sampling_args, sample_next_token
 
 
@@ -33,6 +34,40 @@ def left_pad(
 
 
 @torch.inference_mode()
+def generate_batch_tokens(
+    model: nn.Module,
+    tokens: Int[Tensor, "batch seq"],
+    mask: Bool[Tensor, "batch seq"],
+    max_tokens_generated: int,
+    eos: int,
+    generator: torch.Generator | None = None,
+    stop_at_eos: bool = True,
+    **kwargs,
+) -> KeyValueCache:
+    """Continue the left-padded prompts `tokens` (`mask`: True at real tokens) all at once, by
+    up to `max_tokens_generated` tokens each. Returns the cache of the whole batch: its `tokens`
+    and `mask` hold every row's text. A row is done after its `eos` (with `stop_at_eos`); from
+    then on it is fed padding. `kwargs` go to `sample_next_token`."""
+    # BEGIN SOLUTION
+    logits, cache = forward_with_cache(model, tokens, attention_mask=mask)
+    done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+    for _ in range(max_tokens_generated):
+        # The mask keeps padding out of the frequency penalty's counts.
+        next_token = sample_next_token(
+            cache.tokens, logits[:, -1], generator=generator, attention_mask=cache.mask, **kwargs
+        )
+        # A finished row keeps stepping (the batch moves together) but only on padding.
+        next_token = torch.where(done, eos, next_token)
+        logits, cache = forward_with_cache(
+            model, next_token[:, None], cache, attention_mask=~done[:, None]
+        )
+        done = done | (stop_at_eos & (next_token == eos))
+        if bool(done.all()):
+            break
+    # END SOLUTION
+    return cache
+
+
 def generate_batch(
     model: nn.Module,
     tokenizer,
@@ -40,23 +75,22 @@ def generate_batch(
     max_tokens_generated: int = 100,
     seed: int | None = None,
     stop_at_eos: bool = True,
-    frequency_penalty: float = 0.0,
     **kwargs,
 ) -> list[str]:
     """Continue every prompt at once, with a cache. Returns each prompt and its continuation,
     which stops after the end-of-text token (kept) or `max_tokens_generated` tokens.
 
-    `kwargs` go to `sample_next_token` (temperature, top_k, top_p). One random generator
-    serves the whole batch, so sampled text differs from one-prompt-at-a-time runs under the
-    same seed (it follows the same distribution); greedy text is the same. The batch does not
-    slide past `n_ctx`: the longest prompt plus `max_tokens_generated` must fit.
+    `kwargs` go to `sample_next_token` (temperature, top_k, top_p, frequency_penalty). One
+    random generator serves the whole batch, so sampled text differs from one-prompt-at-a-time
+    runs under the same seed (it follows the same distribution); greedy text is the same. The
+    batch does not slide past `n_ctx`: the longest prompt plus `max_tokens_generated` must fit.
     """
     if not isinstance(prompts, list | tuple) or not prompts:
         raise ValueError("prompts must be a non-empty list of strings")
     if not all(isinstance(p, str) and p for p in prompts):
         raise ValueError("every prompt must be a non-empty string")
     checks.integer("max_tokens_generated", max_tokens_generated, low=0)
-    check_sampling_args(frequency_penalty=frequency_penalty, **kwargs)
+    check_sampling_args(**kwargs)
     model.eval()
     n_ctx = model.cfg.n_ctx
     ids = [tokenizer.encode(p) for p in prompts]
@@ -70,24 +104,9 @@ def generate_batch(
     generator = None if seed is None else torch.Generator(device).manual_seed(seed)
     eos = tokenizer.eos_token_id
     tokens, mask = (t.to(device) for t in left_pad(ids, pad_id=eos))
-    # BEGIN SOLUTION
-    logits, cache = forward_with_cache(model, tokens, attention_mask=mask)
-    done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
-    for _ in range(max_tokens_generated):
-        # The mask keeps padding out of the frequency penalty's counts.
-        next_token = sample_next_token(
-            cache.tokens, logits[:, -1], frequency_penalty=frequency_penalty,
-            generator=generator, attention_mask=cache.mask, **kwargs,
-        )  # fmt: skip
-        # A finished row keeps stepping (the batch moves together) but only on padding.
-        next_token = torch.where(done, eos, next_token)
-        logits, cache = forward_with_cache(
-            model, next_token[:, None], cache, attention_mask=~done[:, None]
-        )
-        done = done | (stop_at_eos & (next_token == eos))
-        if bool(done.all()):
-            break
-    # END SOLUTION
+    cache = generate_batch_tokens(
+        model, tokens, mask, max_tokens_generated, eos, generator, stop_at_eos, **kwargs
+    )
     # Each row: its real tokens (the mask), up to and including its first end-of-text.
     texts = []
     for row, row_mask, prompt in zip(cache.tokens, cache.mask, ids, strict=True):

@@ -65,8 +65,9 @@ def top_continuations(
 
 
 @dataclass
-class Beams:
-    """A set of sequences of equal length, each with the sum of its tokens' log-probabilities."""
+class BeamsBase:
+    """A set of sequences of equal length, each with the sum of its tokens' log-probabilities:
+    what every kind of beams shares, their size and the ways to look at them."""
 
     model: nn.Module
     tokenizer: Any
@@ -75,6 +76,29 @@ class Beams:
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
+
+    def to_list(self) -> list[tuple[float, Int[Tensor, "seq"]]]:
+        """(score, tokens) for each beam, in the current order."""
+        return [(s.item(), t) for s, t in zip(self.logprob_sums, self.tokens, strict=True)]
+
+    def logprobs_and_completions(self) -> list[tuple[float, str]]:
+        """(score, decoded text) for each beam, in the current order."""
+        return [(s, self.tokenizer.decode(t)) for s, t in self.to_list()]
+
+    def print(self, title: str = "Beams", max_chars: int = 80) -> None:
+        """A rich table of the beams: score and the end of each text."""
+        table = Table(title=title, show_lines=True)
+        table.add_column("logprob sum", justify="right")
+        table.add_column("text (end)")
+        for score, text in self.logprobs_and_completions():
+            shown = text if len(text) <= max_chars else "…" + text[-max_chars:]
+            table.add_row(f"{score:.3f}", repr(shown)[1:-1])
+        Console().print(table)
+
+
+@dataclass
+class Beams(BeamsBase):
+    """Beams that can grow (`generate`) and be pruned (`filter`)."""
 
     def __getitem__(self, index) -> "Beams":
         """The beams picked by an index, a slice, or a tensor of indices, as new `Beams`."""
@@ -108,23 +132,31 @@ class Beams:
         return self[continuing], self[finished]
         # END SOLUTION
 
-    def to_list(self) -> list[tuple[float, Int[Tensor, "seq"]]]:
-        """(score, tokens) for each beam, in the current order."""
-        return [(s.item(), t) for s, t in zip(self.logprob_sums, self.tokens, strict=True)]
 
-    def logprobs_and_completions(self) -> list[tuple[float, str]]:
-        """(score, decoded text) for each beam, in the current order."""
-        return [(s, self.tokenizer.decode(t)) for s, t in self.to_list()]
-
-    def print(self, title: str = "Beams", max_chars: int = 80) -> None:
-        """A rich table of the beams: score and the end of each text."""
-        table = Table(title=title, show_lines=True)
-        table.add_column("logprob sum", justify="right")
-        table.add_column("text (end)")
-        for score, text in self.logprobs_and_completions():
-            shown = text if len(text) <= max_chars else "…" + text[-max_chars:]
-            table.add_row(f"{score:.3f}", repr(shown)[1:-1])
-        Console().print(table)
+def start_beam_search(
+    model: nn.Module,
+    tokenizer,
+    prompt: str,
+    num_return_sequences: int,
+    num_beams: int,
+    max_new_tokens: int,
+    no_repeat_ngram_size: int | None,
+    beams_class: type[Beams],
+) -> Beams:
+    """Check `beam_search`'s arguments, then return its start: one beam, the prompt, score 0."""
+    checks.integer("num_beams", num_beams, low=1)
+    checks.integer("max_new_tokens", max_new_tokens, low=1)
+    checks.integer(
+        f"num_return_sequences (num_beams={num_beams})", num_return_sequences, 1, num_beams
+    )
+    if no_repeat_ngram_size is not None:
+        checks.integer("no_repeat_ngram_size (None: off)", no_repeat_ngram_size, low=1)
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError("prompt must be a non-empty string")
+    model.eval()
+    device = next(model.parameters()).device
+    prompt_tokens = torch.tensor([tokenizer.encode(prompt)], device=device)
+    return beams_class(model, tokenizer, torch.zeros(1, device=device), prompt_tokens)
 
 
 @torch.inference_mode()
@@ -148,19 +180,10 @@ def beam_search(
     (log-probabilities are negative, so a running beam's score can only fall).
     `beams_class` is the kind of `Beams` to search with; chapter 4 passes one with a cache.
     """
-    checks.integer("num_beams", num_beams, low=1)
-    checks.integer("max_new_tokens", max_new_tokens, low=1)
-    checks.integer(
-        f"num_return_sequences (num_beams={num_beams})", num_return_sequences, 1, num_beams
-    )
-    if no_repeat_ngram_size is not None:
-        checks.integer("no_repeat_ngram_size (None: off)", no_repeat_ngram_size, low=1)
-    if not isinstance(prompt, str) or not prompt:
-        raise ValueError("prompt must be a non-empty string")
-    model.eval()
-    device = next(model.parameters()).device
-    prompt_tokens = torch.tensor([tokenizer.encode(prompt)], device=device)
-    beams = beams_class(model, tokenizer, torch.zeros(1, device=device), prompt_tokens)
+    beams = start_beam_search(
+        model, tokenizer, prompt, num_return_sequences, num_beams, max_new_tokens,
+        no_repeat_ngram_size, beams_class,
+    )  # fmt: skip
     finished: list[tuple[float, Tensor]] = []  # (score, tokens), best first
     # BEGIN SOLUTION
     for step in range(max_new_tokens):

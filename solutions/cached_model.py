@@ -43,12 +43,15 @@ def attention_with_cache(
     values too (`all` = past + new positions). Returns the output and the keys and values of
     all positions. `allowed` says which keys each query may read (None: all of them)."""
     # BEGIN SOLUTION
-    # [batch, 1, new, d_model] @ [n_heads, d_model, d_head] broadcasts over the heads:
-    # [batch, n_heads, new, d_head], the cache's layout.
-    x = x[:, None]
-    q = x @ attn.W_Q + attn.b_Q[:, None]
-    k = x @ attn.W_K + attn.b_K[:, None]
-    v = x @ attn.W_V + attn.b_V[:, None]
+    # Every head projects every new position: [batch * new, d_model] @ [n_heads, d_model,
+    # d_head] broadcasts to [n_heads, batch * new, d_head]. (x[:, None] @ attn.W_Q gives the
+    # same numbers, but PyTorch then copies the weights once per sequence of the batch.)
+    rows = x.flatten(0, 1)
+
+    def project(W, b):  # -> [batch, n_heads, new, d_head], the cache's layout
+        return (rows @ W + b[:, None]).unflatten(1, x.shape[:2]).transpose(0, 1)
+
+    q, k, v = project(attn.W_Q, attn.b_Q), project(attn.W_K, attn.b_K), project(attn.W_V, attn.b_V)
     # The old positions cost nothing here: their keys and values are read, not recomputed.
     keys = torch.cat([past_keys, k], dim=2)
     values = torch.cat([past_values, v], dim=2)
@@ -56,24 +59,21 @@ def attention_with_cache(
     # softmax(q k^T / sqrt(d_head) + mask) v in one fused call: chapter 1's attention, the
     # same numbers, with -inf wherever `allowed` is False.
     z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)
-    # Each head writes through its own slice of W_O; summing the heads' outputs is chapter 1's
-    # einsum over h.
-    out = (z @ attn.W_O).sum(dim=1) + attn.b_O
+    # Each head writes through its own slice of W_O, and the heads' outputs add up: chapter 1's
+    # einsum over h (and d_head).
+    out = torch.einsum("bhpe,hed->bpd", z, attn.W_O) + attn.b_O
     return out, keys, values
     # END SOLUTION
 
 
-def forward_with_cache(
+def start_forward(
     model: DemoTransformer,
     tokens: Int[Tensor, "batch new"],
-    cache: KeyValueCache | None = None,
-    attention_mask: Bool[Tensor, "batch new"] | None = None,
-) -> tuple[Float[Tensor, "batch new d_vocab"], KeyValueCache]:
-    """Logits for the NEW tokens only, given the cache of everything before them, and the
-    longer cache. `cache=None` starts from an empty cache: the logits are then those of
-    `model(tokens)` (up to float rounding). `attention_mask` (False at left padding) lets the
-    rows of a batch hold prompts of different lengths; each row's positions count its real
-    tokens only."""
+    cache: KeyValueCache | None,
+    attention_mask: Bool[Tensor, "batch new"] | None,
+) -> tuple[KeyValueCache, Bool[Tensor, "batch all"]]:
+    """Check `forward_with_cache`'s arguments. Returns the cache to extend (an empty one for
+    `cache=None`) and the mask of all positions, cached then new: True at real tokens."""
     cfg = model.cfg
     checks.token_ids("tokens [batch, new]", tokens, cfg.d_vocab, ndim=2)
     if tokens.shape[1] < 1:
@@ -88,7 +88,21 @@ def forward_with_cache(
             f"attention_mask must be a bool tensor shaped like tokens {tuple(tokens.shape)}, "
             f"got {attention_mask.dtype} {tuple(attention_mask.shape)}"
         )
-    mask = torch.cat([cache.mask, attention_mask], dim=1)
+    return cache, torch.cat([cache.mask, attention_mask], dim=1)
+
+
+def forward_with_cache(
+    model: DemoTransformer,
+    tokens: Int[Tensor, "batch new"],
+    cache: KeyValueCache | None = None,
+    attention_mask: Bool[Tensor, "batch new"] | None = None,
+) -> tuple[Float[Tensor, "batch new d_vocab"], KeyValueCache]:
+    """Logits for the NEW tokens only, given the cache of everything before them, and the
+    longer cache. `cache=None` starts from an empty cache: the logits are then those of
+    `model(tokens)` (up to float rounding). `attention_mask` (False at left padding) lets the
+    rows of a batch hold prompts of different lengths; each row's positions count its real
+    tokens only."""
+    cache, mask = start_forward(model, tokens, cache, attention_mask)
     padded = not bool(mask.all())
     # BEGIN SOLUTION
     # A token's position is the number of real tokens before it in its row: the cache's
@@ -125,6 +139,6 @@ def forward_with_cache(
         values=tuple(values),
         tokens=torch.cat([cache.tokens, tokens], dim=1),
         mask=mask,
-        cfg=cfg,
+        cfg=model.cfg,
     )
     return logits, new_cache

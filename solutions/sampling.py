@@ -176,12 +176,35 @@ def sample_next_token(
     return sample_basic(logits, generator)
 
 
-class TransformerSampler:
-    """Generates text from a model that maps tokens [batch, posn] to logits [batch, posn, vocab].
+def prompt_ids(prompt, tokenizer, d_vocab: int) -> Int[Tensor, "seq"]:
+    """The prompt (a string, a list of token ids or a 1-D tensor of them) as a 1-D tensor of
+    valid token ids, or a clear ValueError."""
+    if isinstance(prompt, str):
+        ids = torch.tensor(tokenizer.encode(prompt), dtype=torch.long)
+    elif isinstance(prompt, Tensor):
+        if prompt.dtype not in (torch.int32, torch.int64) or prompt.ndim != 1:
+            raise ValueError(
+                f"a tensor prompt must be 1-D integer token ids, got dtype {prompt.dtype} "
+                f"and shape {tuple(prompt.shape)}"
+            )
+        ids = prompt.long()
+    elif isinstance(prompt, list | tuple):
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise ValueError("a list prompt must hold integer token ids")
+        ids = torch.tensor(prompt, dtype=torch.long)
+    else:
+        raise ValueError(f"prompt must be a string or token ids, got {type(prompt).__name__}")
+    if ids.numel() == 0:
+        raise ValueError("prompt must not be empty: the model needs at least one token")
+    if not 0 <= int(ids.min()) <= int(ids.max()) < d_vocab:
+        raise ValueError(f"prompt token ids must lie in [0, d_vocab={d_vocab})")
+    return ids
 
-    `sampler.sample("ROMEO.\\n", max_tokens_generated=50, temperature=0.8)` returns the prompt
-    and its continuation as a string; give it token ids instead and it returns token ids.
-    """
+
+class SamplerBase:
+    """What every sampler of the course shares and no exercise is about: it holds the model,
+    checks every argument before the first token, and returns the result in the prompt's form
+    (a string in, a string out; token ids in, token ids out)."""
 
     sample_next_token = staticmethod(sample_next_token)
 
@@ -189,6 +212,35 @@ class TransformerSampler:
         self.model = model
         self.tokenizer = tokenizer
         self.cfg = model.cfg
+
+    def _start(
+        self, prompt, max_tokens_generated: int, seed: int | None, sampling_kwargs: dict
+    ) -> tuple[Int[Tensor, "seq"], torch.Generator | None]:
+        """The checked prompt ids on the model's device, and the seeded generator. Every
+        argument is checked here, before the first token: also when none is asked for."""
+        self.model.eval()
+        input_ids = prompt_ids(prompt, self.tokenizer, self.cfg.d_vocab)
+        checks.integer("max_tokens_generated", max_tokens_generated, low=0)
+        check_sampling_args(**sampling_kwargs)
+        device = next(self.model.parameters()).device
+        generator = None if seed is None else torch.Generator(device).manual_seed(seed)
+        return input_ids.to(device), generator
+
+    def _finish(self, prompt, input_ids: Int[Tensor, "seq"], verbose: bool) -> str | Tensor:
+        """The result in the prompt's form: text for a string prompt, else token ids."""
+        if verbose:
+            print()
+        if isinstance(prompt, str):
+            return self.tokenizer.decode(input_ids)
+        return input_ids.cpu()
+
+
+class TransformerSampler(SamplerBase):
+    """Generates text from a model that maps tokens [batch, posn] to logits [batch, posn, vocab].
+
+    `sampler.sample("ROMEO.\\n", max_tokens_generated=50, temperature=0.8)` returns the prompt
+    and its continuation as a string; give it token ids instead and it returns token ids.
+    """
 
     @torch.inference_mode()
     def sample(
@@ -232,47 +284,3 @@ class TransformerSampler:
         # The model has n_ctx learned positions: it reads the most recent n_ctx tokens.
         return self.model(input_ids[None, -self.cfg.n_ctx :])[:, -1]
         # END SOLUTION
-
-    def _finish(self, prompt, input_ids: Int[Tensor, "seq"], verbose: bool) -> str | Tensor:
-        """The result in the prompt's form: text for a string prompt, else token ids."""
-        if verbose:
-            print()
-        if isinstance(prompt, str):
-            return self.tokenizer.decode(input_ids)
-        return input_ids.cpu()
-
-    def _start(
-        self, prompt, max_tokens_generated: int, seed: int | None, sampling_kwargs: dict
-    ) -> tuple[Int[Tensor, "seq"], torch.Generator | None]:
-        """The checked prompt ids on the model's device, and the seeded generator. Every
-        argument is checked here, before the first token: also when none is asked for."""
-        self.model.eval()
-        input_ids = self._prompt_ids(prompt)
-        checks.integer("max_tokens_generated", max_tokens_generated, low=0)
-        check_sampling_args(**sampling_kwargs)
-        device = next(self.model.parameters()).device
-        generator = None if seed is None else torch.Generator(device).manual_seed(seed)
-        return input_ids.to(device), generator
-
-    def _prompt_ids(self, prompt) -> Int[Tensor, "seq"]:
-        """The prompt as a 1-D tensor of valid token ids, or a clear ValueError."""
-        if isinstance(prompt, str):
-            ids = torch.tensor(self.tokenizer.encode(prompt), dtype=torch.long)
-        elif isinstance(prompt, Tensor):
-            if prompt.dtype not in (torch.int32, torch.int64) or prompt.ndim != 1:
-                raise ValueError(
-                    f"a tensor prompt must be 1-D integer token ids, got dtype {prompt.dtype} "
-                    f"and shape {tuple(prompt.shape)}"
-                )
-            ids = prompt.long()
-        elif isinstance(prompt, list | tuple):
-            if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-                raise ValueError("a list prompt must hold integer token ids")
-            ids = torch.tensor(prompt, dtype=torch.long)
-        else:
-            raise ValueError(f"prompt must be a string or token ids, got {type(prompt).__name__}")
-        if ids.numel() == 0:
-            raise ValueError("prompt must not be empty: the model needs at least one token")
-        if not 0 <= int(ids.min()) <= int(ids.max()) < self.cfg.d_vocab:
-            raise ValueError(f"prompt token ids must lie in [0, d_vocab={self.cfg.d_vocab})")
-        return ids

@@ -217,7 +217,7 @@ def test_sampling_that_ignores_the_generator_fails():
 def test_sampling_without_the_context_crop_fails(shipped, hf):
     class NoCrop(sampling.TransformerSampler):
         def sample(self, prompt, max_tokens_generated=100, **kwargs):
-            ids = self._prompt_ids(prompt)
+            ids = sampling.prompt_ids(prompt, self.tokenizer, self.cfg.d_vocab)
             for _ in range(max_tokens_generated):
                 logits = self.model(ids[None])[:, -1]  # past n_ctx: the model refuses
                 ids = torch.cat([ids, sampling.sample_next_token(ids[None], logits, **kwargs)])
