@@ -557,7 +557,8 @@ plt.show()
 # $$\operatorname{GELU}(x) \approx \tfrac12\, x \left(1 + \tanh\!\left[\sqrt{2/\pi}\,
 #   \left(x + 0.044715\, x^3\right)\right]\right),$$
 #
-# which the setup cell imported as `gelu_new`. Use it: PyTorch's default `F.gelu` is the exact
+# which the setup cell imported as `gelu_new` (it calls PyTorch's `F.gelu(x, approximate="tanh")`,
+# the same formula in one fused operation). Use it: PyTorch's default `F.gelu` is the exact
 # version, and the difference is large enough for the tests to notice (they will tell you).
 #
 # <details><summary>Hint</summary>
