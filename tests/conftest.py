@@ -17,6 +17,8 @@ _IMPL_CACHE: dict[tuple[str, str], object] = {}
 def pytest_configure(config):
     if config.getoption("--must-fail") and config.getoption("--impl") != "stubs":
         raise pytest.UsageError("--must-fail only makes sense with --impl stubs")
+    if config.getoption("--mutants"):
+        config.pluginmanager.register(MutantRun(), "course-mutants")
     for name, ex in EXERCISES.items():
         config.addinivalue_line("markers", f"{name}: exercise {name} of chapter {ex.chapter}")
     for chapter in sorted({ex.chapter for ex in EXERCISES.values()}):
@@ -46,6 +48,8 @@ def pytest_collection_modifyitems(config, items):
 def impl(request):
     """The implementation under grade for this test module's CHAPTER."""
     chapter = request.module.CHAPTER
+    if request.config.getoption("--mutants"):
+        return MutantRun.impl(chapter, request.param)
     kind = request.config.getoption("--impl")
     if kind == "live":
         return request.config.course_live_impls[chapter]  # set by utils.check.LiveImpls
@@ -167,3 +171,82 @@ def hf():
     from utils.models import load_hf
 
     return load_hf("shakespeare")[0]
+
+
+class MutantRun:
+    """`--mutants`: every graded test runs once per curated mutant of its exercise, and a
+    mutant must fail at least one of them (tests/machinery/mutants/ says more)."""
+
+    _impls: dict[str, Impl] = {}
+
+    def __init__(self):
+        self.killed: dict[str, str] = {}  # mutant id -> the test that killed it
+        self.tried: dict[str, str] = {}  # mutant id -> chapter
+
+    @staticmethod
+    def impl(chapter: str, mutant_id: str) -> Impl:
+        from tests.machinery.mutants import all_mutants, mutated_notebook
+        from utils.grading import impl_from_notebook
+
+        if mutant_id not in MutantRun._impls:
+            nb = mutated_notebook(chapter, all_mutants()[mutant_id])
+            MutantRun._impls[mutant_id] = impl_from_notebook(
+                nb, chapter, source=f"mutant {mutant_id}"
+            )
+        return MutantRun._impls[mutant_id]
+
+    def pytest_generate_tests(self, metafunc):
+        from tests.machinery.mutants import mutants_of
+
+        if "impl" not in metafunc.fixturenames:
+            return
+        names = [m.name for m in metafunc.definition.iter_markers() if m.name in EXERCISES]
+        mutants = mutants_of(names[0]) if len(names) == 1 else []
+        if mutants:
+            metafunc.parametrize("impl", [m.id for m in mutants], indirect=True)
+        else:
+            skip = pytest.mark.skip(reason="no mutants of this exercise")
+            metafunc.parametrize("impl", [pytest.param(None, marks=skip)], indirect=True)
+
+    @staticmethod
+    def _mutant_of(item) -> str | None:
+        callspec = getattr(item, "callspec", None)
+        return callspec.params.get("impl") if callspec else None
+
+    def pytest_runtest_setup(self, item):
+        mutant = self._mutant_of(item)
+        if mutant is not None and mutant in self.killed:
+            pytest.skip(f"mutant already killed by {self.killed[mutant]}")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        report = outcome.get_result()
+        mutant = self._mutant_of(item)
+        if mutant is None or report.when != "call":
+            return
+        self.tried[mutant] = item.module.CHAPTER
+        if report.failed:
+            self.killed.setdefault(mutant, item.originalname)
+        # A test a mutant passes is no failure in itself: another test may kill it.
+        report.outcome, report.longrepr = "passed", None
+
+    def survivors(self) -> list[str]:
+        return sorted(m for m in self.tried if m not in self.killed)
+
+    def pytest_terminal_summary(self, terminalreporter):
+        from tests.machinery.mutants import all_mutants
+
+        tr = terminalreporter
+        tr.section("learner-style mutants")
+        for chapter in sorted(set(self.tried.values())):
+            ids = [m for m, ch in self.tried.items() if ch == chapter]
+            dead = sum(m in self.killed for m in ids)
+            tr.write_line(f"{chapter}: {dead}/{len(ids)} mutants killed")
+        for mutant in self.survivors():
+            tr.write_line(f"SURVIVED {mutant}: {all_mutants()[mutant].why}", red=True)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session):
+        if self.survivors():
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED

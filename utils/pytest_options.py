@@ -25,6 +25,12 @@ def pytest_addoption(parser):
         "stubs is reported as a failure (the course's self-check)",
     )
     group.addoption(
+        "--mutants",
+        action="store_true",
+        help="grade the curated learner-style mutants (tests/machinery/mutants/) instead: "
+        "each must fail at least one graded test of its exercise",
+    )
+    group.addoption(
         "--runslow",
         action="store_true",
         help="also run the tests marked slow (e.g. statistical tests repeated over many seeds)",

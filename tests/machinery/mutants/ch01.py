@@ -1,0 +1,175 @@
+"""Chapter 1's learner-style mutants (see tests/machinery/mutants/__init__.py)."""
+
+from tests.machinery.mutants import Mutant
+
+MUTANTS = [
+    Mutant(
+        "token_strings",
+        "[tokenizer.decode([i]) for i in ids]",
+        "tokenizer.convert_ids_to_tokens(ids)",
+        "the tokenizer's internal token names (Ġ for a space) instead of decoded strings",
+    ),
+    # LayerNorm
+    Mutant(
+        "layernorm",
+        "+ self.cfg.layer_norm_eps).sqrt()",
+        "+ 1e-5).sqrt()",
+        "epsilon hard-coded as GPT-2's 1e-5 instead of read from the config",
+    ),
+    Mutant(
+        "layernorm",
+        "(residual.pow(2).mean(dim=-1, keepdim=True) + self.cfg.layer_norm_eps).sqrt()",
+        "residual.pow(2).mean(dim=-1, keepdim=True).sqrt() + self.cfg.layer_norm_eps",
+        "epsilon added outside the square root",
+    ),
+    Mutant(
+        "layernorm",
+        "residual.pow(2).mean(dim=-1, keepdim=True)",
+        "residual.var(dim=-1, keepdim=True)",
+        "the unbiased variance (divides by d_model - 1)",
+    ),
+    Mutant(
+        "layernorm",
+        "return residual / scale * self.w + self.b",
+        "return residual / scale * self.w",
+        "the bias b forgotten",
+    ),
+    Mutant(
+        "layernorm",
+        "residual = residual - residual.mean(dim=-1, keepdim=True)",
+        "residual -= residual.mean(dim=-1, keepdim=True)",
+        "centring in place, which changes the caller's residual stream",
+    ),
+    Mutant(
+        "layernorm",
+        "residual - residual.mean(dim=-1, keepdim=True)",
+        "residual - residual.mean(dim=1, keepdim=True)",
+        "the mean over positions instead of over d_model",
+    ),
+    # Embeddings
+    Mutant(
+        "embed",
+        "return self.W_E[tokens]",
+        "return self.W_E[tokens] * self.cfg.d_model**0.5",
+        "embeddings scaled by sqrt(d_model), as in the original Transformer but not GPT-2",
+    ),
+    Mutant(
+        "pos_embed",
+        "self.W_pos[:seq_len], ",
+        "self.W_pos[tokens[0]], ",
+        "positions looked up by token id instead of by position",
+    ),
+    Mutant(
+        "pos_embed",
+        "self.W_pos[:seq_len], ",
+        "self.W_pos[-seq_len:], ",
+        "the last seq_len positions instead of the first",
+    ),
+    # Attention
+    Mutant(
+        "attention",
+        "/ self.cfg.d_head**0.5",
+        "/ self.cfg.d_head",
+        "scores divided by d_head instead of sqrt(d_head)",
+    ),
+    Mutant(
+        "attention",
+        "/ self.cfg.d_head**0.5",
+        "/ self.cfg.d_model**0.5",
+        "scores scaled by sqrt(d_model) instead of sqrt(d_head)",
+    ),
+    Mutant(
+        "attention",
+        "diagonal=1\n",
+        "diagonal=0\n",
+        "the mask also hides each query's own position",
+    ),
+    Mutant(
+        "attention",
+        "pattern = self.apply_causal_mask(scores).softmax(dim=-1)",
+        "pattern = self.apply_causal_mask(scores).softmax(dim=-2)",
+        "softmax over the queries instead of the keys",
+    ),
+    Mutant(
+        "attention",
+        '"b q h e, h e d -> b q d") + self.b_O',
+        '"b q h e, h e d -> b q d")',
+        "the output bias b_O forgotten",
+    ),
+    Mutant(
+        "attention",
+        '"b p d, h d e -> b p h e") + self.b_V',
+        '"b p d, h d e -> b p h e")',
+        "the value bias b_V forgotten",
+    ),
+    Mutant(
+        "attention",
+        "return attn_scores.masked_fill(future, self.IGNORE)",
+        "return attn_scores.masked_fill_(future, self.IGNORE)",
+        "apply_causal_mask writes into the scores it was given",
+    ),
+    # MLP
+    Mutant(
+        "mlp",
+        "post = gelu_new(pre)",
+        "post = torch.nn.functional.gelu(pre)",
+        "the exact (erf) GELU instead of GPT-2's tanh approximation",
+    ),
+    Mutant(
+        "mlp",
+        "pre = normalized_resid_mid @ self.W_in + self.b_in",
+        "pre = normalized_resid_mid @ self.W_in",
+        "the bias b_in forgotten",
+    ),
+    Mutant(
+        "mlp",
+        "post = gelu_new(pre)",
+        "post = torch.relu(pre)",
+        "ReLU instead of GELU",
+    ),
+    # Block
+    Mutant(
+        "block",
+        "resid_mid = resid_pre + self.attn(self.ln1(resid_pre))",
+        "resid_mid = self.ln1(resid_pre + self.attn(resid_pre))",
+        "post-LN: normalising the residual stream after adding (the original Transformer)",
+    ),
+    Mutant(
+        "block",
+        "resid_post = resid_mid + self.mlp(self.ln2(resid_mid))",
+        "resid_post = resid_mid + self.mlp(self.ln2(resid_pre))",
+        "the MLP reads the stream from before attention was added",
+    ),
+    Mutant(
+        "block",
+        "self.mlp(self.ln2(resid_mid))",
+        "self.mlp(self.ln1(resid_mid))",
+        "ln1 used twice, ln2 never",
+    ),
+    # Unembed
+    Mutant(
+        "unembed",
+        "return normalized_resid_final @ self.W_U + self.b_U",
+        "return normalized_resid_final @ self.W_U",
+        "the bias b_U forgotten (zero in GPT-2, not in every model)",
+    ),
+    # DemoTransformer
+    Mutant(
+        "transformer",
+        "return self.unembed(self.ln_final(residual))",
+        "return self.unembed(residual)",
+        "no final LayerNorm before the unembedding",
+    ),
+    Mutant(
+        "transformer",
+        "residual = self.embed(tokens) + self.pos_embed(tokens)",
+        "residual = self.embed(tokens)",
+        "the positional embedding forgotten",
+    ),
+    Mutant(
+        "transformer",
+        "nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])",
+        "nn.ModuleList([TransformerBlock(cfg)] * cfg.n_layers)",
+        "one block repeated n_layers times: every layer shares its weights",
+    ),
+]

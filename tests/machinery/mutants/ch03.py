@@ -1,0 +1,297 @@
+"""Chapter 3's learner-style mutants (see tests/machinery/mutants/__init__.py)."""
+
+from tests.machinery.mutants import Mutant
+
+MUTANTS = [
+    Mutant(
+        "greedy_search",
+        "return logits.argmax(dim=-1)",
+        "return logits.argmax(dim=0)",
+        "argmax over the batch instead of the vocabulary",
+    ),
+    Mutant(
+        "greedy_search",
+        "return logits.argmax(dim=-1)",
+        "return logits.argmax(dim=-1, keepdim=True)",
+        "one token per row, but shaped [batch, 1] instead of [batch]",
+    ),
+    # Temperature
+    Mutant(
+        "apply_temperature",
+        "return logits / temperature",
+        "return logits * temperature",
+        "logits multiplied by the temperature",
+    ),
+    Mutant(
+        "apply_temperature",
+        "    return logits / temperature  # the same T for every logit of every row",
+        "    logits /= temperature\n    return logits",
+        "logits divided in place: the caller's tensor changes",
+    ),
+    # Frequency penalty
+    Mutant(
+        "apply_frequency_penalty",
+        "return logits - freq_penalty * counts",
+        "return logits + freq_penalty * counts",
+        "the penalty added instead of subtracted",
+    ),
+    Mutant(
+        "apply_frequency_penalty",
+        "freq_penalty * counts.view(batch, d_vocab).to(logits.dtype)",
+        "freq_penalty * (counts.view(batch, d_vocab) > 0).to(logits.dtype)",
+        "a presence penalty: each token counted once however often it occurs",
+    ),
+    Mutant(
+        "apply_frequency_penalty",
+        "weights = None if mask is None else mask.flatten().to(logits.dtype)",
+        "weights = None",
+        "the mask ignored: padding counted",
+    ),
+    Mutant(
+        "apply_frequency_penalty",
+        "offsets = torch.arange(batch, device=input_ids.device)[:, None] * d_vocab",
+        "offsets = torch.zeros(batch, 1, dtype=torch.long, device=input_ids.device)",
+        "one count for the whole batch: rows share their counts",
+    ),
+    Mutant(
+        "apply_frequency_penalty",
+        "    return logits - freq_penalty * counts.view(batch, d_vocab).to(logits.dtype)",
+        "    logits -= freq_penalty * counts.view(batch, d_vocab).to(logits.dtype)\n"
+        "    return logits",
+        "the penalty subtracted in place: the caller's logits change",
+    ),
+    # sample_basic
+    Mutant(
+        "sample_basic",
+        "probs = logits.softmax(dim=-1)",
+        "probs = logits.exp()",
+        "exp(logits) handed to multinomial: overflows to inf for large logits",
+    ),
+    Mutant(
+        "sample_basic",
+        "num_samples=1, generator=generator)",
+        "num_samples=1)",
+        "the generator ignored: a seed changes nothing",
+    ),
+    Mutant(
+        "sample_basic",
+        "generator=generator).squeeze(-1)",
+        "generator=generator).squeeze()",
+        "squeeze() without a dimension: a batch of one gives a 0-d tensor",
+    ),
+    Mutant(
+        "sample_basic",
+        "probs = logits.softmax(dim=-1)",
+        "probs = logits.softmax(dim=0)",
+        "softmax over the batch instead of the vocabulary",
+    ),
+    # Top-k
+    Mutant(
+        "sample_top_k",
+        "logits.masked_fill(logits < kth_largest,",
+        "logits.masked_fill(logits <= kth_largest,",
+        "the k-th token dropped too: k - 1 kept",
+    ),
+    Mutant(
+        "sample_top_k",
+        "return sample_basic(filter_top_k(logits, k), generator)",
+        "return sample_basic(filter_top_k(logits, k))",
+        "top-k sampling ignores the generator",
+    ),
+    Mutant(
+        "sample_top_k",
+        "    kth_largest = logits.topk(min(k, logits.shape[-1]), dim=-1).values[:, -1:]\n"
+        '    return logits.masked_fill(logits < kth_largest, float("-inf"))',
+        "    top = logits.topk(min(k, logits.shape[-1]), dim=-1)\n"
+        '    return torch.full_like(logits, float("-inf")).scatter(-1, top.indices, top.values)',
+        "exactly k tokens kept: a tie with the k-th is dropped",
+    ),
+    # Top-p
+    Mutant(
+        "sample_top_p",
+        "remove_sorted = before >= top_p",
+        "remove_sorted = before > top_p",
+        "a token kept when the tokens before it reach exactly top_p",
+    ),
+    Mutant(
+        "sample_top_p",
+        "remove_sorted = before >= top_p",
+        "remove_sorted = cumulative > top_p",
+        "the token that crosses top_p dropped",
+    ),
+    Mutant(
+        "sample_top_p",
+        "remove_sorted[:, :min_tokens_to_keep] = False",
+        "remove_sorted[:, :1] = False",
+        "min_tokens_to_keep ignored",
+    ),
+    Mutant(
+        "sample_top_p",
+        "remove = remove_sorted.scatter(dim=-1, index=order, src=remove_sorted)",
+        "remove = remove_sorted.gather(dim=-1, index=order)",
+        "the sort undone with gather instead of scatter",
+    ),
+    Mutant(
+        "sample_top_p",
+        "return sample_basic(filter_top_p(logits, top_p, min_tokens_to_keep), generator)",
+        "return sample_basic(filter_top_p(logits, top_p, min_tokens_to_keep))",
+        "top-p sampling ignores the generator",
+    ),
+    # TransformerSampler.sample and next_logits
+    Mutant(
+        "sample",
+        "input_ids[None], logits, generator=generator, **kwargs",
+        "input_ids[None, -self.cfg.n_ctx :], logits, generator=generator, **kwargs",
+        "the frequency penalty counts only the tokens the model still sees",
+    ),
+    Mutant(
+        "sample",
+        "            input_ids = torch.cat([input_ids, next_token])\n"
+        "            if verbose:\n"
+        '                print(self.tokenizer.decode(next_token), end="", flush=True)\n'
+        "            if stop_at_eos and next_token.item() == eos:\n"
+        "                break\n",
+        "            if stop_at_eos and next_token.item() == eos:\n"
+        "                break\n"
+        "            input_ids = torch.cat([input_ids, next_token])\n"
+        "            if verbose:\n"
+        '                print(self.tokenizer.decode(next_token), end="", flush=True)\n',
+        "stops before appending the end-of-text token",
+    ),
+    Mutant(
+        "sample",
+        "if stop_at_eos and next_token.item() == eos:",
+        "if next_token.item() == eos:",
+        "stop_at_eos=False ignored",
+    ),
+    Mutant(
+        "sample",
+        "input_ids[None], logits, generator=generator, **kwargs",
+        "input_ids[None], logits, **kwargs",
+        "the seeded generator not passed on",
+    ),
+    Mutant(
+        "sample",
+        "input_ids[None], logits, generator=generator, **kwargs",
+        "input_ids[None], logits, generator=generator",
+        "the sampling options (temperature, top_k, ...) not passed on",
+    ),
+    Mutant(
+        "sample",
+        "return self.model(input_ids[None, -self.cfg.n_ctx :])[:, -1]",
+        "return self.model(input_ids[None, -self.cfg.n_ctx :])[:, 0]",
+        "the logits of the first position instead of the last",
+    ),
+    Mutant(
+        "sample",
+        "return self._finish(prompt, input_ids, verbose)",
+        "return self._finish(prompt, input_ids[-self.cfg.n_ctx :], verbose)",
+        "the returned text cropped to n_ctx tokens",
+    ),
+    Mutant(
+        "sample",
+        "for _ in tqdm(range(max_tokens_generated),",
+        "for _ in tqdm(range(max_tokens_generated - 1),",
+        "one token too few",
+    ),
+    # No-repeat n-grams
+    Mutant(
+        "no_repeat_ngram",
+        "prefix = tokens[:, seq - (ngram_size - 1) :]",
+        "prefix = tokens[:, -(ngram_size - 1) :]",
+        "the prefix as tokens[:, -(n - 1):], which is the whole row when n = 1",
+    ),
+    Mutant(
+        "no_repeat_ngram",
+        "ngrams = tokens.unfold(dimension=1, size=ngram_size, step=1)",
+        "ngrams = tokens[:, :-1].unfold(dimension=1, size=ngram_size, step=1)",
+        "the last n-gram of the row not counted",
+    ),
+    Mutant(
+        "no_repeat_ngram",
+        "banned[beam_index, ngrams[beam_index, ngram_index, -1]] = True",
+        "banned[beam_index, ngrams[beam_index, ngram_index, 0]] = True",
+        "the first token of the matching n-gram banned instead of the one that would follow",
+    ),
+    # Beams: top_continuations and filter
+    Mutant(
+        "beams",
+        "logprobs = logits.float().log_softmax(dim=-1)",
+        "logprobs = logits.float()",
+        "raw logits added up as scores instead of log-probabilities",
+    ),
+    Mutant(
+        "beams",
+        "new_sums = (logprob_sums[:, None] + top.values).flatten()",
+        "new_sums = top.values.flatten()",
+        "the parent's score forgotten",
+    ),
+    Mutant(
+        "beams",
+        "[tokens.repeat_interleave(k, dim=0), top.indices.flatten()[:, None]]",
+        "[tokens.repeat(k, 1), top.indices.flatten()[:, None]]",
+        "repeat instead of repeat_interleave: continuations glued to the wrong parents",
+    ),
+    Mutant(
+        "beams",
+        "order = self.logprob_sums.argsort(descending=True, stable=True)",
+        "order = self.logprob_sums.argsort(stable=True)",
+        "beams ranked worst first",
+    ),
+    Mutant(
+        "beams",
+        "continuing = order[~ends_in_eos][:num_beams]",
+        "continuing = order[:num_beams][~ends_in_eos[:num_beams]]",
+        "the finished beams dropped from the top num_beams: fewer keep running",
+    ),
+    Mutant(
+        "beams",
+        "finished = order[ends_in_eos & in_top]",
+        "finished = order[ends_in_eos]",
+        "every finished beam kept, also those outside the best num_beams",
+    ),
+    Mutant(
+        "beams",
+        """        # Banned after the softmax, as HF does: the other tokens keep their log-probs.
+        logprobs = logprobs.masked_fill(banned, float("-inf"))""",
+        """        logprobs = logprobs.masked_fill(banned, float("-inf")).log_softmax(dim=-1)""",
+        "log-probabilities renormalised after the n-gram ban",
+    ),
+    # beam_search
+    Mutant(
+        "beam_search",
+        "candidates = beams.generate(num_beams + 1, no_repeat_ngram_size)",
+        "candidates = beams.generate(num_beams, no_repeat_ngram_size)",
+        "num_beams continuations per beam instead of num_beams + 1",
+    ),
+    Mutant(
+        "beam_search",
+        "early_stopping or beams.logprob_sums.max().item() <= finished[-1][0]",
+        "early_stopping or beams.logprob_sums.max().item() <= finished[0][0]",
+        "compares with the best finished score instead of the worst",
+    ),
+    Mutant(
+        "beam_search",
+        "if len(finished) == num_beams and (",
+        "if len(finished) >= 1 and (",
+        "stops once one sequence has finished",
+    ),
+    Mutant(
+        "beam_search",
+        "        finished = sorted(finished + beams.to_list(), key=lambda b: -b[0])[:num_beams]\n",
+        "        finished = finished or beams.to_list()\n",
+        "out of tokens, the running beams do not compete with the finished ones",
+    ),
+    Mutant(
+        "beam_search",
+        "key=lambda b: -b[0])[:num_beams]\n        if verbose:",
+        "key=lambda b: -b[0])\n        if verbose:",
+        "more than num_beams finished sequences kept",
+    ),
+    Mutant(
+        "beam_search",
+        "early_stopping or beams.logprob_sums.max().item() <= finished[-1][0]",
+        "not early_stopping or beams.logprob_sums.max().item() <= finished[-1][0]",
+        "early_stopping read the wrong way round",
+    ),
+]

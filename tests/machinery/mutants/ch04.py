@@ -1,0 +1,188 @@
+"""Chapter 4's learner-style mutants (see tests/machinery/mutants/__init__.py)."""
+
+from tests.machinery.mutants import Mutant
+
+MUTANTS = [
+    Mutant(
+        "causal_mask",
+        "return torch.triu(ones, diagonal=offset + 1)",
+        "return torch.triu(ones, diagonal=1)",
+        "chapter 1's mask, not shifted by the cached positions",
+    ),
+    Mutant(
+        "causal_mask",
+        "return torch.triu(ones, diagonal=offset + 1)",
+        "return torch.triu(ones, diagonal=offset)",
+        "each query also hidden from its own key",
+    ),
+    Mutant(
+        "causal_mask",
+        "return torch.triu(ones, diagonal=offset + 1)",
+        "return torch.tril(ones, diagonal=offset)",
+        "True where attention is allowed instead of where it is hidden",
+    ),
+    # attention_with_cache
+    Mutant(
+        "attention_with_cache",
+        "keys = torch.cat([past_keys, k], dim=2)",
+        "keys = torch.cat([k, past_keys], dim=2)",
+        "new keys put before the cached ones",
+    ),
+    Mutant(
+        "attention_with_cache",
+        "return out, keys, values",
+        "return out, k, v",
+        "only the new keys and values returned: the cache forgets the past",
+    ),
+    Mutant(
+        "attention_with_cache",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
+        "z = F.scaled_dot_product_attention(q, keys, values, is_causal=allowed is not None)",
+        "is_causal=True: PyTorch aligns that mask top left, wrong after a cache",
+    ),
+    Mutant(
+        "attention_with_cache",
+        'out = torch.einsum("bhpe,hed->bpd", z, attn.W_O) + attn.b_O',
+        'out = torch.einsum("bhpe,hed->bpd", z, attn.W_O)',
+        "the output bias b_O forgotten",
+    ),
+    Mutant(
+        "attention_with_cache",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, scale=1.0)",
+        "scores not scaled by 1/sqrt(d_head)",
+    ),
+    # forward_with_cache
+    Mutant(
+        "forward_with_cache",
+        "positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, cache.length :]",
+        "positions = torch.arange(tokens.shape[1], device=tokens.device)[None, :]",
+        "positions restart at 0 at every step",
+    ),
+    Mutant(
+        "forward_with_cache",
+        "positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, cache.length :]",
+        "positions = cache.length + torch.arange(tokens.shape[1], device=tokens.device)[None]",
+        "padding counted in the positions",
+    ),
+    Mutant(
+        "forward_with_cache",
+        "block.attn, block.ln1(residual), past_k, past_v, allowed",
+        "block.attn, residual, past_k, past_v, allowed",
+        "attention reads the residual stream without ln1",
+    ),
+    Mutant(
+        "forward_with_cache",
+        "logits = model.unembed(model.ln_final(residual))",
+        "logits = model.unembed(residual)",
+        "no final LayerNorm",
+    ),
+    Mutant(
+        "forward_with_cache",
+        "allowed = allowed & (mask[:, None, None, :] | own_key)",
+        "allowed = allowed & mask[:, None, None, :]",
+        "padding queries see no key at all (NaN with a hand-written softmax)",
+    ),
+    Mutant(
+        "forward_with_cache",
+        "    if padded:\n        # A padding key",
+        "    if False:\n        # A padding key",
+        "padding keys not hidden from real queries",
+    ),
+    Mutant(
+        "forward_with_cache",
+        "    if n_new > 1 or padded:\n",
+        "    if n_new > 1:\n",
+        "no causal mask when one padded token is new (its mask never built)",
+    ),
+    # CachedTransformerSampler
+    Mutant(
+        "cached_sample",
+        "logits, self.cache = forward_with_cache(self.model, input_ids[None, -1:], self.cache)",
+        "logits, self.cache = forward_with_cache(self.model, input_ids[None, -1:])",
+        "the cache not passed: every step sees one token",
+    ),
+    Mutant(
+        "cached_sample",
+        "keep = n_ctx - self.window_shift + 1",
+        "keep = n_ctx - self.window_shift",
+        "the rebuilt window one token short",
+    ),
+    Mutant(
+        "cached_sample",
+        "        elif self.cache.length == n_ctx:\n",
+        "        elif self.cache.length > n_ctx:\n",
+        "the window slid one step too late (the cache overflows n_ctx)",
+    ),
+    # CachedBeams
+    Mutant(
+        "cached_beams",
+        "cache = None if self.cache is None else self.cache[self.parents]",
+        "cache = self.cache",
+        "the cache does not follow the beams it keeps",
+    ),
+    Mutant(
+        "cached_beams",
+        "parents = torch.arange(len(self), device=tokens.device).repeat_interleave(k)",
+        "parents = torch.arange(len(self), device=tokens.device).repeat(k)",
+        "parents cycle through the beams instead of repeating each k times",
+    ),
+    # left_pad
+    Mutant(
+        "left_pad",
+        "tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)",
+        "tokens = torch.zeros((len(prompts), width), dtype=torch.long)",
+        "padding with 0 instead of pad_id",
+    ),
+    Mutant(
+        "left_pad",
+        "            tokens[row, -len(prompt) :] = torch.tensor(prompt)\n"
+        "            mask[row, -len(prompt) :] = True\n",
+        "            tokens[row, : len(prompt)] = torch.tensor(prompt)\n"
+        "            mask[row, : len(prompt)] = True\n",
+        "padding on the right",
+    ),
+    # generate_batch_tokens
+    Mutant(
+        "generate_batch",
+        "logits, cache = forward_with_cache(model, tokens, attention_mask=mask)",
+        "logits, cache = forward_with_cache(model, tokens)",
+        "the prefill without the attention mask: padding read as text",
+    ),
+    Mutant(
+        "generate_batch",
+        "generator=generator, attention_mask=cache.mask, **kwargs",
+        "generator=generator, **kwargs",
+        "padding counted by the frequency penalty",
+    ),
+    Mutant(
+        "generate_batch",
+        "generator=generator, attention_mask=cache.mask, **kwargs",
+        "attention_mask=cache.mask, **kwargs",
+        "the seeded generator not passed on",
+    ),
+    Mutant(
+        "generate_batch",
+        "        next_token = torch.where(done, eos, next_token)\n",
+        "",
+        "finished rows keep writing real tokens",
+    ),
+    Mutant(
+        "generate_batch",
+        "if bool(done.all()):",
+        "if bool(done.any()):",
+        "stops when the first row finishes",
+    ),
+    Mutant(
+        "generate_batch",
+        "done = done | (stop_at_eos & (next_token == eos))",
+        "done = done | (next_token == eos)",
+        "stop_at_eos=False ignored",
+    ),
+    Mutant(
+        "generate_batch",
+        "model, next_token[:, None], cache, attention_mask=~done[:, None]",
+        "model, next_token[:, None], cache",
+        "a finished row's padding fed as real tokens",
+    ),
+]
