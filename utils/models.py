@@ -9,6 +9,7 @@ machinery tests in utils/tiny_model.py.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from dataclasses import dataclass
@@ -16,19 +17,56 @@ from pathlib import Path
 
 import torch
 
-from utils.paths import MODELS_DIR
+from utils.paths import MODELS_DIR, cache_dir
 
 SHIPPED = ("shakespeare", "shakespeare-draft")
 
 
+def saved_models_dir() -> Path:
+    """Where `save_model` keeps the models a learner trains: in the course's cache, outside the
+    repository, so that `git pull` and `course reset` never touch them."""
+    return cache_dir() / "models"
+
+
 def model_dir(name: str) -> Path:
-    """Folder of a shipped model, with a clear error if it is missing."""
-    if name not in SHIPPED:
-        raise ValueError(f"name must be one of {SHIPPED} (or 'gpt2'), got {name!r}")
-    path = MODELS_DIR / name
-    if not (path / "model.safetensors").exists():
-        raise FileNotFoundError(f"{path} has no weights: `course train` rebuilds them")
-    return path
+    """Folder of a shipped model or of one saved with `save_model`, with a clear error."""
+    if name in SHIPPED:
+        path = MODELS_DIR / name
+        if not (path / "model.safetensors").exists():
+            raise FileNotFoundError(f"{path} has no weights: `course train` rebuilds them")
+        return path
+    path = saved_models_dir() / name
+    if (path / "model.safetensors").exists():
+        return path
+    saved = sorted(p.name for p in saved_models_dir().glob("*") if (p / "config.json").exists())
+    hint = " (chapter 2 saves the model you train as 'mine')" if name == "mine" else ""
+    raise ValueError(
+        f"name must be one of {SHIPPED}, 'gpt2', a model saved with save_model (saved so far: "
+        f"{saved or 'none'}){hint}, or a folder; got {name!r}"
+    )
+
+
+def save_model(model, tokenizer, name_or_path: str | Path = "mine") -> Path:
+    """Save a DemoTransformer (tied as in chapter 2, or not) and its tokenizer in HF GPT-2
+    format: under `saved_models_dir()` for a name, or in the folder given. Returns the folder;
+    `load_model(name_or_path)` loads it back, in any chapter."""
+    from utils.convert import to_hf_model
+
+    if isinstance(name_or_path, str):
+        if not name_or_path or name_or_path in (*SHIPPED, "gpt2") or "/" in name_or_path:
+            raise ValueError(
+                f"name_or_path must be a new name (not {SHIPPED} or 'gpt2') or a folder, "
+                f"got {name_or_path!r}"
+            )
+        out = saved_models_dir() / name_or_path
+    else:
+        out = Path(name_or_path)
+    hf = to_hf_model(model, model.cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    with quiet_loading():
+        hf.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    return out
 
 
 def hub_reachable(timeout_s: float = 3.0) -> bool:
@@ -47,6 +85,22 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def quiet_loading():
+    """No "Loading weights" (or "Writing model shards") progress bar from transformers inside
+    the block: in a notebook it is a widget that viewers without widgets show as
+    `0%|  | 0/52`, and for a model this small it says nothing."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def load_hf(name_or_path: str | Path):
     """(GPT2LMHeadModel, tokenizer) for a shipped model, 'gpt2' from the HF hub, or a folder.
 
@@ -56,7 +110,8 @@ def load_hf(name_or_path: str | Path):
     if name_or_path == "gpt2":
         online = hub_reachable()
         try:
-            # Offline, a copy in the HF cache still works; online, the hub is asked.
+            # Offline, a copy in the HF cache still works; online, the hub is asked (and the
+            # download shows its progress: that one says something).
             hf = GPT2LMHeadModel.from_pretrained("gpt2", local_files_only=not online)
             tokenizer = AutoTokenizer.from_pretrained("gpt2", local_files_only=not online)
         except OSError as err:
@@ -69,8 +124,9 @@ def load_hf(name_or_path: str | Path):
         path = Path(name_or_path)
         if not path.is_dir():  # a name, not a folder
             path = model_dir(str(name_or_path))
-        hf = GPT2LMHeadModel.from_pretrained(path, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        with quiet_loading():
+            hf = GPT2LMHeadModel.from_pretrained(path, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return hf.eval(), tokenizer
 
 
@@ -78,7 +134,8 @@ def load_model(name: str | Path = "shakespeare"):
     """(DemoTransformer, tokenizer): the course's model with weights from an HF GPT-2.
 
     "shakespeare" (default) and "shakespeare-draft" ship with the course and work offline;
-    "gpt2" is the real GPT-2 small from the HF hub (online only); a folder path loads any
+    "gpt2" is the real GPT-2 small from the HF hub (online only); a name given to `save_model`
+    ("mine": the model you trained in chapter 2) loads what was saved; a folder path loads any
     HF GPT-2 checkpoint.
     """
     from solutions.model import DemoTransformer
@@ -123,14 +180,15 @@ def load_reference(name_or_path: str | Path = "shakespeare") -> Reference:
 def _load_reference(path: Path) -> Reference:
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoTokenizer, GPT2LMHeadModel
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    hf_model = GPT2LMHeadModel.from_pretrained(
-        path, attn_implementation="eager", local_files_only=True
-    ).eval()
-    bridge = TransformerBridge.boot_transformers(str(path), hf_model=hf_model, tokenizer=tokenizer)
+    with quiet_loading():
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        hf_model = GPT2LMHeadModel.from_pretrained(
+            path, attn_implementation="eager", local_files_only=True
+        ).eval()
+        bridge = TransformerBridge.boot_transformers(
+            str(path), hf_model=hf_model, tokenizer=tokenizer
+        )
     bridge.eval()
     bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
     params = {k: v.detach().clone() for k, v in bridge.get_params().items()}

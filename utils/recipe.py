@@ -30,8 +30,8 @@ from solutions.train import (
     tie_embeddings,
     train,
 )
-from utils.convert import to_hf_model
 from utils.corpus import VALIDATION_PLAYS, load_plays, split_plays
+from utils.models import load_hf, save_model
 from utils.paths import MODELS_DIR
 
 if TYPE_CHECKING:
@@ -112,7 +112,8 @@ def run(model: str = "main", out: Path | None = None, n_steps: int | None = None
     data = load_data(recipe, shared_tokenizer)
     net, history = train_model(recipe, args, data, progress)
     losses = evaluate_model(net, recipe, data)
-    hf = save_model(net, recipe, data.tokenizer, out)
+    save_model(net, data.tokenizer, out)
+    hf = load_hf(out)[0]  # the model card's texts come from the files written
     continuations = continue_prompt(hf, data.tokenizer)
 
     metrics = {
@@ -213,17 +214,6 @@ def evaluate_model(net: DemoTransformer, recipe: Recipe, data: Data) -> dict[str
         "bigram_val_loss_nats_per_token": round(bigram_loss, 4),
         "bigram_val_loss_nats_per_char": round(per_char(bigram_loss), 4),
     }
-
-
-def save_model(
-    net: DemoTransformer, recipe: Recipe, tokenizer: PreTrainedTokenizerBase, out: Path
-) -> GPT2LMHeadModel:
-    """Write the model and its tokenizer to `out` in HF GPT-2 format; returns the HF model."""
-    hf = to_hf_model(net, recipe.cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    hf.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return hf
 
 
 def continue_prompt(hf: GPT2LMHeadModel, tokenizer: PreTrainedTokenizerBase) -> dict[str, str]:

@@ -117,3 +117,27 @@ def test_offline_is_decided_per_call(monkeypatch):
     with pytest.raises(RuntimeError, match="shakespeare"):
         load_hf("gpt2")
     assert time.monotonic() - start < 10, "offline must fail fast, not after minutes of retries"
+
+
+def test_a_trained_model_saved_as_mine_loads_back_by_name(tmp_path, monkeypatch):
+    """Chapter 2 saves the learner's (tied) model; chapters 3-4 load it with load_model('mine')."""
+    from solutions import Config, DemoTransformer
+    from solutions.train import tie_embeddings
+    from utils.models import save_model
+
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
+    _, tokenizer = load_model("shakespeare-draft")
+    cfg = Config(d_model=32, n_heads=2, d_head=16, d_mlp=64, n_layers=1, n_ctx=16,
+                 d_vocab=len(tokenizer))  # fmt: skip
+    torch.manual_seed(0)
+    mine = tie_embeddings(DemoTransformer(cfg)).eval()
+    with pytest.raises(ValueError, match="chapter 2 saves"):
+        load_model("mine")
+    assert save_model(mine, tokenizer) == tmp_path / "models" / "mine"
+    loaded, loaded_tokenizer = load_model("mine")
+    tokens = torch.tensor([tokenizer.encode("ROMEO.\nWhat")])
+    with torch.no_grad():
+        assert torch.allclose(loaded(tokens), mine(tokens), atol=1e-5)
+    assert loaded_tokenizer.encode("ROMEO.") == tokenizer.encode("ROMEO.")
+    with pytest.raises(ValueError, match="name_or_path"):
+        save_model(mine, tokenizer, "shakespeare")
