@@ -226,8 +226,10 @@ class MutantRun:
         if mutant is None or report.when != "call":
             return
         self.tried[mutant] = item.module.CHAPTER
-        if report.failed:
-            self.killed.setdefault(mutant, item.originalname)
+        if report.failed and mutant not in self.killed:
+            message = dict(report.user_properties).get("message") or report.longreprtext
+            lines = str(message).strip().splitlines() or [""]
+            self.killed[mutant] = f"{item.originalname}: {lines[0][:160]}"
         # A test a mutant passes is no failure in itself: another test may kill it.
         report.outcome, report.longrepr = "passed", None
 
@@ -243,6 +245,9 @@ class MutantRun:
             ids = [m for m, ch in self.tried.items() if ch == chapter]
             dead = sum(m in self.killed for m in ids)
             tr.write_line(f"{chapter}: {dead}/{len(ids)} mutants killed")
+        if tr.config.option.verbose > 0:  # -v: how each mutant died
+            for mutant, how in sorted(self.killed.items()):
+                tr.write_line(f"killed {mutant} by {how}")
         for mutant in self.survivors():
             tr.write_line(f"SURVIVED {mutant}: {all_mutants()[mutant].why}", red=True)
 

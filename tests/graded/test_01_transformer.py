@@ -3,6 +3,8 @@ weights, plus tests aimed at the classic mistakes."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -22,6 +24,11 @@ def build(cls, cfg, params: dict[str, torch.Tensor]):
         return load_weights(module, params).eval()
     except ValueError as err:
         raise AssertionError(str(err)) from None
+
+
+def randn(*shape: int, seed: int = 0) -> torch.Tensor:
+    """Seeded test inputs: a failure reports the same difference on every run."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 def close(actual, expected) -> bool:
@@ -82,7 +89,7 @@ def _random_ln(impl, cfg, seed=0):
 def test_layernorm_matches_torch(impl, reference):
     cfg = reference.cfg
     ln, p = _random_ln(impl, cfg)
-    x = 3 * torch.randn(2, 5, cfg.d_model) + 1
+    x = 3 * randn(2, 5, cfg.d_model) + 1
     expected = F.layer_norm(x, (cfg.d_model,), p["w"], p["b"], cfg.layer_norm_eps)
     assert_matches(ln(x), expected, "LayerNorm", "Mean and variance over d_model, then * w + b?")
 
@@ -91,7 +98,7 @@ def test_layernorm_matches_torch(impl, reference):
 def test_layernorm_epsilon_inside_sqrt(impl, reference):
     cfg = reference.cfg
     ln, p = _random_ln(impl, cfg)
-    x = 1e-3 * torch.randn(2, 5, cfg.d_model)  # variance ~1e-6, smaller than eps=1e-5
+    x = 1e-3 * randn(2, 5, cfg.d_model, seed=1)  # variance ~1e-6, smaller than eps=1e-5
     expected = F.layer_norm(x, (cfg.d_model,), p["w"], p["b"], cfg.layer_norm_eps)
     out = ln(x)
     centered = x - x.mean(-1, keepdim=True)
@@ -102,12 +109,26 @@ def test_layernorm_epsilon_inside_sqrt(impl, reference):
 
 
 @pytest.mark.layernorm
+def test_layernorm_reads_epsilon_from_the_config(impl, reference):
+    cfg = dataclasses.replace(reference.cfg, layer_norm_eps=0.1)
+    ln, p = _random_ln(impl, cfg)
+    x = 0.3 * randn(2, 5, cfg.d_model, seed=6)  # variance ~0.09: eps=0.1 matters a lot
+    expected = F.layer_norm(x, (cfg.d_model,), p["w"], p["b"], cfg.layer_norm_eps)
+    assert_matches(
+        ln(x),
+        expected,
+        "LayerNorm with layer_norm_eps=0.1",
+        "Read epsilon from self.cfg.layer_norm_eps: 1e-5 is GPT-2's value, not every model's.",
+    )
+
+
+@pytest.mark.layernorm
 def test_layernorm_biased_variance(impl):
     from solutions.config import Config
 
     cfg = Config(d_model=4, d_vocab=10, n_ctx=8, d_head=2, d_mlp=8, n_heads=2, n_layers=1)
     ln, p = _random_ln(impl, cfg)
-    x = torch.randn(3, 2, 4)
+    x = randn(3, 2, 4, seed=2)
     expected = F.layer_norm(x, (4,), p["w"], p["b"], cfg.layer_norm_eps)
     out = ln(x)
     unbiased = (x - x.mean(-1, keepdim=True)) / (
@@ -121,7 +142,7 @@ def test_layernorm_biased_variance(impl):
 @pytest.mark.layernorm
 def test_layernorm_does_not_modify_its_input(impl, reference):
     ln, _ = _random_ln(impl, reference.cfg)
-    x = torch.randn(2, 5, reference.cfg.d_model) + 2
+    x = randn(2, 5, reference.cfg.d_model, seed=3) + 2
     before = x.clone()
     ln(x)
     assert torch.equal(x, before), (
@@ -175,7 +196,7 @@ def test_pos_embed_depends_on_position_not_token(impl, reference):
 @pytest.mark.attention
 def test_causal_mask(impl, reference):
     attn = impl.Attention(reference.cfg)
-    scores = torch.randn(2, 3, 6, 6)
+    scores = randn(2, 3, 6, 6, seed=4)
     before = scores.clone()
     masked = attn.apply_causal_mask(scores)
     assert masked.shape == scores.shape, f"mask changed the shape to {tuple(masked.shape)}"
@@ -214,7 +235,7 @@ def test_attention_matches_reference(impl, reference, ref_run):
 def test_attention_is_causal(impl, reference):
     cfg = reference.cfg
     attn = build(impl.Attention, cfg, params_under(reference.params, "blocks.0.attn."))
-    x = torch.randn(1, 6, cfg.d_model)
+    x = randn(1, 6, cfg.d_model, seed=5)
     y = x.clone()
     y[0, 4] += 1.0
     out_x, out_y = attn(x), attn(y)
@@ -281,6 +302,19 @@ def test_unembed_matches_reference(impl, reference, ref_run):
     assert_matches(unembed(cache["ln_final.hook_out"]), logits, "Unembed")
 
 
+@pytest.mark.unembed
+def test_unembed_adds_its_bias(impl, reference):
+    cfg = reference.cfg
+    params = {
+        "W_U": 0.1 * randn(cfg.d_model, cfg.d_vocab, seed=7),
+        "b_U": randn(cfg.d_vocab, seed=8),  # GPT-2's is zero; a model trained with one is not
+    }
+    unembed = build(impl.Unembed, cfg, params)
+    x = randn(2, 3, cfg.d_model, seed=9)
+    expected = F.linear(x, params["W_U"].T, params["b_U"])
+    assert_matches(unembed(x), expected, "Unembed with a non-zero b_U", "Did you add b_U?")
+
+
 # --------------------------------------------------------------------------- transformer
 
 
@@ -290,8 +324,18 @@ def _demo(impl, reference):
 
 @pytest.mark.transformer
 def test_transformer_matches_bridge(impl, reference, ref_run):
-    tokens, logits, _ = ref_run
-    assert_matches(_demo(impl, reference)(tokens), logits, "DemoTransformer logits")
+    tokens, logits, cache = ref_run
+    out = _demo(impl, reference)(tokens)
+    # A known-wrong variant, diagnosed: the last block's output unembedded as it is.
+    last = cache[f"blocks.{reference.cfg.n_layers - 1}.hook_resid_post"]
+    unembed = params_under(reference.params, "unembed.")
+    no_ln_final = last @ unembed["W_U"] + unembed["b_U"]
+    if isinstance(out, torch.Tensor) and close(out, no_ln_final):
+        pytest.fail(
+            "Your logits are the unembedding of the last block's output as it is: apply "
+            "ln_final to the residual stream before unembed."
+        )
+    assert_matches(out, logits, "DemoTransformer logits")
 
 
 @pytest.mark.transformer

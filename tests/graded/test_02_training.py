@@ -55,11 +55,20 @@ def test_windows_cover_the_stream(impl, n_tokens, n_ctx, stride):
 def test_windows_default_stride_and_negative_index(impl):
     tokens = torch.arange(50)
     data = impl.TokenWindows(tokens, 8)
-    assert len(data) == 6, "with the default stride (= n_ctx), 50 tokens give 6 windows of 8"
+    assert len(data) == 6, (
+        f"with the default stride (= n_ctx), 50 tokens give 6 windows of 8, got {len(data)}"
+    )
     x, y = data[-1]
-    assert torch.equal(x, tokens[40:48]) and torch.equal(y, tokens[41:49])
+    assert torch.equal(x, tokens[40:48]) and torch.equal(y, tokens[41:49]), (
+        f"data[-1] must be the last window, inputs 40..47 and targets 41..48; got inputs "
+        f"{x.tolist()} and targets {y.tolist()}. A negative index counts from the end, as for "
+        "a list: i % len(self)"
+    )
     with pytest.raises(IndexError):
         data[len(data)]
+        pytest.fail(
+            f"data[{len(data)}] (= len(data)) must raise IndexError: there is no such window"
+        )
 
 
 # --------------------------------------------------------------------------- lm_loss
@@ -123,7 +132,33 @@ def test_lr_factor_matches_transformers(impl, warmup, total, min_ratio):
         )
 
 
+@pytest.mark.lr_schedule
+def test_lr_factor_stays_at_the_minimum_after_total_steps(impl):
+    # The docstring's contract: after total_steps the factor stays at min_lr_ratio. (HF's
+    # schedule is not the oracle here: past the end it lets the cosine rise again.)
+    for step in (101, 150, 250, 10_000):
+        got = impl.lr_factor(step, 10, 100, 0.1)
+        assert math.isclose(got, 0.1, rel_tol=1e-9), (
+            f"lr_factor({step}, warmup_steps=10, total_steps=100, min_lr_ratio=0.1) is "
+            f"{got:.6f}: after total_steps it must stay at min_lr_ratio. Clamp the progress "
+            "at 1, or the cosine climbs back up"
+        )
+
+
 # --------------------------------------------------------------------------- train_step
+
+
+class ModeRecorder(TinyLM):
+    """TinyLM that records whether it was in training mode at each forward pass: a model with
+    dropout behaves differently in the two modes."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.modes: list[bool] = []
+
+    def forward(self, tokens):
+        self.modes.append(self.training)
+        return super().forward(tokens)
 
 
 def _reference_step(model, x, y, lr, clip):
@@ -184,6 +219,19 @@ def test_train_step_does_not_accumulate_gradients(impl):
 
 
 @pytest.mark.train_step
+def test_train_step_trains_in_training_mode(impl):
+    model = ModeRecorder().eval()  # as evaluate() may have left it
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    impl.train_step(model, opt, sched, *_batch(), 1.0)
+    assert model.modes == [True], (
+        f"the forward passes of train_step ran with model.training = {model.modes}: call "
+        "model.train() first. After an evaluation the model is in eval mode, and a model "
+        "with dropout would then train without it"
+    )
+
+
+@pytest.mark.train_step
 def test_train_step_learns_a_tiny_corpus(impl):
     # A repeating sequence is perfectly predictable: loss must fall far below log(11).
     tokens = torch.tensor([1, 5, 2, 8, 3, 9, 4] * 8)
@@ -211,6 +259,17 @@ def test_evaluate_is_the_token_weighted_mean(impl):
     assert math.isclose(got, expected, rel_tol=1e-5), (
         f"expected {expected:.5f}, got {got:.5f}: weight each batch by its number of tokens "
         "(the last batch is smaller), not every batch equally"
+    )
+
+
+@pytest.mark.evaluate
+def test_evaluate_runs_the_model_in_eval_mode(impl):
+    x, y = _batch()
+    model = ModeRecorder().train()
+    impl.evaluate(model, DataLoader(TensorDataset(x, y), batch_size=2))
+    assert model.modes and not any(model.modes), (
+        f"the forward passes of evaluate ran with model.training = {model.modes}: call "
+        "model.eval() before evaluating (dropout must be off), and restore the mode after"
     )
 
 
