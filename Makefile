@@ -32,6 +32,8 @@ test: $(STAMP)
 	$(OFFLINE) $(PYTEST) tests/graded --impl solutions
 	@echo "Every graded test must FAIL on the blank stubs (inverted: a pass below means it does):"
 	$(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail
+	@echo "Every learner-style mutant (tests/machinery/mutants/) must fail a test of its exercise:"
+	$(OFFLINE) $(PYTEST) tests/graded --mutants -q
 
 setup: $(STAMP)
 

@@ -26,9 +26,10 @@
 #   and `course grade` (or `course grade 1` for this chapter only) prints a table of every
 #   exercise. Save the notebook first: the terminal reads the file, not your running kernel.
 # - **Stuck?** `show_solution("LayerNorm")` in a cell (or `course solution LayerNorm` in a
-#   terminal) prints the reference code. Give yourself a real attempt first, 10–15 minutes
-#   with the hint open: you learn far more from writing the code than from reading it. If you
-#   do peek, close it and write your version from memory.
+#   terminal) prints the reference code; it is also each exercise's third hint. Give yourself
+#   a real attempt first, 10–15 minutes with hints 1 and 2 open: you learn far more from
+#   writing the code than from reading it. If you do peek, close it and write your version
+#   from memory.
 # - Broke the notebook beyond repair? `course reset 01` gives you a fresh one and keeps a
 #   backup of yours.
 #
@@ -128,10 +129,26 @@ print(tokenizer.eos_token, "has id", tokenizer.eos_token_id)
 #
 # This is the function you will reach for whenever you want to *see* what the model sees.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# `tokenizer.decode` takes a *list* of ids. Decode each id on its own: `tokenizer.decode([i])`.
-# `convert_ids_to_tokens` is not the answer: it returns the raw `Ġ` forms.
+# You want the text each token stands for, one token at a time. The trap is the tokenizer's raw
+# vocabulary entries, which show a space as `Ġ`: they are not the text.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# First the ids: `tokenizer.encode(text, add_special_tokens=False)`, a list of ints. Then turn
+# each id into its text *on its own*. `tokenizer.decode` takes a **list** of ids, even when you
+# want one token only. `convert_ids_to_tokens` is not the answer: it returns the raw `Ġ` forms.
+# The result is a plain Python list of strings, one per id.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("token_strings")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
 #
 # </details>
 #
@@ -305,12 +322,29 @@ print(einops.repeat(torch.arange(4), "d -> batch d", batch=2))
 # - the input is **not modified in place**. The caller still needs the residual stream
 #   after the LayerNorm (it adds the layer's output to it), so no `x -= ...` on the input.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# `x.mean(dim=-1, keepdim=True)` has shape `[batch, posn, 1]`, which broadcasts back against
-# `x`. For the variance, either `x.var(dim=-1, keepdim=True, unbiased=False)` or the mean of
-# the squared centred values. `w` and `b` have shape `[d_model]` and broadcast on their own.
-# Write `x = x - mean` (a new tensor), not `x -= mean`.
+# Everything happens along the last dimension, for each position separately. The traps are the
+# three details GPT-2 was trained with: the biased variance, ε inside the square root, and an
+# input that is never modified in place.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# - The mean over `d_model`: `x.mean(dim=-1, keepdim=True)` has shape `[batch, posn, 1]`, which
+#   broadcasts back against `x`. Centre `x` with a *new* tensor (`x = x - ...`, not `x -= ...`).
+# - The variance: `x.var(dim=-1, keepdim=True, unbiased=False)` of the input, or the mean of the
+#   squared centred values, again `[batch, posn, 1]`.
+# - Divide the centred values by the square root of (variance + `cfg.layer_norm_eps`).
+# - Scale by `w` and shift by `b`: both are `[d_model]` and broadcast on their own.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("LayerNorm")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -349,10 +383,24 @@ print("means:", normed.mean(-1)[0, :4], "\nstds: ", normed.std(-1, unbiased=Fals
 #
 # `tokens` is `[batch, posn]` of integer ids; the result is `[batch, posn, d_model]`.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# Indexing a tensor with an integer tensor picks rows: `W_E[tokens]` already has the shape
-# `[batch, posn, d_model]`.
+# Embedding token `t` means taking row `t` of `W_E`. No matrix product and no loop are needed.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# Indexing a tensor with an integer tensor picks rows: the result has the index's shape followed
+# by the remaining dimensions of the tensor. Here the index is `tokens` `[batch, posn]` and the
+# rows of `W_E` are `[d_model]` wide, so you get `[batch, posn, d_model]` directly.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("Embed")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -365,23 +413,39 @@ check("embed")
 # %% [markdown]
 # ### Positional embedding
 #
-# Attention, as you will see, scores other positions by their *content* only: it has no
-# built-in sense of order, so without help the model would have a hard time telling "dog bites
-# man" from "man bites dog". GPT-2 fixes this with a **learned** vector per
-# position: `W_pos` is `[n_ctx, d_model]`, and row `i` is added to whatever token sits at
-# position `i`. (This is also why GPT-2 cannot read more than `n_ctx` tokens: there is no row
-# for position `n_ctx`.)
+# Attention, as you will see, scores other positions by their *content* only. The causal mask
+# gives it a little sense of order (a position sees only what came before it, so it could in
+# principle count its predecessors), but nothing says directly how far back a word is, and
+# without help the model would have a hard time telling "dog bites man" from "man bites dog".
+# GPT-2 fixes this with a **learned** vector per position: `W_pos` is `[n_ctx, d_model]`, and
+# row `i` is added to whatever token sits at position `i`. (This is also why GPT-2 cannot read
+# more than `n_ctx` tokens: there is no row for position `n_ctx`.)
 #
 # `PosEmbed.forward` receives the same `tokens` as `Embed`, but the **ids do not matter**, only
 # the shape: a sequence of length `posn` gets rows `0, 1, ..., posn - 1` of `W_pos`, and every
 # sequence of the batch gets the same ones. The tests feed two different sequences and expect
 # identical positional vectors.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# `batch, seq_len = tokens.shape`, then take `self.W_pos[:seq_len]` (shape
-# `[posn, d_model]`) and copy it over the batch with
-# `einops.repeat(..., "posn d_model -> batch posn d_model", batch=batch)`.
+# The ids do not matter, only how many there are: position `i` gets row `i` of `W_pos`, and
+# every sequence of the batch gets the same rows.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# Read `batch` and the sequence length from `tokens.shape`. The first `posn` rows of `W_pos` are
+# `[posn, d_model]`. Copy them over the batch to `[batch, posn, d_model]`:
+# `einops.repeat(..., "posn d_model -> batch posn d_model", batch=batch)` does it (so does
+# `.expand`).
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("PosEmbed")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -475,30 +539,40 @@ print("max |ours - reference| =", diff)
 #
 # Write `apply_causal_mask` first (it is short), then `forward`, which calls it.
 #
-# <details><summary>Hint: the mask</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# Build a boolean `[query_pos, key_pos]` matrix that is `True` strictly above the diagonal:
-# `torch.triu(torch.ones(n_q, n_k, dtype=torch.bool, device=attn_scores.device), diagonal=1)`.
-# Then `attn_scores.masked_fill(mask, self.IGNORE)`: the mask broadcasts over batch and heads.
+# Write `apply_causal_mask` first: a boolean "key comes after query" matrix, and a *new* tensor
+# with those scores replaced; the diagonal stays visible. Then `forward` follows the five steps
+# above. Keep the dimension names straight: the softmax runs over the **keys**, the last
+# dimension of the scores.
 #
 # </details>
 #
-# <details><summary>Hint: the forward pass</summary>
+# <details><summary>Hint 2: the approach</summary>
 #
-# With `x` of shape `[batch, posn, d_model]`:
+# **The mask.** `torch.triu` of a boolean `ones` matrix `[query_pos, key_pos]` (create it on
+# `attn_scores.device`) with `diagonal=1` is `True` strictly above the diagonal.
+# `Tensor.masked_fill(mask, self.IGNORE)` returns a copy (not the in-place `masked_fill_`), and
+# a `[query_pos, key_pos]` mask broadcasts over batch and heads.
 #
-# ```python
-# q = einops.einsum(
-#     x, self.W_Q, "batch posn d_model, n_heads d_model d_head -> batch posn n_heads d_head"
-# ) + self.b_Q
-# scores = einops.einsum(
-#     q, k, "batch q_pos n_heads d_head, batch k_pos n_heads d_head -> batch n_heads q_pos k_pos"
-# )
-# ```
+# **The forward pass**, with `x` of shape `[batch, posn, d_model]`:
 #
-# Then divide by `self.cfg.d_head ** 0.5`, mask, `.softmax(dim=-1)` (the last dimension is
-# the keys), mix the values with another einsum into `[batch, posn, n_heads, d_head]`, and
-# finish with an einsum against `W_O` that sums over both `n_heads` and `d_head`, plus `b_O`.
+# 1. q, k, v, each `[batch, posn, n_heads, d_head]`, one einsum each plus its bias:
+#    `einops.einsum` of `x` and `self.W_Q` with the pattern
+#    `"batch posn d_model, n_heads d_model d_head -> batch posn n_heads d_head"`.
+# 2. Scores `[batch, n_heads, q_pos, k_pos]`: an einsum of q and k that sums over `d_head`. Give
+#    the two position axes different names (`q_pos`, `k_pos`): einsum treats two axes with
+#    the same name as one axis.
+# 3. Divide by `self.cfg.d_head ** 0.5`, mask, `.softmax(dim=-1)`.
+# 4. z `[batch, q_pos, n_heads, d_head]`: an einsum of the pattern and v that sums over `k_pos`.
+# 5. An einsum of z and `W_O` that sums over both `n_heads` and `d_head`, then `+ b_O`.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("Attention")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -511,14 +585,29 @@ check("attention")
 # %% [markdown]
 # ### What an attention pattern looks like
 #
-# The cache holds every head's pattern. Here is layer 0, head 0 of the reference on our
-# prompt: row $i$ shows how much position $i$ (the query) attends to each position $j$ (the
-# key). You can read off two facts from the code you just wrote: everything above the
-# diagonal is zero (the causal mask), and every row sums to 1 (the softmax). The first row has
-# only one choice, so it puts all its weight on `<|endoftext|>`. Trained models grow heads
-# with striking patterns (to the previous token, to the first token, to an earlier copy of
-# the current token), which is where interpretability research starts: try other heads and
-# layers (`cache["blocks.2.attn.hook_pattern"][0, 3]`) and see what you find.
+# The cache holds every head's pattern. The cell below draws layer 0, head 0 of the reference on
+# our prompt: row $i$ shows how much position $i$ (the query) attends to each position $j$ (the
+# key). Trained models grow heads with striking patterns (to the previous token, to the first
+# token, to an earlier copy of the current token), which is where interpretability research
+# starts: afterwards, try other heads and layers (`cache["blocks.2.attn.hook_pattern"][0, 3]`)
+# and see what you find.
+#
+# **Predict, then run.** Some facts about this picture follow from the code you just wrote,
+# whatever the weights. Which cells must be zero? What must each row add up to? Where must the
+# first row put its weight?
+#
+# <details><summary>What to expect</summary>
+#
+# Everything above the diagonal is zero: that is the causal mask (the cell prints 0.0 as the
+# largest weight above it). Every row sums to 1: that is the softmax. The first row has only one
+# key to choose from, so all its weight, 1.0, is on `<|endoftext|>`.
+#
+# The rest is what this head learnt. Layer 0, head 0 of this model spreads each row fairly
+# evenly over everything the query can see, with a little extra on the first tokens: a running
+# average of the text so far, so the colour fades as the rows grow longer. Other heads look
+# quite different.
+#
+# </details>
 
 # %%
 import matplotlib.pyplot as plt
@@ -561,12 +650,27 @@ plt.show()
 # the same formula in one fused operation). Use it: PyTorch's default `F.gelu` is the exact
 # version, and the difference is large enough for the tests to notice (they will tell you).
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# Two matrix products, `x @ self.W_in` and back through `W_out` (`@` multiplies the last
-# dimension and keeps `[batch, posn]` in front; an einsum
-# `"batch posn d_model, d_model d_mlp -> batch posn d_mlp"` says the same), with `gelu_new` in
-# between. Don't forget either bias.
+# Two matrix products with the non-linearity between them, the same at every position. The trap
+# is the GELU: GPT-2 uses the tanh approximation, `gelu_new`, not `F.gelu`'s default.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# `@` multiplies the last dimension by the matrix's first and keeps `[batch, posn]` in front (an
+# einsum `"batch posn d_model, d_model d_mlp -> batch posn d_mlp"` says the same). So:
+# `[batch, posn, d_model]` through `W_in`, plus `b_in`, is `[batch, posn, d_mlp]`; `gelu_new`
+# keeps the shape; through `W_out`, plus `b_out`, is `[batch, posn, d_model]` again. Don't
+# forget either bias.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("MLP")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -593,10 +697,26 @@ check("mlp")
 # The tests check blocks 0 and 1 against the reference, and that `resid_pre` is left
 # untouched (write `resid_pre + ...`, not `resid_pre += ...`).
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# Two lines: one for `resid_mid` using `self.ln1` and `self.attn`, one for `resid_post` using
-# `self.ln2` and `self.mlp`.
+# A block never replaces the residual stream: it *adds* to it, twice. Each layer reads its own
+# LayerNorm of the stream, and the MLP reads the stream *after* attention's output has been
+# added.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# Two lines, the two equations above: `resid_mid` from `resid_pre` with `self.ln1` and
+# `self.attn`, then `resid_post` from `resid_mid` with `self.ln2` and `self.mlp`. Every tensor
+# is `[batch, posn, d_model]`. Write `a + b`, a new tensor, never `resid_pre += ...`.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("TransformerBlock")` in a new cell prints the
+# reference implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -614,17 +734,33 @@ check("block")
 # `W_U` of shape `[d_model, d_vocab]`. A softmax over the logits gives the model's probability
 # for each possible next token.
 #
-# GPT-2 has no unembedding bias; `transformer-lens` keeps a frozen `b_U` of zeros so that
-# every layer looks alike, and so do we. Add it anyway: a module should compute what its
-# parameters say, whatever values they happen to hold.
+# GPT-2 has no unembedding bias; `transformer-lens` keeps a `b_U` anyway (zeros for GPT-2, an
+# ordinary trainable parameter) so that every layer has a weight and a bias, and so do we. Add
+# it anyway: a module should compute what its parameters say, whatever values they happen to
+# hold.
 # (GPT-2 also *ties* `W_U` to `W_E`: its unembedding is the transpose of its embedding. Our
 # module keeps them as two parameters and `load_weights` simply copies whatever the checkpoint
 # holds.)
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# One matrix product, `x @ self.W_U` (or the einsum
-# `"batch posn d_model, d_model d_vocab -> batch posn d_vocab"`), plus `self.b_U`.
+# One matrix product from `d_model` to `d_vocab` at every position, and the bias, whatever its
+# values.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# `[batch, posn, d_model]` times `W_U` `[d_model, d_vocab]` is `[batch, posn, d_vocab]`: `@`, or
+# the einsum `"batch posn d_model, d_model d_vocab -> batch posn d_vocab"`. `b_U` is `[d_vocab]`
+# and broadcasts when you add it.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("Unembed")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -649,10 +785,26 @@ check("unembed")
 # The tests compare your logits with the `transformer-lens` bridge on a prompt, and with the
 # Hugging Face model on a batch of three full-length (`n_ctx`) random sequences.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# `self.blocks` is an `nn.ModuleList`: loop over it with `for block in self.blocks:` and
-# reassign the residual each time.
+# You have written every part: `forward` is the diagram of section 2 read from top to bottom.
+# Keep the given checks at the top and write below them.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# The residual stream starts as the sum of the two embeddings of `tokens`,
+# `[batch, posn, d_model]`. `self.blocks` is an `nn.ModuleList`: iterate over it like a list,
+# feeding each block the stream and reassigning the stream to what it returns. Then
+# `self.ln_final` and `self.unembed` give `[batch, posn, d_vocab]`.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("DemoTransformer")` in a new cell prints the
+# reference implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -718,11 +870,66 @@ print(f"{'total':10} {sum(counts.values()):>10,}")
 #
 # - Which layer is the only one that moves information between positions? What would the
 #   model's output at position 3 depend on if you deleted every attention layer?
+#
+# <details><summary>Answer</summary>
+#
+# Attention. The embeddings, every LayerNorm, the MLPs and the unembedding work on each position
+# on its own. Without attention, the logits at position 3 would be a function of token 3 and of
+# position 3's embedding only: the model could still learn which tokens tend to follow token 3,
+# a bigram model of sorts, but nothing that came before it could make any difference.
+#
+# </details>
+#
 # - Why must LayerNorm and the block not modify their input in place?
+#
+# <details><summary>Answer</summary>
+#
+# Because the caller still needs the input afterwards. The block computes
+# `resid_pre + attn(ln1(resid_pre))`: if `ln1` normalised `resid_pre` in place, the residual
+# connection would add the attention output to the *normalised* stream, and the model would
+# compute something else. Likewise the block's input belongs to its caller (the previous block,
+# a test, a cached activation). And during training, autograd refuses a backward pass through a
+# tensor that was modified in place after being saved for the gradient.
+#
+# </details>
+#
 # - What goes wrong if the causal mask uses `diagonal=0`? (Think about the first row.)
+#
+# <details><summary>Answer</summary>
+#
+# `diagonal=0` masks the diagonal too, so no position may attend to itself. Every other row then
+# loses its own token, a different model from GPT-2, but the first row loses everything:
+# position 0 has no earlier key, its row of scores is all $-\infty$, and the softmax computes
+# $0/0$ = `nan`. From the next layer on, every later position attends to position 0, whose key
+# and value are now `nan`, so the whole output turns to `nan`.
+#
+# </details>
+#
 # - No position's output depends on a later token. Why is that what makes it possible to
 #   train on every position of a sequence in a single forward pass?
+#
+# <details><summary>Answer</summary>
+#
+# Because of it, the output at position $i$ is exactly what the model would compute if the text
+# ended at $i$: an honest prediction of token $i + 1$, made without seeing it. So one forward
+# pass over $n$ tokens gives $n$ predictions, each with its own loss term, as if we had run the
+# model on each of the $n$ prefixes separately. If position $i$ could read token $i + 1$, the
+# model would learn to copy its target, and we would need a separate pass per prefix to get the
+# same training signal.
+#
+# </details>
+#
 # - The model can read at most `n_ctx` tokens. Which weight sets that limit?
+#
+# <details><summary>Answer</summary>
+#
+# The positional embedding, `W_pos` `[n_ctx, d_model]`: it has one learned row per position, and
+# there is no row for position `n_ctx` or beyond. Nothing else depends on the length:
+# attention's weights act on each position's vector and its pattern is as wide as the sequence,
+# and every other layer works position by position. (GPT-2 small: 1,024 positions; the course's
+# model: 256.)
+#
+# </details>
 #
 # ## What's next
 #

@@ -255,12 +255,30 @@ print(repr(tokenizer.decode(train_tokens[boundary - 12 : boundary + 10])))
 #   (`data[-1]` is the last window); the range check at the top of the method is written for
 #   you, and raises `IndexError` past the end.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# Count the valid starts: `s` may go up to `len(tokens) - n_ctx - 1`, in steps of `stride`,
-# from 0. That is `(len(tokens) - n_ctx - 1) // stride + 1` windows. In `__getitem__`, first
-# turn a negative `i` into a positive one (`i % len(self)` does it), then take one slice of
-# `n_ctx + 1` tokens and split it: `chunk[:-1]` and `chunk[1:]`.
+# Everything follows from one fact: a window needs `n_ctx + 1` tokens from its start, because
+# its last input needs a target too. Count the valid *starts*; do not divide the length by the
+# stride.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# - `__len__`: starts are `0, stride, 2 * stride, ...`, and the largest valid one is
+#   `len(tokens) - n_ctx - 1`. How many multiples of `stride` lie between 0 and that, both
+#   included? Integer division answers it. Check your formula on the example above: 20 tokens,
+#   `n_ctx = 4`, `stride = 4` must give 4.
+# - `__getitem__`: first turn a negative `i` into a positive one (`i % len(self)` does it), then
+#   take **one** slice of `n_ctx + 1` tokens from `i * stride` and split it: everything but its
+#   last token is `x`, everything but its first is `y`, both `[n_ctx]`.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("TokenWindows")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -338,10 +356,28 @@ print("x:", tuple(x.shape), x.dtype, " y:", tuple(y.shape))
 #   vocabulary dimension. Passing `[batch, posn, d_vocab]` as it is gets you an error or, worse,
 #   a wrong answer when the shapes happen to fit.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# `torch.gather(log_probs, dim=-1, index=targets.unsqueeze(-1))` has shape
-# `[batch, posn, 1]`: the log-probability of each target. `.squeeze(-1)`, then `-(...).mean()`.
+# At every position you need the log-probability the model gave to the one token that actually
+# came next; the loss is minus their mean. Take `log_softmax`, not `softmax(...).log()`.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# `logits.log_softmax(dim=-1)` is `[batch, posn, d_vocab]`. `torch.gather(input, dim, index)`
+# picks one entry per position along `dim`, and its `index` must have as many dimensions as
+# `input`: `targets.unsqueeze(-1)` is `[batch, posn, 1]`, and so is the result, which
+# `.squeeze(-1)` brings back to `[batch, posn]`. Negate, `.mean()`, and no `.item()`: the result
+# must stay a tensor in the graph. (With `F.cross_entropy` instead, flatten to
+# `[batch * posn, d_vocab]` and `[batch * posn]` first.)
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("lm_loss")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -418,11 +454,21 @@ print(f"tied:   {count_parameters(model):>9,} parameters")
 print("parameters of its own in the tied unembed:", list(model.unembed.parameters()))
 
 # %% [markdown]
-# A freshly initialised model knows nothing, and its loss shows it: every weight is drawn with a
-# standard deviation of 0.02, so the logits are all close to 0 and the predictions close to
-# uniform. Its loss should be a little above $\log 4096 \approx 8.32$. (If an untrained model
-# started far above $\log V$, it would be confidently wrong, and the first steps of training
-# would be spent undoing that.)
+# A freshly initialised model knows nothing, and its loss shows it. Every weight is drawn with a
+# standard deviation of 0.02.
+#
+# **Predict, then run.** What loss will the untrained model get on a batch of Shakespeare: close
+# to 0, close to some number you can compute in your head, or far above it?
+#
+# <details><summary>What to expect</summary>
+#
+# Almost exactly $\log 4096 \approx 8.32$: 8.321 on this batch, a hair above. With weights
+# that small, the logits are all close to 0 and the predictions close to uniform, and a uniform
+# guess over $V$ tokens pays $\log V$ at every position, whatever the text. (If an untrained
+# model started far above $\log V$, it would be confidently wrong, and the first steps of
+# training would be spent undoing that.)
+#
+# </details>
 
 # %%
 x, y = next(iter(DataLoader(train_data, batch_size=8)))
@@ -466,16 +512,30 @@ print(f"untrained loss: {loss:.3f}, log(d_vocab) = {math.log(cfg.d_vocab):.3f}")
 #   factor is 1 at step 0), and with `warmup_steps == total_steps` the decay has length 0. Use
 #   `max(1, ...)` for both denominators, as Hugging Face does.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# ```python
-# if step < warmup_steps:
-#     return step / max(1, warmup_steps)
-# progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-# ```
+# Two regimes, split at `warmup_steps`. The traps are the edge cases: a warm-up of 0 steps and a
+# decay of 0 steps must not divide by zero, and steps past `total_steps` stay at the floor.
 #
-# then $m + (1 - m) \cdot 0.5\,(1 + \cos(\pi \cdot \text{progress}))$, with `math.cos` and
-# `math.pi`.
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# - Before `warmup_steps`: a straight line from 0 to 1, `step` over `warmup_steps`, with the
+#   denominator guarded by `max(1, ...)`.
+# - From `warmup_steps` on: the progress $p$ through the decay is the number of steps since the
+#   warm-up over the decay's length, `total_steps - warmup_steps` (guarded by `max(1, ...)` as
+#   well), capped at 1 with `min`. Then the formula above, with `math.cos` and `math.pi`.
+# - Check the ends: at step `warmup_steps`, $p = 0$ and the factor is 1; at `total_steps`,
+#   $p = 1$ and it is `min_lr_ratio`. You return a multiplier, a Python float, not a learning
+#   rate.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("lr_factor")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -592,12 +652,28 @@ for group in optimizer.param_groups:
 # check that three steps in a row equal three independent steps (no leftover gradients); and
 # train a tiny model on a repeating sequence.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# Eight short lines, in the order of the list above: `model.train()`,
-# `loss = lm_loss(model(x), y)`, `optimizer.zero_grad()`, `loss.backward()`,
-# `torch.nn.utils.clip_grad_norm_(...)`, `optimizer.step()`, `scheduler.step()`,
-# `return loss.item()`.
+# The order is the whole exercise: clear the old gradients before `backward()`, clip after it
+# and before `optimizer.step()`, move the scheduler after the optimizer. Return a float, not a
+# tensor.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# Follow the numbered list above, one call per item: eight short lines in all. Worth knowing:
+# `torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)` rescales the gradients of all
+# parameters together, in place, and returns their norm before clipping (you may ignore it);
+# `loss.item()` turns the loss into a Python float that holds no graph. The loss you return is
+# the one computed at the start, on the weights before the update.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("train_step")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -648,17 +724,27 @@ for step in range(31):
 #   so validation windows every few steps would slow training down; a sample of batches is enough
 #   to draw a curve, and the final evaluation uses them all.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# ```python
-# model.eval()
-# total, count = 0.0, 0
-# for i, (x, y) in enumerate(loader):
-#     if max_batches is not None and i >= max_batches:
-#         break
-#     ...
-# model.train(was_training)
-# ```
+# Average over tokens, not over batches: keep a running sum of loss × number of tokens and a
+# running count. And leave the model in the mode it came in.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# `model.eval()` first. Loop over `enumerate(loader)` so that you know the batch number, and
+# `break` once it reaches `max_batches` (only when `max_batches` is not `None`). For each batch,
+# add `lm_loss(...)` times `y.numel()` to the total (as a float, with `.item()`) and `y.numel()`
+# to the count. After the loop, `model.train(mode)` takes a bool: give it `was_training`. Return
+# the total divided by the count.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("evaluate")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -739,11 +825,12 @@ print(f"bigram model on the held-out plays: {bigram_loss:.3f} nats/token")
 # %% [markdown]
 # ## 11. Train
 #
-# Time to train. The settings below take 600 steps of 16 windows each: about 1.2 million
-# tokens, as many as the training stream holds (the windows overlap and are drawn at random, so
-# some passages come up twice and some not at all). The peak learning rate, 2e-3, is higher
-# than a large model would tolerate; small models train well with it. Training prints a
-# progress bar and, now and then, the model's continuation of `"ROMEO.\nWhat light"`.
+# Time to train. The settings below take 600 steps of 16 windows of 128 tokens: about 1.2
+# million tokens, a little less than the 1.46 million the training stream holds (the windows
+# are drawn at random, so some passages come up twice and some not at all). The peak learning
+# rate, 2e-3, is higher than a large model would tolerate; small models train well with it.
+# Training prints a progress bar and, now and then, the model's continuation of
+# `"ROMEO.\nWhat light"`.
 #
 # This is the one slow cell of the course so far: a few minutes on a recent laptop, up to ten on
 # an old one. Start it, and read on while it runs. Want a better model? Double `n_steps` (and
@@ -977,17 +1064,94 @@ for who, m in [("your model", model), ("shipped model", shipped)]:
 #
 # - Why does `TokenWindows` need `n_ctx + 1` tokens for a window of `n_ctx`? How many
 #   predictions does one window train?
+#
+# <details><summary>Answer</summary>
+#
+# The inputs are `n_ctx` tokens, and each needs its next token as a target; the last input's
+# target is the token just after the window, so a window spans `n_ctx + 1` tokens (`x` is the
+# slice without its last token, `y` without its first). One window trains `n_ctx` predictions
+# (128 with our settings), one per position, with contexts of 1 to `n_ctx` tokens.
+#
+# </details>
+#
 # - A window can span the end of one play and the start of the next. What does
 #   `<|endoftext|>` tell the model there?
+#
+# <details><summary>Answer</summary>
+#
+# That what follows has nothing to do with what came before: a new play starts, typically with
+# its title and list of characters. Nothing stops the tokens after it from attending to the end
+# of the previous play (the mask is only causal), so the model has to *learn* to disregard what
+# lies before an `<|endoftext|>`, and it learns to predict the token itself at the end of a
+# play. That is what lets a sampler stop when the model says "the text ends here" (chapter 3).
+#
+# </details>
+#
 # - What is the loss of a model that gives the right token a probability of 1/2 at every
 #   position, in nats and in bits? Of a uniform guess over GPT-2's 50,257 tokens?
+#
+# <details><summary>Answer</summary>
+#
+# $-\ln \tfrac12 = \ln 2 \approx 0.693$ nats, which is exactly 1 bit per token. A uniform guess
+# over 50,257 tokens gives $\ln 50257 \approx 10.82$ nats $= \log_2 50257 \approx 15.6$ bits per
+# token, against $\ln 4096 \approx 8.32$ nats (12 bits) for our vocabulary.
+#
+# </details>
+#
 # - What goes wrong if `train_step` never calls `optimizer.zero_grad()`? If it clips the
 #   gradients *after* `optimizer.step()`?
+#
+# <details><summary>Answer</summary>
+#
+# Without `zero_grad()`, `backward()` adds each new gradient to the old ones, so step $t$ uses
+# the sum of the gradients of all $t$ batches so far: the direction is dominated by stale
+# gradients computed for old weights, and training goes wrong (the tests' "three steps equal
+# three independent steps" catches it). Clipping after `step()` clips gradients the optimizer
+# has already used, and the next `zero_grad()` throws them away: it does nothing at all, so a
+# rare huge gradient goes into the weights unclipped.
+#
+# </details>
+#
 # - Why is the mean of the per-batch losses not the mean loss per token?
+#
+# <details><summary>Answer</summary>
+#
+# Each batch's mean counts as one number, whatever the batch's size. If the batches differ in
+# size (the last batch usually holds fewer windows), the tokens of a small batch weigh more:
+# with one batch of 32 windows and one of 8, each token of the small batch counts four times as
+# much. The two means agree only when every batch holds the same number of tokens; summing
+# `loss × tokens` and dividing by the total count is right in every case.
+#
+# </details>
+#
 # - Why did we hold out whole plays rather than random passages? What would the validation loss
 #   of the throwaway model in section 8 have looked like with random passages of every play,
 #   windows overlapping its memorised batch included?
+#
+# <details><summary>Answer</summary>
+#
+# Random passages would sit next to the training text: the same scenes, characters and repeated
+# lines. A model that memorises would then score well on validation, and we could not tell
+# memorising from learning. The throwaway model would have had a near-uniform loss on most
+# validation windows, but a low one, close to its training loss, on those overlapping its
+# memorised batch, and the average would look better than the model is. In a real run, where the
+# model has seen all the training text, that overlap is everywhere, and the validation loss
+# would follow the training loss down and hide overfitting.
+#
+# </details>
+#
 # - The bigram model and your transformer: which would gain more from ten times more text?
+#
+# <details><summary>Answer</summary>
+#
+# The transformer. The bigram model can never use more than one token of context: more text
+# fills its 16.8 million cells better (about 1.5 million training pairs leave most of them empty
+# today), but its loss can only approach the true uncertainty of the next token given the
+# current one, which is high. The transformer reads up to 128 tokens and has capacity left for
+# grammar, metre and who is speaking; its loss was still falling at the end of training, and
+# more text (with more steps) lets it learn more before it starts to memorise.
+#
+# </details>
 #
 # ## What's next
 #

@@ -48,8 +48,8 @@
 # a little later than its exercise; the text says why). From a terminal,
 # `pytest -m sample_top_p` and `course grade 3` grade your saved notebook;
 # `show_solution("filter_top_p")` prints the reference when you are truly stuck (try for a
-# while with the hint first); `course reset 03` gives you a fresh notebook and keeps a backup of
-# yours.
+# while with hints 1 and 2 first); `course reset 03` gives you a fresh notebook and keeps a
+# backup of yours.
 #
 # One cell holds **given code**, `sample_next_token`, which strings your functions together in
 # the right order. Read it and run it: the sampling loop calls it.
@@ -196,9 +196,25 @@ print("500 * log(0.1):           ", 500 * math.log(0.1))
 # Common mistakes: taking the argmax over the wrong dimension (dimension 0 runs over the batch,
 # not the vocabulary), and returning the largest *logit* instead of the token's *index*.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# One line: `logits.argmax(dim=-1)`.
+# You want the *index* of the largest logit, not the largest logit itself, along the vocabulary
+# dimension of every row.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# `Tensor.argmax(dim=...)` returns indices as int64, and at an exact tie the first one, that is
+# the lowest id. In `[batch, d_vocab]`, which `dim` is the vocabulary? The result must be
+# `[batch]`. (`max` returns values and indices; the values are not what you want.)
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("greedy_search")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -258,9 +274,24 @@ check("greedy_search")
 # needs `sample_basic` too: **the check of this exercise comes later**, right after
 # `sample_next_token` is defined in section 8.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# `return logits / temperature`.
+# Divide, don't multiply, and return a new tensor: the caller's logits must not change.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# The temperature is one number for every logit of every row, so plain broadcasting does it; the
+# result is logits, `[batch, d_vocab]`, with no softmax. Avoid `/=`, which writes into the
+# caller's tensor. Check the direction: at $T = 0.5$ every gap between two logits should double.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("apply_temperature")` in a new cell prints the
+# reference implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -272,6 +303,21 @@ check("greedy_search")
 # The last rows show what happens to the rest: the **entropy** in bits (how unsure the
 # distribution is: 0 for a certain outcome, $\log_2 V = 12$ for uniform over our 4,096 tokens)
 # and the total probability of every token outside the top 8, the long **tail**.
+#
+# **Predict, then run.** At $T = 1$ the most likely token takes about 60%. What will it get at
+# $T = 0.5$, and at $T = 2$? At $T = 2$, how much of the probability do you expect outside the
+# top 8?
+#
+# <details><summary>What to expect</summary>
+#
+# At $T = 0.5$ every probability is squared before renormalising, so the favourite, `" lord"`,
+# takes over 99% and the entropy drops to almost 0 bits: practically greedy. At $T = 2$ they are
+# square-rooted instead: the favourite falls to about 4%, the entropy rises from about 4 bits to
+# over 10 (of 12 at most), and more than 90% of the probability lies *outside* the top 8. Each
+# of the thousands of tail tokens gains only a little, but there are so many of them that
+# together they take almost everything. That is why high temperatures write nonsense.
+#
+# </details>
 
 # %%
 temperatures = [0.25, 0.5, 1.0, 1.5, 2.0]
@@ -359,15 +405,32 @@ plot_temperature_curves(by_temperature, n_ranks=40)
 # 0.5, 2 and −1, on two rows with very different counts, and on two rows with a mask (one
 # left-padded, one not).
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# ```python
-# offsets = torch.arange(batch, device=input_ids.device)[:, None] * d_vocab  # [batch, 1]
-# counts = torch.bincount((input_ids + offsets).flatten(), minlength=batch * d_vocab)
-# ```
+# Count, for each row on its own, how often each token id occurs in that row, and subtract
+# `freq_penalty` times those counts from the row's logits. The trap: one count over the whole
+# batch mixes the rows.
 #
-# then subtract `freq_penalty * counts.view(batch, d_vocab)` from the logits. With a mask, pass
-# the flattened mask (as floats) to `bincount` as `weights`.
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# - `torch.bincount(x, weights=None, minlength=...)` counts a 1-D tensor of ids.
+# - Either loop over the rows, `bincount` each with `minlength=d_vocab` and `torch.stack` the
+#   results into `[batch, d_vocab]`; or use the offset trick:
+#   `torch.arange(batch)[:, None] * d_vocab` is `[batch, 1]` and shifts row `b`'s ids into their
+#   own range; flatten, one `bincount` with `minlength=batch * d_vocab`, then
+#   `.view(batch, d_vocab)`.
+# - With a mask, give `bincount` the flattened mask, as floats, as `weights`: a weight of 0
+#   skips a position.
+# - Subtract into a **new** tensor, with the counts in the logits' dtype, on the same device.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("apply_frequency_penalty")` in a new cell prints the
+# reference implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -434,10 +497,27 @@ show_top(
 # that is off by a few percent on a likely token fails it almost surely. They also check that
 # the same seed gives the same samples and different seeds do not.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# `probs = logits.softmax(dim=-1)`, then
-# `torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)`.
+# `torch.multinomial` wants non-negative weights, not logits, and returns one more dimension
+# than you want. Hand the generator on.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# The softmax over the vocabulary turns `[batch, d_vocab]` logits into probabilities of the same
+# shape (a `-inf` logit becomes exactly 0 and is never drawn).
+# `torch.multinomial(weights, num_samples, generator=...)` draws `num_samples` indices per row:
+# with 1 sample the result is `[batch, 1]`, and removing the last dimension gives `[batch]`,
+# int64.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("sample_basic")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -496,8 +576,9 @@ plot_sample_frequencies(samples, basic_probs, title, tokenizer, rank_by=basic_pr
 #
 # **Top-k** sampling keeps the $k$ most likely tokens, sets every other logit to $-\infty$, and
 # samples from what is left. The softmax renormalises the survivors automatically: their
-# probabilities keep their ratios and now sum to 1. Typical values are $k$ = 40 or 50; $k = 1$
-# is greedy search again.
+# probabilities keep their ratios and now sum to 1. Typical values are $k$ = 40 or 50. $k = 1$
+# is greedy search again, except at an exact tie for first place: greedy takes the lowest id,
+# while top-k keeps every token tied with the $k$-th (our rule below) and samples among them.
 #
 # We split it in two: `filter_top_k` does the cutting and returns logits (so you can look at
 # and test the kept set), and `sample_top_k` samples from the result.
@@ -528,14 +609,31 @@ plot_sample_frequencies(samples, basic_probs, title, tokenizer, rank_by=basic_pr
 # at the $k$-th place, and with $k$ = 45 on 30 tokens; then draw 20,000 samples and test them
 # against the renormalised distribution.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# ```python
-# kth_largest = logits.topk(min(k, logits.shape[-1]), dim=-1).values[:, -1:]  # [batch, 1]
-# return logits.masked_fill(logits < kth_largest, float("-inf"))
-# ```
+# Find each row's $k$-th largest logit and remove every logit strictly *below* it: ties with the
+# $k$-th survive. `sample_top_k` needs nothing new.
 #
-# `sample_top_k` is then one line: `sample_basic` of the filtered logits.
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# - `logits.topk(k, dim=-1).values` is `[batch, k]`, in decreasing order; its last column is
+#   each row's threshold. Keep it 2-D, `[batch, 1]`, so that it broadcasts against
+#   `[batch, d_vocab]`.
+# - `<` against the threshold gives the tokens to remove; `masked_fill(mask, float("-inf"))`
+#   returns a copy.
+# - A `k` larger than the vocabulary makes `topk` raise: cap it at `logits.shape[-1]`.
+# - `sample_top_k` draws with your `sample_basic` from the filtered logits, passing the
+#   generator on.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("filter_top_k")` and `show_solution("sample_top_k")`,
+# each in a new cell, print the reference implementations. Read them, then close them and write
+# your own.
 #
 # </details>
 
@@ -625,16 +723,36 @@ plot_sample_frequencies(
 # `top_p` of 0 and 1, and a distribution with almost all its mass on one token; then 20,000
 # samples at `top_p` 0.5 and 0.9.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# ```python
-# sorted_logits, order = logits.sort(dim=-1, descending=True)
-# sorted_probs = sorted_logits.softmax(dim=-1)
-# before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the tokens ahead of each one
-# remove_sorted = before >= top_p
-# remove_sorted[:, :min_tokens_to_keep] = False
-# remove = remove_sorted.scatter(dim=-1, index=order, src=remove_sorted)
-# ```
+# Decide in sorted order, then map the decisions back to the original order. A token stays when
+# the tokens *more likely* than it add up to less than `top_p`: the exclusive running total, not
+# the inclusive one. Never drop the first `min_tokens_to_keep`.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# Every tensor below is `[batch, d_vocab]`.
+#
+# 1. `sorted_logits, order = logits.sort(dim=-1, descending=True)`.
+# 2. The softmax of the sorted logits, and its `cumsum(dim=-1)`; subtract each token's own
+#    probability to get the mass of the tokens ahead of it.
+# 3. Remove where that mass is `>= top_p`; then mark the first `min_tokens_to_keep` columns as
+#    kept (assigning to a slice of the boolean tensor).
+# 4. `decisions.scatter(dim=-1, index=order, src=decisions)` writes `decisions[b, i]` to
+#    position `order[b, i]`: the sort undone.
+# 5. `masked_fill` the removed tokens with `-inf`.
+#
+# `sample_top_p` draws with `sample_basic` from the filtered logits, passing the generator on.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("filter_top_p")` and `show_solution("sample_top_p")`,
+# each in a new cell, print the reference implementations. Read them, then close them and write
+# your own.
 #
 # </details>
 
@@ -649,6 +767,21 @@ check("sample_top_p")
 # Your filter on the table's example, then the model's distribution with `top_p=0.9` (the dots:
 # HF's `TopPLogitsWarper`, renormalised), and how many tokens the nucleus holds at a few values
 # of `top_p` for two prompts, one where the model is unsure and one where it is not.
+#
+# **Predict, then run.** The last table counts the tokens in the nucleus after `"ROMEO.\nI"`,
+# where many words could follow, and at the end of a line of Macbeth's, where a line break is
+# all but certain. How do you expect each column to grow from `top_p=0.5` to `0.99`?
+#
+# <details><summary>What to expect</summary>
+#
+# The example prints 1, 1, 3 and 4 kept tokens, as in the table above. After `"ROMEO.\nI"` the
+# favourite has only about 10%: the nucleus holds about 10 tokens at 0.5, over a hundred at 0.9
+# and over a thousand at 0.99. At the end of Macbeth's line the line break alone has about 90%:
+# the nucleus is that single token up to `top_p=0.9`, then jumps to about 20 tokens at 0.95 and
+# a few hundred at 0.99, once it has to cover part of the remaining 10%. A fixed $k$ could not
+# serve both prompts; that is the point of top-p.
+#
+# </details>
 
 # %%
 example = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
@@ -768,11 +901,32 @@ check("apply_temperature")
 # of `n_ctx` and compare 8 greedy steps with HF's logits on the last `n_ctx` tokens; and
 # recompute a greedy run with a frequency penalty from HF's logits and counts.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# `next_logits` is one line: crop, add the batch dimension, call the model, keep the last
-# position. In the loop, `torch.cat` appends the new token (`sample_next_token` returns a
-# tensor of shape `[1]`); print it, then check for the end of the text.
+# Each step feeds the model the text so far (cropped to what it can read), samples one token,
+# appends it, and stops right *after* an end-of-text token when asked to. Crop what the model
+# reads, never what you return.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# - `next_logits`: the last `self.cfg.n_ctx` tokens of the 1-D `input_ids`, a batch dimension
+#   added with `[None]` to make `[1, posn]`, one call of `self.model`, and the last position of
+#   its `[1, posn, d_vocab]` output: `[1, d_vocab]`.
+# - The loop: `tqdm(range(max_tokens_generated), disable=not progress)`. Each step calls
+#   `self.next_logits`, then `self.sample_next_token` with the **whole** text as `[1, seq]`, the
+#   logits, `generator=generator` and `**kwargs`; it returns a tensor of shape `[1]`, which
+#   `torch.cat` appends to the 1-D `input_ids`.
+# - Then print it if `verbose` (`self.tokenizer.decode`, with `end=""` and `flush=True`), and
+#   leave the loop if `stop_at_eos` and the token is `eos` (`.item()` gives its id).
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("TransformerSampler")` in a new cell prints the
+# reference implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -932,15 +1086,32 @@ Console().print(table)
 # The tests compare your mask with HF's `NoRepeatNGramLogitsProcessor` for $n$ = 1 to 4 on
 # random rows of many lengths over a 6-token vocabulary, where repeats are common.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# ```python
-# ngrams = tokens.unfold(dimension=1, size=ngram_size, step=1)  # [beam, n_ngrams, n]
-# prefix = tokens[:, seq - (ngram_size - 1) :]                  # [beam, n - 1]
-# matches = (ngrams[:, :, :-1] == prefix[:, None, :]).all(dim=-1)  # [beam, n_ngrams]
-# beam_index, ngram_index = matches.nonzero(as_tuple=True)
-# banned[beam_index, ngrams[beam_index, ngram_index, -1]] = True
-# ```
+# The next token would complete an $n$-gram whose first $n - 1$ tokens are the row's last
+# $n - 1$ tokens. Find every $n$-gram of the row that starts with that prefix, and ban its last
+# token. A row shorter than $n$ has no $n$-gram yet and bans nothing.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# - `tokens.unfold(dimension=1, size=n, step=1)` is every $n$-gram: `[beam, seq - n + 1, n]`.
+# - The prefix is the last $n - 1$ tokens of each row, `[beam, n - 1]`. Take it as
+#   `tokens[:, seq - (n - 1):]`: `tokens[:, -(n - 1):]` is the **whole** row when $n = 1$,
+#   because `-0` is 0.
+# - Compare `ngrams[:, :, :-1]` with `prefix[:, None, :]` and reduce with `.all(dim=-1)`:
+#   matches `[beam, n_ngrams]`.
+# - `matches.nonzero(as_tuple=True)` gives two index tensors, the beam and the $n$-gram of each
+#   match. The $n$-gram's last token is the one to ban: set `banned` there with advanced
+#   indexing, `banned[beam_index, token] = True`.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("banned_ngram_tokens")` in a new cell prints the
+# reference implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -1007,22 +1178,44 @@ for n in [1, 2, 3]:
 # compare the tokens and scores with log-softmax of HF's logits (and HF's n-gram processor);
 # and check `filter` on the example above.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# `top_continuations`:
+# `top_continuations`: scores add log-probabilities, so convert with `log_softmax` first, ban
+# after it, take each row's best $k$, and lay out beam 0's children first. `filter`: rank *all*
+# the beams once, then split; do not take the best `num_beams` first and drop the EOS beams from
+# them.
 #
-# ```python
-# logprobs = logits.float().log_softmax(dim=-1)
-# ...  # the n-gram ban, with masked_fill
-# top = logprobs.topk(k, dim=-1)  # values and indices: [beam, k]
-# new_sums = (logprob_sums[:, None] + top.values).flatten()
-# new_tokens = torch.cat([tokens.repeat_interleave(k, dim=0), top.indices.flatten()[:, None]], 1)
-# ```
+# </details>
 #
-# `filter`: `order = self.logprob_sums.argsort(descending=True, stable=True)`, then
-# `ends_in_eos = self.tokens[order, -1] == eos`; `order[~ends_in_eos][:num_beams]` are the
-# continuing beams' indices, and `order[ends_in_eos & (rank < num_beams)]` the finished ones,
-# with `rank = torch.arange(len(order))`. Return `self[continuing], self[finished]`.
+# <details><summary>Hint 2: the approach</summary>
+#
+# **`top_continuations`**
+#
+# - `logits.float().log_softmax(dim=-1)`: `[beam, d_vocab]`. With `no_repeat_ngram_size`, your
+#   `banned_ngram_tokens` and `masked_fill(..., float("-inf"))`.
+# - `topk(k, dim=-1)`: values and indices, `[beam, k]`.
+# - New scores: the parents' scores as a column, `[beam, 1]`, plus the values; flattened to
+#   `[beam * k]`.
+# - New tokens: each parent's row repeated `k` times in a row (`repeat_interleave(k, dim=0)`,
+#   `[beam * k, seq]`), with the flattened indices as one more column (`[beam * k, 1]`), joined
+#   by `torch.cat(..., dim=1)`: `[beam * k, seq + 1]`.
+#
+# **`filter`**
+#
+# - `self.logprob_sums.argsort(descending=True, stable=True)` ranks the beams, best first.
+# - For each ranked beam: does its last token equal `eos`? Its rank is its place in that order,
+#   `torch.arange(len(order))`.
+# - Continuing: the ranked beams that do not end in `eos`, the first `num_beams` of them.
+#   Finished: the ranked beams that do end in it *and* have a rank below `num_beams`.
+# - Index `self` with each: `self[indices]` is a `Beams`.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("top_continuations")` and `show_solution("Beams")`,
+# each in a new cell, print the reference implementations. Read them, then close them and write
+# your own.
 #
 # </details>
 
@@ -1096,20 +1289,33 @@ continuing.print("after two steps: the 3 best of 16 candidates")
 # `<|endoftext|>` common, with both settings of `early_stopping`, so that every stopping rule is
 # exercised.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# ```python
-# for step in range(max_new_tokens):
-#     candidates = beams.generate(num_beams + 1, no_repeat_ngram_size)
-#     beams, newly_finished = candidates.filter(num_beams)
-#     finished = sorted(finished + newly_finished.to_list(), key=lambda b: -b[0])[:num_beams]
-#     ...  # verbose
-#     best_running = ...  # the best score among the running beams
-#     if len(finished) == num_beams and (early_stopping or best_running <= finished[-1][0]):
-#         break
-# else:
-#     finished = sorted(finished + beams.to_list(), key=lambda b: -b[0])[:num_beams]
-# ```
+# One step is: expand (`num_beams + 1` per beam), prune, collect the finished, maybe stop. Stop
+# only once `num_beams` sequences have finished. If the loop runs out of tokens instead, the
+# beams still running compete with the finished ones.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# - Loop over `range(max_new_tokens)`. `beams.generate(num_beams + 1, no_repeat_ngram_size)`,
+#   then `.filter(num_beams)` gives the new running beams and the newly finished ones.
+# - `finished` is a list of `(score, tokens)`: add `newly_finished.to_list()`, sort best first
+#   with `sorted(..., key=lambda b: -b[0])`, keep the first `num_beams`. Its worst is then
+#   `finished[-1][0]`.
+# - The best running score is `beams.logprob_sums.max().item()`.
+# - Break when `num_beams` have finished and either `early_stopping` is true or the best running
+#   score is `<=` the worst finished one.
+# - A `for ... else:` block runs only when the loop ended without `break`: merge the running
+#   beams (`beams.to_list()`) into `finished` there, sorted and cut to `num_beams` as before.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("beam_search")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -1297,25 +1503,146 @@ Console().print(table)
 #
 # - Adding 10 to every logit of a row changes nothing that this chapter computes. Multiplying
 #   every logit by 2 changes something: what, and which earlier setting does it amount to?
+#
+# <details><summary>Answer</summary>
+#
+# Multiplying by 2 doubles every difference between logits, so every probability is squared and
+# renormalised: the distribution gets sharper. That is exactly temperature $T = 0.5$, since
+# $2z = z / 0.5$. The order of the tokens is unchanged, so greedy search and the top-$k$ set are
+# the same, but the sampled probabilities, the top-p nucleus and beam search's log-probabilities
+# all change.
+#
+# </details>
+#
 # - At temperature 0.5, how much more likely than token B is a token A that was three times as
 #   likely at temperature 1? At temperature 3?
+#
+# <details><summary>Answer</summary>
+#
+# Temperature raises each probability to the power $1/T$ before renormalising, and the ratio
+# with it: at $T = 0.5$ the ratio is $3^2 = 9$; at $T = 3$ it is $3^{1/3} \approx 1.44$.
+#
+# </details>
+#
 # - Why is `temperature=0` a special case in code, when the formula is continuous as $T \to 0$?
 #   What does sampling at $T \to 0$ do when two tokens tie for the largest logit?
+#
+# <details><summary>Answer</summary>
+#
+# The limit exists, but the formula cannot be evaluated at $T = 0$: dividing by zero gives
+# $\pm\infty$ or `nan` (for a logit of 0), and the softmax of such a row is `nan`. So the code
+# reads 0 as "greedy" and never divides. At a tie, the limit distribution puts probability 1/2
+# on each of the two tokens: sampling at a tiny $T$ picks either at random, whereas greedy
+# search (our `temperature=0`) always takes the lower id. The limit and the special case differ
+# only at exact ties.
+#
+# </details>
+#
 # - Top-k with $k=1$, top-p with `top_p=0`, temperature 0: which of these are the same as
 #   greedy search?
+#
+# <details><summary>Answer</summary>
+#
+# Temperature 0 *is* greedy search in our sampler. `top_p=0` removes every token whose "mass
+# before" is $\ge 0$, that is all of them, and then `min_tokens_to_keep=1` puts back the first
+# token in sorted order: one token, the argmax, so greedy too, except that at an exact tie it is
+# whichever tied token `sort` puts first, not necessarily the lowest id. Top-k with $k = 1$
+# keeps every token tied with the largest logit and samples among them: greedy unless there is
+# an exact tie for first place, where it draws at random.
+#
+# </details>
+#
 # - With probabilities 0.4, 0.3, 0.2, 0.1 (sorted), how many tokens does `top_p=0.65` keep?
 #   And `top_p=0.75`? Which token does `min_tokens_to_keep=3` add at `top_p=0.65`?
+#
+# <details><summary>Answer</summary>
+#
+# The masses before each token are 0, 0.4, 0.7 and 0.9, and a token is kept while that mass is
+# below `top_p`. At 0.65: the first two (0 and 0.4 are below 0.65; 0.7 is not), which together
+# hold 0.7. At 0.75: three (0.7 < 0.75), holding 0.9. With `min_tokens_to_keep=3` at 0.65 the
+# third token, of probability 0.2, is kept as well.
+#
+# </details>
+#
 # - Our frequency penalty counts every token of the sequence, also those that have scrolled out
 #   of the model's `n_ctx`-token window. What would change if it counted only the window?
+#
+# <details><summary>Answer</summary>
+#
+# A token's count would fall as its earlier occurrences scroll out of view, so the penalty would
+# forget: once a phrase had left the last `n_ctx` tokens, the text could repeat it freely. In a
+# text shorter than `n_ctx` nothing changes; in a long one the penalty only stops repetition
+# within the window. Counting the whole text penalises what the *text* has used, which is the
+# point of the option.
+#
+# </details>
+#
 # - Why does beam search add log-probabilities rather than multiply probabilities? Why does its
 #   score favour short texts, and how does HF's `length_penalty` push back?
+#
+# <details><summary>Answer</summary>
+#
+# A product of many probabilities underflows: 500 tokens of probability 0.1 multiply to
+# $10^{-500}$, which is 0 in float32, so every long sequence would score 0 and could not be
+# ranked. The log is increasing, so sums of log-probs rank sequences the same way, with ordinary
+# numbers. Every token adds a log-probability $\le 0$, so a longer text can only score lower,
+# and a text that ends early stops paying. HF divides a finished sequence's score by its number
+# of new tokens to the power `length_penalty` (default 1.0: the mean log-prob per token), which
+# lifts long texts; we use 0.0, the plain sum.
+#
+# </details>
+#
 # - Why does `beam_search` ask each beam for `num_beams + 1` continuations? Construct a case
 #   where `num_beams` would lose the best sequence.
+#
+# <details><summary>Answer</summary>
+#
+# At most one of a beam's continuations is `<|endoftext|>`, so `num_beams + 1` continuations
+# always include at least `num_beams` that keep running, enough to fill every place even if all
+# the best candidates come from one beam. A case: `num_beams=2`, first step (one beam, the
+# prompt), whose best two tokens are `<|endoftext|>` and "the", the third "my". With 2
+# continuations only "the" keeps running, and the search goes on with one beam instead of two;
+# if the best text starts with "my", it is lost. With 3, "the" and "my" both run.
+#
+# </details>
+#
 # - With `early_stopping=False`, why is it safe to stop as soon as the best running score is no
 #   better than the worst finished one?
+#
+# <details><summary>Answer</summary>
+#
+# Scores only go down: every extension adds a log-probability $\le 0$. So every sequence that a
+# running beam could still become scores at most the best running score, which is already no
+# better than the worst of the `num_beams` finished sequences. None of them could enter the set
+# of the `num_beams` best, so stopping gives up nothing. (The argument needs plain sums: with a
+# length penalty, a longer text can score higher, and HF bounds it differently.)
+#
+# </details>
+#
 # - A statistical test with 100 samples, or one without a fixed seed: what is wrong with each?
+#
+# <details><summary>Answer</summary>
+#
+# With 100 samples the test has no power: a frequency near 0.3 is only known to about
+# $\sqrt{0.3 \times 0.7 / 100} \approx 0.046$, so a sampler that is off by a few percentage
+# points (a temperature off by 20%, a nucleus one token too large) passes easily. Without a
+# fixed seed the test is flaky: a correct implementation fails at random with the test's
+# false-failure probability, and a failure cannot be reproduced to debug it. A fixed seed makes
+# the outcome the same on every run.
+#
+# </details>
+#
 # - Generating 100 tokens after a 50-token prompt, how many token positions does your sampling
 #   loop push through the model in total? How many are new at each step?
+#
+# <details><summary>Answer</summary>
+#
+# Step $t$ (from 0 to 99) runs the model on $50 + t$ tokens, all within `n_ctx` = 256, so the
+# total is $50 + 51 + \dots + 149 = 9{,}950$ positions. Only one of them is new at each step,
+# the token appended at the previous step (at the first step, the whole prompt is new). With a
+# cache, the same text needs a prefill of 50 positions and 99 single ones: 149.
+#
+# </details>
 #
 # ## What's next
 #

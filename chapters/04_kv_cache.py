@@ -32,7 +32,7 @@
 # `GPT2LMHeadModel` and against the uncached model in float64, your samplers against HF's
 # `generate` and chapter 3's uncached sampler, your padding against HF's tokenizer.
 #
-# **Time:** about 2–3 hours. **You need:** chapter 1's attention (queries, keys, values, the
+# **Time:** about 3–5 hours. **You need:** chapter 1's attention (queries, keys, values, the
 # causal mask, the `[batch, posn, ...]` shapes) and chapter 3's `TransformerSampler` and beam
 # search. Both are imported from `solutions`, so your own versions need not work.
 #
@@ -43,8 +43,8 @@
 # the graded tests for that exercise on what your notebook defines *right now*. From a
 # terminal, `pytest -m forward_with_cache` and `course grade 4` grade your saved notebook;
 # `show_solution("causal_mask")` prints the reference when you are truly stuck (try for a while
-# with the hint first); `course reset 04` gives you a fresh notebook and keeps a backup of
-# yours.
+# with hints 1 and 2 first); `course reset 04` gives you a fresh notebook and keeps a backup
+# of yours.
 #
 # The exercises build on each other: `forward_with_cache` calls your `attention_with_cache`,
 # which uses your `causal_mask`'s convention, and the samplers call your `forward_with_cache`.
@@ -325,10 +325,26 @@ print("rows [1, 1, 0]:", tuple(empty[torch.tensor([1, 1, 0])].keys[0].shape))
 # The tests compare your mask with the definition, written out position by position (key
 # position $>$ query position), for shapes with and without a cache, one query and many.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# `torch.triu(torch.ones(n_query, n_key, dtype=torch.bool, device=device), diagonal=offset + 1)`
-# with `offset = n_key - n_query`.
+# It is chapter 1's mask moved to the right by the number of cached positions: query $i$ sits at
+# position $\text{offset} + i$ and may see every key up to and including that position.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# `offset = n_key - n_query`. `torch.triu(ones, diagonal=d)` keeps `True` where column $\ge$ row
+# $+ d$; which $d$ hides exactly the keys after position $\text{offset} + i$ in row $i$? Check
+# your answer on the picture: 3 queries and 5 keys must hide keys 3 and 4 in row 0 and nothing
+# in row 2. Create `ones` as a bool tensor `[n_query, n_key]` on `device`.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("causal_mask")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -399,17 +415,33 @@ print("one new token after 4 cached positions:\n", causal_mask(1, 5).int())
 # cached and new positions, and compare your keys, values and output with the reference's, for
 # one new position after 0, 20 and 27 cached ones and for six new positions at once.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# ```python
-# rows = x.flatten(0, 1)  # [batch * new, d_model]
-# q = (rows @ attn.W_Q + attn.b_Q[:, None]).unflatten(1, x.shape[:2]).transpose(0, 1)
-# ...  # k and v the same way: [batch, n_heads, new, d_head]
-# keys = torch.cat([past_keys, k], dim=2)
-# ...
-# z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)
-# out = ...  # the einsum of step 4, plus b_O
-# ```
+# It is chapter 1's attention with two changes: the new keys and values are appended to the
+# cached ones *before* attending, and everything is heads-first,
+# `[batch, n_heads, pos, d_head]`. For PyTorch's attention, a boolean mask is `True` where
+# attention is **allowed**.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# 1. `x.flatten(0, 1)` is `[batch * new, d_model]`; `@ attn.W_Q` gives
+#    `[n_heads, batch * new, d_head]`; add `attn.b_Q[:, None]` (`[n_heads, 1, d_head]`);
+#    `.unflatten(1, (batch, new)).transpose(0, 1)` gives `[batch, n_heads, new, d_head]`. The
+#    same for k and v: a small helper function saves writing it three times.
+# 2. `torch.cat` the past and the new along `dim=2`: `[batch, n_heads, past + new, d_head]`.
+# 3. `F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)` gives z,
+#    `[batch, n_heads, new, d_head]` (`allowed=None` masks nothing).
+# 4. The einsum of step 4 above, summing over heads and `d_head`, plus `b_O`:
+#    `[batch, new, d_model]`. Return it with the full keys and values.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("attention_with_cache")` in a new cell prints the
+# reference implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -504,8 +536,9 @@ print("5 positions cached, the rest:", (rest - expected[:, 5:]).abs().max().item
 #
 # One trap remains. A padding *query* in column 0 has no real key before it, so with padding
 # hidden it sees no key at all: its row of scores is all $-\infty$. Chapter 1's softmax turns
-# such a row into `0/0 = NaN`. (`F.scaled_dot_product_attention` has returned zeros for such a
-# row since PyTorch 2.5; before that it returned NaN too, and HF carried a workaround for it.)
+# such a row into `0/0 = NaN`. (What `F.scaled_dot_product_attention` returns for such a row
+# depends on the PyTorch version and on which of its kernels runs: some return zeros, others
+# NaN, and HF carries a workaround for it.)
 # You might think a NaN there harmless, since nobody uses the output at a padding position.
 # But NaN spreads. It enters the residual stream at that position, the next layer computes a
 # NaN key and value from it, and a real query's weighted sum of values includes
@@ -530,25 +563,36 @@ print("5 positions cached, the rest:", (rest - expected[:, 5:]).abs().max().item
 # `GPT2LMHeadModel` for a prefill of 10 tokens and single steps; and, for a left-padded batch
 # of three prompts and one step after it, with HF run on each prompt alone.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# ```python
-# positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, cache.length :]  # [batch, new]
-# residual = model.embed(tokens) + model.pos_embed.W_pos[positions]
+# It is `DemoTransformer.forward` with three changes: positions start after the cache (and count
+# real tokens only), one `allowed` mask is built before the loop, and each block's attention
+# goes through `attention_with_cache`, whose keys and values you collect. Write the unpadded
+# case first.
 #
-# n_new, n_all = tokens.shape[1], mask.shape[1]
-# allowed = None
-# if n_new > 1 or padded:
-#     allowed = ~causal_mask(n_new, n_all, device=tokens.device)  # [new, all]
-# if padded:
-#     position = torch.arange(n_all, device=tokens.device)
-#     own_key = position[None, :] == position[-n_new:, None]  # [new, all]
-#     allowed = ...  # [batch, 1, new, all]
+# </details>
 #
-# keys, values = [], []
-# for block, past_k, past_v in zip(model.blocks, cache.keys, cache.values, strict=True):
-#     ...
-# ```
+# <details><summary>Hint 2: the approach</summary>
+#
+# - **Positions** `[batch, new]`: the formula of the Padding section, `mask.cumsum(dim=1) - 1`
+#   clamped at 0, then its last `new` columns (from `cache.length` on). Index
+#   `model.pos_embed.W_pos` with them and add `model.embed(tokens)`: `[batch, new, d_model]`.
+# - **Mask**: `None` for one new token without padding; otherwise `~causal_mask(new, all)`,
+#   `[new, all]`, on the tokens' device. With padding, `own_key` `[new, all]` compares the key
+#   columns `torch.arange(all)` (as a row) with the new queries' columns, the last `new` of them
+#   (as a column); then combine with `mask[:, None, None, :]` as described above, to get
+#   `[batch, 1, new, all]`.
+# - **Blocks**: `zip(model.blocks, cache.keys, cache.values, strict=True)`; attention on
+#   `block.ln1(residual)`, added to the residual; then the MLP on `block.ln2` of the *updated*
+#   residual, added; append the returned keys and values to the two lists.
+# - **Logits**: `model.ln_final`, then `model.unembed`: `[batch, new, d_vocab]`.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("forward_with_cache")` in a new cell prints the
+# reference implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -669,11 +713,30 @@ for name, mistake in mistakes.items():
 # `n_ctx` and writing 60 tokens with `window_shift` 1 and 40, with HF's logits on exactly the
 # window the rule above describes.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# Start from the three cases above as an `if` / `elif` / `else` on `self.cache`; each branch
-# is one call of `forward_with_cache` whose result goes to `logits, self.cache`. For a full
-# cache, `keep = n_ctx - self.window_shift + 1` tokens are read again, without the old cache.
+# Three cases on `self.cache`: none yet (a prefill), full (a rebuild from fewer tokens), or the
+# usual step (one token). Every branch keeps the cache it gets back in `self.cache`.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# - No cache: `forward_with_cache` on the prompt's last `n_ctx` tokens, as a batch of one,
+#   `[1, posn]`, without a cache.
+# - Full, `self.cache.length == n_ctx`: a fresh prefill, again without the old cache, of the
+#   last `n_ctx - self.window_shift + 1` tokens.
+# - Otherwise: the last token only, `[1, 1]`, with `self.cache`.
+#
+# `n_ctx` is `self.cfg.n_ctx`. Each branch is one call whose result goes to
+# `logits, self.cache`; return the logits at the last position, `[1, d_vocab]`.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("CachedTransformerSampler")` in a new cell prints the
+# reference implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -684,8 +747,22 @@ for name, mistake in mistakes.items():
 check("cached_sample")
 
 # %% [markdown]
-# The same prompt and seed with chapter 3's sampler and with yours: the same text, in less
-# time.
+# The same prompt and seed with chapter 3's sampler and with yours.
+#
+# **Predict, then run.** Will the two texts be the same? Section 1 counted up to 240 times less
+# arithmetic per step at the end of the context: how many times faster do you expect the cached
+# sampler to be, for 150 tokens after a short prompt?
+#
+# <details><summary>What to expect</summary>
+#
+# The same text (`same text: True`): the cache changes how the logits are computed, not what
+# they are (up to rounding in the last digits), and under the same seed every draw is the same.
+# But the speed-up is far smaller than the arithmetic suggests: a few times, not hundreds (about
+# 3 to 5 times on a laptop-class CPU; your numbers will differ). Most of these steps are far
+# from the end of the context, where the saving is smaller, and a step of this small model is
+# mostly fixed costs that the cache does not remove: section 9 measures where the time goes.
+#
+# </details>
 
 # %%
 uncached_sampler = TransformerSampler(model, tokenizer)
@@ -802,17 +879,33 @@ Console().print(table)
 # scores, with and without a no-repeat n-gram ban; and, starting 4 tokens short of `n_ctx`,
 # with chapter 3's uncached beam search, which must read the same windows.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# ```python
-# cache = None if self.cache is None else self.cache[self.parents]
-# if cache is None or cache.length == n_ctx:
-#     logits, cache = forward_with_cache(self.model, self.tokens[:, -n_ctx:])
-# else:
-#     logits, cache = ...
-# logprob_sums, tokens = top_continuations(...)
-# parents = torch.arange(len(self), device=tokens.device).repeat_interleave(k)
-# ```
+# Before running the model, give every beam its own past: gather its parent's cache row. After
+# expanding, record which row each candidate continues: candidate $j$ continues beam
+# $j \,//\, k$.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# - Gather: `self.cache[self.parents]`, one row per beam (no cache on the first step).
+# - No cache, or `cache.length == n_ctx`: prefill `self.tokens[:, -n_ctx:]`, without a cache.
+#   Otherwise: `self.tokens[:, -1:]`, `[beam, 1]`, with the gathered cache.
+# - Expand with chapter 3's `top_continuations`, given the beams' scores and tokens, the logits
+#   at the last position, `k` and `no_repeat_ngram_size`: `[beam * k]` scores and
+#   `[beam * k, seq + 1]` tokens.
+# - Parents: `torch.arange(len(self))` on the tokens' device, each index repeated `k` times in a
+#   row (`repeat_interleave`, not `repeat`): `[beam * k]`.
+# - Return a `CachedBeams` built from the model, the tokenizer, the new scores and tokens, the
+#   new cache and the parents.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("CachedBeams")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -882,11 +975,28 @@ for score, tokens in results["cached"]:
 # The test compares your tokens and mask with HF's tokenizer with `padding_side="left"`, the
 # end-of-text token as padding, on four prompts of different lengths.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# Start from `torch.full((batch, width), pad_id, dtype=torch.long)` and
-# `torch.zeros((batch, width), dtype=torch.bool)`, then fill each row's last `len(prompt)`
-# columns (skip empty prompts).
+# Start from a whole block of padding and a mask of `False`, then write each prompt into the
+# *right* end of its row. Beware the empty prompt: `-0` is `0`.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# The width is the longest prompt's length.
+# `torch.full((batch, width), pad_id, dtype=torch.long)` and
+# `torch.zeros((batch, width), dtype=torch.bool)` are the starting points. For each row, the
+# last `len(prompt)` columns receive the prompt's ids, and the mask is `True` there. Skip empty
+# prompts, or slice from `width - len(prompt)`, which is right for 0 too. Return
+# `(tokens, mask)`.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("left_pad")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -956,20 +1066,31 @@ print(pad_mask)
 # penalty on padding); and, with a crafted model whose end-of-text is 5 nats more likely, that
 # each row stops after its own end-of-text and the others go on.
 #
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1: a nudge</summary>
 #
-# ```python
-# logits, cache = forward_with_cache(model, tokens, attention_mask=mask)
-# done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
-# for _ in range(max_tokens_generated):
-#     next_token = sample_next_token(cache.tokens, logits[:, -1], ...)  # as in step 2
-#     next_token = torch.where(done, eos, next_token)
-#     logits, cache = forward_with_cache(
-#         model, next_token[:, None], cache, attention_mask=~done[:, None]
-#     )
-#     done = done | (stop_at_eos & (next_token == eos))
-#     ...  # stop when all rows are done
-# ```
+# One prefill with the mask, then one forward pass per step for the whole batch. A finished row
+# keeps stepping, but only on padding. Feed every sampled token, the last one too, and stop when
+# *every* row is done.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# - Prefill: `forward_with_cache(model, tokens, attention_mask=mask)`.
+# - `done`: a bool tensor `[batch]`, all `False`, on the tokens' device.
+# - Each step: `sample_next_token` on `cache.tokens` and `logits[:, -1]` as in step 2, giving
+#   `[batch]`; `torch.where(done, eos, next_token)` turns finished rows' tokens into padding.
+# - Feed `next_token[:, None]`, `[batch, 1]`, with the cache and an `attention_mask` of `~done`
+#   as a column, `[batch, 1]`.
+# - After feeding, mark as done the rows whose token was `eos`, only if `stop_at_eos`;
+#   `done.all()` ends the loop. Return the last cache.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("generate_batch_tokens")` in a new cell prints the
+# reference implementation. Read it, then close it and write your own.
 #
 # </details>
 
@@ -983,7 +1104,21 @@ print(pad_mask)
 check("generate_batch")
 
 # %% [markdown]
-# Four prompts, greedy, in one batch and one at a time: the same texts.
+# Four prompts of different lengths, greedy, in one left-padded batch and one at a time.
+#
+# **Predict, then run.** Will the batched texts equal the texts written one at a time? Would
+# they still, if both sampled with `temperature=1.0` and the same seed?
+#
+# <details><summary>What to expect</summary>
+#
+# Greedy: the same texts (`same as one at a time: True`). Positions count real tokens only, no
+# real query sees a padding key, and greedy draws no random numbers, so each row computes what
+# its prompt computes alone (up to float32 rounding in the last digits, far too small to change
+# an argmax here). Sampled: in general, no. All rows draw from one random stream, so the numbers
+# a row gets depend on the other rows of the batch. Each row still follows the right
+# distribution, which is what matters.
+#
+# </details>
 
 # %%
 batch_prompts = [
@@ -1211,10 +1346,11 @@ print(f"at t = {last}: {uncached_ms[-1]:.1f} ms without cache, {cached_ms[-1]:.1
 # <details><summary>Answer</summary>
 #
 # Otherwise a padding query with no real key before it sees no key at all, and a softmax over
-# a row of $-\infty$ is NaN (PyTorch's fused attention now returns zeros instead, but a
-# hand-written softmax does not). The NaN enters the residual stream at that position, becomes
-# a NaN key and value in the next layer, and reaches real positions as `0 * NaN = NaN` in
-# their weighted sums of values, although their weight on the padding is 0.
+# a row of $-\infty$ is NaN (what PyTorch's fused attention returns for such a row depends on
+# its version and kernel; a hand-written softmax gives NaN). The NaN enters the residual stream
+# at that position, becomes a NaN key and value in the next layer, and reaches real positions
+# as `0 * NaN = NaN` in their weighted sums of values, although their weight on the padding
+# is 0.
 #
 # </details>
 #

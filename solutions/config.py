@@ -8,7 +8,6 @@ from solutions import checks
 @dataclass
 class Config:
     d_model: int = 768  # width of the residual stream
-    debug: bool = False  # print shapes as activations flow through the model
     layer_norm_eps: float = 1e-5  # added to the variance inside the square root
     d_vocab: int = 50257  # number of tokens the model knows
     init_range: float = 0.02  # std of the normal initialisation of every weight

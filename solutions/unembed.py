@@ -13,8 +13,9 @@ class Unembed(nn.Module):
         self.cfg = cfg
         self.W_U = nn.Parameter(torch.empty((cfg.d_model, cfg.d_vocab)))
         nn.init.normal_(self.W_U, std=cfg.init_range)
-        # GPT-2 has no unembedding bias; transformer-lens keeps a zero one for uniformity.
-        self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab), requires_grad=False)
+        # GPT-2 has no unembedding bias; transformer-lens keeps one (zeros for GPT-2, trained
+        # like any other parameter) so that every layer has a weight and a bias.
+        self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab))
 
     def forward(
         self, normalized_resid_final: Float[Tensor, "batch posn d_model"]
