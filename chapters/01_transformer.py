@@ -171,23 +171,15 @@ print(token_strings(tokenizer, "Tokens, not characters: that is what a model rea
 # %% [markdown]
 # ## 2. The big picture
 #
-# Here is all of GPT-2, for one sequence of `posn` tokens:
-#
-# ```
-# tokens [batch, posn]
-#    |
-#    +--> embed (W_E) ------+
-#    |                      (+)---> residual stream  x0  [batch, posn, d_model]
-#    +--> pos_embed (W_pos)-+            |
-#                                        |
-#          block 0   +--- ln1 -> attn ---(+)   x_mid = x0 + attn(ln1(x0))
-#                    +--- ln2 -> mlp  ---(+)   x1    = x_mid + mlp(ln2(x_mid))
-#                                        |
-#                                       ...  (n_layers blocks in total)
-#                                        |
-#                               ln_final -> unembed (W_U) ---> logits [batch, posn, d_vocab]
-# ```
-#
+# Here is all of GPT-2, read from the bottom up: tokens in, one vector of scores per position
+# out. In a block, `x_mid = x + attn(ln1(x))`, then `x_out = x_mid + mlp(ln2(x_mid))`.
+
+# %%
+from utils.plots import plot_transformer_diagram
+
+plot_transformer_diagram(n_layers=2)
+
+# %% [markdown]
 # The central object is the **residual stream**: one vector of width `d_model` per position.
 # The embeddings write its first value. Each block then *reads* from it (through a LayerNorm)
 # and *adds* its result back, never replacing it. So the final stream is a sum:
@@ -233,12 +225,16 @@ print(token_strings(tokenizer, "Tokens, not characters: that is what a model rea
 # The names of modules and parameters follow `transformer-lens`: `embed.W_E`,
 # `blocks.0.ln1.w`, `blocks.0.attn.W_Q`, `blocks.1.mlp.b_out`, `unembed.W_U`... Because your
 # modules use the same names and shapes, copying the reference weights into your model is a
-# loop over `named_parameters()` (that is all `load_weights` does). Here is every reference
-# weight:
+# loop over `named_parameters()` (that is all `load_weights` does). Here are the reference
+# weights: those outside the blocks, and one block's (every block has the same names and
+# shapes, under `blocks.0.` to `blocks.3.`).
 
 # %%
 for name, param in reference.params.items():
-    print(f"{name:24} {tuple(param.shape)}")
+    if not name.startswith("blocks.") or name.startswith("blocks.0."):
+        print(f"{name:24} {tuple(param.shape)}")
+n_blocks_params = sum(name.startswith("blocks.") for name in reference.params)
+print(f"... and the same {n_blocks_params // cfg.n_layers} weights in each of the other blocks")
 
 # %% [markdown]
 # Note the convention: activations are multiplied **on the left**, `x @ W`. So `W_in` has shape
@@ -585,7 +581,7 @@ check("attention")
 # %% [markdown]
 # ### What an attention pattern looks like
 #
-# The cache holds every head's pattern. The cell below draws layer 0, head 0 of the reference on
+# The cache holds every head's pattern. The cell below draws layer 3, head 0 of the reference on
 # our prompt: row $i$ shows how much position $i$ (the query) attends to each position $j$ (the
 # key). Trained models grow heads with striking patterns (to the previous token, to the first
 # token, to an earlier copy of the current token), which is where interpretability research
@@ -602,29 +598,23 @@ check("attention")
 # largest weight above it). Every row sums to 1: that is the softmax. The first row has only one
 # key to choose from, so all its weight, 1.0, is on `<|endoftext|>`.
 #
-# The rest is what this head learnt. Layer 0, head 0 of this model spreads each row fairly
-# evenly over everything the query can see, with a little extra on the first tokens: a running
-# average of the text so far, so the colour fades as the rows grow longer. Other heads look
-# quite different.
+# The rest is what this head learnt, and it is striking: almost every query puts nearly all its
+# weight (0.95 on average) on the very first token, `<|endoftext|>`, whatever the text. Such an
+# "attention sink" is common in trained transformers: a head that has nothing useful to read at
+# a position parks its attention on a token that is always there, and its output there is close
+# to a constant. Layer 0, head 0 is the opposite: it spreads each row fairly evenly over
+# everything the query can see, a running average of the text so far.
 #
 # </details>
 
 # %%
-import matplotlib.pyplot as plt
+from utils.plots import plot_attention
 
-pattern = cache["blocks.0.attn.hook_pattern"][0, 0]  # [query_pos, key_pos]
-labels = reference.bridge.to_str_tokens(tokens)
+pattern = cache["blocks.3.attn.hook_pattern"][0, 0]  # [query_pos, key_pos]
 print("row sums:", pattern.sum(-1)[:5])
 print("largest weight above the diagonal:", pattern.triu(1).max().item())
-
-fig, ax = plt.subplots(figsize=(5, 5))
-ax.imshow(pattern.numpy(), cmap="Blues", vmin=0, vmax=1)
-ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
-ax.set_yticks(range(len(labels)), labels, fontsize=7)
-ax.set_xlabel("key position (attended to)")
-ax.set_ylabel("query position (attending)")
-ax.set_title("Layer 0, head 0")
-plt.show()
+print(f"mean weight on the first token: {pattern[:, 0].mean():.2f}")
+plot_attention(pattern, reference.bridge.to_str_tokens(tokens), "Layer 3, head 0")
 
 # %% [markdown]
 # ## 6. The MLP
@@ -649,6 +639,15 @@ plt.show()
 # which the setup cell imported as `gelu_new` (it calls PyTorch's `F.gelu(x, approximate="tanh")`,
 # the same formula in one fused operation). Use it: PyTorch's default `F.gelu` is the exact
 # version, and the difference is large enough for the tests to notice (they will tell you).
+# Here are the three curves, and the gap between the two GELUs:
+
+# %%
+from utils.plots import plot_gelu
+
+plot_gelu()
+
+# %% [markdown]
+# Now write the `MLP`, with `gelu_new` between its two matrix products.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -833,8 +832,9 @@ print("max |ours - transformer-lens| =", (demo_logits - bridge_logits).abs().max
 print("max |ours - Hugging Face|     =", (demo_logits - hf_logits).abs().max().item())
 
 # %% [markdown]
-# Differences of around $10^{-6}$ are floating-point rounding: the libraries add and multiply
-# in a different order. Your model computes the same function.
+# Differences of around $10^{-5}$ are floating-point rounding: the libraries add and multiply
+# in a different order, and float32 keeps about 7 significant digits of logits that reach tens.
+# Your model computes the same function.
 #
 # The logits at the **last** position are the model's guess for the token that comes after
 # the prompt. Here are its five favourites for a line of *Macbeth*, a play the model never

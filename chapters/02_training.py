@@ -922,6 +922,19 @@ for step, text in history.samples:
     print()
 
 # %% [markdown]
+# ### Keep it
+#
+# Your model, trained by your own loop, is worth keeping. `save_model` writes it in the format
+# of Hugging Face's GPT-2 (the same as the shipped models) to the course's cache folder, under
+# the name `"mine"`. From then on `load_model("mine")` loads it in any chapter: chapters 3 and
+# 4 can sample from *your* model with *your* sampler by changing one line.
+
+# %%
+from utils.models import save_model
+
+print("saved to", save_model(model, tokenizer, "mine"))
+
+# %% [markdown]
 # ### How good is it? Baselines and the shipped model
 #
 # First the final validation loss, on every held-out window this time. Then the course's shipped
@@ -1157,6 +1170,6 @@ for who, m in [("your model", model), ("shipped model", shipped)]:
 #
 # You have a model that writes something like Shakespeare, trained by your own loop, and a
 # better one on disk. Every continuation so far was greedy: always the most likely token, which
-# soon falls into loops. In **chapter 3** you sample from `models/shakespeare` properly, with
-# temperature, top-k and top-p sampling, frequency penalties and beam search, turning its
-# logits into text one token at a time.
+# soon falls into loops. In **chapter 3** you sample from `models/shakespeare` properly (or
+# from your own, `load_model("mine")`), with temperature, top-k and top-p sampling, frequency
+# penalties and beam search, turning its logits into text one token at a time.

@@ -65,7 +65,7 @@
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -98,7 +98,10 @@ print("quick run (CI):", QUICK)
 # %%
 from utils.models import load_model
 
-model, tokenizer = load_model("shakespeare")
+# "mine" samples from the model you trained and saved in chapter 2 instead (the numbers quoted
+# in the text are the shipped model's).
+MODEL = "shakespeare"
+model, tokenizer = load_model(MODEL)
 
 # %%
 cfg = model.cfg
@@ -160,7 +163,11 @@ def show_top(title: str, columns: dict[str, Tensor], by: Tensor, n: int = 8) -> 
     for name in columns:
         table.add_column(name, justify="right")
     for token in by.topk(n).indices.tolist():
-        values = [f"{column[token].item():.4g}" for column in columns.values()]
+        # Three decimals for every score; counts are whole numbers.
+        values = [
+            f"{column[token].item():.0f}" if name == "count" else f"{column[token].item():.3f}"
+            for name, column in columns.items()
+        ]
         table.add_row(repr(tokenizer.decode([token])), *values)
     Console().print(table)
 
@@ -344,15 +351,16 @@ table.add_row("outside the top 8", *tails)
 Console().print(table)
 
 # %% [markdown]
-# And the same distributions drawn, for the 40 most likely tokens in order, on a log scale.
-# Temperature bends the curve around the first token: at low $T$ everything but the first few
-# tokens drops out of sight; at high $T$ the curve flattens, and the thousands of tokens in the
-# tail, each unlikely but together far from negligible, get a real share.
+# And the same distributions drawn: every token of the vocabulary, sorted from the most likely,
+# with both axes on a log scale so that the tail shows. Temperature bends the curve around the
+# first token: at low $T$ everything but the first few tokens drops out of sight; at high $T$
+# the curve flattens, and the thousands of tokens in the tail, each unlikely but together far
+# from negligible, get a real share.
 
 # %%
 from utils.plots import plot_temperature_curves
 
-plot_temperature_curves(by_temperature, n_ranks=40)
+plot_temperature_curves(by_temperature)
 
 # %% [markdown]
 # ## 4. Frequency penalty
@@ -690,6 +698,17 @@ plot_sample_frequencies(
 # next one is not. That is the "exclusive" running total: the cumulative sum minus the token's
 # own probability.
 #
+# Here is the rule on the model's distribution after `"ROMEO.\nI"`: the bars are the most
+# likely tokens in order, the line their running total, the dashed line `top_p = 0.9`. Blue
+# tokens are kept, grey ones removed; the blue token under the point where the line crosses
+# 0.9 is the one that takes the total over it.
+
+# %%
+from utils.plots import plot_top_p_cut
+
+plot_top_p_cut(dist_logits[0].softmax(-1), 0.9, tokenizer)
+
+# %% [markdown]
 # **`min_tokens_to_keep`**: never keep fewer than this many tokens, whatever `top_p` says (HF's
 # option of the same name; default 1, so that something is always left to sample). With
 # `top_p=0` only this many tokens survive.
@@ -1340,11 +1359,22 @@ check("beam_search")
 
 # %%
 walk_prompt = "ROMEO.\nWhat light"
+Beams.printed.clear()  # every table `print` shows is also kept here
 walk = beam_search(
     model, tokenizer, walk_prompt, 3, num_beams=3, max_new_tokens=4 if QUICK else 8, verbose=True
 )
 for score, tokens in walk:
     print(f"{score:8.3f}  {tokenizer.decode(tokens)!r}")
+
+# %% [markdown]
+# The same run as a tree, drawn from the tables your `beam_search` printed: one column per
+# step, the best beam at the top, an edge from each beam to the beam it grew from. A beam with
+# no edge to the next column was pruned there.
+
+# %%
+from utils.plots import beam_tree_steps, plot_beam_tree
+
+plot_beam_tree(beam_tree_steps(Beams.printed, tokenizer), f"beam search after {walk_prompt!r}")
 
 # %% [markdown]
 # ### Greedy search against beam search

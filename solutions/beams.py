@@ -5,7 +5,7 @@ with `num_beams=..., length_penalty=0.0`; the tests check token for token that b
 """
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -73,6 +73,9 @@ class BeamsBase:
     tokenizer: Any
     logprob_sums: Float[Tensor, "beam"]
     tokens: Int[Tensor, "beam seq"]
+    # What every `print` showed, in order: a verbose search leaves its running beams here, and
+    # chapter 3 draws them as a tree. Clear it before the search you want to draw.
+    printed: ClassVar[list[list[tuple[float, Tensor]]]] = []
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -86,10 +89,11 @@ class BeamsBase:
         return [(s, self.tokenizer.decode(t)) for s, t in self.to_list()]
 
     def print(self, title: str = "Beams", max_chars: int = 80) -> None:
-        """A rich table of the beams: score and the end of each text."""
+        """A rich table of the beams: score and the end of each text (also kept in `printed`)."""
+        BeamsBase.printed.append(self.to_list())
         table = Table(title=title, show_lines=True)
         table.add_column("logprob sum", justify="right")
-        table.add_column("text (end)")
+        table.add_column(f"text (its last {max_chars} characters)")
         for score, text in self.logprobs_and_completions():
             shown = text if len(text) <= max_chars else "…" + text[-max_chars:]
             table.add_row(f"{score:.3f}", repr(shown)[1:-1])

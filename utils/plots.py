@@ -7,33 +7,63 @@ backend such as `MPLBACKEND=Agg`, which the course's CI uses. They return nothin
 on the last line of a cell does not display the figure a second time.
 """
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping, Sequence
 
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
-from jaxtyping import Float, Int
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from matplotlib.colors import ListedColormap
+from matplotlib.lines import Line2D
+from matplotlib.patches import Circle, FancyBboxPatch, Patch
 from torch import Tensor
+
+EOS = "<|endoftext|>"
+
+
+def readable_token(text: str, max_chars: int | None = None) -> str:
+    """A token's text as a label that is never blank: escapes as `repr` writes them ("\\n"
+    shows as a backslash and an n), spaces as "␣" (" the" -> "␣the"), and "''" for the empty
+    string. Longer than `max_chars`: cut, ending in "…"."""
+    if text == "":
+        return "''"
+    shown = repr(text)[1:-1].replace(" ", "␣")
+    if max_chars is not None and len(shown) > max_chars:
+        shown = shown[: max_chars - 1] + "…"
+    return shown
 
 
 def plot_temperature_curves(
-    by_temperature: Mapping[float, Float[Tensor, "d_vocab"]], n_ranks: int = 40
+    by_temperature: Mapping[float, Float[Tensor, "d_vocab"]], n_ranks: int | None = None
 ) -> None:
-    """Probability against rank, one curve per temperature, on a log scale.
+    """Probability against rank, one curve per temperature, both axes on a log scale.
 
     Each distribution is sorted on its own, but temperature never changes the order of the
-    tokens, so rank r is the same token on every curve. A dotted line marks the uniform
-    distribution, the limit as the temperature grows.
+    tokens, so rank r is the same token on every curve. All the ranks are drawn (or the first
+    `n_ranks`): the log scales spread the thousands of tokens of the tail, where the
+    temperatures differ most. A dotted line marks the uniform distribution, the limit as the
+    temperature grows: a high T lifts the tail towards it, a low T sinks it out of sight.
     """
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ranks = range(1, n_ranks + 1)
-    for temperature, probs in by_temperature.items():
-        ax.plot(ranks, probs.sort(descending=True).values[:n_ranks], label=f"T = {temperature}")
+    fig, ax = plt.subplots(figsize=(8, 4), layout="constrained")
     d_vocab = next(iter(by_temperature.values())).numel()
+    n = d_vocab if n_ranks is None else min(n_ranks, d_vocab)
+    ranks = np.arange(1, n + 1)
+    for temperature, probs in by_temperature.items():
+        curve = probs.detach().double().cpu().sort(descending=True).values[:n].numpy()
+        ax.plot(ranks, curve, label=f"T = {temperature}")
     ax.axhline(1 / d_vocab, color="grey", linestyle=":", label="uniform")
+    ax.set_xscale("log")
     ax.set_yscale("log")
+    # Low temperatures push the tail to 1e-40 and below: show six decades under the uniform
+    # level, enough for the tail of T >= 1, and let the lower curves leave through the bottom.
+    ax.set_ylim(bottom=1e-6 / d_vocab, top=1.5)
+    ax.set_xlim(0.8, n * 1.25)
     ax.set_xlabel("rank of the token (1 = most likely at every T)")
     ax.set_ylabel("probability")
-    ax.legend()
+    ax.set_title("One distribution at several temperatures", fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # outside: hides no curve
     plt.show()
 
 
@@ -53,15 +83,16 @@ def plot_sample_frequencies(
     from its dot, in standard errors of a frequency, sqrt(p (1 - p) / n), and how many samples
     fell outside the kept set (probability 0): the eye cannot judge either from the bars alone.
     """
-    fig, ax = plt.subplots(figsize=(8, 3.5))
+    fig, ax = plt.subplots(figsize=(8, 3.5), layout="constrained")
     n = samples.numel()
     top = rank_by.topk(n_show).indices
     observed = torch.bincount(samples, minlength=probs.numel()).double() / n
     x = range(n_show)
     ax.bar(x, observed[top], color="tab:blue", alpha=0.7, label=f"frequency in {n:,} samples")
     ax.plot(x, probs[top], "o", color="black", markersize=4, label="exact probability")
-    labels = [repr(tokenizer.decode([t]))[1:-1] for t in top.tolist()]
+    labels = [readable_token(tokenizer.decode([t])) for t in top.tolist()]
     ax.set_xticks(list(x), labels, rotation=70, fontsize=8)
+    ax.set_ylabel("frequency / probability")
     ax.set_title(title, fontsize=10)
     p, freq = probs[top].double(), observed[top]
     kept = p > 0
@@ -70,3 +101,474 @@ def plot_sample_frequencies(
     print(f"{title}: largest gap {z:.1f} standard errors; samples outside the kept set: {outside}")
     ax.legend()
     plt.show()
+
+
+def plot_attention(pattern: Float[Tensor, "query key"], tokens: list[str], title: str) -> None:
+    """One head's attention pattern as a heatmap: row q is how query q spreads its attention
+    over the keys, the columns (each row sums to 1, the colour bar runs from 0 to 1).
+
+    Read along a row to see which earlier tokens a position reads from; a bright diagonal is a
+    head attending to the current token, a bright first column one resting on the first
+    token, a bright sub-diagonal one reading the previous token. Everything above the diagonal
+    is 0: the causal mask. `tokens` names the keys; with fewer queries than keys (a cached
+    step), the queries are the last positions. Token labels show "\\n" and "␣" for newlines and
+    spaces.
+    """
+    weights = pattern.detach().float().cpu()
+    if weights.ndim != 2:
+        raise ValueError(f"pattern must be [query, key], got shape {tuple(weights.shape)}")
+    n_query, n_key = weights.shape
+    if len(tokens) != n_key or n_query > n_key:
+        raise ValueError(
+            f"pattern {tuple(weights.shape)} needs one token per key ({n_key}), "
+            f"got {len(tokens)}; queries are the last positions, so query <= key"
+        )
+    side = min(7.5, max(3.5, 1.5 + 0.2 * n_key))
+    height = side * n_query / n_key + 1.4  # room for the rotated key labels
+    fig, ax = plt.subplots(figsize=(side + 1.3, height), layout="constrained")
+    image = ax.imshow(weights.numpy(), cmap="Blues", vmin=0, vmax=1)
+    labels = [readable_token(t, max_chars=14) for t in tokens]
+    step = max(1, math.ceil(n_key / 50))  # past 50 tokens, label every step-th one
+    x_ticks = list(range(0, n_key, step))
+    y_ticks = [q for q in range(n_query) if (n_key - n_query + q) % step == 0]
+    ax.set_xticks(x_ticks, [labels[k] for k in x_ticks], rotation=90, fontsize=8)
+    ax.set_yticks(y_ticks, [labels[n_key - n_query + q] for q in y_ticks], fontsize=8)
+    ax.set_xlabel("key (attended to)")
+    ax.set_ylabel("query (attending)")
+    ax.set_title(title, fontsize=10)
+    # In axes coordinates, so the bar is as tall as the image, however wide the pattern.
+    fig.colorbar(image, cax=ax.inset_axes((1.03, 0, 0.04, 1)), label="attention weight")
+    plt.show()
+
+
+def plot_gelu() -> None:
+    """GELU, exact (with erf) and GPT-2's tanh approximation, against ReLU; the right panel
+    is the difference between the two GELUs.
+
+    On the left the two GELUs look like one curve: smooth where ReLU has a corner, slightly
+    negative for negative inputs (lowest about -0.17 near x = -0.75), close to ReLU for large
+    |x|. The right panel shows they are not the same function: they differ by up to a few
+    1e-4, far more than float32 rounding (about 1e-7), so a model run with the wrong one
+    fails a test that compares its outputs with GPT-2's.
+    """
+    x_t = torch.linspace(-4, 4, 801, dtype=torch.float64)
+    x, exact, approx = (t.numpy() for t in (x_t, F.gelu(x_t), F.gelu(x_t, approximate="tanh")))
+    fig, (ax, ax_diff) = plt.subplots(1, 2, figsize=(9, 3.5), width_ratios=[3, 2])
+    ax.plot(x, np.maximum(x, 0), color="grey", linestyle=":", label="ReLU")
+    ax.plot(x, exact, label="GELU, exact (erf)")
+    ax.plot(x, approx, linestyle="--", label="GELU, tanh approx. (GPT-2)")
+    ax.set_xlabel("x")
+    ax.set_ylabel("activation")
+    ax.set_title("GELU against ReLU", fontsize=10)
+    ax.legend(loc="upper left", fontsize=8)
+    diff = exact - approx
+    ax_diff.plot(x, diff, color="tab:red")
+    ax_diff.axhline(0, color="grey", linewidth=0.5)
+    worst = np.abs(diff).argmax()
+    ax_diff.plot(x[worst], diff[worst], "o", color="tab:red", markersize=4)
+    ax_diff.annotate(
+        f"largest gap {abs(diff[worst]):.1e}\nat x = {x[worst]:.2f}",
+        (x[worst], diff[worst]),
+        xytext=(0.05, 0.95),
+        textcoords="axes fraction",
+        va="top",
+        fontsize=8,
+    )
+    ax_diff.set_xlabel("x")
+    ax_diff.set_ylabel("exact − tanh approx.")
+    ax_diff.set_title("The difference, zoomed in", fontsize=10)
+    ax_diff.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+    fig.tight_layout()
+    plt.show()
+
+
+def _box(ax, x: float, y: float, text: str, color: str, width: float = 2.4) -> None:
+    """A rounded box centred on (x, y), 0.6 high, with its text."""
+    ax.add_patch(
+        FancyBboxPatch(
+            (x - width / 2, y - 0.3),
+            width,
+            0.6,
+            boxstyle="round,pad=0.02,rounding_size=0.12",
+            facecolor=color,
+            edgecolor="black",
+            linewidth=0.8,
+        )
+    )
+    ax.text(x, y, text, ha="center", va="center", fontsize=9)
+
+
+def _arrow(
+    ax, start: tuple[float, float], end: tuple[float, float], colour: str = "black", width=1.0
+) -> None:
+    """An arrow from `start` to `end`, in data coordinates."""
+    style = {"arrowstyle": "-|>", "color": colour, "linewidth": width, "shrinkA": 0, "shrinkB": 0}
+    ax.annotate("", xy=end, xytext=start, arrowprops=style)
+
+
+def plot_transformer_diagram(n_layers: int = 2) -> None:
+    """The GPT-2 architecture as a block diagram, read from the bottom up.
+
+    Token ids become vectors (token embedding plus position embedding) that start the
+    residual stream, the blue vertical line, `[batch, posn, d_model]` all the way up. Every
+    block reads the stream twice and writes back into it by addition (+): attention (which
+    moves information between positions), then the MLP (which works on each position alone),
+    each after its own LayerNorm. At the top a last LayerNorm and the unembedding turn the
+    stream into logits, `[batch, posn, d_vocab]`: a score for every token of the vocabulary
+    at every position. `n_layers` blocks are drawn (from 5 on: the first two, "⋮", and the
+    last); they share a design, but each has its own weights.
+    """
+    if not isinstance(n_layers, int) or n_layers < 1:
+        raise ValueError(f"n_layers must be an integer >= 1, got {n_layers!r}")
+    drawn = list(range(n_layers)) if n_layers <= 4 else [0, 1, None, n_layers - 1]
+    sub_h, add_h = 1.25, 0.8  # between the two branches of a block; from a branch to its +
+    block_h, gap_h = 2 * sub_h + 0.45, 1.3  # a block; the "⋮" that stands for blocks left out
+    first = 2.7  # the first branch
+    top = first + sum(block_h if b is not None else gap_h for b in drawn)  # after the blocks
+    x_min, x_max, y_min, y_max = -3.6, 8.6, -0.45, top + 2.95
+    scale = 7.0 / (x_max - x_min)  # inches per unit
+    fig, ax = plt.subplots(figsize=(7.0, scale * (y_max - y_min) + 0.4))
+    blue = "tab:blue"
+    radius = 0.18  # of the + circles
+
+    _box(ax, 0, 0, "tokens  [batch, posn]", "white", width=3.4)
+    _arrow(ax, (0, 0.3), (0, 0.95))
+    _box(ax, 0, 1.25, "Embed + PosEmbed", "honeydew", width=3.4)
+    stream_labels = {"ha": "right", "va": "center", "fontsize": 8, "color": blue}
+    ax.text(-0.25, 1.95, "[batch, posn, d_model]", **stream_labels)
+    ax.text(
+        -0.75,
+        (first + top) / 2,
+        "residual stream",
+        rotation=90,
+        ha="right",
+        va="center",
+        fontsize=9,
+        color=blue,
+    )
+
+    y, stream_from = first, 1.55  # the block's first branch; where the stream's next piece starts
+    for b in drawn:
+        if b is None:  # the blocks left out
+            ax.plot([0, 0], [stream_from, y + gap_h - 0.4], color=blue, linewidth=2)
+            ax.text(
+                2.9,
+                y + gap_h / 2 - 0.4,
+                f"⋮\n{n_layers - 3} more blocks",
+                ha="center",
+                va="center",
+                fontsize=9,
+            )
+            stream_from, y = y + gap_h - 0.4, y + gap_h
+            continue
+        ax.add_patch(
+            FancyBboxPatch(
+                (-0.6, y - 0.4),
+                7.0,
+                block_h - 0.1,
+                boxstyle="round,pad=0,rounding_size=0.15",
+                facecolor="none",
+                edgecolor="grey",
+                linestyle="--",
+                linewidth=0.8,
+            )
+        )
+        ax.text(
+            6.25,
+            y + block_h - 0.8,
+            f"block {b}",
+            ha="right",
+            va="center",
+            fontsize=9,
+            color="dimgrey",
+        )
+        for k, (name, colour) in enumerate([("Attention", "moccasin"), ("MLP", "lightblue")]):
+            y0 = y + k * sub_h  # where the branch leaves the stream
+            y_add = y0 + add_h  # where it comes back
+            _arrow(ax, (0, stream_from), (0, y_add - radius), blue, 2)
+            ax.plot(0, y0, "o", color=blue, markersize=4)
+            _arrow(ax, (0, y0), (1.0, y0))
+            _box(ax, 2.0, y0, "LayerNorm", "whitesmoke", width=2.0)
+            _arrow(ax, (3.0, y0), (3.6, y0))
+            _box(ax, 4.6, y0, name, colour, width=2.0)
+            ax.plot([4.6, 4.6], [y0 + 0.3, y_add], color="black", linewidth=1)
+            _arrow(ax, (4.6, y_add), (radius, y_add))
+            ax.add_patch(
+                Circle((0, y_add), radius, facecolor="white", edgecolor=blue, linewidth=1.5)
+            )
+            ax.text(0, y_add, "+", ha="center", va="center", fontsize=10, color=blue)
+            stream_from = y_add + radius
+        y += block_h
+    ax.plot(
+        [6.7, 6.85, 6.85, 6.7],
+        [first - 0.4, first - 0.4, y - 0.5, y - 0.5],
+        color="black",
+        linewidth=1,
+    )
+    ax.text(
+        7.0,
+        (first + y) / 2 - 0.45,
+        f"× n_layers\n(here {n_layers})",
+        ha="left",
+        va="center",
+        fontsize=9,
+    )
+    y -= 0.35  # the last + is 0.35 above the top of the last block's box
+    _arrow(ax, (0, stream_from), (0, y + 0.35), blue, 2)
+    ax.text(-0.25, y + 0.1, "[batch, posn, d_model]", **stream_labels)
+    _box(ax, 0, y + 0.65, "LayerNorm (final)", "whitesmoke", width=3.4)
+    _arrow(ax, (0, y + 0.95), (0, y + 1.45))
+    _box(ax, 0, y + 1.75, "Unembed", "honeydew", width=3.4)
+    _arrow(ax, (0, y + 2.05), (0, y + 2.55))
+    _box(ax, 0, y + 2.85, "logits  [batch, posn, d_vocab]", "white", width=4.4)
+
+    ax.set_xlim(x_min, x_max)
+    ax.set_ylim(y_min, y_max)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title("GPT-2, from tokens (bottom) to logits (top)", fontsize=10)
+    fig.tight_layout()
+    plt.show()
+
+
+def plot_masks(masks: Mapping[str, Bool[Tensor, "query key"]], title: str = "") -> None:
+    """Boolean attention masks side by side, one panel per entry, named by its key.
+
+    True (dark) means HIDDEN: the query of that row may NOT attend to the key of that column,
+    as chapter 4's `causal_mask` returns it (for a mask of allowed keys, pass `~allowed`).
+    Queries are the last positions, as in a cached step: a mask of 2 queries over 5 keys has
+    rows for positions 3 and 4, and the y axis says so. Read one row at a time: the light
+    cells are the keys that query mixes. Leading dimensions of size 1 are dropped.
+    """
+    if not masks:
+        raise ValueError("masks is empty: give at least one {name: mask}")
+    panels = {}
+    for name, mask in masks.items():
+        m = torch.as_tensor(mask).detach().cpu()
+        while m.ndim > 2 and m.shape[0] == 1:
+            m = m[0]
+        if m.ndim != 2 or m.dtype != torch.bool:
+            raise ValueError(
+                f"mask {name!r} must be a boolean [query, key] tensor, got "
+                f"{m.dtype} of shape {tuple(m.shape)}"
+            )
+        panels[name] = m
+    widths = [m.shape[1] + 1.5 for m in panels.values()]
+    n_rows = max(m.shape[0] for m in panels.values())
+    cell = min(0.45, 7.5 / sum(widths))  # inches per cell
+    fig, axes = plt.subplots(
+        1,
+        len(panels),
+        figsize=(min(9.0, cell * sum(widths) + 1.0), cell * n_rows + 2.0),
+        width_ratios=widths,
+        squeeze=False,
+        layout="constrained",
+    )
+    colours = ["lightsteelblue", "dimgrey"]  # False, True
+    for ax, (name, m) in zip(axes[0], panels.items(), strict=True):
+        n_query, n_key = m.shape
+        ax.imshow(m.int().numpy(), cmap=ListedColormap(colours), vmin=0, vmax=1)
+        ax.set_xticks(range(n_key), [str(k) for k in range(n_key)], fontsize=8)
+        queries = range(n_key - n_query, n_key) if n_query <= n_key else range(n_query)
+        ax.set_yticks(range(n_query), [str(q) for q in queries], fontsize=8)
+        ax.set_xticks(np.arange(-0.5, n_key), minor=True)
+        ax.set_yticks(np.arange(-0.5, n_query), minor=True)
+        ax.grid(which="minor", color="white", linewidth=2)
+        ax.tick_params(which="minor", length=0)
+        ax.set_xlabel("key position", fontsize=9)
+        ax.set_ylabel("query position", fontsize=9)
+        ax.set_title(name, fontsize=10)
+    handles = [
+        Patch(facecolor=colours[1], label="True: hidden, may NOT attend"),
+        Patch(facecolor=colours[0], label="False: may attend"),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    plt.show()
+
+
+def plot_top_p_cut(
+    probs: Float[Tensor, "d_vocab"], top_p: float, tokenizer, n_show: int = 20
+) -> None:
+    """Where top-p sampling cuts a distribution: the `n_show` most likely tokens as bars, most
+    likely first, and the running total of their probabilities as a line.
+
+    A token is kept while the more likely tokens before it sum to LESS than `top_p`, so the
+    token whose bar takes the line across the dashed `top_p` level is still kept: the kept
+    set (blue bars, black labels) is the smallest that reaches `top_p`, and a dotted line
+    marks the cut when it falls inside the figure; grey bars and labels are removed. When
+    the model is sure, the first token alone can reach `top_p`; when it hesitates, the
+    nucleus holds many tokens, often more than are drawn. Prints how many tokens are kept and
+    their total probability (at least `top_p`).
+    """
+    p = probs.detach().double().cpu().flatten()
+    sorted_p, order = p.sort(descending=True)
+    cumulative = sorted_p.cumsum(0)
+    kept = (cumulative - sorted_p) < top_p
+    kept[0] = True  # at least one token, whatever top_p is
+    if top_p >= 1:
+        kept[:] = True  # no filtering at all, as in HF (rounding could drop the last tokens)
+    n_kept, total = int(kept.sum()), sorted_p[kept].sum().item()
+    n_show = min(n_show, p.numel())
+    x = np.arange(n_show)
+    kept_colour, removed_colour = "tab:blue", "lightgrey"
+    fig, ax = plt.subplots(figsize=(8.5, 3.8), layout="constrained")
+    colours = [kept_colour if k else removed_colour for k in kept[:n_show].tolist()]
+    ax.bar(x, sorted_p[:n_show].numpy(), color=colours)
+    ax.plot(x, cumulative[:n_show].numpy(), "o-", color="tab:orange", markersize=3)
+    ax.axhline(top_p, color="tab:red", linestyle="--", linewidth=1)
+    if n_kept < n_show:
+        ax.axvline(n_kept - 0.5, color="black", linestyle=":", linewidth=1)
+    labels = [readable_token(tokenizer.decode([t])) for t in order[:n_show].tolist()]
+    ax.set_xticks(x, labels, rotation=70, fontsize=8)
+    for label, keep in zip(ax.get_xticklabels(), kept[:n_show].tolist(), strict=True):
+        label.set_color("black" if keep else "grey")
+    ax.set_xlim(-0.7, n_show - 0.3)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("probability")
+    tokens = "token" if n_kept == 1 else "tokens"
+    ax.set_title(f"top_p = {top_p}: {n_kept:,} {tokens} kept, total {total:.3f}", fontsize=10)
+    more = f"\n({n_kept - n_show:,} more\nbeyond the figure)" if n_kept > n_show else ""
+    handles = [
+        Patch(facecolor=kept_colour, label=f"kept{more}"),
+        Patch(facecolor=removed_colour, label="removed"),
+        Line2D([], [], color="tab:orange", marker="o", markersize=3, label="cumulative"),
+        Line2D([], [], color="tab:red", linestyle="--", label=f"top_p = {top_p}"),
+    ]
+    if n_kept < n_show:
+        handles.append(Line2D([], [], color="black", linestyle=":", label="the cut"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    print(
+        f"top_p = {top_p}: {n_kept:,} of {p.numel():,} tokens kept, total probability {total:.4f}"
+    )
+    plt.show()
+
+
+BeamStep = list[tuple[str, float, int | None]]
+
+
+def plot_beam_tree(steps: list[BeamStep], title: str = "") -> None:
+    """The tree a beam search grew, left to right: column t holds the beams kept after step t
+    (`steps[t]`: token text, score, index of the parent in `steps[t - 1]`, None at t = 0),
+    each drawn as its new token and its score (the sum of log-probabilities so far).
+
+    Within a column the best score is at the top. Follow the edges back to see which
+    continuations share a prefix: a good beam often takes several places at the next step,
+    and a beam with no child died there (grey). Red boxes are finished beams, which ended
+    with <|endoftext|> and leave the race.
+    """
+    if not steps:
+        raise ValueError("steps is empty: give the beams of at least one step")
+    n_steps = len(steps)
+    n_rows = max(len(beams) for beams in steps)
+    fig, ax = plt.subplots(
+        figsize=(min(9.0, 1.3 + 0.95 * (n_steps + 1)), 0.55 * n_rows + 1.3), layout="constrained"
+    )
+    has_child = [set() for _ in steps]
+    for t in range(1, n_steps):
+        for _, _, parent in steps[t]:
+            if parent is None or not 0 <= parent < len(steps[t - 1]):
+                raise ValueError(f"step {t}: parent {parent!r} is not a beam of step {t - 1}")
+            has_child[t - 1].add(parent)
+    # Rows by score, best at the top; the prompt is the root, column 0.
+    rows = []
+    for beams in steps:
+        ranking = sorted(range(len(beams)), key=lambda i, beams=beams: -beams[i][1])
+        rows.append({i: rank for rank, i in enumerate(ranking)})
+    centre = (n_rows - 1) / 2
+    style = {"boxstyle": "round,pad=0.3", "linewidth": 1}
+    text = {"ha": "center", "va": "center", "multialignment": "center", "fontsize": 8}
+    root = ax.text(
+        0,
+        -centre,
+        "prompt\n0.00",
+        **text,
+        bbox={**style, "facecolor": "white", "edgecolor": "black"},
+    )
+    nodes: list[list] = []
+    for t, beams in enumerate(steps):
+        nodes.append([])
+        for i, (token, score, _) in enumerate(beams):
+            finished = token == EOS
+            dead = not finished and t < n_steps - 1 and i not in has_child[t]
+            face, edge = "white", "black"
+            if finished:
+                face, edge = "mistyrose", "tab:red"
+            elif dead:
+                face, edge = "whitesmoke", "darkgrey"
+            label = "EOS" if finished else readable_token(token, max_chars=9)
+            node = ax.text(
+                t + 1,
+                -rows[t][i],
+                f"{label}\n{score:.2f}",
+                **text,
+                color="grey" if dead else "black",
+                bbox={**style, "facecolor": face, "edgecolor": edge},
+            )
+            nodes[t].append(node)
+    for t, beams in enumerate(steps):
+        for i, (_, _, parent) in enumerate(beams):
+            source = root if t == 0 else nodes[t - 1][parent]
+            ax.annotate(
+                "",
+                xy=(0, 0.5),
+                xycoords=nodes[t][i],
+                xytext=(1, 0.5),
+                textcoords=source,
+                arrowprops={
+                    "arrowstyle": "-|>",
+                    "color": "grey",
+                    "linewidth": 0.8,
+                    "shrinkA": 1,
+                    "shrinkB": 1,
+                },
+            )
+    ax.set_xlim(-0.6, n_steps + 0.6)
+    ax.set_ylim(-(n_rows - 1) - 0.6, 0.6)
+    ax.set_xticks(
+        range(n_steps + 1), ["prompt"] + [f"step {t + 1}" for t in range(n_steps)], fontsize=8
+    )
+    ax.set_yticks([])
+    for side in ["left", "right", "top"]:
+        ax.spines[side].set_visible(False)
+    handles = [
+        Patch(facecolor="white", edgecolor="black", label="token, score"),
+        Patch(facecolor="whitesmoke", edgecolor="darkgrey", label="no child: pruned"),
+        Patch(facecolor="mistyrose", edgecolor="tab:red", label="finished: <|endoftext|>"),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    if title:
+        ax.set_title(title, fontsize=10)
+    plt.show()
+
+
+def beam_tree_steps(
+    history: Sequence[Iterable[tuple[float, Int[Tensor, "seq"]]]], tokenizer
+) -> list[BeamStep]:
+    """`plot_beam_tree`'s `steps` from the beams kept at each step of a beam search.
+
+    `history[t]` holds the beams kept after step t as (score, tokens) pairs, the format of
+    `Beams.to_list()`: the whole sequence, prompt included, so the beams of step t are one
+    token longer than those of step t - 1. A beam's parent is the beam of the step before
+    whose tokens are its own minus the last, so this needs nothing from the search itself.
+    One way to record `history`: after each `filter(num_beams)` of a search, append
+    `continuing.to_list() + finished.to_list()`.
+    """
+    steps: list[BeamStep] = []
+    previous: dict[tuple[int, ...], int] = {}
+    for t, beams in enumerate(history):
+        step: BeamStep = []
+        current: dict[tuple[int, ...], int] = {}
+        for score, tokens in beams:
+            ids = tuple(torch.as_tensor(tokens).flatten().tolist())
+            parent = None
+            if t > 0:
+                if ids[:-1] not in previous:
+                    raise ValueError(f"a beam of step {t} extends no beam of step {t - 1}")
+                parent = previous[ids[:-1]]
+            current.setdefault(ids, len(step))
+            step.append((tokenizer.decode([ids[-1]]), float(score), parent))
+        steps.append(step)
+        previous = current
+    return steps

@@ -14,6 +14,7 @@ def test_teacher_notebook_runs_end_to_end(chapter, tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_STRICT_CHECK", "1")  # a failing check(...) raises in the cell
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.setenv("COURSE_QUICK", "1")  # chapters that train use a short schedule
+    monkeypatch.setenv("COURSE_SAVED_MODELS", str(tmp_path / "saved"))  # not a learner's "mine"
     nb = build_notebook(chapter, teacher=True)
     client = NotebookClient(
         nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}

@@ -6,8 +6,21 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pytest
 import torch
+from matplotlib.colors import to_rgba
+from matplotlib.text import Annotation
 
-from utils.plots import plot_sample_frequencies, plot_temperature_curves
+from utils.plots import (
+    beam_tree_steps,
+    plot_attention,
+    plot_beam_tree,
+    plot_gelu,
+    plot_masks,
+    plot_sample_frequencies,
+    plot_temperature_curves,
+    plot_top_p_cut,
+    plot_transformer_diagram,
+    readable_token,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -27,23 +40,37 @@ class CharTokenizer:
         return "".join(chr(ord("a") + t) for t in tokens)
 
 
-def test_temperature_curves_one_per_temperature_and_the_uniform_level():
+def test_temperature_curves_every_rank_on_log_axes_legend_outside():
     logits = torch.randn(100, generator=torch.Generator().manual_seed(0))
     by_temperature = {T: (logits / T).softmax(-1) for T in [0.5, 1.0, 2.0]}
-    plot_temperature_curves(by_temperature, n_ranks=40)
-    ax = plt.gcf().axes[0]
+    plot_temperature_curves(by_temperature)
+    fig = plt.gcf()
+    ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
         "T = 0.5",
         "T = 1.0",
         "T = 2.0",
         "uniform",
     ]
-    assert ax.get_yscale() == "log"
+    assert ax.get_xscale() == ax.get_yscale() == "log"
     assert ax.get_xlabel() == "rank of the token (1 = most likely at every T)"
     assert ax.get_ylabel() == "probability"
-    curve = ax.get_lines()[0].get_ydata()
-    assert len(curve) == 40 and list(curve) == sorted(curve, reverse=True)
+    for line, T in zip(ax.get_lines(), [0.5, 1.0, 2.0], strict=False):
+        curve = line.get_ydata()  # the whole vocabulary, most likely first
+        assert len(curve) == 100 and list(curve) == sorted(curve, reverse=True)
+        assert list(line.get_xdata()) == list(range(1, 101))
+        assert curve == pytest.approx(by_temperature[T].sort(descending=True).values.double())
     assert ax.get_lines()[-1].get_ydata()[0] == pytest.approx(1 / 100)
+    # The legend sits outside the axes, where it hides no curve.
+    fig.canvas.draw()
+    legend_box, axes_box = ax.get_legend().get_window_extent(), ax.get_window_extent()
+    assert legend_box.x0 >= axes_box.x1
+
+
+def test_temperature_curves_first_ranks_only():
+    logits = torch.randn(100, generator=torch.Generator().manual_seed(0))
+    plot_temperature_curves({1.0: logits.softmax(-1)}, n_ranks=40)
+    assert len(plt.gcf().axes[0].get_lines()[0].get_ydata()) == 40
 
 
 def test_sample_frequencies_bars_dots_and_the_printed_gap(capsys):
@@ -53,9 +80,207 @@ def test_sample_frequencies_bars_dots_and_the_printed_gap(capsys):
     ax = plt.gcf().axes[0]
     assert ax.get_title() == "demo"
     assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b", "c", "d"]
+    assert ax.get_ylabel() == "frequency / probability"
     assert [round(bar.get_height(), 2) for bar in ax.patches] == [0.4, 0.3, 0.2, 0.09]
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert legend == ["exact probability", "frequency in 100 samples"]
     printed = capsys.readouterr().out
     assert printed.startswith("demo: largest gap 0.3 standard errors")
     assert printed.rstrip().endswith("samples outside the kept set: 1")
+
+
+def test_readable_token_never_blank():
+    assert readable_token("\n") == "\\n"
+    assert readable_token(" the") == "␣the"
+    assert readable_token("  ") == "␣␣"
+    assert readable_token("") == "''"
+    assert readable_token("<|endoftext|>") == "<|endoftext|>"
+    assert readable_token("<|endoftext|>", max_chars=6) == "<|end…"
+
+
+def test_attention_heatmap_with_readable_labels_and_a_colour_bar():
+    tokens = ["<|endoftext|>", " the", "\n", "cat"]
+    pattern = torch.tensor([[1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [0.2, 0.3, 0.5, 0], [0.1] * 4])
+    plot_attention(pattern, tokens, "Layer 0, head 3")
+    ax = plt.gcf().axes[0]
+    assert ax.get_title() == "Layer 0, head 3"
+    assert ax.get_xlabel().startswith("key") and ax.get_ylabel().startswith("query")
+    labels = ["<|endoftext|>", "␣the", "\\n", "cat"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == labels
+    assert [t.get_text() for t in ax.get_yticklabels()] == labels
+    image = ax.images[0]
+    assert image.get_array().tolist() == pattern.tolist()
+    assert image.get_clim() == (0, 1)
+    assert image.colorbar is not None and image.colorbar.ax.get_ylabel() == "attention weight"
+
+
+def test_attention_with_fewer_queries_labels_them_as_the_last_tokens():
+    pattern = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
+    plot_attention(pattern, ["a", "b", "c"], "cached")
+    ax = plt.gcf().axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["b", "c"]
+    with pytest.raises(ValueError, match="one token per key"):
+        plot_attention(pattern, ["a", "b"], "wrong")
+
+
+def test_gelu_curves_and_the_difference_panel():
+    plot_gelu()
+    ax, ax_diff = plt.gcf().axes
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["ReLU", "GELU, exact (erf)", "GELU, tanh approx. (GPT-2)"]
+    relu, exact, approx = (line.get_ydata() for line in ax.get_lines())
+    x = ax.get_lines()[0].get_xdata()
+    assert x[0] == -4 and x[-1] == 4
+    assert relu.tolist() == [max(v, 0.0) for v in x.tolist()]
+    gap = abs(exact - approx).max()
+    assert 1e-4 < gap < 1e-3  # tiny, but far above float32 rounding
+    assert ax_diff.get_lines()[0].get_ydata() == pytest.approx(exact - approx)
+    assert ax_diff.get_title() and ax_diff.get_ylabel() == "exact − tanh approx."
+
+
+def texts(ax) -> list[str]:
+    """The text labels on the axes, arrows (annotations without text) left out."""
+    return [t.get_text() for t in ax.texts if t.get_text()]
+
+
+@pytest.mark.parametrize("n_layers", [1, 2, 4])
+def test_transformer_diagram_labels_every_stage(n_layers):
+    plot_transformer_diagram(n_layers)
+    labels = texts(plt.gcf().axes[0])
+    for label in [
+        "tokens  [batch, posn]",
+        "Embed + PosEmbed",
+        "residual stream",
+        "LayerNorm (final)",
+        "Unembed",
+        "logits  [batch, posn, d_vocab]",
+    ]:
+        assert label in labels
+    assert labels.count("[batch, posn, d_model]") == 2
+    assert labels.count("Attention") == labels.count("MLP") == n_layers
+    assert labels.count("LayerNorm") == 2 * n_layers
+    assert labels.count("+") == 2 * n_layers  # each sublayer adds back into the stream
+    assert [f"block {b}" for b in range(n_layers)] == [t for t in labels if t.startswith("block")]
+    assert f"× n_layers\n(here {n_layers})" in labels
+
+
+def test_transformer_diagram_elides_the_middle_of_a_deep_model():
+    plot_transformer_diagram(12)
+    labels = texts(plt.gcf().axes[0])
+    assert [t for t in labels if t.startswith("block")] == ["block 0", "block 1", "block 11"]
+    assert "⋮\n9 more blocks" in labels
+    with pytest.raises(ValueError, match="n_layers"):
+        plot_transformer_diagram(0)
+
+
+def test_masks_one_panel_each_with_positions_and_a_legend():
+    causal = torch.ones(4, 4, dtype=torch.bool).triu(1)
+    cached = torch.ones(2, 5, dtype=torch.bool).triu(4)  # 2 new queries after 3 cached keys
+    padded = causal | torch.tensor([True, False, False, False])
+    plot_masks({"causal": causal, "cached": cached, "padded": padded[None]}, title="Masks")
+    fig = plt.gcf()
+    assert fig.get_suptitle() == "Masks"
+    axes = fig.axes
+    assert [ax.get_title() for ax in axes] == ["causal", "cached", "padded"]
+    for ax, mask in zip(axes, [causal, cached, padded], strict=True):
+        assert ax.get_xlabel() == "key position" and ax.get_ylabel() == "query position"
+        assert ax.images[0].get_array().tolist() == mask.int().tolist()
+        n_query, n_key = mask.shape
+        assert list(ax.xaxis.get_minorticklocs()) == [k - 0.5 for k in range(n_key + 1)]
+        assert list(ax.yaxis.get_minorticklocs()) == [q - 0.5 for q in range(n_query + 1)]
+    # The cached step's queries sit at positions 3 and 4, after the cached keys.
+    assert [t.get_text() for t in axes[1].get_yticklabels()] == ["3", "4"]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["True: hidden, may NOT attend", "False: may attend"]
+    with pytest.raises(ValueError, match="boolean"):
+        plot_masks({"floats": causal.float()})
+
+
+def test_top_p_cut_keeps_the_token_that_crosses_top_p(capsys):
+    probs = torch.tensor([0.125, 0.5, 0.125, 0.25])  # sorted: b, d, a, c
+    plot_top_p_cut(probs, 0.6, CharTokenizer(), n_show=4)
+    ax = plt.gcf().axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["b", "d", "a", "c"]
+    bars = ax.patches
+    assert [bar.get_height() for bar in bars] == [0.5, 0.25, 0.125, 0.125]
+    blue, grey = to_rgba("tab:blue"), to_rgba("lightgrey")
+    # d's 0.25 takes the total from 0.5 to 0.75, across 0.6: it is kept, the others are not.
+    assert [bar.get_facecolor() for bar in bars] == [blue, blue, grey, grey]
+    cumulative, top_p_line, cut = ax.get_lines()
+    assert list(cumulative.get_ydata()) == [0.5, 0.75, 0.875, 1.0]
+    assert list(top_p_line.get_ydata()) == [0.6, 0.6]
+    assert list(cut.get_xdata()) == [1.5, 1.5]
+    assert ax.get_title() == "top_p = 0.6: 2 tokens kept, total 0.750"
+    assert capsys.readouterr().out == "top_p = 0.6: 2 of 4 tokens kept, total probability 0.7500\n"
+
+
+def test_top_p_cut_removes_a_token_once_those_before_reach_top_p(capsys):
+    probs = torch.tensor([0.5, 0.25, 0.125, 0.125])
+    plot_top_p_cut(probs, 0.75, CharTokenizer(), n_show=3)  # c: 0.75 before it, not < 0.75
+    ax = plt.gcf().axes[0]
+    assert len(ax.patches) == 3
+    assert [bar.get_facecolor() for bar in ax.patches][1:] == [
+        to_rgba("tab:blue"),
+        to_rgba("lightgrey"),
+    ]
+    assert capsys.readouterr().out.startswith("top_p = 0.75: 2 of 4 tokens kept")
+    plot_top_p_cut(probs, 0.1, CharTokenizer(), n_show=2)  # the first token alone
+    assert "1 token kept" in plt.gcf().axes[0].get_title()
+    assert capsys.readouterr().out.startswith("top_p = 0.1: 1 of 4 tokens kept")
+
+
+BEAM_STEPS = [
+    [(" the", -0.5, None), ("\n", -1.1, None), ("<|endoftext|>", -2.0, None)],
+    [(" king", -1.2, 0), (" man", -1.6, 0), (" lord", -2.4, 1)],
+    [(",", -1.5, 0), ("<|endoftext|>", -1.7, 2), ("", -2.5, 0)],
+]
+
+
+def test_beam_tree_nodes_edges_and_finished_beams():
+    plot_beam_tree(BEAM_STEPS, title="beams")
+    ax = plt.gcf().axes[0]
+    assert ax.get_title() == "beams"
+    nodes = {t.get_text(): t for t in ax.texts if t.get_text()}
+    assert list(nodes) == [
+        "prompt\n0.00",
+        "␣the\n-0.50",
+        "\\n\n-1.10",
+        "EOS\n-2.00",
+        "␣king\n-1.20",
+        "␣man\n-1.60",
+        "␣lord\n-2.40",
+        ",\n-1.50",
+        "EOS\n-1.70",
+        "''\n-2.50",
+    ]
+    finished = [text for text, node in nodes.items() if text.startswith("EOS")]
+    for text in finished:
+        assert nodes[text].get_bbox_patch().get_edgecolor() == to_rgba("tab:red")
+    # " man" has no child at step 3: drawn as pruned, in grey.
+    assert nodes["␣man\n-1.60"].get_color() == "grey"
+    assert nodes["␣king\n-1.20"].get_color() == "black"
+    # One edge per beam, from its parent (the prompt at step 1).
+    edges = [t for t in ax.texts if isinstance(t, Annotation) and not t.get_text()]
+    assert len(edges) == sum(len(step) for step in BEAM_STEPS)
+    assert edges[0].xycoords is nodes["␣the\n-0.50"]
+    assert edges[0].get_anncoords() is nodes["prompt\n0.00"]
+    assert edges[-1].xycoords is nodes["''\n-2.50"]
+    assert edges[-1].get_anncoords() is nodes["␣king\n-1.20"]
+    # The best score is the top row.
+    assert nodes["␣king\n-1.20"].get_position()[1] > nodes["␣man\n-1.60"].get_position()[1]
+    with pytest.raises(ValueError, match="parent"):
+        plot_beam_tree([[("a", -1.0, None)], [("b", -2.0, 3)]])
+
+
+def test_beam_tree_steps_finds_parents_by_prefix():
+    prompt = [7, 7]
+    history = [
+        [(-0.5, torch.tensor(prompt + [1])), (-1.0, torch.tensor(prompt + [2]))],
+        [(-0.7, torch.tensor(prompt + [2, 0])), (-0.9, torch.tensor(prompt + [1, 3]))],
+    ]
+    assert beam_tree_steps(history, CharTokenizer()) == [
+        [("b", -0.5, None), ("c", -1.0, None)],
+        [("a", -0.7, 1), ("d", -0.9, 0)],
+    ]
+    with pytest.raises(ValueError, match="extends no beam"):
+        beam_tree_steps([history[0], [(-1.0, torch.tensor([9, 9, 9, 9]))]], CharTokenizer())
