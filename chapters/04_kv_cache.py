@@ -574,7 +574,10 @@ print("5 positions cached, the rest:", (rest - expected[:, 5:]).abs().max().item
 # double precision, where a correct cache agrees to about $10^{-12}$, and the bound is
 # $10^{-5}$) for a prefill followed by single steps and for chunks of mixed sizes; with HF's
 # `GPT2LMHeadModel` for a prefill of 10 tokens and single steps; and, for a left-padded batch
-# of three prompts and one step after it, with HF run on each prompt alone.
+# of three prompts (padded with id 1000, neither 0 nor end-of-text) and one step after it, with
+# HF run on each prompt alone. At the padding positions, your logits and cached keys and values
+# must be finite and equal what the padding token computes alone at position 0 (HF on that one
+# token): that is what a padding query computes when it sees its own key, and only it.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -724,7 +727,8 @@ for name, mistake in mistakes.items():
 # with chapter 3's uncached sampler under two seeds each with a temperature, top-k, top-p and a
 # frequency penalty (the same seed must give the same tokens); and, starting 5 tokens short of
 # `n_ctx` and writing 60 tokens with `window_shift` 1 and 40, with HF's logits on exactly the
-# window the rule above describes.
+# window the rule above describes. A wrong text is reported at its first wrong token, with the
+# likely cause where it can be recognised (the cache not passed, positions restarting at 0).
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -985,8 +989,9 @@ for score, tokens in results["cached"]:
 # instead of bools; and an empty prompt, where `tokens[row, -len(prompt):]` is
 # `tokens[row, -0:]`, which is the **whole** row, not an empty slice.
 #
-# The test compares your tokens and mask with HF's tokenizer with `padding_side="left"`, the
-# end-of-text token as padding, on four prompts of different lengths.
+# The test compares your tokens and mask with HF's tokenizer with `padding_side="left"`,
+# padding with id 1000 (neither 0 nor end-of-text), on five prompts of different lengths, one
+# of them empty; the mask must be a bool tensor.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -1087,10 +1092,17 @@ plot_masks(
 # every short prompt); penalising padding; letting a finished row keep writing real tokens;
 # stopping when the *first* row finishes; not feeding the last token (the text then lacks it).
 #
-# The tests compare greedy batched text with HF's `generate` on each prompt alone; a greedy run
-# with a frequency penalty with chapter 3's sampler on each prompt alone (which catches a
-# penalty on padding); and, with a crafted model whose end-of-text is 5 nats more likely, that
-# each row stops after its own end-of-text and the others go on.
+# The tests compare greedy batched text with HF's `generate` on each prompt alone; check that
+# the same seed gives the same sampled texts whatever torch's global random state, and that
+# different seeds give different ones; draw the first token of 400 rows with
+# `temperature=0.8, top_k=40` and compare the frequencies with HF's probabilities (a chi-square
+# test that a correct implementation fails with probability 2·10⁻⁵); compare a greedy run with
+# a frequency penalty with chapter 3's sampler on each prompt alone (which catches a penalty on
+# padding); and, with a crafted model whose end-of-text is 5 nats more likely, so that rows end
+# at different steps: that each text equals HF's on its prompt alone, ending after its own
+# end-of-text; that with `stop_at_eos=False` every row writes all its tokens; and that your
+# `generate_batch_tokens` returns a cache in which a finished row holds only padding after its
+# end-of-text (the end-of-text id, with the mask `False`).
 #
 # <details><summary>Hint 1: a nudge</summary>
 #

@@ -3,9 +3,11 @@ rule that every graded test must fail on the blank stubs."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
+import torch
 
 from utils.chapters import all_exercises
 from utils.grading import ExerciseUnavailable, Impl, Verdict, load_impl, run_graded_test
@@ -15,6 +17,10 @@ _IMPL_CACHE: dict[tuple[str, str], object] = {}
 
 
 def pytest_configure(config):
+    # The tests run small models: one thread is about as fast on a quiet machine and many times
+    # faster on a busy one, where every parallel operation waits for its slowest thread (7x on
+    # chapter 4's graded tests beside another test run). Forked graded children use one too.
+    torch.set_num_threads(int(os.environ.get("COURSE_TEST_THREADS", "1")))
     if config.getoption("--must-fail") and config.getoption("--impl") != "stubs":
         raise pytest.UsageError("--must-fail only makes sense with --impl stubs")
     if config.getoption("--mutants"):

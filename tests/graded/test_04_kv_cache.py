@@ -1,6 +1,6 @@
 """Chapter 4: the KV cache, graded against transformer-lens activations, HF GPT-2's logits and
-`generate`, HF's tokenizer padding, and (for sampling under a seed) chapter 3's uncached sampler,
-itself graded against HF.
+`generate`, HF's tokenizer padding and logits warpers (exact probabilities for sampled batches),
+and (for sampling under a seed) chapter 3's uncached sampler, itself graded against HF.
 
 "Equal to the uncached model" is checked in float64, where rounding is ~1e-12 and a bound of
 1e-5 leaves no room for a real mistake; against HF (float32) the bound is 1e-4 as in chapter 1.
@@ -12,6 +12,12 @@ import copy
 
 import pytest
 import torch
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+)
 
 from tests.graded._oracles import (
     BATCH_PROMPTS,
@@ -22,12 +28,110 @@ from tests.graded._oracles import (
     hf_greedy,
     hf_window_greedy,
 )
+from tests.graded._stats import ALPHA, assert_samples_follow
 
 CHAPTER = "04_kv_cache"
+
+PAD_ID = 1000
+"""The padding id of the padded tests that choose one: neither 0 nor end-of-text (also 0 in this
+vocabulary), so that code which pads with a constant, or finds padding by its id rather than by
+the mask, is caught."""
 
 
 def ids_of(tokenizer, text: str) -> torch.Tensor:
     return torch.tensor([tokenizer.encode(text)])
+
+
+def left_padded(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tests' own left padding, written out (the learner's `left_pad` is graded apart)."""
+    width = max(map(len, rows))
+    tokens = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows])
+    return tokens, mask
+
+
+def show(tokenizer, token: int) -> str:
+    return f"{tokenizer.decode([token])!r} (id {token})"
+
+
+def first_difference(expected: list[int], got: list[int]) -> int | None:
+    """The first index where two texts of token ids (prompt, then continuation) differ, or None."""
+    for k in range(min(len(expected), len(got))):
+        if expected[k] != got[k]:
+            return k
+    return None if len(expected) == len(got) else min(len(expected), len(got))
+
+
+def new_tokens(n: int) -> str:
+    return f"{n} new token" + ("" if n == 1 else "s")
+
+
+def agreed(step: int) -> str:
+    if step == 0:
+        return "the very first new token differs"
+    return "the first new token agrees" if step == 1 else f"the first {step} new tokens agree"
+
+
+def describe_difference(tokenizer, expected: list[int], got: list[int] | str, n_prompt: int) -> str:
+    """Where `got` (token ids, or a decoded text) first leaves `expected` (the prompt's ids, then
+    the continuation's), in words: the step (0 is the first new token) and the tokens there."""
+    n_expected = len(expected) - n_prompt
+    if isinstance(got, str):
+        prompt = tokenizer.decode(expected[:n_prompt])
+        if not got.startswith(prompt):
+            return f"the text does not start with its prompt {prompt!r}: it starts {got[:60]!r}"
+        for k in range(n_prompt, len(expected)):
+            if not got.startswith(tokenizer.decode(expected[: k + 1])):
+                head = tokenizer.decode(expected[:k])
+                rest = got[len(head) :] if got.startswith(head) else got[len(prompt) :]
+                step = k - n_prompt
+                if not rest:
+                    return (
+                        f"yours stops after {new_tokens(step)}; the expected text goes on with "
+                        f"{show(tokenizer, expected[k])} ({new_tokens(n_expected)} in all)"
+                    )
+                return (
+                    f"{agreed(step)}: new token {step} should be "
+                    f"{show(tokenizer, expected[k])}, yours continues {rest[:30]!r}"
+                )
+        extra = got[len(tokenizer.decode(expected)) :]
+        return (
+            f"the expected text ends after {new_tokens(n_expected)}; yours goes on with "
+            f"{extra[:30]!r}"
+        )
+    k = first_difference(expected, got)
+    if k is None:
+        return "the texts are equal"
+    if k < n_prompt:
+        return f"the prompt itself changed at its token {k}: return the prompt, then the new tokens"
+    step = k - n_prompt
+    if k == len(got):
+        return (
+            f"yours stops after {new_tokens(step)}; the expected text goes on with "
+            f"{show(tokenizer, expected[k])} ({new_tokens(n_expected)} in all)"
+        )
+    if k == len(expected):
+        return (
+            f"the expected text ends after {new_tokens(step)}; yours goes on with "
+            f"{show(tokenizer, got[k])}"
+        )
+    return (
+        f"{agreed(step)}: new token {step} should be {show(tokenizer, expected[k])}, yours is "
+        f"{show(tokenizer, got[k])}"
+    )
+
+
+def end_of_text_hint(tokenizer, expected: str, got: str) -> str:
+    """The likely mistake when a batched text ends in the wrong place, or ""."""
+    eos = tokenizer.eos_token
+    if expected.endswith(eos) and got == expected[: -len(eos)]:
+        return (
+            " Its end-of-text token is missing: feed it as a real token (attention_mask True) "
+            "and mark the row done only after that step."
+        )
+    if len(got) < len(expected) and expected.startswith(got):
+        return " It stopped early: the batch goes on until EVERY row is done (done.all())."
+    return ""
 
 
 # --------------------------------------------------------------------------- causal_mask
@@ -176,10 +280,8 @@ def test_cached_logits_match_hf(impl, shipped, hf):
 def test_left_padded_batch_matches_each_prompt_alone(impl, shipped, hf):
     model, tokenizer = shipped
     rows = [tokenizer.encode(p) for p in BATCH_PROMPTS]
-    width = max(map(len, rows))
-    pad = tokenizer.eos_token_id
-    tokens = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows])
+    tokens, mask = left_padded(rows, PAD_ID)
+    width = tokens.shape[1]
     nxt = torch.tensor([[11], [12], [13]])
     with torch.no_grad():
         logits, cache = impl.forward_with_cache(model, tokens, attention_mask=mask)
@@ -201,6 +303,61 @@ def test_left_padded_batch_matches_each_prompt_alone(impl, shipped, hf):
             )
 
 
+@pytest.mark.forward_with_cache
+def test_padding_positions_see_only_their_own_key(impl, shipped, hf):
+    # What a padding column computes is never read by a real token, but it must be finite
+    # whatever the attention function does with a row of scores that is all -inf (zeros in
+    # PyTorch >= 2.5, NaN with a hand-written softmax or an older PyTorch). The chapter's rule,
+    # every query sees its own key and padding gets position 0, makes it exactly what the
+    # padding token computes alone: HF on the one-token text [PAD_ID].
+    model, tokenizer = shipped
+    tokens, mask = left_padded([tokenizer.encode(p) for p in BATCH_PROMPTS], PAD_ID)
+    with torch.no_grad():
+        logits, cache = impl.forward_with_cache(model, tokens, attention_mask=mask)
+        alone = hf(torch.tensor([[PAD_ID]]), use_cache=True)
+    for name, tensors in [("logits", [logits]), ("keys", cache.keys), ("values", cache.values)]:
+        assert all(bool(torch.isfinite(t).all()) for t in tensors), (
+            f"NaN or inf in the {name} of a padded batch: a padding query that sees no key at "
+            "all has a softmax row of all -inf (0/0). Let every query see its own key: "
+            "allowed & (mask[:, None, None, :] | own_key)"
+        )
+    pad = ~mask
+    for layer in range(model.cfg.n_layers):
+        hf_layer = alone.past_key_values.layers[layer]
+        for name, got, want in [
+            ("keys", cache.keys[layer], hf_layer.keys),
+            ("values", cache.values[layer], hf_layer.values),
+        ]:
+            got_pad = got.transpose(1, 2)[pad]  # [n_padding, n_heads, d_head]
+            if torch.allclose(got_pad, want[0, :, 0].expand_as(got_pad), atol=1e-4, rtol=1e-3):
+                continue
+            if layer == 0:
+                hint = (
+                    "Layer 0 is already different, before any attention: padding must get "
+                    "position 0 (clamp mask.cumsum(dim=1) - 1 at 0; -1 would index the LAST "
+                    "row of W_pos)."
+                )
+            else:
+                hint = (
+                    "Layer 0 agrees, so the positions are right; the attention of a padding "
+                    "query is not: it must see its own key and nothing else (every key before "
+                    "it is padding). If it sees no key at all, its softmax row is all -inf: "
+                    "F.scaled_dot_product_attention returns zeros there, a hand-written softmax "
+                    "NaN; do not depend on that. Use allowed & (mask[:, None, None, :] | "
+                    "own_key)."
+                )
+            pytest.fail(
+                f"the cached {name} of layer {layer} at padding positions differ from those of "
+                f"the padding token alone at position 0 (HF on [{PAD_ID}]). {hint}"
+            )
+    assert_close_f32(
+        logits[pad],
+        alone.logits[0, 0].expand(int(pad.sum()), -1),
+        "logits at padding positions: a padding query sees its own key only, at position 0, "
+        "so it computes what the padding token computes alone",
+    )
+
+
 # --------------------------------------------------------------------------- cached sampling
 
 
@@ -208,9 +365,49 @@ def test_left_padded_batch_matches_each_prompt_alone(impl, shipped, hf):
 @pytest.mark.parametrize("prompt", BATCH_PROMPTS)
 def test_cached_greedy_equals_hf_generate(impl, shipped, hf, prompt):
     model, tokenizer = shipped
+    ids = tokenizer.encode(prompt)
     sampler = impl.CachedTransformerSampler(model, tokenizer)
-    got = sampler.sample(tokenizer.encode(prompt), 40, temperature=0.0, stop_at_eos=False)
-    assert got.tolist() == hf_greedy(hf, tokenizer.encode(prompt), 40)
+    got = sampler.sample(ids, 40, temperature=0.0, stop_at_eos=False).tolist()
+    expected = hf_greedy(hf, ids, 40)
+    if got != expected:
+        pytest.fail(
+            f"greedy text differs from HF's generate: "
+            f"{describe_difference(tokenizer, expected, got, len(ids))}. "
+            f"{explain_cached_greedy(hf, expected, got, len(ids))}"
+        )
+
+
+def explain_cached_greedy(hf, expected: list[int], got: list[int], n_prompt: int) -> str:
+    """The likely mistake behind the first wrong token of a cached greedy text, recognised by
+    recomputing that token with HF under each mistake's hypothesis."""
+    k = first_difference(expected, got)
+    if k is None or k >= min(len(expected), len(got)) or k < n_prompt:
+        return "Return the prompt and exactly the tokens asked for."
+    if k == n_prompt:
+        return (
+            "The first new token is already wrong, and it comes from the prefill: "
+            "forward_with_cache(model, prompt) with no cache must give model(prompt)'s logits "
+            "(see forward_with_cache's tests)."
+        )
+    seen = torch.tensor([expected[:k]])  # what both texts hold before the first wrong token
+    restarted = torch.tensor([list(range(n_prompt)) + [0] * (k - n_prompt)])
+    with torch.no_grad():
+        from_last_alone = int(hf(seen[:, -1:]).logits[0, -1].argmax())
+        from_position_0 = int(hf(seen, position_ids=restarted).logits[0, -1].argmax())
+    if got[k] == from_last_alone:
+        return (
+            "That is the model's prediction from the last token alone: the step did not read "
+            "the cache. Pass self.cache to forward_with_cache, and keep the cache it returns."
+        )
+    if got[k] == from_position_0:
+        return (
+            "That is the model's prediction when each generated token sits at position 0: "
+            "positions must go on from cache.length (see forward_with_cache's tests)."
+        )
+    return (
+        "The prefill is right (the first new token matches) and a later step is not: feed only "
+        "the newest token, with the cache, and keep the cache forward_with_cache returns."
+    )
 
 
 @pytest.mark.cached_sample
@@ -254,8 +451,10 @@ def test_cached_sampling_past_n_ctx_slides_the_window(impl, shipped, hf, shift):
     sampler = impl.CachedTransformerSampler(model, tokenizer)
     got = sampler.sample(prompt, new, temperature=0.0, stop_at_eos=False, window_shift=shift)
     assert got.tolist() == expected, (
-        f"past n_ctx with window_shift={shift}: rebuild the cache from the last "
-        f"n_ctx - window_shift + 1 tokens when it is full"
+        f"past n_ctx with window_shift={shift}: "
+        f"{describe_difference(tokenizer, expected, got.tolist(), len(prompt))} "
+        f"(the cache is full after {n_ctx - len(prompt)} new tokens). Rebuild the cache from "
+        f"the last n_ctx - window_shift + 1 tokens when it is full"
     )
 
 
@@ -308,13 +507,43 @@ def test_left_pad_matches_hf_tokenizer_padding(impl, shipped):
     _, tokenizer = shipped
     tok = copy.deepcopy(tokenizer)
     tok.padding_side = "left"
-    tok.pad_token = tok.eos_token
-    texts = BATCH_PROMPTS + ["A"]
+    tok.pad_token = tok.convert_ids_to_tokens(PAD_ID)  # not 0, not end-of-text (0 here)
+    texts = BATCH_PROMPTS + ["A", ""]
     expected = tok(texts, padding=True, return_tensors="pt")
-    tokens, mask = impl.left_pad([tokenizer.encode(t) for t in texts], tok.pad_token_id)
-    assert torch.equal(tokens, expected["input_ids"]), "each row: padding first, then the prompt"
+    tokens, mask = impl.left_pad([tokenizer.encode(t) for t in texts], PAD_ID)
+    assert tokens.shape == expected["input_ids"].shape, (
+        f"one row per prompt, as wide as the longest: expected {tuple(expected['input_ids'].shape)}"
+        f", got {tuple(tokens.shape)}"
+    )
+    if torch.equal(tokens[-1], torch.zeros_like(tokens[-1])):
+        pytest.fail(f"the empty prompt's row is all 0s: pad with pad_id ({PAD_ID} here), not 0")
+    assert torch.equal(tokens, expected["input_ids"]), (
+        f"each row: padding (pad_id, {PAD_ID} here) first, then the prompt; the last prompt is "
+        "empty, a row of padding only (tokens[row, -0:] is the whole row, not an empty slice)"
+    )
+    assert mask.dtype == torch.bool, f"the mask must be a bool tensor, got {mask.dtype}"
     assert torch.equal(mask, expected["attention_mask"].bool()), (
-        "the mask is True at real tokens, False at padding (as a bool tensor)"
+        "the mask is True at real tokens, False at padding"
+    )
+
+
+def hint_for_batch(tokenizer, wrong: list[int], texts: list[str], expected: list[str]) -> str:
+    """The likely mistake behind wrong rows of a batch of BATCH_PROMPTS (row 1 is padded)."""
+    eos = tokenizer.eos_token
+    if any(eos in t and eos not in e for t, e in zip(texts, expected, strict=True)):
+        return (
+            "Padding (end-of-text tokens) became part of a text: the prefill read it as text. "
+            "Pass attention_mask=mask to the prefill's forward_with_cache."
+        )
+    if wrong == [1]:
+        return (
+            "Only the short prompt, the one with padding, is wrong: its padding must stay out of "
+            "its attention and its positions (attention_mask=mask at the prefill; see "
+            "forward_with_cache's padding tests)."
+        )
+    return (
+        "Every row reads logits[:, -1], feeds next_token[:, None] with the cache, and keeps the "
+        "cache forward_with_cache returns."
     )
 
 
@@ -325,9 +554,72 @@ def test_batched_greedy_equals_hf_on_each_prompt(impl, shipped, hf):
         model, tokenizer, BATCH_PROMPTS, 30, temperature=0.0, stop_at_eos=False
     )
     assert len(texts) == len(BATCH_PROMPTS), "one text per prompt, in the prompts' order"
-    for text, prompt in zip(texts, BATCH_PROMPTS, strict=True):
-        assert text == tokenizer.decode(hf_greedy(hf, tokenizer.encode(prompt), 30)), (
-            f"prompt {prompt!r}: batched greedy text must equal the prompt generated alone"
+    prompts = [tokenizer.encode(p) for p in BATCH_PROMPTS]
+    expected = [hf_greedy(hf, ids, 30) for ids in prompts]
+    expected_texts = [tokenizer.decode(ids) for ids in expected]
+    wrong = [i for i, t in enumerate(texts) if t != expected_texts[i]]
+    if wrong:
+        i = wrong[0]
+        pytest.fail(
+            f"rows {wrong} differ from the prompt generated alone (HF, greedy); prompt {i} "
+            f"{BATCH_PROMPTS[i]!r}: "
+            f"{describe_difference(tokenizer, expected[i], texts[i], len(prompts[i]))}. "
+            f"{hint_for_batch(tokenizer, wrong, texts, expected_texts)}"
+        )
+
+
+@pytest.mark.generate_batch
+def test_batched_sampling_is_reproducible_under_a_seed(impl, shipped):
+    model, tokenizer = shipped
+    kwargs = dict(temperature=1.0, top_k=50)
+    with torch.random.fork_rng(devices=[]):  # the global state is restored afterwards
+        torch.manual_seed(0)  # a different global random state before each run
+        state = torch.get_rng_state()
+        a = impl.generate_batch(model, tokenizer, BATCH_PROMPTS, 20, seed=5, **kwargs)
+        global_used = not torch.equal(state, torch.get_rng_state())
+        torch.manual_seed(1)
+        b = impl.generate_batch(model, tokenizer, BATCH_PROMPTS, 20, seed=5, **kwargs)
+        c = impl.generate_batch(model, tokenizer, BATCH_PROMPTS, 20, seed=6, **kwargs)
+    assert a == b, "the same seed must give the same texts. " + (
+        "Sampling drew from torch's global random state: pass generator=generator on to "
+        "sample_next_token."
+        if global_used
+        else "Is generator passed on to sample_next_token at every step?"
+    )
+    assert a != c, "seeds 5 and 6 gave the same texts: pass generator=generator on"
+
+
+@pytest.mark.generate_batch
+def test_batched_sampling_follows_the_models_distribution(impl, shipped, hf):
+    # 200 copies of each of two short prompts (6 and 5 tokens) in one left-padded batch:
+    # each row's first new token is one sample from HF's next-token distribution for its
+    # prompt, after HF's temperature and top-k warpers. False failure for a correct
+    # implementation: at most 2 * ALPHA = 2e-5 (two chi-square comparisons, a union bound).
+    model, tokenizer = shipped
+    eos, n = tokenizer.eos_token_id, 200
+    prompts = [tokenizer.encode(p) for p in (BATCH_PROMPTS[1], "JULIET.\n")]
+    tokens, mask = left_padded(prompts * n, eos)
+    width = tokens.shape[1]
+    generator = torch.Generator().manual_seed(0)
+    cache = impl.generate_batch_tokens(
+        model, tokens, mask, 1, eos, generator, temperature=0.8, top_k=40
+    )
+    assert cache.tokens.shape[1] == width + 1, (
+        f"asked for 1 new token: the cache should hold the {width} prompt columns and one new "
+        f"column (feed every sampled token), got {cache.tokens.shape[1]} columns"
+    )
+    first = cache.tokens[:, width]
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(0.8), TopKLogitsWarper(40)])
+    for i, ids in enumerate(prompts):
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids])).logits[:, -1]
+        probs = warpers(None, logits.clone()).softmax(-1)[0]
+        assert_samples_follow(
+            first[i :: len(prompts)],
+            probs,
+            f"prompt {tokenizer.decode(ids)!r}, first new token with temperature=0.8, top_k=40 "
+            "(pass **kwargs on to sample_next_token, and sample from logits[:, -1])",
+            alpha=ALPHA,
         )
 
 
@@ -339,37 +631,141 @@ def eos_boosted(model, tokenizer, nats: float):
     return crafted
 
 
+EOS_BOOST = 5.0
+"""The crafted model's extra nats on end-of-text: greedy text then ends after 19 tokens for the
+first batch prompt, 6 for the second, and not within 30 for the third."""
+
+
+class BoostEndOfText(LogitsProcessor):
+    """HF's side of `eos_boosted`: the same nats added to end-of-text's logit at every step."""
+
+    def __init__(self, eos: int, nats: float):
+        self.eos, self.nats = eos, nats
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        scores[:, self.eos] += self.nats
+        return scores
+
+
+@pytest.fixture(scope="module")
+def boosted_greedy(hf, shipped):
+    """{stop_at_eos: [prompt + greedy continuation of 30 tokens on the crafted model, by HF's
+    `generate`], one per batch prompt}."""
+    _, tokenizer = shipped
+    eos = tokenizer.eos_token_id
+    out = {}
+    for stop in (True, False):
+        out[stop] = []
+        for prompt in BATCH_PROMPTS:
+            with torch.no_grad():
+                ids = hf.generate(
+                    ids_of(tokenizer, prompt),
+                    max_new_tokens=30,
+                    do_sample=False,
+                    top_k=None,
+                    pad_token_id=eos,
+                    eos_token_id=eos if stop else None,
+                    logits_processor=LogitsProcessorList([BoostEndOfText(eos, EOS_BOOST)]),
+                )
+            out[stop].append(ids[0].tolist())
+    return out
+
+
 @pytest.mark.generate_batch
 def test_batched_frequency_penalty_counts_each_row_alone(impl, shipped):
     model, tokenizer = shipped
     # The padding id is end-of-text: made 5 nats more likely, greedy text ends within 25
     # tokens for the second and third prompts alone, and counting the 12 padding tokens of the
     # short second prompt as text (1.5 each) would stop its text ending.
-    crafted = eos_boosted(model, tokenizer, 5.0)
+    crafted = eos_boosted(model, tokenizer, EOS_BOOST)
     for m, stop in [(model, False), (crafted, True)]:
         sampler = impl.TransformerSampler(m, tokenizer)  # chapter 3's, graded vs closed form
         kwargs = dict(temperature=0.0, frequency_penalty=1.5, stop_at_eos=stop)
         texts = impl.generate_batch(m, tokenizer, BATCH_PROMPTS, 25, **kwargs)
         for text, prompt in zip(texts, BATCH_PROMPTS, strict=True):
-            assert text == sampler.sample(prompt, 25, **kwargs), (
-                "with a frequency penalty, count each row's own real tokens: not the other "
-                "rows', not the padding (pass the cache's mask on as attention_mask)"
-            )
+            want = sampler.sample(prompt, 25, **kwargs)
+            if text != want:
+                n_prompt = len(tokenizer.encode(prompt))
+                where = describe_difference(tokenizer, tokenizer.encode(want), text, n_prompt)
+                hint = end_of_text_hint(tokenizer, want, text) or (
+                    " Count each row's own real tokens, generated ones included: not the other "
+                    "rows', not the padding (pass cache.tokens, and cache.mask as "
+                    "attention_mask, to sample_next_token)."
+                )
+                pytest.fail(f"prompt {prompt!r}, frequency penalty 1.5: {where}.{hint}")
 
 
 @pytest.mark.generate_batch
-def test_batched_rows_stop_at_their_own_end_of_text(impl, shipped):
+def test_batched_rows_stop_at_their_own_end_of_text(impl, shipped, boosted_greedy):
     model, tokenizer = shipped
-    # A crafted model: end-of-text made 5 nats more likely, so that greedy text ends after
-    # 19 tokens for the first prompt, 6 for the second, and not within 30 for the third.
-    crafted = eos_boosted(model, tokenizer, 5.0)
-    sampler = impl.TransformerSampler(crafted, tokenizer)  # chapter 3's, graded vs HF
-    expected = [sampler.sample(p, 30, temperature=0.0) for p in BATCH_PROMPTS]
-    ends = [t.endswith(tokenizer.eos_token) for t in expected]
+    eos = tokenizer.eos_token_id
+    crafted = eos_boosted(model, tokenizer, EOS_BOOST)
+    expected = boosted_greedy[True]
+    ends = [ids[-1] == eos for ids in expected]
     assert ends == [True, True, False], f"test setup: expected two texts to end, got {ends}"
     got = impl.generate_batch(crafted, tokenizer, BATCH_PROMPTS, 30, temperature=0.0)
-    for text, want in zip(got, expected, strict=True):
-        assert text == want, (
-            "stop each row after its own end-of-text token (keep that token), and let the "
-            "other rows go on"
+    for i, (text, want) in enumerate(zip(got, expected, strict=True)):
+        n_prompt = len(tokenizer.encode(BATCH_PROMPTS[i]))
+        assert text == tokenizer.decode(want), (
+            f"prompt {i} on a model that likes end-of-text, greedy (HF on the prompt alone "
+            f"writes {new_tokens(len(want) - n_prompt)}): "
+            f"{describe_difference(tokenizer, want, text, n_prompt)}."
+            f"{end_of_text_hint(tokenizer, tokenizer.decode(want), text)} Stop each row after "
+            "its own end-of-text token (keep that token), and let the other rows go on"
+        )
+
+
+@pytest.mark.generate_batch
+def test_batched_without_stop_at_eos_writes_every_token(impl, shipped, boosted_greedy):
+    model, tokenizer = shipped
+    crafted = eos_boosted(model, tokenizer, EOS_BOOST)
+    got = impl.generate_batch(
+        crafted, tokenizer, BATCH_PROMPTS, 30, temperature=0.0, stop_at_eos=False
+    )
+    for i, (text, want) in enumerate(zip(got, boosted_greedy[False], strict=True)):
+        n_prompt = len(tokenizer.encode(BATCH_PROMPTS[i]))
+        assert text == tokenizer.decode(want), (
+            f"prompt {i}, stop_at_eos=False on a model that likes end-of-text: "
+            f"{describe_difference(tokenizer, want, text, n_prompt)}. With "
+            "stop_at_eos=False no row is ever done: end-of-text is a token like any other, "
+            "and every row writes all 30 tokens (done = done | (stop_at_eos & ...))"
+        )
+
+
+@pytest.mark.generate_batch
+def test_finished_rows_are_fed_padding(impl, shipped, boosted_greedy):
+    # generate_batch_tokens itself, on the crafted model: rows 0 and 1 end after 19 and 6
+    # tokens, row 2 runs all 30 steps. After its end-of-text a row holds padding only: the
+    # end-of-text id, with the mask False.
+    model, tokenizer = shipped
+    eos = tokenizer.eos_token_id
+    crafted = eos_boosted(model, tokenizer, EOS_BOOST)
+    prompts = [tokenizer.encode(p) for p in BATCH_PROMPTS]
+    tokens, mask = left_padded(prompts, eos)
+    width = tokens.shape[1]
+    cache = impl.generate_batch_tokens(crafted, tokens, mask, 30, eos, temperature=0.0)
+    assert cache.length == width + 30, (
+        f"the last row never ends, so the batch takes all 30 steps: expected {width + 30} "
+        f"columns in the cache, got {cache.length}"
+    )
+    for i, (ids, want) in enumerate(zip(prompts, boosted_greedy[True], strict=True)):
+        row, row_mask = cache.tokens[i].tolist(), cache.mask[i].tolist()
+        real = [t for t, m in zip(row, row_mask, strict=True) if m]
+        assert real[: len(want)] == want, (
+            f"row {i}, its real tokens (cache.mask True) against HF on the prompt alone: "
+            f"{describe_difference(tokenizer, want, real[: len(want)], len(ids))}"
+        )
+        end = width + len(want) - len(ids)  # the first column after the row's text
+        if end == cache.length:
+            continue
+        assert not any(row_mask[end:]), (
+            f"row {i} wrote end-of-text at step {len(want) - len(ids) - 1}, but the columns "
+            "after it are not padding in cache.mask: feed a finished row's token with "
+            "attention_mask=~done[:, None], so that it is hidden and left out of the text"
+        )
+        assert row[end:] == [eos] * (cache.length - end), (
+            f"row {i} ended at step {len(want) - len(ids) - 1}, but then wrote "
+            f"{[t for t in row[end:] if t != eos][:5]}...: a finished row's new token is "
+            "padding, the end-of-text id (next_token = torch.where(done, eos, next_token))"
         )

@@ -95,6 +95,12 @@ MUTANTS = [
         "    if n_new > 1:\n",
         "no causal mask when one padded token is new (its mask never built)",
     ),
+    Mutant(
+        "forward_with_cache",
+        "own_key = position[None, :] == position[-n_new:, None]",
+        "own_key = position[None, :] == position[:n_new, None]",
+        "own keys taken from the first columns: after a cache, a new query sees column 0",
+    ),
     # CachedTransformerSampler
     Mutant(
         "cached_sample",
@@ -142,6 +148,21 @@ MUTANTS = [
         "            mask[row, : len(prompt)] = True\n",
         "padding on the right",
     ),
+    Mutant(
+        "left_pad",
+        "        if prompt:\n"
+        "            tokens[row, -len(prompt) :] = torch.tensor(prompt)\n"
+        "            mask[row, -len(prompt) :] = True\n",
+        "        tokens[row, -len(prompt) :] = torch.tensor(prompt)\n"
+        "        mask[row, -len(prompt) :] = True\n",
+        "an empty prompt not skipped: tokens[row, -0:] is the whole row",
+    ),
+    Mutant(
+        "left_pad",
+        "mask = torch.zeros((len(prompts), width), dtype=torch.bool)",
+        "mask = torch.zeros((len(prompts), width), dtype=torch.long)",
+        "a mask of 0s and 1s instead of bools",
+    ),
     # generate_batch_tokens
     Mutant(
         "generate_batch",
@@ -184,5 +205,23 @@ MUTANTS = [
         "model, next_token[:, None], cache, attention_mask=~done[:, None]",
         "model, next_token[:, None], cache",
         "a finished row's padding fed as real tokens",
+    ),
+    Mutant(
+        "generate_batch",
+        "        logits, cache = forward_with_cache(\n"
+        "            model, next_token[:, None], cache, attention_mask=~done[:, None]\n"
+        "        )\n"
+        "        done = done | (stop_at_eos & (next_token == eos))\n",
+        "        done = done | (stop_at_eos & (next_token == eos))\n"
+        "        logits, cache = forward_with_cache(\n"
+        "            model, next_token[:, None], cache, attention_mask=~done[:, None]\n"
+        "        )\n",
+        "a row marked done before its end-of-text is fed: the text loses that token",
+    ),
+    Mutant(
+        "generate_batch",
+        "cache.tokens, logits[:, -1], generator=generator, attention_mask=cache.mask, **kwargs",
+        "tokens, logits[:, -1], generator=generator, attention_mask=mask, **kwargs",
+        "the frequency penalty counts the prompt only, not the generated tokens",
     ),
 ]
