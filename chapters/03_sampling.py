@@ -274,12 +274,13 @@ check("greedy_search")
 # is backwards), and dividing in place, `logits /= temperature`, which silently changes the
 # caller's tensor too.
 #
-# The tests check the closed form; check that at $T = 10^{-3}$ the argmax gets essentially
-# all the probability while every logit stays finite; and sample 20,000 tokens at $T = 0.5$ and
-# $T = 2$ and compare their frequencies with `softmax(logits / T)`. That last test samples
-# through `sample_next_token`, the given function that chains everything in this chapter, so it
-# needs `sample_basic` too: **the check of this exercise comes later**, right after
-# `sample_next_token` is defined in section 8.
+# The tests check the closed form, and that the logits you are given are left unchanged
+# (`logits /= temperature` edits the caller's tensor and fails); check that at $T = 10^{-3}$
+# the argmax gets essentially all the probability while every logit stays finite; and sample
+# 20,000 tokens at $T = 0.5$ and $T = 2$ and compare their frequencies with
+# `softmax(logits / T)`. That last test samples through `sample_next_token`, the given
+# function that chains everything in this chapter, so it needs `sample_basic` too: **the
+# check of this exercise comes later**, right after `sample_next_token` is defined in section 8.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -411,7 +412,7 @@ plot_temperature_curves(by_temperature)
 #
 # The tests compare with the closed form above, computed with Python's `Counter`, for penalties
 # 0.5, 2 and −1, on two rows with very different counts, and on two rows with a mask (one
-# left-padded, one not).
+# left-padded, one not); each time your logits, token ids and mask must come back unchanged.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -503,7 +504,10 @@ show_top(
 # $-\infty$, and compare the counts with the exact probabilities by a chi-square test. A correct
 # sampler fails such a test with a probability of $10^{-5}$, which the test states; a sampler
 # that is off by a few percent on a likely token fails it almost surely. They also check that
-# the same seed gives the same samples and different seeds do not.
+# the same seed gives the same samples and different seeds do not; that shifting every logit
+# by +1000 or −1000 changes nothing (softmax does not mind, but `exp` overflows to inf or
+# underflows to 0); that a batch of one row gives a tensor of shape `[1]` (`squeeze()` without
+# a dimension gives a 0-d tensor); and that the logits you are given are left unchanged.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -615,7 +619,9 @@ plot_sample_frequencies(samples, basic_probs, title, tokenizer, rank_by=basic_pr
 #
 # The tests compare the kept set with `TopKLogitsWarper` on random logits, on logits with ties
 # at the $k$-th place, and with $k$ = 45 on 30 tokens; then draw 20,000 samples and test them
-# against the renormalised distribution.
+# against the renormalised distribution; check that a seeded generator gives the same draws
+# twice and another seed different ones, and that a batch of one row gives shape `[1]`; and
+# check that your input logits are never changed (`masked_fill_` would change them).
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -736,11 +742,14 @@ plot_top_p_cut(dist_logits[0].softmax(-1), 0.9, tokenizer)
 # order and removes tokens while the running total from the bottom is at most $1 - p$. On paper
 # the two rules are the same. In floating point they can disagree about a token that sits
 # exactly on the line (is 0.5 + 0.3 at least 0.8? it depends on the rounding), and tokens with
-# tied logits may come out of the sort in another order, so the tests avoid exact boundaries
-# and compare the kept logit *values*. They run 40 random cases with many spreads, `top_p`
-# values and `min_tokens_to_keep`, plus the cases of the table (with 0.49, 0.81 and 0.96),
-# `top_p` of 0 and 1, and a distribution with almost all its mass on one token; then 20,000
-# samples at `top_p` 0.5 and 0.9.
+# tied logits may come out of the sort in another order, so on random logits the tests compare
+# the kept logit *values*. The exact boundary is tested where rounding cannot blur it: with 2,
+# 4 or 8 equally likely tokens every probability is a power of two and every running total is
+# exact, and `top_p` is set exactly on one of them (two tokens of 1/2 with `top_p=0.5`: HF
+# keeps one). They also run 40 random cases with many spreads, `top_p` values and
+# `min_tokens_to_keep`, plus the cases of the table (with 0.49, 0.81 and 0.96), `top_p` of 0
+# and 1, and a distribution with almost all its mass on one token; then 20,000 samples at
+# `top_p` 0.5 and 0.9, and the generator and batch-of-one checks of top-k.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -916,9 +925,11 @@ check("apply_temperature")
 # The tests compare your greedy text, token for token, with `GPT2LMHeadModel.generate` of
 # Hugging Face on the same weights, for three prompts from the held-out plays; check that a
 # string gives a string and the same seed the same text; wrap the model so that its sixth new
-# token is `<|endoftext|>` and check that you stop right after it; start 3 tokens short
-# of `n_ctx` and compare 8 greedy steps with HF's logits on the last `n_ctx` tokens; and
-# recompute a greedy run with a frequency penalty from HF's logits and counts.
+# token is `<|endoftext|>` and check that you stop right after it, and that with
+# `stop_at_eos=False` you go on to the last token asked for; start 3 tokens short of `n_ctx`
+# and compare 8 greedy steps with HF's logits on the last `n_ctx` tokens; and recompute greedy
+# runs with a frequency penalty from HF's logits and exact counts, also on a prompt longer than
+# `n_ctx` whose first tokens the model no longer reads but the penalty still counts.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -1195,7 +1206,8 @@ for n in [1, 2, 3]:
 #
 # The tests run `generate` on three beams with `k=4`, with and without a 2-gram ban, and
 # compare the tokens and scores with log-softmax of HF's logits (and HF's n-gram processor);
-# and check `filter` on the example above.
+# and check `filter` on the example above; `generate` and `filter` must leave the beams they are
+# called on unchanged.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -1306,7 +1318,11 @@ continuing.print("after two steps: the 3 best of 16 candidates")
 # length_penalty=0.0)` on four configurations of beams, returned sequences and n-gram bans; and,
 # since our model rarely ends a text within a dozen tokens, on a crafted model whose logits make
 # `<|endoftext|>` common, with both settings of `early_stopping`, so that every stopping rule is
-# exercised.
+# exercised, including a table where five sequences finish within three steps with four beams,
+# so HF stops with the best four. When your output differs, the message shows where the first
+# differing sequence departs from HF's, both lists with their scores, and the likely mistake;
+# where your output is exactly HF's under a known mistake (the other `early_stopping`, one
+# token too few, no n-gram ban), it says so.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #

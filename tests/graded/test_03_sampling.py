@@ -4,11 +4,16 @@ logits processors) and exact probabilities.
 Statistical tests draw many samples in one batched call and compare their frequencies with the
 exact probabilities by a chi-square test (tests/graded/_stats.py); each states the probability
 that a correct implementation fails it, and each runs under a fixed seed.
+
+Every exercise gets the caller's own tensors, never a copy, and each test checks afterwards
+that they are unchanged: an edit in place (`logits /= T`, `masked_fill_`) changes what the
+caller still holds, and fails.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 
 import pytest
@@ -29,6 +34,7 @@ from tests.graded._oracles import (
     hf_window_greedy,
 )
 from tests.graded._stats import assert_samples_follow
+from utils import grading
 
 CHAPTER = "03_sampling"
 
@@ -41,10 +47,30 @@ def crafted_logits(seed: int = 0, d_vocab: int = 24) -> torch.Tensor:
     return torch.randn(d_vocab, generator=g) * 1.5
 
 
-def draw(fn, logits: torch.Tensor, n: int = N_SAMPLES, seed: int = 0, **kwargs):
-    """n samples from one logit vector, as one batch of n identical rows."""
+def assert_untouched(tensor: torch.Tensor, before: torch.Tensor, who: str, hint: str) -> None:
+    """`tensor`, which the test handed to `who`, still equals `before` (a copy taken first)."""
+    assert torch.equal(tensor, before), (
+        f"{who} changed its input in place: the tensor the caller passed in is no longer what "
+        f"it was. {hint} Return a new tensor and leave the argument alone: the caller may still "
+        "need it (sample_next_token chains these functions, beam search reuses its beams)."
+    )
+
+
+IN_PLACE = (
+    "`logits /= ...`, `logits -= ...`, `masked_fill_` (with the underscore) and "
+    "`logits[mask] = ...` write into the caller's tensor; `logits / ...`, `logits - ...` and "
+    "`masked_fill` (no underscore) return a new one."
+)
+
+
+def draw(fn, logits: torch.Tensor, n: int = N_SAMPLES, seed: int = 0, who: str = "", **kwargs):
+    """n samples from one logit vector, as one batch of n identical rows (the test's own batch,
+    handed over as it is and checked afterwards: it must come back unchanged)."""
     batch = logits.expand(n, -1).clone()
     out = fn(batch, generator=torch.Generator().manual_seed(seed), **kwargs)
+    assert_untouched(
+        batch, logits.expand(n, -1), who or getattr(fn, "__name__", "sampler"), IN_PLACE
+    )
     assert out.shape == (n,), f"expected one token per row, shape ({n},), got {tuple(out.shape)}"
     assert out.dtype == torch.int64, f"expected token ids as int64, got {out.dtype}"
     return out
@@ -61,6 +87,47 @@ def assert_draws_follow_what_hf_keeps(sampler, logits, warper, what: str, **kwar
     assert_samples_follow(samples, logits.softmax(-1) * kept, what)
 
 
+GENERATOR_ROWS = 200
+
+
+def assert_uses_the_generator(sampler, logits, probs, what: str, **kwargs) -> None:
+    """`sampler` draws with the `generator` it is given, and nothing else random; `probs` is
+    the distribution it draws from (exact, or from HF's warper).
+
+    Three batches of GENERATOR_ROWS identical rows: two from generators seeded 7, one seeded 8.
+    Those of seed 7 must be equal (a sampler that ignores the generator draws from the global
+    random state, which has moved on between the calls: they differ). Those of seeds 7 and 8
+    must differ: a correct sampler gives two seeds identical draws with probability at most
+    (sum_i p_i^2)^GENERATOR_ROWS, which is asserted below to be under 1e-12.
+    Before that, a batch of ONE row must give a tensor of shape [1].
+    """
+    bound = float(probs.double().square().sum()) ** GENERATOR_ROWS
+    assert bound < 1e-12, f"test set-up: false-failure bound {bound:g} too large"
+    row, before = logits[None], logits[None].clone()
+    one = sampler(row, generator=torch.Generator().manual_seed(7), **kwargs)
+    assert_untouched(row, before, what, IN_PLACE)
+    assert one.shape == (1,), (
+        f"{what}: a batch of one row must give one token, shape (1,), got shape "
+        f"{tuple(one.shape)}. `squeeze()` without a dimension also drops the batch dimension "
+        "when the batch has one row: squeeze only the sample dimension, `.squeeze(-1)`."
+    )
+    batch = logits.expand(GENERATOR_ROWS, -1).clone()  # the test's own batch, checked after
+    a = sampler(batch, generator=torch.Generator().manual_seed(7), **kwargs)
+    b = sampler(batch, generator=torch.Generator().manual_seed(7), **kwargs)
+    c = sampler(batch, generator=torch.Generator().manual_seed(8), **kwargs)
+    assert_untouched(batch, logits.expand(GENERATOR_ROWS, -1), what, IN_PLACE)
+    assert torch.equal(a, b), (
+        f"{what}: the same seeded generator must give the same samples, but two generators "
+        "seeded alike gave different ones: the draws do not come from the generator you are "
+        "given. Pass it on, `generator=generator`, to whatever draws (sample_basic, "
+        "torch.multinomial)."
+    )
+    assert not torch.equal(a, c), (
+        f"{what}: generators seeded differently gave identical samples: is `generator` passed "
+        "on to torch.multinomial (through sample_basic)?"
+    )
+
+
 # --------------------------------------------------------------------------- greedy_search
 
 
@@ -68,12 +135,18 @@ def assert_draws_follow_what_hf_keeps(sampler, logits, warper, what: str, **kwar
 def test_greedy_search_picks_the_argmax_of_each_row(impl):
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
     logits[3, 7] = logits[3, 11] = logits[3].max() + 1.0  # a tie: the lower id wins
-    got = impl.greedy_search(logits.clone())
+    before = logits.clone()
+    got = impl.greedy_search(logits)
+    assert_untouched(logits, before, "greedy_search", IN_PLACE)
     expected = [max(range(50), key=lambda t, row=row: (row[t].item(), -t)) for row in logits]
     assert got.shape == (6,), f"one token per row: expected shape (6,), got {tuple(got.shape)}"
     assert got.tolist() == expected, (
         f"expected {expected}, got {got.tolist()}. The most likely token is the argmax over "
         "the LAST dimension (the vocabulary), one per row."
+    )
+    one = impl.greedy_search(logits[3:4])
+    assert one.shape == (1,) and one.tolist() == [7], (
+        f"a batch of one row: expected tensor([7]) of shape (1,), got {one!r}"
     )
 
 
@@ -84,8 +157,16 @@ def test_greedy_search_picks_the_argmax_of_each_row(impl):
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
 def test_apply_temperature_divides_the_logits(impl, temperature):
     logits = torch.randn(3, 20, generator=torch.Generator().manual_seed(1))
-    got = impl.apply_temperature(logits.clone(), temperature)
-    expected = logits / temperature
+    before = logits.clone()
+    got = impl.apply_temperature(logits, temperature)
+    assert_untouched(
+        logits,
+        before,
+        "apply_temperature",
+        "`logits /= temperature` divides the caller's "
+        "logits; write `logits / temperature`, which makes a new tensor.",
+    )
+    expected = before / temperature
     assert torch.allclose(got, expected, atol=1e-6), (
         "logits at temperature T are the logits divided by T (multiplying by T makes low "
         "temperatures flatter, which is backwards)"
@@ -106,7 +187,7 @@ def test_sampling_at_a_temperature_follows_softmax_of_scaled_logits(impl, temper
             generator=generator,
         )
 
-    samples = draw(sample, logits)
+    samples = draw(sample, logits, who="apply_temperature (through sample_next_token)")
     assert_samples_follow(
         samples, (logits / temperature).softmax(-1), f"sampling at temperature {temperature}"
     )
@@ -117,7 +198,9 @@ def test_temperature_near_zero_becomes_greedy(impl):
     logits = crafted_logits(3)
     logits[5] = logits.max() + 0.1  # the argmax leads by 0.1: at T=1e-3 that is e^100 to 1
     for temperature in [1e-2, 1e-3]:
-        scaled = impl.apply_temperature(logits[None].clone(), temperature)
+        row, before = logits[None], logits[None].clone()
+        scaled = impl.apply_temperature(row, temperature)
+        assert_untouched(row, before, "apply_temperature", "Write `logits / temperature`.")
         assert torch.isfinite(scaled).all(), f"temperature {temperature} gave non-finite logits"
         probs = scaled.softmax(-1)[0]
         assert probs[5] > 0.9999, (
@@ -128,6 +211,11 @@ def test_temperature_near_zero_becomes_greedy(impl):
 
 # --------------------------------------------------------------------------- frequency penalty
 
+IN_PLACE_PENALTY = (
+    "`logits -= ...` (or a loop writing into rows) changes the caller's logits, and "
+    "`input_ids += offsets` (or `add_`) its token ids: compute new tensors instead."
+)
+
 
 @pytest.mark.apply_frequency_penalty
 @pytest.mark.parametrize("penalty", [0.5, 2.0, -1.0])
@@ -135,10 +223,14 @@ def test_frequency_penalty_matches_the_closed_form(impl, penalty):
     # Row 0 repeats token 3 four times; row 1 never uses it: counts must not leak across rows.
     sequences = [[3, 1, 3, 3, 7, 3, 0], [5, 5, 9, 1, 0, 2, 2]]
     d_vocab = 12
+    input_ids = torch.tensor(sequences)
     logits = torch.randn(2, d_vocab, generator=torch.Generator().manual_seed(4))
     original = logits.clone()
-    got = impl.apply_frequency_penalty(torch.tensor(sequences), logits, penalty)
-    assert torch.equal(logits, original), "apply_frequency_penalty must not modify its input"
+    got = impl.apply_frequency_penalty(input_ids, logits, penalty)
+    assert_untouched(logits, original, "apply_frequency_penalty", IN_PLACE_PENALTY)
+    assert_untouched(
+        input_ids, torch.tensor(sequences), "apply_frequency_penalty", IN_PLACE_PENALTY
+    )
     for row, seq in enumerate(sequences):
         counts = Counter(seq)
         for token in range(d_vocab):
@@ -156,9 +248,11 @@ def test_frequency_penalty_counts_only_where_the_mask_is_true(impl):
     sequences = torch.tensor([[6, 6, 6, 3, 6, 3], [6, 2, 2, 4, 1, 6]])
     mask = torch.tensor([[False, False, False, True, True, True], [True] * 6])
     logits = torch.randn(2, 8, generator=torch.Generator().manual_seed(5))
-    original = logits.clone()
+    original, original_ids, original_mask = logits.clone(), sequences.clone(), mask.clone()
     got = impl.apply_frequency_penalty(sequences, logits, 1.0, mask)
-    assert torch.equal(logits, original), "apply_frequency_penalty must not modify its input"
+    assert_untouched(logits, original, "apply_frequency_penalty", IN_PLACE_PENALTY)
+    assert_untouched(sequences, original_ids, "apply_frequency_penalty", IN_PLACE_PENALTY)
+    assert_untouched(mask, original_mask, "apply_frequency_penalty", IN_PLACE_PENALTY)
     for row in range(2):
         counts = Counter(sequences[row][mask[row]].tolist())
         expected = torch.tensor([original[row, t].item() - counts[t] for t in range(8)])
@@ -177,21 +271,50 @@ def test_sample_basic_follows_the_softmax(impl, seed):
     # False failure for a correct implementation: ALPHA (1e-5) per seed.
     logits = crafted_logits(10 + seed)
     logits[0] = float("-inf")  # a banned token must never come out
-    samples = draw(impl.sample_basic, logits, seed=seed)
+    samples = draw(impl.sample_basic, logits, seed=seed, who="sample_basic")
     assert_samples_follow(samples, logits.softmax(-1), "sample_basic")
 
 
 @pytest.mark.sample_basic
-def test_sample_basic_uses_the_generator(impl):
-    logits = crafted_logits(5).expand(200, -1).clone()
-    a = impl.sample_basic(logits, generator=torch.Generator().manual_seed(7))
-    b = impl.sample_basic(logits, generator=torch.Generator().manual_seed(7))
-    c = impl.sample_basic(logits, generator=torch.Generator().manual_seed(8))
-    assert torch.equal(a, b), "the same seeded generator must give the same samples"
-    assert not torch.equal(a, c), (
-        "different seeds gave identical samples: pass `generator=generator` to "
-        "torch.multinomial (or whatever draws the random numbers)"
+@pytest.mark.parametrize("shift", [1000.0, -1000.0])
+def test_sample_basic_is_unchanged_by_shifting_every_logit(impl, shift):
+    # False failure for a correct implementation: ALPHA (1e-5).
+    # softmax(x + c) = softmax(x): the exact distribution is that of the shifted logits, in
+    # float64. exp(x) overflows to inf above ~88 in float32, and underflows to 0 below ~-103.
+    logits = crafted_logits(13) + shift
+    why = (
+        f"With every logit shifted by {shift:+g} the distribution is the same (softmax does "
+        "not change when all logits move together), but exp(logits) "
+        + ("overflows to inf" if shift > 0 else "underflows to 0")
+        + " in float32. Use `logits.softmax(dim=-1)`, which subtracts the row's max first; "
+        "do not hand exp(logits) (or exp(logits) / its sum) to torch.multinomial."
     )
+    try:
+        samples = draw(impl.sample_basic, logits, seed=3, who="sample_basic")
+    except NotImplementedError:
+        raise
+    except RuntimeError as err:  # torch.multinomial refuses inf, nan or an all-zero row
+        raise AssertionError(f"sample_basic raised {type(err).__name__} ({err}). {why}") from err
+    assert_samples_follow(samples, logits.double().softmax(-1), f"sample_basic: {why}")
+
+
+@pytest.mark.sample_basic
+def test_sample_basic_uses_the_generator(impl):
+    logits = crafted_logits(5)
+    assert_uses_the_generator(impl.sample_basic, logits, logits.softmax(-1), "sample_basic")
+
+
+@pytest.mark.sample_basic
+def test_sample_basic_on_a_batch_of_one_row(impl):
+    # Exact: one finite logit, so the token is certain.
+    logits = torch.full((1, 30), float("-inf"))
+    logits[0, 13] = 0.5
+    got = impl.sample_basic(logits, generator=torch.Generator().manual_seed(0))
+    assert got.shape == (1,), (
+        f"a batch of one row must give shape (1,), got {tuple(got.shape)}: `squeeze()` without "
+        "a dimension drops the batch dimension too; write `.squeeze(-1)`"
+    )
+    assert got.tolist() == [13], f"token 13 is the only one possible, got {got.tolist()}"
 
 
 # --------------------------------------------------------------------------- top-k
@@ -213,7 +336,9 @@ def top_k_cases():
 @pytest.mark.sample_top_k
 def test_filter_top_k_keeps_what_hf_keeps(impl):
     for logits, k in top_k_cases():
-        got = impl.filter_top_k(logits[None].clone(), k)[0]
+        row, before = logits[None], logits[None].clone()
+        got = impl.filter_top_k(row, k)[0]
+        assert_untouched(row, before, "filter_top_k", IN_PLACE)
         kept = torch.isfinite(got)
         expected = hf_kept(TopKLogitsWarper(top_k=k), logits[None])[0]
         assert torch.equal(kept, expected), (
@@ -228,7 +353,9 @@ def test_filter_top_k_keeps_what_hf_keeps(impl):
 @pytest.mark.sample_top_k
 def test_filter_top_k_works_row_by_row(impl):
     logits = torch.randn(4, 25, generator=torch.Generator().manual_seed(21))
-    got = torch.isfinite(impl.filter_top_k(logits.clone(), 3))
+    before = logits.clone()
+    got = torch.isfinite(impl.filter_top_k(logits, 3))
+    assert_untouched(logits, before, "filter_top_k", IN_PLACE)
     expected = hf_kept(TopKLogitsWarper(top_k=3), logits)
     assert torch.equal(got, expected), "each row keeps its own top k (use dim=-1)"
 
@@ -239,7 +366,17 @@ def test_sample_top_k_follows_the_renormalised_distribution(impl, k):
     # False failure for a correct implementation: ALPHA (1e-5).
     warper = TopKLogitsWarper(top_k=k)
     what = f"sample_top_k with k={k}"
-    assert_draws_follow_what_hf_keeps(impl.sample_top_k, crafted_logits(22), warper, what, k=k)
+    assert_draws_follow_what_hf_keeps(
+        impl.sample_top_k, crafted_logits(22), warper, what, k=k, who="sample_top_k"
+    )
+
+
+@pytest.mark.sample_top_k
+def test_sample_top_k_uses_the_generator(impl):
+    logits = crafted_logits(23)
+    kept = hf_kept(TopKLogitsWarper(top_k=6), logits[None])[0]
+    probs = logits.softmax(-1) * kept
+    assert_uses_the_generator(impl.sample_top_k, logits, probs / probs.sum(), "sample_top_k", k=6)
 
 
 # --------------------------------------------------------------------------- top-p
@@ -266,7 +403,9 @@ def top_p_cases():
 @pytest.mark.sample_top_p
 def test_filter_top_p_keeps_what_hf_keeps(impl):
     for logits, top_p, min_keep in top_p_cases():
-        got = impl.filter_top_p(logits[None].clone(), top_p, min_keep)[0]
+        row, before = logits[None], logits[None].clone()
+        got = impl.filter_top_p(row, top_p, min_keep)[0]
+        assert_untouched(row, before, "filter_top_p", IN_PLACE)
         kept = torch.isfinite(got)
         warper = TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=min_keep)
         expected = hf_kept(warper, logits[None])[0]
@@ -283,10 +422,54 @@ def test_filter_top_p_keeps_what_hf_keeps(impl):
         assert torch.equal(got[kept], logits[kept]), "kept logits must be left unchanged"
 
 
+def exact_top_p_cases():
+    """(logits, top_p, min_tokens_to_keep) where top_p lands EXACTLY on a running total.
+
+    Tied logits make every probability a power of two (1/2, 1/4, 1/8: exp(0) / n, exactly),
+    so every running total is exact in float32, whichever way it is summed, and the float
+    comparison at the boundary is exact too: the answer does not depend on rounding.
+    """
+    inf = float("inf")
+    cases = [(torch.zeros(2), 0.5, 1)]  # 1/2 reaches 1/2: one token is enough
+    cases += [(torch.zeros(4), p, 1) for p in [0.25, 0.5, 0.75]]
+    cases += [(torch.full((8,), 3.0), p, 1) for p in [0.125, 0.375, 0.625, 0.875]]
+    four = torch.tensor([0.0, -inf, 0.0, -inf, 0.0, 0.0, -inf, -inf])  # four tokens of 1/4
+    cases += [(four, 0.5, 1), (four, 0.75, 1), (torch.zeros(4), 0.25, 3), (four, 0.5, 3)]
+    return cases
+
+
+@pytest.mark.sample_top_p
+def test_filter_top_p_at_the_exact_boundary_matches_hf(impl):
+    for logits, top_p, min_keep in exact_top_p_cases():
+        row, before = logits[None], logits[None].clone()
+        got = impl.filter_top_p(row, top_p, min_keep)[0]
+        assert_untouched(row, before, "filter_top_p", IN_PLACE)
+        kept = torch.isfinite(got)
+        warper = TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=min_keep)
+        expected = hf_kept(warper, logits[None])[0]
+        n_kept, n_hf = int(kept.sum()), int(expected.sum())
+        n_possible = int(torch.isfinite(logits).sum())
+        assert n_kept == n_hf, (
+            f"top_p={top_p}, min_tokens_to_keep={min_keep}, {n_possible} equally likely tokens "
+            f"(each exactly 1/{n_possible}): HF keeps {n_hf}, you keep {n_kept}. "
+            + (
+                f"The first {n_hf} token(s) already reach exactly {top_p}: the next one is "
+                "not needed. A token is removed when the tokens before it sum to "
+                "AT LEAST top_p (`before >= top_p`, not `>`)."
+                if n_kept > n_hf
+                else "A token is kept while the tokens before it sum to LESS than top_p (the "
+                "token that reaches top_p stays), and never fewer than min_tokens_to_keep."
+            )
+        )
+        assert torch.equal(got[kept], logits[kept]), "kept logits must be left unchanged"
+
+
 @pytest.mark.sample_top_p
 def test_filter_top_p_works_row_by_row(impl):
     logits = torch.randn(5, 30, generator=torch.Generator().manual_seed(31)) * 2
-    got = torch.isfinite(impl.filter_top_p(logits.clone(), 0.7))
+    before = logits.clone()
+    got = torch.isfinite(impl.filter_top_p(logits, 0.7))
+    assert_untouched(logits, before, "filter_top_p", IN_PLACE)
     expected = hf_kept(TopPLogitsWarper(top_p=0.7), logits)
     assert torch.equal(got, expected), (
         "each row keeps its own nucleus: sort along dim=-1, and map the mask back to each "
@@ -301,11 +484,30 @@ def test_sample_top_p_follows_the_renormalised_distribution(impl, top_p):
     warper = TopPLogitsWarper(top_p=top_p)
     what = f"sample_top_p with top_p={top_p}"
     assert_draws_follow_what_hf_keeps(
-        impl.sample_top_p, crafted_logits(32), warper, what, top_p=top_p
+        impl.sample_top_p, crafted_logits(32), warper, what, top_p=top_p, who="sample_top_p"
+    )
+
+
+@pytest.mark.sample_top_p
+def test_sample_top_p_uses_the_generator(impl):
+    logits = crafted_logits(33)
+    kept = hf_kept(TopPLogitsWarper(top_p=0.8), logits[None])[0]
+    probs = logits.softmax(-1) * kept
+    assert_uses_the_generator(
+        impl.sample_top_p, logits, probs / probs.sum(), "sample_top_p", top_p=0.8
     )
 
 
 # --------------------------------------------------------------------------- sample (the loop)
+
+
+def assert_prompt_untouched(ids: torch.Tensor, tokenizer, prompt: str) -> None:
+    assert_untouched(
+        ids,
+        torch.tensor(tokenizer.encode(prompt)),
+        "TransformerSampler.sample",
+        "Build the growing sequence with torch.cat, which makes a new tensor.",
+    )
 
 
 @pytest.mark.sample
@@ -315,6 +517,7 @@ def test_greedy_sampling_equals_hf_generate(impl, shipped, hf, prompt):
     ids = torch.tensor(tokenizer.encode(prompt))
     expected = hf_greedy(hf, ids, 40)
     got = impl.TransformerSampler(model, tokenizer).sample(ids, 40, temperature=0.0)
+    assert_prompt_untouched(ids, tokenizer, prompt)
     assert isinstance(got, torch.Tensor), "given token ids, sample must return token ids"
     assert got.tolist() == expected, (
         f"greedy continuation differs from GPT2LMHeadModel.generate(do_sample=False):\n"
@@ -376,6 +579,25 @@ def test_sampling_stops_at_end_of_text(impl, shipped):
 
 
 @pytest.mark.sample
+def test_sampling_goes_on_past_end_of_text_without_stop_at_eos(impl, shipped, hf):
+    model, tokenizer = shipped
+    ids = torch.tensor(tokenizer.encode(PROMPTS[1]))
+    eos = tokenizer.eos_token_id
+    fake = EosAfter(model, len(ids) + 5, eos)  # from the 6th new token on, EOS every time
+    got = impl.TransformerSampler(fake, tokenizer).sample(
+        ids, 9, temperature=0.0, stop_at_eos=False
+    )
+    assert_prompt_untouched(ids, tokenizer, PROMPTS[1])
+    # Ground truth: HF's 5 greedy tokens (none of them EOS), then the wrapper's EOS, 4 times.
+    expected = hf_greedy(hf, ids, 5) + [eos] * 4
+    assert got.tolist() == expected, (
+        f"with stop_at_eos=False, generation must go on past the end-of-text token (id {eos}) "
+        f"for all 9 new tokens: expected {expected[len(ids) :]}, got {got[len(ids) :].tolist()}."
+        " Stop early only `if stop_at_eos and next_token == eos`."
+    )
+
+
+@pytest.mark.sample
 def test_sampling_past_the_context_window_reads_the_last_n_ctx_tokens(impl, shipped, hf):
     model, tokenizer = shipped
     n_ctx = model.cfg.n_ctx
@@ -390,6 +612,20 @@ def test_sampling_past_the_context_window_reads_the_last_n_ctx_tokens(impl, ship
     )
 
 
+def hf_penalised_greedy(hf, ids: list[int], n_new: int, penalty: float, window: int, edit=None):
+    """Greedy decoding by HF's logits on the last `window` tokens (optionally edited by `edit`),
+    minus `penalty` times each token's exact count in the WHOLE sequence so far."""
+    ids = list(ids)
+    with torch.no_grad():
+        for _ in range(n_new):
+            logits = hf(torch.tensor([ids[-window:]])).logits[0, -1]
+            if edit is not None:
+                logits = edit(logits)
+            counts = torch.bincount(torch.tensor(ids), minlength=logits.shape[-1])
+            ids.append(int((logits - penalty * counts).argmax()))
+    return ids
+
+
 @pytest.mark.sample
 def test_frequency_penalty_reaches_the_loop(impl, shipped, hf):
     model, tokenizer = shipped
@@ -398,16 +634,52 @@ def test_frequency_penalty_reaches_the_loop(impl, shipped, hf):
     got = impl.TransformerSampler(model, tokenizer).sample(
         ids, 12, temperature=0.0, frequency_penalty=penalty
     )
-    expected = ids.clone()
-    with torch.no_grad():
-        for _ in range(12):
-            logits = hf(expected[None]).logits[0, -1]
-            counts = torch.bincount(expected, minlength=logits.shape[-1])
-            expected = torch.cat([expected, (logits - penalty * counts).argmax()[None]])
-    assert got.tolist() == expected.tolist(), (
+    expected = hf_penalised_greedy(hf, ids.tolist(), 12, penalty, model.cfg.n_ctx)
+    assert got.tolist() == expected, (
         "with frequency_penalty, each token's logit falls by the penalty times its count in "
         "the whole sequence so far (prompt included): pass the kwargs on to sample_next_token "
         "with input_ids as a [1, seq] batch"
+    )
+
+
+class Favour(torch.nn.Module):
+    """Wraps a model: `token`'s logit is set `lead` above the best logit of each position."""
+
+    def __init__(self, model, token: int, lead: float):
+        super().__init__()
+        self.model, self.cfg, self.token, self.lead = model, model.cfg, token, lead
+
+    def edit(self, logits):
+        logits = logits.clone()
+        logits[..., self.token] = logits.max(dim=-1).values + self.lead
+        return logits
+
+    def forward(self, tokens):
+        return self.edit(self.model(tokens))
+
+
+@pytest.mark.sample
+def test_frequency_penalty_counts_tokens_the_model_no_longer_sees(impl, shipped, hf):
+    model, tokenizer = shipped
+    n_ctx = model.cfg.n_ctx
+    (crown,) = tokenizer.encode(" crown")
+    text = tokenizer.encode((PROMPTS[2] + " ") * 30)[: n_ctx - 4]
+    assert crown not in text
+    # 30 " crown"s, then text: the model's window starts at the 27th " crown", so it sees 4 of
+    # them. The wrapper sets " crown" 8 above the best logit: with all 30 counted (penalty 1) it
+    # falls to 22 below, with only the 4 in the window counted it would win at once.
+    ids = torch.tensor([crown] * 30 + text)
+    fake, penalty = Favour(model, crown, 8.0), 1.0
+    got = impl.TransformerSampler(fake, tokenizer).sample(
+        ids, 3, temperature=0.0, frequency_penalty=penalty
+    )
+    expected = hf_penalised_greedy(hf, ids.tolist(), 3, penalty, n_ctx, fake.edit)
+    assert got.tolist() == expected, (
+        f"the frequency penalty counts every token of the sequence so far, also those that no "
+        f"longer fit in the model's window of n_ctx={n_ctx} tokens: crop only what the model "
+        f"reads, and give sample_next_token the WHOLE input_ids. New tokens: expected "
+        f"{expected[len(ids) :]}, got {got[len(ids) :].tolist()} (id {crown} is ' crown', which "
+        "only the first 30 tokens hold)"
     )
 
 
@@ -421,7 +693,9 @@ def test_banned_ngram_tokens_match_hf(impl, ngram_size):
     d_vocab = 6  # a small vocabulary, so that n-grams repeat
     for seq_len in [1, 2, 3, 5, 9, 17]:
         tokens = torch.randint(0, d_vocab, (4, seq_len), generator=g)
-        got = impl.banned_ngram_tokens(tokens.clone(), ngram_size, d_vocab)
+        before = tokens.clone()
+        got = impl.banned_ngram_tokens(tokens, ngram_size, d_vocab)
+        assert_untouched(tokens, before, "banned_ngram_tokens", "Leave `tokens` as it is.")
         hf = NoRepeatNGramLogitsProcessor(ngram_size)(tokens, torch.zeros(4, d_vocab))
         expected = torch.isinf(hf)
         assert got.dtype == torch.bool and got.shape == (4, d_vocab)
@@ -457,9 +731,12 @@ def test_generate_extends_each_beam_with_its_best_tokens(impl, shipped, hf, ngra
     rows = [tokenizer.encode(p)[:10] for p in PROMPTS]
     tokens = torch.tensor(rows)
     sums = torch.tensor([-1.0, -2.5, -0.5])
-    beams = impl.Beams(model, tokenizer, sums.clone(), tokens.clone())
+    beams = impl.Beams(model, tokenizer, sums, tokens)
     k = 4
     new = beams.generate(k, no_repeat_ngram_size=ngram_size)
+    hint = "generate returns NEW beams and leaves the old ones (and their tensors) as they are."
+    assert_untouched(sums, torch.tensor([-1.0, -2.5, -0.5]), "Beams.generate", hint)
+    assert_untouched(tokens, torch.tensor(rows), "Beams.generate", hint)
     assert len(new.tokens) == 3 * k, f"3 beams x {k} continuations = 12 beams, got {len(new)}"
     with torch.no_grad():
         logprobs = hf(tokens).logits[:, -1].log_softmax(-1)
@@ -503,25 +780,206 @@ def test_filter_keeps_the_best_continuing_and_the_finished(impl, shipped):
         "finished: only the EOS beams ranked among the best 3 overall (-1.0); the EOS beams at "
         "-2.5 and -4.0 were not good enough"
     )
+    assert beams.logprob_sums.tolist() == scores and beams.tokens[:, -1].tolist() == last, (
+        "filter changed the beams it was called on (sorted them in place?): return new Beams"
+    )
 
 
 # --------------------------------------------------------------------------- beam_search
 
 
-def assert_same_beams(got, expected, tokenizer, context: str) -> None:
-    """`got` (the learner's beam_search) equals `expected` (hf_beam_search), best first."""
-    assert len(got) == len(expected), f"{context}: expected {len(expected)} sequences"
-    for rank, ((score, tokens), (hf_score, hf_tokens)) in enumerate(
-        zip(got, expected, strict=True)
-    ):
-        assert tokens.tolist() == hf_tokens.tolist(), (
-            f"{context}, sequence {rank}:\nHF:  {tokenizer.decode(hf_tokens)!r}\n"
-            f"you: {tokenizer.decode(tokens)!r}"
+def as_pairs(beams, who: str) -> list[tuple[float, list[int]]]:
+    """(score, token ids) pairs from a list of (score, tokens) such as beam_search returns."""
+    try:
+        return [(float(score), [int(t) for t in tokens]) for score, tokens in beams]
+    except (TypeError, ValueError) as err:
+        raise AssertionError(
+            f"{who} must return a list of (score, tokens) pairs, best first, where tokens is "
+            f"a 1-D tensor of ids: got {type(beams).__name__} ({err})"
+        ) from err
+
+
+def show(tokenizer, token: int | None) -> str:
+    if token is None:
+        return "(the sequence has ended)"
+    return f"{tokenizer.decode([token])!r} (id {token})"
+
+
+def repeats_an_ngram(tokens: list[int], n: int) -> bool:
+    ngrams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return len(set(ngrams)) < len(ngrams)
+
+
+class HFBeams:
+    """HF's beam search on one prompt (`expected`), and the same search with one setting
+    changed (`rerun`): the output of a known mistake, made on purpose, to recognise it.
+
+    A rerun only happens on failure, and only while half of the graded test's time budget is
+    left (utils/grading.py): on a slow machine the diagnosis gets shorter, never the verdict.
+    """
+
+    def __init__(self, hf, ids: torch.Tensor, **setting):
+        self.hf, self.ids, self.setting = hf, ids, setting
+        self.started = time.monotonic()
+        self.expected = hf_beam_search(hf, ids, **setting)
+        self.cost = time.monotonic() - self.started
+
+    def rerun(self, **changes) -> list[tuple[float, list[int]]] | None:
+        left = grading.test_budget_s() / 2 - (time.monotonic() - self.started)
+        if 1.5 * self.cost > left:
+            return None
+        return as_pairs(hf_beam_search(self.hf, self.ids, **{**self.setting, **changes}), "HF")
+
+
+STOPPING_RULE = {
+    True: "With early_stopping=True, HF stops as soon as num_beams sequences have finished",
+    False: "With early_stopping=False, HF stops once the best running beam cannot beat the "
+    "worst of the num_beams finished sequences",
+}
+
+SAME_AS_OTHER_EARLY_STOPPING = {
+    # keyed by the early_stopping that HF was given to reproduce the learner's output
+    True: "your output is exactly HF's with early_stopping=True: you stop as soon as num_beams "
+    "sequences have finished, although a running beam could still beat the worst of them. Is "
+    "early_stopping read the wrong way round, or does the stopping test use a finished score "
+    "that is not the worst (keep `finished` sorted best first and cut to num_beams, and compare "
+    "with finished[-1])?",
+    False: "your output is exactly HF's with early_stopping=False: you go on searching after "
+    "num_beams sequences have finished. Is early_stopping read the wrong way round, or does "
+    "`finished` grow past num_beams (cut it back to the best num_beams after every step: past "
+    "num_beams, `len(finished) == num_beams` is never true again)?",
+}
+
+
+def known_mistake(got, hf: HFBeams, n_prompt: int) -> str | None:
+    """The known mistake whose HF output is exactly `got`, trying only those that fit it."""
+    early_stopping = hf.setting["early_stopping"]
+    n_new = hf.setting["max_new_tokens"]
+    ngram = hf.setting.get("no_repeat_ngram_size")
+    longest = max((len(t) - n_prompt for _, t in got), default=0)
+    variants = [
+        (SAME_AS_OTHER_EARLY_STOPPING[not early_stopping], {"early_stopping": not early_stopping})
+    ]
+    if longest == n_new - 1:
+        variants.append(
+            (
+                f"your output is exactly HF's with max_new_tokens={n_new - 1}: one new token "
+                "too few (max_new_tokens steps, each adding one token to every beam)",
+                {"max_new_tokens": n_new - 1},
+            )
         )
-        assert math.isclose(score, hf_score, abs_tol=BEAM_SCORE_ATOL), (
-            f"{context}, sequence {rank}: score {score:.4f}, HF {hf_score:.4f} (the sum "
-            "of the generated tokens' log-probabilities)"
+    if ngram and any(repeats_an_ngram(t, ngram) for _, t in got):
+        variants.append(
+            (
+                f"your output is exactly HF's without the n-gram ban (a {ngram}-gram repeats): "
+                "pass no_repeat_ngram_size on to `generate`",
+                {"no_repeat_ngram_size": None},
+            )
         )
+    got_seqs = [t for _, t in got]
+    for mistake, changes in variants:
+        output = hf.rerun(**changes)
+        if output is not None and [t for _, t in output] == got_seqs:
+            return mistake
+    return None
+
+
+def diagnose_beams(got, hf: HFBeams, eos: int, n_prompt: int) -> str:
+    """The likely mistake, as a tutor would name it, when the learner's sequences `got` differ
+    from HF's. First the symptoms that name themselves (a count, an order, an EOS), then an
+    exact match with HF's output under a known mistake, else the way the first differing
+    sequence went wrong: better than HF's (HF stopped before it) or worse (HF found better)."""
+    early_stopping = hf.setting["early_stopping"]
+    expected = as_pairs(hf.expected, "HF")
+    got_seqs, hf_seqs = [t for _, t in got], [t for _, t in expected]
+    if len(got) < len(expected):
+        return (
+            f"you return {len(got)} sequence(s), HF {len(expected)} (num_return_sequences). Did "
+            "the search stop before num_beams sequences had finished, or end without letting "
+            "the running beams fill the places left (out of tokens, they compete with the "
+            "finished ones)?"
+        )
+    if len(got) > len(expected):
+        return f"you return {len(got)} sequences, not num_return_sequences={len(expected)}"
+    if sorted(got_seqs) == sorted(hf_seqs):
+        return "the right sequences in the wrong order: return them best first (highest score)"
+    for seq in got_seqs:
+        if eos in seq[n_prompt:-1]:
+            return (
+                "a beam went on after <|endoftext|>: a beam whose last token is EOS has "
+                "finished; set it aside (`filter`), never extend it"
+            )
+        if seq + [eos] in hf_seqs:
+            return "a finished sequence lost its final <|endoftext|>: keep it as the last token"
+    if any(score > 1e-6 for score, _ in got):
+        return "a score above 0 cannot be a sum of log-probabilities: use log_softmax"
+    mistake = known_mistake(got, hf, n_prompt)
+    if mistake is not None:
+        return mistake
+    rank = next(r for r in range(len(got)) if got_seqs[r] != hf_seqs[r])
+    score, hf_score = got[rank][0], expected[rank][0]
+    candidates = (
+        "Each beam needs num_beams + 1 continuations (one of them may be <|endoftext|>), and "
+        "only the EOS beams among the best num_beams candidates finish."
+    )
+    if score > hf_score + BEAM_SCORE_ATOL:
+        return (
+            f"HF never reached your sequence {rank} (score {score:.3f}, better than HF's "
+            f"{hf_score:.3f}): your search went on after HF's had stopped, or kept candidates "
+            f"HF dropped. {STOPPING_RULE[early_stopping]}; cut `finished` back to the best "
+            f"num_beams after every step. {candidates}"
+        )
+    if score < hf_score - BEAM_SCORE_ATOL:
+        return (
+            f"HF found a better sequence {rank} (score {hf_score:.3f}) than yours "
+            f"({score:.3f}): your search stopped too early or dropped a candidate HF kept. "
+            f"{STOPPING_RULE[early_stopping]}"
+            + ("" if early_stopping else " (finished[-1] of a list sorted best first)")
+            + f". {candidates} Out of tokens, the running beams compete with the finished ones."
+        )
+    return (
+        "a different sequence with the same score: two candidates tie, and you broke the tie "
+        "differently (rank with a stable sort, best first, continuations in beam order)"
+    )
+
+
+def assert_same_beams(got, hf: HFBeams, tokenizer, context: str) -> None:
+    """`got` (the learner's beam_search) equals HF's search, best first, token for token and
+    score for score. If not, the message names the likely mistake, then shows where the first
+    differing sequence departs from HF's, and both lists with their scores."""
+    n_prompt = len(hf.ids)
+    got = as_pairs(got, "beam_search")
+    expected = as_pairs(hf.expected, "HF")
+    got_seqs, hf_seqs = [t for _, t in got], [t for _, t in expected]
+    if got_seqs == hf_seqs:
+        for rank, ((score, tokens), (hf_score, _)) in enumerate(zip(got, expected, strict=True)):
+            assert math.isclose(score, hf_score, abs_tol=BEAM_SCORE_ATOL), (
+                f"{context}, sequence {rank}: the tokens are HF's but the score is {score:.4f}, "
+                f"HF's {hf_score:.4f}. A score is the sum of the generated tokens' "
+                "log-probabilities (log_softmax of the logits, the prompt's tokens excluded, no "
+                f"length normalisation); this sequence has {len(tokens) - n_prompt} of them."
+            )
+        return
+    why = diagnose_beams(got, hf, tokenizer.eos_token_id, n_prompt)
+    lines = [f"{context}: {why}" + ("" if why.endswith((".", "?")) else ".")]
+    rank = next((r for r in range(min(len(got), len(expected))) if got_seqs[r] != hf_seqs[r]), None)
+    if rank is not None:
+        mine, theirs = got_seqs[rank][n_prompt:], hf_seqs[rank][n_prompt:]
+        step = 0
+        while step < min(len(mine), len(theirs)) and mine[step] == theirs[step]:
+            step += 1
+        lines.append(
+            f"Sequence {rank} (0 = best) first differs at new token {step + 1}: HF has "
+            f"{show(tokenizer, theirs[step] if step < len(theirs) else None)}, you have "
+            f"{show(tokenizer, mine[step] if step < len(mine) else None)}."
+        )
+    for who, beams in [("HF ", expected), ("you", got)]:
+        for r, (score, tokens) in enumerate(beams):
+            text = tokenizer.decode(tokens[n_prompt:])
+            lines.append(
+                f"{who} {r}: score {score:8.3f}  {len(tokens) - n_prompt:2d} new  {text!r}"
+            )
+    raise AssertionError("\n".join(lines))
 
 
 @pytest.mark.beam_search
@@ -538,11 +996,15 @@ def test_beam_search_equals_hf_generate(impl, shipped, hf, prompt, num_beams, n_
     model, tokenizer = shipped
     ids = torch.tensor(tokenizer.encode(prompt))
     n_new = 12
-    expected = hf_beam_search(hf, ids, n_return, num_beams, n_new, no_repeat_ngram_size=ngram)
+    expected = HFBeams(
+        hf, ids, num_return_sequences=n_return, num_beams=num_beams, max_new_tokens=n_new,
+        no_repeat_ngram_size=ngram, early_stopping=False,
+    )  # fmt: skip
     got = impl.beam_search(
         model, tokenizer, prompt, n_return, num_beams, n_new, no_repeat_ngram_size=ngram
     )
-    assert_same_beams(got, expected, tokenizer, f"{num_beams} beams, ngram={ngram}")
+    context = f"beam search ({num_beams} beams, no_repeat_ngram_size={ngram}) differs from HF"
+    assert_same_beams(got, expected, tokenizer, context)
 
 
 class BigramTable(torch.nn.Module):
@@ -580,22 +1042,36 @@ class TableProcessor(LogitsProcessor):
         return self.table(input_ids[:, -1:])[:, -1].log_softmax(-1)
 
 
+def check_crafted_beam_search(impl, shipped, hf, seed, prompt, num_beams, early_stopping):
+    """beam_search on a BigramTable equals HF's search of the same tree (TableProcessor)."""
+    model, tokenizer = shipped
+    table = BigramTable(model.cfg, tokenizer.eos_token_id, seed)
+    expected = HFBeams(
+        hf, torch.tensor(tokenizer.encode(prompt)), num_return_sequences=num_beams,
+        num_beams=num_beams, max_new_tokens=10, early_stopping=early_stopping,
+        logits_processor=LogitsProcessorList([TableProcessor(table)]),
+    )  # fmt: skip
+    got = impl.beam_search(
+        table, tokenizer, prompt, num_beams, num_beams, 10, early_stopping=early_stopping
+    )
+    context = (
+        f"beam search on crafted logits ({num_beams} beams, early_stopping={early_stopping}) "
+        "differs from HF"
+    )
+    assert_same_beams(got, expected, tokenizer, context)
+
+
 @pytest.mark.beam_search
 @pytest.mark.parametrize("early_stopping", [True, False])
 @pytest.mark.parametrize("seed", [1, 3, 12, 14])  # tables where beams finish at different steps
 def test_beam_search_end_of_text_and_stopping_rules(impl, shipped, hf, early_stopping, seed):
-    model, tokenizer = shipped
-    table = BigramTable(model.cfg, tokenizer.eos_token_id, seed)
-    prompt = PROMPTS[seed % 3]
-    ids = torch.tensor(tokenizer.encode(prompt))
-    expected = hf_beam_search(
-        hf,
-        ids,
-        3,
-        3,
-        10,
-        early_stopping=early_stopping,
-        logits_processor=LogitsProcessorList([TableProcessor(table)]),
-    )
-    got = impl.beam_search(table, tokenizer, prompt, 3, 3, 10, early_stopping=early_stopping)
-    assert_same_beams(got, expected, tokenizer, f"crafted logits, early_stopping={early_stopping}")
+    check_crafted_beam_search(impl, shipped, hf, seed, PROMPTS[seed % 3], 3, early_stopping)
+
+
+@pytest.mark.beam_search
+def test_beam_search_keeps_only_num_beams_finished_sequences(impl, shipped, hf):
+    # With this table, prompt and 4 beams, one sequence finishes at step 1, two at step 2 and
+    # two at step 3: five, and HF (early_stopping=True) stops there with the best 4. A search
+    # that keeps all five never has exactly 4 finished, goes on, and returns a 4th found later
+    # (score -8.83; HF's 4th scores -8.85).
+    check_crafted_beam_search(impl, shipped, hf, 26, PROMPTS[0], 4, True)

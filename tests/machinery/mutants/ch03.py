@@ -28,6 +28,12 @@ MUTANTS = [
         "    logits /= temperature\n    return logits",
         "logits divided in place: the caller's tensor changes",
     ),
+    Mutant(
+        "apply_temperature",
+        "return logits / temperature",
+        "return logits.div_(temperature)",
+        "divided in place with div_: the caller's logits change",
+    ),
     # Frequency penalty
     Mutant(
         "apply_frequency_penalty",
@@ -60,12 +66,31 @@ MUTANTS = [
         "    return logits",
         "the penalty subtracted in place: the caller's logits change",
     ),
+    Mutant(
+        "apply_frequency_penalty",
+        "(input_ids + offsets).flatten()",
+        "input_ids.add_(offsets).flatten()",
+        "the row offsets added to input_ids in place: the caller's token ids change",
+    ),
     # sample_basic
     Mutant(
         "sample_basic",
         "probs = logits.softmax(dim=-1)",
         "probs = logits.exp()",
         "exp(logits) handed to multinomial: overflows to inf for large logits",
+    ),
+    Mutant(
+        "sample_basic",
+        "probs = logits.softmax(dim=-1)",
+        "probs = logits.exp() / logits.exp().sum(dim=-1, keepdim=True)",
+        "softmax written out without subtracting the max: inf / inf for large logits",
+    ),
+    Mutant(
+        "sample_basic",
+        "    probs = logits.softmax(dim=-1)",
+        "    logits -= logits.max(dim=-1, keepdim=True).values  # for stability\n"
+        "    probs = logits.softmax(dim=-1)",
+        "the max subtracted in place for stability: the caller's logits change",
     ),
     Mutant(
         "sample_basic",
@@ -106,12 +131,27 @@ MUTANTS = [
         '    return torch.full_like(logits, float("-inf")).scatter(-1, top.indices, top.values)',
         "exactly k tokens kept: a tie with the k-th is dropped",
     ),
+    Mutant(
+        "sample_top_k",
+        'return logits.masked_fill(logits < kth_largest, float("-inf"))',
+        'return logits.masked_fill_(logits < kth_largest, float("-inf"))',
+        "masked_fill_ in place: the caller's logits lose their tail",
+    ),
     # Top-p
     Mutant(
         "sample_top_p",
         "remove_sorted = before >= top_p",
         "remove_sorted = before > top_p",
         "a token kept when the tokens before it reach exactly top_p",
+    ),
+    Mutant(
+        "sample_top_p",
+        "remove_sorted = before >= top_p",
+        "first = torch.zeros_like(cumulative[:, :1], dtype=torch.bool)\n"
+        "    remove_sorted = torch.cat([first, cumulative[:, :-1] > top_p], dim=-1)",
+        "the inclusive total shifted right by one, compared with > : a token kept when the "
+        "tokens before it reach exactly top_p",
+        name="shifted-cumsum-strict",
     ),
     Mutant(
         "sample_top_p",
@@ -136,6 +176,12 @@ MUTANTS = [
         "return sample_basic(filter_top_p(logits, top_p, min_tokens_to_keep), generator)",
         "return sample_basic(filter_top_p(logits, top_p, min_tokens_to_keep))",
         "top-p sampling ignores the generator",
+    ),
+    Mutant(
+        "sample_top_p",
+        'return logits.masked_fill(remove, float("-inf"))',
+        'return logits.masked_fill_(remove, float("-inf"))',
+        "masked_fill_ in place: the caller's logits lose their tail",
     ),
     # TransformerSampler.sample and next_logits
     Mutant(
@@ -287,6 +333,12 @@ MUTANTS = [
         "key=lambda b: -b[0])[:num_beams]\n        if verbose:",
         "key=lambda b: -b[0])\n        if verbose:",
         "more than num_beams finished sequences kept",
+    ),
+    Mutant(
+        "beam_search",
+        "finished = sorted(finished + newly_finished.to_list(), key=lambda b: -b[0])[:num_beams]",
+        "finished = (finished + newly_finished.to_list())[:num_beams]",
+        "finished sequences kept in the order they finished, not best first",
     ),
     Mutant(
         "beam_search",
