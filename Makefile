@@ -14,6 +14,8 @@ TORCH_INDEX := $(if $(TORCH_CPU),--index-url https://download.pytorch.org/whl/cp
 PYTEST := $(BIN)/python -m pytest
 # Run with the network blocked where the machine allows it: after setup the course is offline.
 OFFLINE := $(BIN)/python -m utils.offline
+# Two commands side by side: the tests run torch on one thread, so the second core is free.
+LANES := $(BIN)/python -m utils.lanes
 
 .PHONY: lab test setup build grade clean-venv
 
@@ -25,15 +27,17 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(PYTEST) tests/machinery --ignore=tests/machinery/test_notebooks_run.py
+	COURSE_TEST_THREADS=2 $(PYTEST) tests/machinery --ignore=tests/machinery/test_notebooks_run.py
 	$(BIN)/course corpus
-	@echo "Offline from here on: every chapter's notebook end to end, then the graded tests."
-	$(OFFLINE) $(PYTEST) tests/machinery/test_notebooks_run.py
-	$(OFFLINE) $(PYTEST) tests/graded --impl solutions
-	@echo "Every graded test must FAIL on the blank stubs (inverted: a pass below means it does):"
-	$(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail
-	@echo "Every learner-style mutant (tests/machinery/mutants/) must fail a test of its exercise:"
-	$(OFFLINE) $(PYTEST) tests/graded --mutants -q
+	@echo "Offline from here on, two lanes at a time: every chapter's notebook end to end beside"
+	@echo "the graded tests on the solutions and on the blank stubs, where every graded test must"
+	@echo "FAIL (inverted: a pass there means it does not); then every learner-style mutant"
+	@echo "(tests/machinery/mutants/) must fail a test of its exercise."
+	$(LANES) "$(OFFLINE) $(PYTEST) tests/machinery/test_notebooks_run.py" \
+		"$(OFFLINE) $(PYTEST) tests/graded --impl solutions && \
+		 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail"
+	$(LANES) "$(OFFLINE) $(PYTEST) tests/graded --mutants -q -m chapter_03" \
+		"$(OFFLINE) $(PYTEST) tests/graded --mutants -q -m 'not chapter_03'"
 
 setup: $(STAMP)
 

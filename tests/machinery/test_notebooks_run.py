@@ -15,6 +15,7 @@ def test_teacher_notebook_runs_end_to_end(chapter, tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.setenv("COURSE_QUICK", "1")  # chapters that train use a short schedule
     monkeypatch.setenv("COURSE_SAVED_MODELS", str(tmp_path / "saved"))  # not a learner's "mine"
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # make test runs the graded tests beside it
     nb = build_notebook(chapter, teacher=True)
     client = NotebookClient(
         nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
