@@ -20,6 +20,8 @@ def pytest_configure(config):
     # The tests run small models: one thread is about as fast on a quiet machine and many times
     # faster on a busy one, where every parallel operation waits for its slowest thread (7x on
     # chapter 4's graded tests beside another test run). Forked graded children use one too.
+    # A live check() runs pytest inside the learner's kernel: the setting is undone at the end.
+    config.course_threads_before = torch.get_num_threads()
     torch.set_num_threads(int(os.environ.get("COURSE_TEST_THREADS", "1")))
     if config.getoption("--must-fail") and config.getoption("--impl") != "stubs":
         raise pytest.UsageError("--must-fail only makes sense with --impl stubs")
@@ -29,6 +31,10 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{name}: exercise {name} of chapter {ex.chapter}")
     for chapter in sorted({ex.chapter for ex in EXERCISES.values()}):
         config.addinivalue_line("markers", f"chapter_{chapter[:2]}: graded tests of {chapter}")
+
+
+def pytest_unconfigure(config):
+    torch.set_num_threads(config.course_threads_before)
 
 
 def _exercise_of(item) -> str | None:
