@@ -22,7 +22,8 @@
 # - `CachedTransformerSampler.sample`: chapter 3's sampler with a cache, and what to do when
 #   the text outgrows the model's context window;
 # - `CachedBeams.generate`: chapter 3's beam search with a cache that follows the beams;
-# - `left_pad` and `generate_batch`: many prompts of different lengths, generated together.
+# - `left_pad`, `positions_and_allowed` and `generate_batch`: many prompts of different
+#   lengths, padded, and generated together.
 #
 # One piece is **given**: `KeyValueCache`, the container that holds the cached tensors. At the
 # end you time all of it against the uncached loop and against Hugging Face's `generate`.
@@ -47,7 +48,8 @@
 # of yours.
 #
 # The exercises build on each other: `forward_with_cache` calls your `attention_with_cache`,
-# which uses your `causal_mask`'s convention, and the samplers call your `forward_with_cache`.
+# which uses your `causal_mask`'s convention, and the samplers call your `forward_with_cache`
+# (which calls your `positions_and_allowed` for padded batches, from section 8 on).
 # Do them in order.
 #
 # Run the setup cell below first.
@@ -121,6 +123,43 @@ print(f"largest change of the logits at the first {shorter.shape[1]} positions: 
 # %% [markdown]
 # The difference is zero, or a rounding error in the last digits of a float32 (matrix products
 # of differently shaped inputs may add up their terms in a different order), nothing more.
+#
+# ### Design it first
+#
+# Before reading on, design the cache yourself: take five minutes and a sheet of paper. You
+# know the model from chapter 1; the rest of this section and the next give the course's
+# answers, and the details blocks give them in short.
+#
+# 1. A new position at step $t$: what does it need from the positions before it, layer by
+#    layer? What can you store so that nothing is computed twice? Why not its queries?
+# 2. In which layout would you store it, per layer? Think of the matrix product that reads
+#    it.
+# 3. Beam search (chapter 3) keeps $k$ beams. At each step it may continue one beam twice and
+#    drop another. What must happen to the cache?
+# 4. A batch of prompts of different lengths is padded so the rows line up. What must the
+#    cache remember besides the tensors of question 1?
+# 5. Should a step write into the cache, or return a new one?
+#
+# <details><summary>Answers</summary>
+#
+# 1. Positions meet only in attention, and there a new query reads the earlier positions'
+#    **keys** and **values** at every layer: store those, one pair per layer. A query is read
+#    only by its own position, once, so there is nothing to keep.
+# 2. One tensor per layer for keys and one for values, `[batch, n_heads, pos, d_head]`: with
+#    the heads before the positions, every head's scores are one batched `q @ k.T` over the
+#    leading `[batch, n_heads]`, the layout `F.scaled_dot_product_attention` and HF use.
+# 3. It follows the beams: row $i$ of the new cache is the row of the beam that beam $i$
+#    continues, picked by an index tensor, repeats included (`cache[rows]` in section 2).
+# 4. Which positions are padding (a mask `[batch, pos]`), so later steps keep hiding them and
+#    count positions from each row's first real token; and the token ids, for checks and for
+#    reading the texts back.
+# 5. Either works. The course returns a new cache and leaves the old one valid: beams may
+#    share one, and going back costs nothing. The price is a copy per step; HF's
+#    `StaticCache` writes in place into a buffer of `n_ctx` positions instead.
+#
+# </details>
+#
+# ### What to keep
 #
 # Chapter 3's loop only ever uses the logits at the **last** position. What does the last
 # position need from the others? Inside a block, layer norm, the MLP and the residual additions
@@ -249,7 +288,7 @@ Console().print(table)
 #   `[batch, n_heads, pos, d_head]`.
 # - `tokens` `[batch, pos]`: the token ids of the cached positions.
 # - `mask` `[batch, pos]`: `False` where a row holds **padding** rather than a real token. You
-#   need it from section 5 on, for batches of prompts of different lengths; for one prompt it is
+#   need it from section 8 on, for batches of prompts of different lengths; for one prompt it is
 #   all `True`.
 # - `cfg`: the config of the model that made it.
 # - `KeyValueCache.new_empty(cfg, batch)`: a cache of length 0. `.batch` and `.length` are the
@@ -508,9 +547,9 @@ print("5 positions cached, the rest:", (rest - expected[:, 5:]).abs().max().item
 # `model.pos_embed.W_pos[positions]`; `model.pos_embed(tokens)` would give positions from 0.
 #
 # **2. The mask, built once.** All layers use the same `allowed`, so build it once, before the
-# loop: `~causal_mask(new, all)`, where `all = cache.length + new`. With one new token and no
-# padding, pass `allowed = None`: the new token may read every key, and the attention function
-# skips masking altogether. That is the usual decoding step, so it is worth the special case.
+# loop: `~causal_mask(new, all)`, where `all = cache.length + new`. With one new token, pass
+# `allowed = None`: the new token may read every key, and the attention function skips masking
+# altogether. That is the usual decoding step, so it is worth the special case.
 #
 # **3. The loop keeps the keys and values.** For each block and its layer of the cache:
 # `attention_with_cache(block.attn, block.ln1(residual), past_k, past_v, allowed)`, add the
@@ -519,85 +558,39 @@ print("5 positions cached, the rest:", (rest - expected[:, 5:]).abs().max().item
 # blocks, `logits = model.unembed(model.ln_final(residual))`. The given code after your part
 # builds the new cache from `keys`, `values` and the token ids, and returns it with `logits`.
 #
-# ### Padding
-#
-# The same function serves **batches of prompts of different lengths** (section 8), and this
-# is where they need care. Such a batch is padded on the **left**: each row is filled up with
-# a padding token before its prompt, and `attention_mask` `[batch, new]` says which columns are
-# real (`True`) and which are padding (`False`). The cache stores that mask, and the given
-# `start_forward` (in the cell before yours, which also checks every argument) joins the two:
-# `mask` `[batch, all]` covers every position, cached and new, and `padded` says whether it
-# has any `False` at all.
-#
-# ```
-#   column:      0    1    2    3    4    5
-#   row 0:       H    A    M    L    E    T      mask  1 1 1 1 1 1    positions  0 1 2 3 4 5
-#   row 1:      pad  pad  pad   P    U    C      mask  0 0 0 1 1 1    positions  0 0 0 0 1 2
-# ```
-#
-# (One letter per token, for the picture.) Row 1 must compute exactly what its prompt would
-# compute alone. Two things make sure of that:
-#
-# - **Positions count real tokens only.** Row 1's first real token is in column 3, but it is
-#   the row's position 0. A token's position is the number of real tokens before it in its
-#   row: `mask.cumsum(dim=1) - 1`, clamped at 0 (padding gets position 0; nobody reads what
-#   padding computes). The new tokens' positions are the last `new` columns of that. Without
-#   padding this gives `cache.length, cache.length + 1, ...`, so one formula covers both cases.
-# - **No real token attends to padding.** Hide every padding key: `allowed` also needs
-#   `mask[:, None, None, :]`, which is `[batch, 1, 1, all]` and broadcasts over heads and
-#   queries, so that `allowed` becomes `[batch, 1, new, all]`, one mask per row.
-#
-# One trap remains. A padding *query* in column 0 has no real key before it, so with padding
-# hidden it sees no key at all: its row of scores is all $-\infty$. Chapter 1's softmax turns
-# such a row into `0/0 = NaN`. (What `F.scaled_dot_product_attention` returns for such a row
-# depends on the PyTorch version and on which of its kernels runs: some return zeros, others
-# NaN, and HF carries a workaround for it.)
-# You might think a NaN there harmless, since nobody uses the output at a padding position.
-# But NaN spreads. It enters the residual stream at that position, the next layer computes a
-# NaN key and value from it, and a real query's weighted sum of values includes
-# `0 * NaN = NaN`, although its weight on that position is exactly 0. So do not depend on the
-# attention function's choice: let every query see its **own** key, padding or not. A padding
-# query then attends to itself (a harmless, finite result), and real queries still never see
-# padding: `allowed & (mask[:, None, None, :] | own_key)`, where `own_key[i, j]` is `True`
-# when key column `j` is new query `i`'s own column.
+# The function has two slots. The first computes `positions` and `allowed` (changes 1 and 2);
+# the second runs the model (change 3). The given `start_forward` (the cell before yours)
+# checks every argument and returns `mask` `[batch, all]`, `True` at every real token, cached
+# or new. It is all `True` here. A batch of prompts of different lengths has padding, where it
+# is `False`; the given branch hands that case to `positions_and_allowed`, an exercise of
+# section 8, where batching needs it. Until then it stays unimplemented, and the tests of this
+# section use no padding.
 #
 # Common mistakes: positions from 0 at every step (a sneaky bug: the first new token is often
 # still the right one, and then the text falls apart); giving `attention_with_cache` the raw
 # residual stream instead of `block.ln1(residual)`; feeding the MLP the residual stream from
-# before the attention was added; a mask per layer instead of one; counting padding in the
-# positions; hiding padding keys from padding queries too (NaN with a hand-written softmax).
-#
-# If this is a lot at once, write the unpadded case first (`mask` all `True`, `allowed` from
-# `causal_mask` only), run the check, and see the padding test fail alone; then add padding.
+# before the attention was added; no mask for a chunk of several new tokens (a prefill then
+# reads the future); a mask per layer instead of one.
 #
 # The tests compare your logits with the uncached model in float64 (a copy of the model in
 # double precision, where a correct cache agrees to about $10^{-12}$, and the bound is
-# $10^{-5}$) for a prefill followed by single steps and for chunks of mixed sizes; with HF's
-# `GPT2LMHeadModel` for a prefill of 10 tokens and single steps; and, for a left-padded batch
-# of three prompts (padded with id 1000, neither 0 nor end-of-text) and one step after it, with
-# HF run on each prompt alone. At the padding positions, your logits and cached keys and values
-# must be finite and equal what the padding token computes alone at position 0 (HF on that one
-# token): that is what a padding query computes when it sees its own key, and only it.
+# $10^{-5}$) for a prefill followed by single steps and for chunks of mixed sizes, and with
+# HF's `GPT2LMHeadModel` for a prefill of 10 tokens and single steps.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
-# It is `DemoTransformer.forward` with three changes: positions start after the cache (and count
-# real tokens only), one `allowed` mask is built before the loop, and each block's attention
-# goes through `attention_with_cache`, whose keys and values you collect. Write the unpadded
-# case first.
+# It is `DemoTransformer.forward` with three changes: positions start after the cache, one
+# `allowed` mask is built before the loop, and each block's attention goes through
+# `attention_with_cache`, whose keys and values you collect.
 #
 # </details>
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - **Positions** `[batch, new]`: the formula of the Padding section, `mask.cumsum(dim=1) - 1`
-#   clamped at 0, then its last `new` columns (from `cache.length` on). Index
-#   `model.pos_embed.W_pos` with them and add `model.embed(tokens)`: `[batch, new, d_model]`.
-# - **Mask**: `None` for one new token without padding; otherwise `~causal_mask(new, all)`,
-#   `[new, all]`, on the tokens' device. With padding, `own_key` `[new, all]` compares the key
-#   columns `torch.arange(all)` (as a row) with the new queries' columns, the last `new` of them
-#   (as a column); then combine with `mask[:, None, None, :]` as described above, to get
-#   `[batch, 1, new, all]`.
+# - **Positions** `[new]`: `cache.length, ..., all - 1` (`torch.arange` with a start, on the
+#   tokens' device). Index `model.pos_embed.W_pos` with them, `[new, d_model]`, and add
+#   `model.embed(tokens)`, `[batch, new, d_model]`: broadcasting does the rest.
+# - **Mask**: `None` for one new token; otherwise `~causal_mask(new, all)`, `[new, all]`.
 # - **Blocks**: `zip(model.blocks, cache.keys, cache.values, strict=True)`; attention on
 #   `block.ln1(residual)`, added to the residual; then the MLP on `block.ln2` of the *updated*
 #   residual, added; append the returned keys and values to the two lists.
@@ -975,9 +968,9 @@ for score, tokens in results["cached"]:
 # each new token into its own column, leaving holes in the cache. HF asks for the same when
 # you generate for a batch: a tokenizer with `padding_side="left"`.
 #
-# The padding itself is handled by `forward_with_cache` (section 5): positions that count real
-# tokens only, padding keys hidden from real queries, every query allowed its own key. Padding
-# uses the end-of-text token as its id (any id would do: the mask hides it).
+# Two exercises make padding work: `left_pad` builds the padded batch and its mask, and
+# `positions_and_allowed` makes each row compute what its prompt computes alone. Padding uses
+# the end-of-text token as its id (any id would do: the mask hides it).
 #
 # ### Exercise: `left_pad`
 #
@@ -1030,15 +1023,115 @@ print(pad_demo)
 print(pad_mask)
 
 # %% [markdown]
-# And what each row's queries may read in the prefill of this batch, as `forward_with_cache`
-# builds it: the causal mask, plus every padding key hidden, except from its own query (the
-# trap of section 5).
+# ### Exercise: `positions_and_allowed`
+#
+# `forward_with_cache` (section 5) hands a batch with padding to
+# `positions_and_allowed(mask, n_new)`. `mask` `[batch, all]` covers every position, cached
+# and new, `True` at real tokens; the new tokens are its last `n_new` columns. It returns the
+# new tokens' `positions` `[batch, new]` and `allowed` `[batch, 1, new, all]`, which keys each
+# new query may read (the `1` broadcasts over the heads).
+#
+# ```
+#   column:      0    1    2    3    4    5
+#   row 0:       H    A    M    L    E    T      mask  1 1 1 1 1 1    positions  0 1 2 3 4 5
+#   row 1:      pad  pad  pad   P    U    C      mask  0 0 0 1 1 1    positions  0 0 0 0 1 2
+# ```
+#
+# (One letter per token, for the picture.) Row 1 must compute exactly what its prompt would
+# compute alone. Two things make sure of that:
+#
+# - **Positions count real tokens only.** Row 1's first real token is in column 3, but it is
+#   the row's position 0. A token's position is the number of real tokens before it in its
+#   row: `mask.cumsum(dim=1) - 1`, clamped at 0 (padding gets position 0; nobody reads what
+#   padding computes, and -1 would index the *last* row of `W_pos`). The new tokens' positions
+#   are the last `n_new` columns of that. Without padding this gives `cache.length`,
+#   `cache.length + 1`, ..., section 5's positions.
+# - **No real token attends to padding.** Hide every padding key: `allowed` is the causal mask
+#   `~causal_mask(new, all)` `[new, all]`, and also `mask[:, None, None, :]`, which is
+#   `[batch, 1, 1, all]` and broadcasts over heads and queries, so that `allowed` becomes
+#   `[batch, 1, new, all]`, one mask per row.
+#
+# One trap remains. A padding *query* in column 0 has no real key before it, so with padding
+# hidden it sees no key at all: its row of scores is all $-\infty$. Chapter 1's softmax turns
+# such a row into `0/0 = NaN`. (What `F.scaled_dot_product_attention` returns for such a row
+# depends on the PyTorch version and on which of its kernels runs: some return zeros, others
+# NaN, and HF carries a workaround for it.)
+# You might think a NaN there harmless, since nobody uses the output at a padding position.
+# But NaN spreads. It enters the residual stream at that position, the next layer computes a
+# NaN key and value from it, and a real query's weighted sum of values includes
+# `0 * NaN = NaN`, although its weight on that position is exactly 0. So do not depend on the
+# attention function's choice: let every query see its **own** key, padding or not. A padding
+# query then attends to itself (a harmless, finite result), and real queries still never see
+# padding: `causal & (mask[:, None, None, :] | own_key)`, where `own_key[i, j]` is `True`
+# when key column `j` is new query `i`'s own column.
+#
+# Common mistakes: counting padding in the positions; not clamping them (padding at -1);
+# taking the *first* `n_new` columns instead of the last (right for a prefill, wrong for every
+# step after it); hiding padding keys from padding queries too (NaN with a hand-written
+# softmax); `own_key` from the first `n_new` columns, so that after a cache a query sees
+# column 0; forgetting the causal part once padding is handled.
+#
+# The tests compare your positions at real tokens with HF's convention (`mask.cumsum(-1) - 1`,
+# what its GPT-2 uses in `generate`) and your `allowed` with the rule written out as a loop,
+# for a prefill and for one and three new tokens after a padded cache; then, through your
+# `forward_with_cache`, a left-padded batch of three prompts (padded with id 1000, neither 0
+# nor end-of-text) and one step after it against HF run on each prompt alone. At the padding
+# positions, the logits and cached keys and values must be finite and equal what the padding
+# token computes alone at position 0 (HF on that one token): that is what a padding query
+# computes when it sees its own key, and only it.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Both outputs are about the *last* `n_new` columns of `mask`. The positions come from a running
+# count of real tokens; `allowed` is three conditions combined: causal, key is real, or key is
+# the query's own column.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# - **Positions**: `mask.cumsum(dim=1) - 1`, `.clamp(min=0)`, then `[:, -n_new:]`.
+# - **Causal**: `~causal_mask(n_new, all)`, `[new, all]`, on the mask's device.
+# - **Own key** `[new, all]`: compare the key columns `torch.arange(all)` (as a row, `[None, :]`)
+#   with the new queries' columns, the last `n_new` of them (as a column, `[:, None]`).
+# - **Combine**: `causal & (mask[:, None, None, :] | own_key)` broadcasts to
+#   `[batch, 1, new, all]`. Return `(positions, allowed)`.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("positions_and_allowed")` in a new cell prints the
+# reference implementation. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="positions_and_allowed"
+# solution: solutions.cached_model.positions_and_allowed
+
+# %%
+check("positions_and_allowed")
+
+# %% [markdown]
+# **Predict, then run.** The prefill of the padded batch above: which positions does each row
+# get, and what may each row's queries read?
+#
+# <details><summary>What to expect</summary>
+#
+# Row 0 (no padding) gets 0, 1, 2 and the plain causal mask. Row 1 (two padding columns) gets
+# 0, 0, 0: the two padding columns are clamped to 0, and its one real token is its position 0.
+# Its real query sees only its own column, and each padding query only itself. Row 2 gets
+# 0, 0, 1, and its second real token sees both real tokens, not the padding.
+#
+# </details>
 
 # %%
 n = pad_mask.shape[1]
-own_key = torch.eye(n, dtype=torch.bool)
+pad_positions, pad_allowed = positions_and_allowed(pad_mask, n)
+print("positions:")
+print(pad_positions)
 plot_masks(
-    {f"row {r}": causal_mask(n, n) | ~(pad_mask[r][None, :] | own_key) for r in range(3)},
+    {f"row {r}": ~pad_allowed[r, 0] for r in range(3)},
     "Left padding: dark where a query may not look",
 )
 

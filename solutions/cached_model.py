@@ -91,6 +91,28 @@ def start_forward(
     return cache, torch.cat([cache.mask, attention_mask], dim=1)
 
 
+def positions_and_allowed(
+    mask: Bool[Tensor, "batch all"], n_new: int
+) -> tuple[Int[Tensor, "batch new"], Bool[Tensor, "batch 1 new all"]]:
+    """For the last `n_new` of the positions that `mask` covers (True at real tokens, False at
+    left padding): each one's position, the number of real tokens before it in its row, and
+    which keys each of their queries may read. A real query reads the real keys up to its own
+    column; every query, padding or not, reads its own key."""
+    # BEGIN SOLUTION
+    # Padding gets position 0 (-1 would index the LAST row of W_pos); nobody reads its result.
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -n_new:]
+    n_all = mask.shape[1]
+    causal = ~causal_mask(n_new, n_all, device=mask.device)  # [new, all]
+    # A padding query sees its own key, so its softmax has no all -inf row: NaN would leak
+    # into the real rows through 0 * NaN in the next layer's weighted sum of values.
+    column = torch.arange(n_all, device=mask.device)
+    own_key = column[None, :] == column[-n_new:, None]  # [new, all]
+    # mask[:, None, None, :] is [batch, 1, 1, all]: it broadcasts over heads and queries.
+    allowed = causal & (mask[:, None, None, :] | own_key)  # [batch, 1, new, all]
+    return positions, allowed
+    # END SOLUTION
+
+
 def forward_with_cache(
     model: DemoTransformer,
     tokens: Int[Tensor, "batch new"],
@@ -100,29 +122,20 @@ def forward_with_cache(
     """Logits for the NEW tokens only, given the cache of everything before them, and the
     longer cache. `cache=None` starts from an empty cache: the logits are then those of
     `model(tokens)` (up to float rounding). `attention_mask` (False at left padding) lets the
-    rows of a batch hold prompts of different lengths; each row's positions count its real
-    tokens only."""
+    rows of a batch hold prompts of different lengths."""
     cache, mask = start_forward(model, tokens, cache, attention_mask)
-    padded = not bool(mask.all())
-    # BEGIN SOLUTION
-    # A token's position is the number of real tokens before it in its row: the cache's
-    # length when there is no padding. Padding gets position 0; nobody reads its result.
-    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, cache.length :]
-    residual = model.embed(tokens) + model.pos_embed.W_pos[positions]
-
-    # Which keys each new query may read, built once for all layers. One new token may read
-    # every cached key, so the usual decoding step needs no mask at all.
     n_new, n_all = tokens.shape[1], mask.shape[1]
-    allowed = None
-    if n_new > 1 or padded:
-        allowed = ~causal_mask(n_new, n_all, device=tokens.device)  # [new, all]
-    if padded:
-        # A padding key is hidden from every query but its own: a padding query still sees
-        # one key, so its softmax has no all -inf row (NaN would leak through 0 * NaN).
-        position = torch.arange(n_all, device=tokens.device)
-        own_key = position[None, :] == position[-n_new:, None]  # [new, all]
-        allowed = allowed & (mask[:, None, None, :] | own_key)  # [batch, 1, new, all]
-
+    if not mask.all():  # a left-padded batch: section 8's exercise
+        positions, allowed = positions_and_allowed(mask, n_new)
+    else:
+        # BEGIN SOLUTION
+        # The new tokens come after the cached ones.
+        positions = torch.arange(cache.length, n_all, device=tokens.device)  # [new]
+        # One new token may read every cached key, so the usual decoding step needs no mask.
+        allowed = None if n_new == 1 else ~causal_mask(n_new, n_all, device=tokens.device)
+        # END SOLUTION
+    # BEGIN SOLUTION
+    residual = model.embed(tokens) + model.pos_embed.W_pos[positions]
     keys, values = [], []
     for block, past_k, past_v in zip(model.blocks, cache.keys, cache.values, strict=True):
         attn_out, k, v = attention_with_cache(

@@ -21,7 +21,9 @@ Rules, the same for `pytest`, `course grade` and `check(...)`:
 - The reference stands in for a broken earlier exercise: when a test of one exercise fails
   inside another exercise's code (not implemented, raising, looping, exiting), or that exercise
   did not load, the test runs again with the reference objects of that exercise, and the
-  message says so. Wrong values are not "broken": each exercise's own tests find those.
+  message says so. A reference function that stands in calls the notebook's own objects of
+  the other exercises, so each test still grades its exercise's code wherever it is called.
+  Wrong values are not "broken": each exercise's own tests find those.
 - A cell that rebinds a name of the setup cell (`torch = None`) fails its own exercise with a
   message saying so; the other exercises are graded with the name restored.
 """
@@ -132,6 +134,33 @@ def _fallback(exercise: Exercise, namespace: dict) -> None:
     """Give dependent cells the reference objects of an exercise."""
     for dotted, name in zip(exercise.objects, exercise.object_names, strict=True):
         namespace[name] = import_object(dotted)
+
+
+def _link_stand_in(exercise: Exercise, namespace: dict, exercise_names: set[str]) -> None:
+    """Make a reference function that stands in call the notebook's own objects of the other
+    exercises (a reference `forward_with_cache` calls your `positions_and_allowed`), so that a
+    test of one exercise grades that exercise's code wherever it is called. Classes, and names
+    the notebook does not define, stay the reference's."""
+    for name in exercise.object_names:
+        ref = namespace.get(name)
+        if not isinstance(ref, types.FunctionType):
+            continue
+        links = {
+            n: namespace[n]
+            for n in ref.__code__.co_names
+            if n in exercise_names and n not in exercise.object_names and n in namespace
+        }
+        if links:
+            linked = types.FunctionType(
+                ref.__code__,
+                {**ref.__globals__, **links},
+                ref.__name__,
+                ref.__defaults__,
+                ref.__closure__,
+            )
+            linked.__kwdefaults__ = ref.__kwdefaults__
+            linked.__wrapped__ = ref
+            namespace[name] = linked
 
 
 def _is_check_cell(source: str) -> bool:
@@ -457,9 +486,11 @@ def _prepare_child(impl: Impl, exercise: str) -> None:
     ns = impl.namespace
     for name, value in impl.setup_values.items():
         ns[name] = value
-    for other, _why in impl.broken.items():
-        if other != exercise:
-            _fallback(impl.spec.exercise(other), ns)
+    stand_ins = [o for o in impl.broken if o != exercise]
+    for other in stand_ins:
+        _fallback(impl.spec.exercise(other), ns)
+    for other in stand_ins:
+        _link_stand_in(impl.spec.exercise(other), ns, set(impl.exercise_of_object))
     for (name, attr), why in impl.hung.items():
         if impl.exercise_of_object.get(name) != exercise and name in impl.exercise_of_object:
             continue

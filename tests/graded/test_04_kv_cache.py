@@ -276,7 +276,116 @@ def test_cached_logits_match_hf(impl, shipped, hf):
     )
 
 
-@pytest.mark.forward_with_cache
+# --------------------------------------------------------------------------- positions_and_allowed
+
+
+def padded_masks() -> list[tuple[str, torch.Tensor, int]]:
+    """(what, mask [batch, all], n_new): a left-padded prefill of rows of 6, 3 and 1 real tokens;
+    then, after two steps and one where row 1 was fed padding (it had finished), one and three
+    new tokens."""
+    _, prefill = left_padded([[5] * 6, [5] * 3, [5]], PAD_ID)
+    later = torch.cat([prefill, torch.tensor([[True, True, True]] * 3)], dim=1)
+    later[1, -1] = False
+    return [
+        ("the prefill of a left-padded batch", prefill, prefill.shape[1]),
+        ("one new token after a padded cache", later, 1),
+        ("three new tokens after a padded cache", later, 3),
+    ]
+
+
+def allowed_by_rule(mask: torch.Tensor, n_new: int) -> torch.Tensor:
+    """The chapter's rule, one (row, query, key) at a time: a real query reads the real keys up to
+    its own column. [batch, new, all]"""
+    batch, n_all = mask.shape
+    out = torch.zeros(batch, n_new, n_all, dtype=torch.bool)
+    for b in range(batch):
+        for i in range(n_new):
+            col = n_all - n_new + i
+            for j in range(col + 1):
+                out[b, i, j] = bool(mask[b, j])
+    return out
+
+
+@pytest.mark.positions_and_allowed
+@pytest.mark.parametrize("case", range(3), ids=["prefill", "one-new", "three-new"])
+def test_positions_count_real_tokens(impl, case):
+    what, mask, n_new = padded_masks()[case]
+    before = mask.clone()
+    positions, _ = impl.positions_and_allowed(mask, n_new)
+    assert torch.equal(mask, before), "positions_and_allowed must not change its mask in place"
+    batch = mask.shape[0]
+    assert torch.broadcast_shapes(tuple(positions.shape), (batch, n_new)) == (batch, n_new), (
+        f"{what}: positions must be [batch, new] = {(batch, n_new)}, got {tuple(positions.shape)}"
+    )
+    positions = positions.expand(batch, n_new)
+    # HF GPT-2's convention in `generate`: the count of real tokens so far, minus one.
+    expected = (mask.long().cumsum(-1) - 1)[:, -n_new:]
+    real = mask[:, -n_new:]
+    if not torch.equal(positions[real], expected[real]):
+        hint = (
+            "Do you count padding in the positions? A token's position is the number of real "
+            "tokens before it in its row: mask.cumsum(dim=1) - 1."
+        )
+        if n_new < mask.shape[1] and torch.equal(
+            positions[real], (mask.long().cumsum(-1) - 1)[:, :n_new][real]
+        ):
+            hint = "These are the positions of the FIRST n_new columns; the new ones are the LAST."
+        pytest.fail(
+            f"{what}: at real tokens the positions should be {expected.tolist()} (padding "
+            f"columns aside), got {positions.tolist()}. {hint}"
+        )
+    pad_positions = positions[~real]
+    assert bool((pad_positions >= 0).all()), (
+        f"{what}: padding got position {int(pad_positions.min())}: W_pos[-1] is the LAST row, "
+        "not a harmless one. Clamp the positions at 0."
+    )
+
+
+@pytest.mark.positions_and_allowed
+@pytest.mark.parametrize("case", range(3), ids=["prefill", "one-new", "three-new"])
+def test_allowed_hides_padding_and_the_future(impl, case):
+    what, mask, n_new = padded_masks()[case]
+    before = mask.clone()
+    _, allowed = impl.positions_and_allowed(mask, n_new)
+    assert torch.equal(mask, before), "positions_and_allowed must not change its mask in place"
+    batch, n_all = mask.shape
+    assert allowed.dtype == torch.bool, f"allowed must be a bool tensor, got {allowed.dtype}"
+    assert tuple(allowed.shape) == (batch, 1, n_new, n_all), (
+        f"{what}: allowed must be [batch, 1, new, all] = {(batch, 1, n_new, n_all)} (the 1 "
+        f"broadcasts over heads), got {tuple(allowed.shape)}"
+    )
+    allowed = allowed[:, 0]
+    expected = allowed_by_rule(mask, n_new)
+    real = mask[:, -n_new:]
+    for b, i in real.nonzero().tolist():
+        if not torch.equal(allowed[b, i], expected[b, i]):
+            col = n_all - n_new + i
+            got, want = allowed[b, i].int().tolist(), expected[b, i].int().tolist()
+            if bool(allowed[b, i, col + 1 :].any()):
+                hint = "It sees keys after its own column: is the causal part still there?"
+            elif bool((allowed[b, i] & ~mask[b]).any()):
+                hint = "It sees padding keys: combine with mask[:, None, None, :]."
+            else:
+                hint = "It misses a real key before it."
+            pytest.fail(
+                f"{what}: the real query of row {b} in column {col} may read keys {want}, "
+                f"got {got}. {hint}"
+            )
+    for b, i in (~real).nonzero().tolist():
+        col = n_all - n_new + i
+        assert bool(allowed[b, i, col]), (
+            f"{what}: the padding query of row {b} in column {col} may not read its own key. "
+            "A query that sees no key at all has a softmax row of all -inf (0/0 = NaN with a "
+            "hand-written softmax), and NaN spreads to real tokens in the next layer. Allow "
+            "every query its own key: own_key compares the key columns with the LAST n_new "
+            "columns."
+        )
+        assert not bool(allowed[b, i, col + 1 :].any()), (
+            f"{what}: the padding query of row {b} in column {col} sees later keys"
+        )
+
+
+@pytest.mark.positions_and_allowed
 def test_left_padded_batch_matches_each_prompt_alone(impl, shipped, hf):
     model, tokenizer = shipped
     rows = [tokenizer.encode(p) for p in BATCH_PROMPTS]
@@ -303,7 +412,7 @@ def test_left_padded_batch_matches_each_prompt_alone(impl, shipped, hf):
             )
 
 
-@pytest.mark.forward_with_cache
+@pytest.mark.positions_and_allowed
 def test_padding_positions_see_only_their_own_key(impl, shipped, hf):
     # What a padding column computes is never read by a real token, but it must be finite
     # whatever the attention function does with a row of scores that is all -inf (zeros in

@@ -257,3 +257,27 @@ def test_impl_explains_a_missing_object(name):
     impl = impl_from_live({}, CHAPTER)
     with pytest.raises(ExerciseUnavailable, match="run the cell"):
         getattr(impl, name)
+
+
+def test_a_stand_in_calls_the_learners_later_exercise(tmp_path):
+    # forward_with_cache hands padded batches to positions_and_allowed, a later exercise. When
+    # forward_with_cache is broken and the reference stands in, positions_and_allowed's tests
+    # must still grade the learner's positions_and_allowed, not the reference's.
+    nb = build_notebook("04_kv_cache", teacher=True)
+    in_method(nb, "forward_with_cache", "forward_with_cache", "raise RuntimeError('broken')")
+    source = cell(nb, "positions_and_allowed").source
+    clamped = "positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -n_new:]"
+    assert clamped in source
+    # Padding at position 3 instead of 0: only what padding computes shows it (end to end).
+    cell(nb, "positions_and_allowed").source = source.replace(
+        clamped, clamped + "\n    positions = positions + 3 * ~mask[:, -n_new:]"
+    )
+    results, _ = run_graded(
+        tmp_path, nb, "04_kv_cache", "-m", "forward_with_cache or positions_and_allowed"
+    )
+    by_test = {name.split("[")[0]: (o, m) for name, (_, o, m) in results.items()}
+    assert by_test["test_empty_cache_gives_the_uncached_logits"][0] == "failed"
+    outcome, message = by_test["test_padding_positions_see_only_their_own_key"]
+    assert outcome == "failed", message
+    assert "stood in for what is broken: `forward_with_cache`" in message, message
+    assert by_test["test_positions_count_real_tokens"][0] == "passed"
