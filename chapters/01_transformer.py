@@ -379,34 +379,6 @@ print("means:", normed.mean(-1)[0, :4], "\nstds: ", normed.std(-1, unbiased=Fals
 #
 # `tokens` is `[batch, posn]` of integer ids; the result is `[batch, posn, d_model]`.
 #
-# <details><summary>Hint 1: a nudge</summary>
-#
-# Embedding token `t` means taking row `t` of `W_E`. No matrix product and no loop are needed.
-#
-# </details>
-#
-# <details><summary>Hint 2: the approach</summary>
-#
-# Indexing a tensor with an integer tensor picks rows: the result has the index's shape followed
-# by the remaining dimensions of the tensor. Here the index is `tokens` `[batch, posn]` and the
-# rows of `W_E` are `[d_model]` wide, so you get `[batch, posn, d_model]` directly.
-#
-# </details>
-#
-# <details><summary>Hint 3: the solution</summary>
-#
-# Still stuck after trying? `show_solution("Embed")` in a new cell prints the reference
-# implementation. Read it, then close it and write your own.
-#
-# </details>
-
-# %% tags=["exercise"] exercise="embed"
-# solution: solutions.embed.Embed
-
-# %%
-check("embed")
-
-# %% [markdown]
 # ### Positional embedding
 #
 # Attention, as you will see, scores other positions by their *content* only. The causal mask
@@ -422,34 +394,48 @@ check("embed")
 # sequence of the batch gets the same ones. The tests feed two different sequences and expect
 # identical positional vectors.
 #
+# You write both `forward`s, in one cell.
+#
+# Common mistakes: a matrix product with a one-hot vector (right, but it builds a
+# `d_vocab`-wide vector per token); indexing `W_pos` with the token ids instead of the
+# positions; returning `[posn, d_model]` without the batch dimension.
+#
+# The tests compare both embeddings with the reference model's activations, `hook_embed` and
+# `hook_pos_embed`, on a prompt, and feed `PosEmbed` two different sequences of one length.
+#
 # <details><summary>Hint 1: a nudge</summary>
 #
-# The ids do not matter, only how many there are: position `i` gets row `i` of `W_pos`, and
-# every sequence of the batch gets the same rows.
+# Embedding token `t` means taking row `t` of `W_E`: no matrix product and no loop. For the
+# positions, the ids do not matter, only how many there are: position `i` gets row `i` of
+# `W_pos`, and every sequence of the batch gets the same rows.
 #
 # </details>
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# Read `batch` and the sequence length from `tokens.shape`. The first `posn` rows of `W_pos` are
-# `[posn, d_model]`. Copy them over the batch to `[batch, posn, d_model]`:
-# `einops.repeat(..., "posn d_model -> batch posn d_model", batch=batch)` does it (so does
-# `.expand`).
+# - `Embed`: indexing a tensor with an integer tensor picks rows, and the result has the
+#   index's shape followed by the remaining dimensions. Here the index is `tokens`
+#   `[batch, posn]` and the rows of `W_E` are `[d_model]` wide: `[batch, posn, d_model]`.
+# - `PosEmbed`: read `batch` and the sequence length from `tokens.shape`. The first `posn` rows
+#   of `W_pos` are `[posn, d_model]`. Copy them over the batch to `[batch, posn, d_model]`:
+#   `einops.repeat(..., "posn d_model -> batch posn d_model", batch=batch)` does it (so does
+#   `.expand`).
 #
 # </details>
 #
 # <details><summary>Hint 3: the solution</summary>
 #
-# Still stuck after trying? `show_solution("PosEmbed")` in a new cell prints the reference
-# implementation. Read it, then close it and write your own.
+# Still stuck after trying? `show_solution("Embed")` and `show_solution("PosEmbed")` in a new
+# cell print the reference implementation. Read it, then close it and write your own.
 #
 # </details>
 
-# %% tags=["exercise"] exercise="pos_embed"
+# %% tags=["exercise"] exercise="embed"
+# solution: solutions.embed.Embed
 # solution: solutions.embed.PosEmbed
 
 # %%
-check("pos_embed")
+check("embed")
 
 # %% [markdown]
 # With both embeddings you can build the first value of the residual stream yourself. Once
@@ -741,35 +727,6 @@ check("block")
 # module keeps them as two parameters and `load_weights` simply copies whatever the checkpoint
 # holds.)
 #
-# <details><summary>Hint 1: a nudge</summary>
-#
-# One matrix product from `d_model` to `d_vocab` at every position, and the bias, whatever its
-# values.
-#
-# </details>
-#
-# <details><summary>Hint 2: the approach</summary>
-#
-# `[batch, posn, d_model]` times `W_U` `[d_model, d_vocab]` is `[batch, posn, d_vocab]`: `@`, or
-# the einsum `"batch posn d_model, d_model d_vocab -> batch posn d_vocab"`. `b_U` is `[d_vocab]`
-# and broadcasts when you add it.
-#
-# </details>
-#
-# <details><summary>Hint 3: the solution</summary>
-#
-# Still stuck after trying? `show_solution("Unembed")` in a new cell prints the reference
-# implementation. Read it, then close it and write your own.
-#
-# </details>
-
-# %% tags=["exercise"] exercise="unembed"
-# solution: solutions.unembed.Unembed
-
-# %%
-check("unembed")
-
-# %% [markdown]
 # ## 9. The whole model
 #
 # Now assemble `DemoTransformer`: embed the tokens and their positions, add the two, run the
@@ -781,19 +738,33 @@ check("unembed")
 # vocabulary, with a readable `ValueError` instead of an obscure indexing error deep inside
 # `Embed`. Keep them (a test checks them) and write your code below them.
 #
-# The tests compare your logits with the `transformer-lens` bridge on a prompt, and with the
-# Hugging Face model on a batch of three full-length (`n_ctx`) random sequences.
+# You write `Unembed.forward` (section 8) and `DemoTransformer.forward`, in one cell.
+#
+# Common mistakes: forgetting `b_U` (GPT-2's is zero, so only a model with a bias shows it);
+# skipping `ln_final`; feeding every block the embeddings instead of the previous block's
+# output; unembedding before the last block.
+#
+# The tests compare `Unembed` with the reference's logits from its final normalised residual
+# stream, and with a random non-zero `b_U`; then your logits with the `transformer-lens`
+# bridge on a prompt, and with the Hugging Face model on a batch of three full-length
+# (`n_ctx`) random sequences.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
-# You have written every part: `forward` is the diagram of section 2 read from top to bottom.
-# Keep the given checks at the top and write below them.
+# `Unembed` is one matrix product from `d_model` to `d_vocab` at every position, plus the bias,
+# whatever its values. Then you have written every part: `DemoTransformer.forward` is the
+# diagram of section 2 read from top to bottom. Keep the given checks at the top and write
+# below them.
 #
 # </details>
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# The residual stream starts as the sum of the two embeddings of `tokens`,
+# `Unembed`: `[batch, posn, d_model]` times `W_U` `[d_model, d_vocab]` is
+# `[batch, posn, d_vocab]` (`@`, or an einsum); `b_U` is `[d_vocab]` and broadcasts when you add
+# it.
+#
+# `DemoTransformer`: the residual stream starts as the sum of the two embeddings of `tokens`,
 # `[batch, posn, d_model]`. `self.blocks` is an `nn.ModuleList`: iterate over it like a list,
 # feeding each block the stream and reassigning the stream to what it returns. Then
 # `self.ln_final` and `self.unembed` give `[batch, posn, d_vocab]`.
@@ -802,12 +773,13 @@ check("unembed")
 #
 # <details><summary>Hint 3: the solution</summary>
 #
-# Still stuck after trying? `show_solution("DemoTransformer")` in a new cell prints the
-# reference implementation. Read it, then close it and write your own.
+# Still stuck after trying? `show_solution("Unembed")` and `show_solution("DemoTransformer")` in
+# a new cell print the reference implementation. Read it, then close it and write your own.
 #
 # </details>
 
 # %% tags=["exercise"] exercise="transformer"
+# solution: solutions.unembed.Unembed
 # solution: solutions.model.DemoTransformer
 
 # %%

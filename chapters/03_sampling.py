@@ -12,8 +12,8 @@
 #
 # **Sampling, one token at a time** (`TransformerSampler`):
 #
-# - `greedy_search`: always take the most likely token;
-# - `apply_temperature`: make the distribution sharper or flatter;
+# - `greedy_search` and `apply_temperature`: always take the most likely token; make the
+#   distribution sharper or flatter;
 # - `apply_frequency_penalty`: make tokens the text has already used less likely;
 # - `sample_basic`: draw a token at random from the model's distribution;
 # - `filter_top_k` / `sample_top_k` and `filter_top_p` / `sample_top_p`: draw only from the
@@ -194,44 +194,13 @@ print("500 * log(0.1):           ", 500 * math.log(0.1))
 # deterministic (the same prompt always gives the same text), needs no random numbers, and
 # is what chapter 2 used to show the model's progress during training.
 #
-# ### Exercise: `greedy_search`
+# ### The task: `greedy_search`
 #
 # `greedy_search(logits)` takes logits `[batch, d_vocab]` and returns the id of the most likely
 # token of each row, `[batch]`, as integers. If two tokens tie exactly for first place, return
-# the lower id (which is what PyTorch's `argmax` does).
+# the lower id (which is what PyTorch's `argmax` does). You write it together with the next
+# section's `apply_temperature`, in one cell at the end of section 3.
 #
-# Common mistakes: taking the argmax over the wrong dimension (dimension 0 runs over the batch,
-# not the vocabulary), and returning the largest *logit* instead of the token's *index*.
-#
-# <details><summary>Hint 1: a nudge</summary>
-#
-# You want the *index* of the largest logit, not the largest logit itself, along the vocabulary
-# dimension of every row.
-#
-# </details>
-#
-# <details><summary>Hint 2: the approach</summary>
-#
-# `Tensor.argmax(dim=...)` returns indices as int64, and at an exact tie the first one, that is
-# the lowest id. In `[batch, d_vocab]`, which `dim` is the vocabulary? The result must be
-# `[batch]`. (`max` returns values and indices; the values are not what you want.)
-#
-# </details>
-#
-# <details><summary>Hint 3: the solution</summary>
-#
-# Still stuck after trying? `show_solution("greedy_search")` in a new cell prints the reference
-# implementation. Read it, then close it and write your own.
-#
-# </details>
-
-# %% tags=["exercise"] exercise="greedy_search"
-# solution: solutions.sampling.greedy_search
-
-# %%
-check("greedy_search")
-
-# %% [markdown]
 # ## 3. Temperature
 #
 # Greedy text is predictable in the worst sense: the model's first choice, every time, soon
@@ -265,46 +234,58 @@ check("greedy_search")
 # divides by it. HF's `generate` spells the same request `do_sample=False`, and refuses a
 # temperature of 0 with a message that points there.
 #
-# ### Exercise: `apply_temperature`
+# ### Exercise: `greedy_search` and `apply_temperature`
 #
-# `apply_temperature(logits, temperature)` returns the logits divided by the temperature, a new
-# tensor. The check that the temperature is positive is given.
+# Two short functions in one cell: `greedy_search` from section 2, and
+# `apply_temperature(logits, temperature)`, which returns the logits divided by the
+# temperature, a new tensor. The check that the temperature is positive is given.
 #
-# Common mistakes: multiplying by $T$ instead of dividing (then low temperatures flatten, which
-# is backwards), and dividing in place, `logits /= temperature`, which silently changes the
-# caller's tensor too.
+# Common mistakes: taking the argmax over the wrong dimension (dimension 0 runs over the batch,
+# not the vocabulary); returning the largest *logit* instead of the token's *index*;
+# multiplying by $T$ instead of dividing (then low temperatures flatten, which is backwards);
+# and dividing in place, `logits /= temperature`, which silently changes the caller's tensor
+# too.
 #
-# The tests check the closed form, and that the logits you are given are left unchanged
-# (`logits /= temperature` edits the caller's tensor and fails); check that at $T = 10^{-3}$
-# the argmax gets essentially all the probability while every logit stays finite; and sample
-# 20,000 tokens at $T = 0.5$ and $T = 2$ and compare their frequencies with
-# `softmax(logits / T)`. That last test samples through `sample_next_token`, the given
-# function that chains everything in this chapter, so it needs `sample_basic` too: **the
-# check of this exercise comes later**, right after `sample_next_token` is defined in section 8.
+# The tests compare `greedy_search` with an argmax written out in plain Python, on a batch with
+# an exact tie and on a batch of one row; check `apply_temperature` against the closed form,
+# and that the logits you are given are left unchanged (`logits /= temperature` edits the
+# caller's tensor and fails); and check that at $T = 10^{-3}$ the argmax gets essentially all
+# the probability while every logit stays finite.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
-# Divide, don't multiply, and return a new tensor: the caller's logits must not change.
+# Greedy: you want the *index* of the largest logit, not the largest logit itself, along the
+# vocabulary dimension of every row. Temperature: divide, don't multiply, and return a new
+# tensor: the caller's logits must not change.
 #
 # </details>
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# The temperature is one number for every logit of every row, so plain broadcasting does it; the
-# result is logits, `[batch, d_vocab]`, with no softmax. Avoid `/=`, which writes into the
-# caller's tensor. Check the direction: at $T = 0.5$ every gap between two logits should double.
+# - `Tensor.argmax(dim=...)` returns indices as int64, and at an exact tie the first one, that
+#   is the lowest id. In `[batch, d_vocab]`, which `dim` is the vocabulary? The result must be
+#   `[batch]`. (`max` returns values and indices; the values are not what you want.)
+# - The temperature is one number for every logit of every row, so plain broadcasting does
+#   it; the result is logits, `[batch, d_vocab]`, with no softmax. Avoid `/=`, which writes
+#   into the caller's tensor. Check the direction: at $T = 0.5$ every gap between two logits
+#   should double.
 #
 # </details>
 #
 # <details><summary>Hint 3: the solution</summary>
 #
-# Still stuck after trying? `show_solution("apply_temperature")` in a new cell prints the
-# reference implementation. Read it, then close it and write your own.
+# Still stuck after trying? `show_solution("greedy_search")` and
+# `show_solution("apply_temperature")` in a new cell print the reference implementation. Read
+# it, then close it and write your own.
 #
 # </details>
 
-# %% tags=["exercise"] exercise="apply_temperature"
+# %% tags=["exercise"] exercise="greedy_and_temperature"
+# solution: solutions.sampling.greedy_search
 # solution: solutions.sampling.apply_temperature
+
+# %%
+check("greedy_and_temperature")
 
 # %% [markdown]
 # Here is one distribution, the model's guess after the prompt above, at several temperatures.
@@ -865,13 +846,6 @@ Console().print(table)
 # %% tags=["source"]
 # solution: solutions.sampling.check_sampling_args
 # solution: solutions.sampling.sample_next_token
-
-# %% [markdown]
-# Now that `sample_next_token` and your `sample_basic` exist, the temperature tests can sample
-# through them: here is the check of `apply_temperature` from section 3.
-
-# %%
-check("apply_temperature")
 
 # %% [markdown]
 # ## 9. The sampling loop

@@ -127,13 +127,14 @@ def forward_with_cache(
     n_new, n_all = tokens.shape[1], mask.shape[1]
     if not mask.all():  # a left-padded batch: section 8's exercise
         positions, allowed = positions_and_allowed(mask, n_new)
-    else:
+    else:  # no padding: `positions` [new] and `allowed` (changes 1 and 2 of section 5)
         # BEGIN SOLUTION
         # The new tokens come after the cached ones.
         positions = torch.arange(cache.length, n_all, device=tokens.device)  # [new]
         # One new token may read every cached key, so the usual decoding step needs no mask.
         allowed = None if n_new == 1 else ~causal_mask(n_new, n_all, device=tokens.device)
         # END SOLUTION
+    # The model on the new positions: `logits`, and each layer's `keys` and `values` (change 3)
     # BEGIN SOLUTION
     residual = model.embed(tokens) + model.pos_embed.W_pos[positions]
     keys, values = [], []

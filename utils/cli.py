@@ -1,4 +1,4 @@
-"""`course`: build notebooks, grade, reset a notebook, show a solution."""
+"""`course`: build notebooks, grade, reset or export a notebook, show a solution."""
 
 from __future__ import annotations
 
@@ -64,6 +64,18 @@ def _solution(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    from pathlib import Path
+
+    from utils.build import notebook_path
+    from utils.chapters import resolve_chapter
+    from utils.export import export_html
+
+    page = export_html(notebook_path(resolve_chapter(args.chapter)), Path(args.out))
+    print(f"wrote {page} (open it in a browser; it reads MathJax from the folder beside it)")
+    return 0
+
+
 def _corpus(args) -> int:
     from utils.corpus import fetch_corpus
 
@@ -110,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("solution", help="print the reference source of an exercise object")
     p.add_argument("name", help="e.g. LayerNorm, or an exercise name such as attention")
     p.set_defaults(func=_solution)
+
+    p = sub.add_parser("export", help="your notebook, with its outputs, as an offline HTML page")
+    p.add_argument("chapter", help="chapter number or name, e.g. 03")
+    p.add_argument("--out", default="exports", help="output folder (default: exports/)")
+    p.set_defaults(func=_export)
 
     p = sub.add_parser("corpus", help="fetch and cache the training corpus (setup does this)")
     p.set_defaults(func=_corpus)

@@ -169,14 +169,14 @@ def test_embed_matches_reference(impl, reference, ref_run):
     assert_matches(embed(tokens), cache["hook_embed"], "Embed", "Row t of W_E embeds token t.")
 
 
-@pytest.mark.pos_embed
+@pytest.mark.embed
 def test_pos_embed_matches_reference(impl, reference, ref_run):
     tokens, _, cache = ref_run
     pos = build(impl.PosEmbed, reference.cfg, params_under(reference.params, "pos_embed."))
     assert_matches(pos(tokens), cache["hook_pos_embed"], "PosEmbed")
 
 
-@pytest.mark.pos_embed
+@pytest.mark.embed
 def test_pos_embed_depends_on_position_not_token(impl, reference):
     cfg = reference.cfg
     pos = build(impl.PosEmbed, cfg, params_under(reference.params, "pos_embed."))
@@ -295,14 +295,14 @@ def test_block_matches_reference(impl, reference, ref_run, layer):
 # --------------------------------------------------------------------------- unembed
 
 
-@pytest.mark.unembed
+@pytest.mark.transformer
 def test_unembed_matches_reference(impl, reference, ref_run):
     _, logits, cache = ref_run
     unembed = build(impl.Unembed, reference.cfg, params_under(reference.params, "unembed."))
     assert_matches(unembed(cache["ln_final.hook_out"]), logits, "Unembed")
 
 
-@pytest.mark.unembed
+@pytest.mark.transformer
 def test_unembed_adds_its_bias(impl, reference):
     cfg = reference.cfg
     params = {

@@ -128,10 +128,10 @@ def assert_uses_the_generator(sampler, logits, probs, what: str, **kwargs) -> No
     )
 
 
-# --------------------------------------------------------------------------- greedy_search
+# --------------------------------------------------------------------------- greedy_and_temperature
 
 
-@pytest.mark.greedy_search
+@pytest.mark.greedy_and_temperature
 def test_greedy_search_picks_the_argmax_of_each_row(impl):
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
     logits[3, 7] = logits[3, 11] = logits[3].max() + 1.0  # a tie: the lower id wins
@@ -150,10 +150,7 @@ def test_greedy_search_picks_the_argmax_of_each_row(impl):
     )
 
 
-# --------------------------------------------------------------------------- apply_temperature
-
-
-@pytest.mark.apply_temperature
+@pytest.mark.greedy_and_temperature
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
 def test_apply_temperature_divides_the_logits(impl, temperature):
     logits = torch.randn(3, 20, generator=torch.Generator().manual_seed(1))
@@ -173,27 +170,7 @@ def test_apply_temperature_divides_the_logits(impl, temperature):
     )
 
 
-@pytest.mark.apply_temperature
-@pytest.mark.parametrize("temperature", [0.5, 2.0])
-def test_sampling_at_a_temperature_follows_softmax_of_scaled_logits(impl, temperature):
-    # False failure for a correct implementation: ALPHA (1e-5).
-    logits = crafted_logits(2)
-
-    def sample(batch, generator):
-        return impl.sample_next_token(
-            torch.zeros(batch.shape[0], 1, dtype=torch.long),
-            batch,
-            temperature,
-            generator=generator,
-        )
-
-    samples = draw(sample, logits, who="apply_temperature (through sample_next_token)")
-    assert_samples_follow(
-        samples, (logits / temperature).softmax(-1), f"sampling at temperature {temperature}"
-    )
-
-
-@pytest.mark.apply_temperature
+@pytest.mark.greedy_and_temperature
 def test_temperature_near_zero_becomes_greedy(impl):
     logits = crafted_logits(3)
     logits[5] = logits.max() + 0.1  # the argmax leads by 0.1: at T=1e-3 that is e^100 to 1

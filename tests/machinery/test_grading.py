@@ -117,7 +117,7 @@ def test_faults_inside_methods_fail_only_their_exercise(tmp_path, clean_run):
                         pass
             return pieces
         """)
-    in_method(nb, "unembed", "forward", "while True:", "    pass")  # loops inside a method
+    in_method(nb, "transformer", "forward", "while True:", "    pass")  # loops inside a method
     in_method(nb, "attention", "forward", "import sys", "sys.exit()")
     in_method(nb, "mlp", "forward", "raise NotImplementedError()")  # block uses the reference
     cell(nb, "embed").source += "\n\ntorch = None\n"  # a clobbered setup name
@@ -130,7 +130,7 @@ def test_faults_inside_methods_fail_only_their_exercise(tmp_path, clean_run):
         nb.cells.index(ln),
         nbformat.v4.new_code_cell("def centre(x):\n    return x - x.mean(dim=-1, keepdim=True)"),
     )
-    cell(nb, "pos_embed").source += "\n\nprint(PosEmbed(cfg))\n"
+    cell(nb, "block").source += "\n\nprint(TransformerBlock(cfg))\n"
 
     results, elapsed = run_graded(tmp_path, nb)
     assert_graded(
@@ -138,7 +138,7 @@ def test_faults_inside_methods_fail_only_their_exercise(tmp_path, clean_run):
         {
             "token_strings": "an infinite loop in `token_strings` (the `token_strings` cell, "
             "line 5)",
-            "unembed": "`Unembed.forward` (the `unembed` cell",
+            "transformer": "`Unembed.forward` (the `transformer` cell",
             "attention": "`sys.exit()` (or `exit()`) called in `Attention.forward` (the "
             "`attention` cell",
             "mlp": "not implemented yet",
@@ -154,8 +154,8 @@ def test_faults_at_the_top_level_of_cells_fail_only_their_exercise(tmp_path, cle
     cell(nb, "token_strings").source = "import sys\nsys.exit()\n" + cell(nb, "token_strings").source
     cell(nb, "embed").source = "import os\nos._exit(1)\n" + cell(nb, "embed").source
     cell(nb, "mlp").source += "\n\ndef broken(:\n    pass\n"
-    cell(nb, "pos_embed").source += "\n\nwhile True:\n    pass\n"
-    in_method(nb, "unembed", "forward", "import os", "os._exit(1)")
+    cell(nb, "attention").source += "\n\nwhile True:\n    pass\n"
+    in_method(nb, "transformer", "forward", "import os", "os._exit(1)")
     nb.cells.remove(cell(nb, "block"))
 
     results, elapsed = run_graded(tmp_path, nb)
@@ -167,8 +167,8 @@ def test_faults_at_the_top_level_of_cells_fail_only_their_exercise(tmp_path, cle
             "line 2",
             "embed": "`os._exit()` called in the `embed` cell, line 2",
             "mlp": "SyntaxError in the `mlp` cell",
-            "pos_embed": "the `pos_embed` cell, line",
-            "unembed": "`os._exit()` called in `Unembed.forward`",
+            "attention": "the `attention` cell, line",
+            "transformer": "`os._exit()` called in `Unembed.forward`",
             "block": "has no cell",
         },
     )
@@ -203,7 +203,7 @@ for cell in nb.cells:
         exec(compile(cell.source, f"<ipython-input-{len(ns['In'])}>", "exec"), ns)
     except Exception:
         pass  # demo cells that use what is broken
-for exercise in ["unembed", "block", "transformer", "embed", "layernorm"]:
+for exercise in ["attention", "block", "transformer", "embed", "layernorm"]:
     start = time.monotonic()
     check(exercise, ns)
     print(f"[{exercise} took {time.monotonic() - start:.1f} s]")
@@ -212,7 +212,7 @@ for exercise in ["unembed", "block", "transformer", "embed", "layernorm"]:
 
 def test_live_check_names_the_cause_and_agrees_with_pytest(tmp_path):
     nb = build_notebook(CHAPTER, teacher=True)
-    in_method(nb, "unembed", "forward", "while True:", "    pass")
+    in_method(nb, "attention", "forward", "while True:", "    pass")
     in_method(nb, "mlp", "forward", "raise NotImplementedError()")
     cell(nb, "embed").source += "\n\ntorch = None\n"
     nbformat.write(nb, tmp_path / "live.ipynb")
@@ -224,16 +224,17 @@ def test_live_check_names_the_cause_and_agrees_with_pytest(tmp_path):
     out = done.stdout
     assert done.returncode == 0, out[-2000:] + done.stderr[-3000:]
     assert "[red]" not in out, "rich markup printed literally"
-    assert re.search(r"✗ unembed: (\d+) of \1 tests? failed", out), out
-    assert "an infinite loop in `Unembed.forward` (the `unembed` cell" in out, out
-    assert "✓ block: all 2 tests passed" in out and "stood in for `embed`, `mlp`" in out, out
-    assert "✓ transformer: all 3 tests passed" in out, out
+    assert re.search(r"✗ attention: \d+ of \d+ tests? failed", out), out
+    assert "an infinite loop in `Attention.forward` (the `attention` cell" in out, out
+    assert "✓ block: all 2 tests passed" in out, out
+    assert "stood in for `embed`, `attention`, `mlp`" in out, out
+    assert "✓ transformer: all 5 tests passed" in out, out
     assert "✗ embed" in out and "the `embed` cell rebinds `torch`" in out, out
     assert "✓ layernorm" in out, out
     took = {line.split()[0][1:]: float(line.split()[2]) for line in out.splitlines()
             if line.startswith("[") and line.endswith("s]")}  # fmt: skip
-    assert took["unembed"] < float(BUDGET_S) + 10, took
-    assert took["transformer"] < float(BUDGET_S), "the loop found by check('unembed') is known"
+    assert took["attention"] < float(BUDGET_S) + 10, took
+    assert took["transformer"] < float(BUDGET_S), "the loop found by check('attention') is known"
 
 
 def test_course_grade_survives_os_exit(tmp_path):
@@ -246,7 +247,7 @@ def test_course_grade_survives_os_exit(tmp_path):
         capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode == 1
-    assert "8 of 9 exercises pass" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert "6 of 7 exercises pass" in done.stdout, done.stdout + done.stderr[-2000:]
     assert "os._exit()" in done.stdout
 
 

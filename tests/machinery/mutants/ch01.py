@@ -54,13 +54,13 @@ MUTANTS = [
         "embeddings scaled by sqrt(d_model), as in the original Transformer but not GPT-2",
     ),
     Mutant(
-        "pos_embed",
+        "embed",
         "self.W_pos[:seq_len], ",
         "self.W_pos[tokens[0]], ",
         "positions looked up by token id instead of by position",
     ),
     Mutant(
-        "pos_embed",
+        "embed",
         "self.W_pos[:seq_len], ",
         "self.W_pos[-seq_len:], ",
         "the last seq_len positions instead of the first",
@@ -148,7 +148,7 @@ MUTANTS = [
     ),
     # Unembed
     Mutant(
-        "unembed",
+        "transformer",
         "return normalized_resid_final @ self.W_U + self.b_U",
         "return normalized_resid_final @ self.W_U",
         "the bias b_U forgotten (zero in GPT-2, not in every model)",

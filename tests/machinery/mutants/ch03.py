@@ -4,32 +4,32 @@ from tests.machinery.mutants import Mutant
 
 MUTANTS = [
     Mutant(
-        "greedy_search",
+        "greedy_and_temperature",
         "return logits.argmax(dim=-1)",
         "return logits.argmax(dim=0)",
         "argmax over the batch instead of the vocabulary",
     ),
     Mutant(
-        "greedy_search",
+        "greedy_and_temperature",
         "return logits.argmax(dim=-1)",
         "return logits.argmax(dim=-1, keepdim=True)",
         "one token per row, but shaped [batch, 1] instead of [batch]",
     ),
     # Temperature
     Mutant(
-        "apply_temperature",
+        "greedy_and_temperature",
         "return logits / temperature",
         "return logits * temperature",
         "logits multiplied by the temperature",
     ),
     Mutant(
-        "apply_temperature",
+        "greedy_and_temperature",
         "    return logits / temperature  # the same T for every logit of every row",
         "    logits /= temperature\n    return logits",
         "logits divided in place: the caller's tensor changes",
     ),
     Mutant(
-        "apply_temperature",
+        "greedy_and_temperature",
         "return logits / temperature",
         "return logits.div_(temperature)",
         "divided in place with div_: the caller's logits change",
