@@ -33,9 +33,9 @@ test: $(STAMP)
 	@echo "graded tests on the solutions, then on the blank stubs, where every graded test must"
 	@echo "FAIL (inverted: a pass there means it does not), then every learner-style mutant"
 	@echo "(tests/machinery/mutants/), each of which must fail a test of its exercise."
-	$(LANES) "$(OFFLINE) $(PYTEST) tests/machinery/test_notebooks_run.py" \
+	$(LANES) "$(OFFLINE) $(PYTEST) tests/machinery/test_notebooks_run.py && \
+		 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail" \
 		"$(OFFLINE) $(PYTEST) tests/graded --impl solutions && \
-		 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail && \
 		 $(OFFLINE) $(PYTEST) tests/graded --mutants -q"
 
 setup: $(STAMP)

@@ -295,6 +295,8 @@ Console().print(table)
 #   number of sequences and of cached positions.
 # - `cache[rows]`: the cache of some of the sequences, picked by an index tensor. Beam search
 #   uses it to make the cache follow the beams it keeps.
+# - `keep_only(mask)`: the cache with some of each row's last positions turned into padding,
+#   compacted. Chapter 5 uses it to forget the guesses its main model rejected; not needed here.
 # - `check_next(cfg, tokens)`: raises a `ValueError` with a clear message when `tokens` cannot
 #   be the next tokens of these sequences. `forward_with_cache` calls it first. It catches a
 #   cache made by another model, a batch of the wrong size, a text that would grow past
@@ -1278,14 +1280,15 @@ for text in batched:
 # code itself costs. And the timings run on **one thread**: this model's operations are too
 # small to gain from a second thread, and when other programs keep the cores busy, every
 # parallel operation waits for its slowest thread (several times slower in our benchmark).
+# Both live in `utils/timing.py`: `one_thread()` and `best_seconds(run)`.
 
 # %%
-from contextlib import contextmanager
 from functools import partial
 
 from solutions.batched import generate_batch as ref_generate_batch
 from solutions.cached_model import forward_with_cache as ref_forward_with_cache
 from solutions.cached_sampling import CachedTransformerSampler as RefCachedSampler
+from utils.timing import best_seconds, one_thread
 
 n_new = 16 if QUICK else 200
 prompts_8 = batch_prompts * 2
@@ -1300,28 +1303,6 @@ methods = {  # name: (batch size, the call to time)
 table = Table(title=f"{n_new} new tokens per prompt, greedy, one thread, best of 3 runs")
 for column in ["method", "batch", "seconds", "tokens/s", "vs uncached"]:
     table.add_column(column, justify="left" if column == "method" else "right")
-
-
-@contextmanager
-def one_thread():
-    """Run the block with one PyTorch thread, then restore the previous setting."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def best_seconds(run, repeats: int = 3) -> float:
-    """The fastest of `repeats` timed calls, after one warm-up call (one-time costs)."""
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 rates = {}
