@@ -31,6 +31,13 @@ Chapter 4 makes generation fast:
     cached_sampling.py CachedTransformerSampler, sliding the window past n_ctx
     cached_beams.py    CachedBeams: the cache follows the beams
     batched.py         left_pad and generate_batch: many prompts at once
+
+Chapter 5 speeds it up again without changing what it samples:
+
+    speculative.py            rejection sampling: one distribution, then a batch of k drafts
+    drafters.py               who guesses: n-gram prompt lookup, a draft model with its cache
+    speculative_generation.py the round, and speculative_generate
+    gumbel.py                 the Gumbel-max trick; how often two samplers agree
 """
 
 from solutions.attention import Attention

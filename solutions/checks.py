@@ -73,3 +73,26 @@ def token_ids(
             f"[{int(ids.min())}, {int(ids.max())}]"
         )
     return ids
+
+
+def probabilities(name: str, probs: Tensor, ndim: int | None = None, atol: float = 1e-3) -> Tensor:
+    """`probs`, a floating tensor (of `ndim` dimensions) whose last dimension holds probability
+    distributions: finite, never negative, each summing to 1 (within `atol`)."""
+    if not isinstance(probs, Tensor) or not probs.is_floating_point():
+        got = probs.dtype if isinstance(probs, Tensor) else type(probs).__name__
+        raise ValueError(f"{name} must be a floating tensor of probabilities, got {got}")
+    if ndim is not None and probs.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(probs.shape)}")
+    if probs.numel() == 0:
+        raise ValueError(f"{name} must not be empty, got shape {tuple(probs.shape)}")
+    # One check, one sync with the device: samplers call this at every step.
+    sums = probs.sum(dim=-1, dtype=torch.float64)
+    bad = (~torch.isfinite(probs)).any() | (probs < 0).any() | ((sums - 1).abs() > atol).any()
+    if not bool(bad):
+        return probs
+    if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
+        raise ValueError(f"{name} must hold finite, non-negative probabilities")
+    raise ValueError(
+        f"each row of {name} must sum to 1 (a softmax, not logits), got a row summing to "
+        f"{float(sums.flatten()[(sums - 1).abs().argmax()]):.4g}"
+    )

@@ -65,6 +65,44 @@ class KeyValueCache:
             cfg=self.cfg,
         )
 
+    def keep_only(self, mask: Bool[Tensor, "batch pos"]) -> "KeyValueCache":
+        """The cache with every position where `mask` is False turned into padding, then
+        compacted: each row's real positions keep their order and move right, and the columns
+        that are padding in every row are dropped. Speculative decoding uses this to forget the
+        draft tokens the main model rejected. Forget only a row's LAST positions: the keys and
+        values of a later position were computed with the earlier ones in view."""
+        if mask.shape != self.mask.shape or mask.dtype != torch.bool:
+            raise ValueError(
+                f"mask must be a bool tensor shaped like the cache's {tuple(self.mask.shape)}, "
+                f"got {mask.dtype} {tuple(mask.shape)}"
+            )
+        mask = mask & self.mask
+        width = int(mask.sum(dim=1).max())
+        if not bool(mask[:, width:].any()) and torch.equal(mask[:, :width], self.mask[:, :width]):
+            # Every row forgets the same last columns (always so for one row): a slice will do.
+            return KeyValueCache(
+                keys=tuple(k[:, :, :width] for k in self.keys),
+                values=tuple(v[:, :, :width] for v in self.values),
+                tokens=self.tokens[:, :width],
+                mask=mask[:, :width],
+                cfg=self.cfg,
+            )
+        # A stable sort of 0/1 puts each row's padding first and its real positions last, both
+        # in their order; the last `width` columns then hold every real position of every row.
+        cols = torch.sort(mask.int(), dim=1, stable=True).indices[:, self.length - width :]
+
+        def pick(t):  # [batch, n_heads, pos, d_head] -> [batch, n_heads, width, d_head]
+            index = cols[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
+            return t.gather(2, index)
+
+        return KeyValueCache(
+            keys=tuple(pick(k) for k in self.keys),
+            values=tuple(pick(v) for v in self.values),
+            tokens=self.tokens.gather(1, cols),
+            mask=mask.gather(1, cols),
+            cfg=self.cfg,
+        )
+
     def check_next(self, cfg: Config, tokens: Int[Tensor, "batch new"]) -> None:
         """A clear ValueError if `tokens` cannot be the next tokens of these sequences."""
         mine = (self.cfg.n_layers, self.cfg.n_heads, self.cfg.d_head, self.cfg.n_ctx)

@@ -178,6 +178,22 @@ def shipped64(shipped):
 
 
 @pytest.fixture(scope="session")
+def drafter_model():
+    """The shipped draft model (same tokenizer, smaller) as a DemoTransformer."""
+    from utils.models import load_model
+
+    return load_model("shakespeare-draft")[0]
+
+
+@pytest.fixture(scope="session")
+def hf_draft():
+    """The draft model's weights as HF's GPT2LMHeadModel."""
+    from utils.models import load_hf
+
+    return load_hf("shakespeare-draft")[0]
+
+
+@pytest.fixture(scope="session")
 def hf():
     """The same weights as HF's GPT2LMHeadModel: the implementation nobody here wrote."""
     from utils.models import load_hf

@@ -8,6 +8,7 @@ on the last line of a cell does not display the figure a second time.
 """
 
 import math
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 
 import matplotlib.pyplot as plt
@@ -572,3 +573,369 @@ def beam_tree_steps(
         steps.append(step)
         previous = current
     return steps
+
+
+# --------------------------------------------------------------------------- chapter 5
+
+# Okabe and Ito's colour-blind-safe palette, in the order the curves of one figure take it.
+OKABE_ITO = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000"]
+SPEC_COLOURS = {
+    "kept": "#009E73",  # green: a draft the main model kept
+    "rejected": "#D55E00",  # vermillion: the first draft it rejected
+    "ignored": "#E4E4E4",  # light grey: drafts after a rejection, never tested
+    "main": "#0072B2",  # blue: the main model's own token, recovered or bonus
+    "recovered": "#CC79A7",  # reddish purple: probability that reaches p through the residual
+}
+
+
+def _probability_vector(name: str, p) -> Float[Tensor, "d_vocab"]:
+    """`p` as a float64 CPU vector; a ValueError naming `name` unless it is a 1-D vector of
+    probabilities (>= 0, summing to 1 within 1e-3)."""
+    p = torch.as_tensor(p).detach().cpu()
+    if p.ndim != 1 or p.numel() == 0 or not p.is_floating_point():
+        raise ValueError(
+            f"{name} must be a 1-D float tensor of probabilities, got {p.dtype} of shape "
+            f"{tuple(p.shape)}"
+        )
+    p = p.double()
+    if not bool(torch.isfinite(p).all()) or bool((p < 0).any()) or abs(p.sum().item() - 1) > 1e-3:
+        raise ValueError(
+            f"{name} must be a probability vector (>= 0, summing to 1), got sum "
+            f"{p.sum().item():.4f} and minimum {p.min().item():.4f}"
+        )
+    return p
+
+
+def plot_rejection_sampling(
+    p: Float[Tensor, "d_vocab"],
+    q: Float[Tensor, "d_vocab"],
+    samples: Int[Tensor, "n"],
+    labels: Sequence[str] | None = None,
+    title: str = "",
+) -> None:
+    """Rejection sampling on a small vocabulary, in two panels.
+
+    Left, three bars per token: the draft's q (what is proposed), the target's p, and how often
+    the token came out of `samples` (tokens produced by rejection sampling). The last bar
+    follows p, not q, even for a token the draft never proposes. Right, why: p splits into the
+    part that arrives as a kept draft, min(p, q), and the part that arrives after a rejection,
+    (1 - alpha) times the residual distribution, which is max(0, p - q); stacked, the two
+    reach the outline of p exactly. alpha = sum min(p, q), in the right panel's title, is the
+    probability that the draft is kept. `labels` names the tokens (default: their ids).
+    """
+    p, q = _probability_vector("p", p), _probability_vector("q", q)
+    n_vocab = p.numel()
+    if q.numel() != n_vocab:
+        raise ValueError(f"q must have one probability per token of p ({n_vocab}), got {q.numel()}")
+    samples = torch.as_tensor(samples).detach().cpu().flatten()
+    if samples.numel() == 0:
+        raise ValueError("samples is empty: give the tokens rejection sampling produced")
+    if samples.is_floating_point() or samples.is_complex() or samples.dtype == torch.bool:
+        raise ValueError(f"samples must be integer token ids, got {samples.dtype}")
+    if samples.min() < 0 or samples.max() >= n_vocab:
+        raise ValueError(
+            f"samples must be token ids in [0, {n_vocab}), got ids from {int(samples.min())} "
+            f"to {int(samples.max())}"
+        )
+    if labels is None:
+        names = [str(t) for t in range(n_vocab)]
+    elif len(labels) != n_vocab:
+        raise ValueError(f"labels must name the {n_vocab} tokens, got {len(labels)}")
+    else:
+        names = [readable_token(str(s), max_chars=8) for s in labels]
+    n = samples.numel()
+    frequency = torch.bincount(samples.long(), minlength=n_vocab).double() / n
+    kept = torch.minimum(p, q)
+    recovered = p - kept  # = max(0, p - q) = (1 - alpha) * the residual distribution
+    alpha = kept.sum().item()
+
+    x = np.arange(n_vocab)
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(10.5, 4.2), width_ratios=[3, 2], layout="constrained"
+    )
+    width = 0.27
+    left.bar(x - width, q.numpy(), width, color=OKABE_ITO[1], label="q: draft")
+    left.bar(x, p.numpy(), width, color=OKABE_ITO[0], label="p: target")
+    left.bar(
+        x + width,
+        frequency.numpy(),
+        width,
+        color=OKABE_ITO[4],
+        label=f"output: frequency in {n:,} samples",
+    )
+    right.bar(x, kept.numpy(), 0.6, color=SPEC_COLOURS["kept"], label="kept draft: min(p, q)")
+    right.bar(
+        x,
+        recovered.numpy(),
+        0.6,
+        bottom=kept.numpy(),
+        color=SPEC_COLOURS["recovered"],
+        label="after a rejection: (1 − α)·residual\n= max(0, p − q)",
+    )
+    # An empty box of height p around each stacked bar: the two parts fill it exactly.
+    right.bar(x, p.numpy(), 0.74, fill=False, edgecolor="black", linewidth=1.2, label="p (outline)")
+    top = 1.1 * max(p.max().item(), q.max().item(), frequency.max().item())
+    long_labels = max(len(s) for s in names) > 3
+    for ax in (left, right):
+        ax.set_xticks(x, names, fontsize=9)
+        if long_labels:
+            ax.tick_params(axis="x", labelrotation=45)
+            for label in ax.get_xticklabels():
+                label.set_horizontalalignment("right")
+                label.set_rotation_mode("anchor")
+        ax.set_xlim(-0.6, n_vocab - 0.4)
+        ax.set_ylim(0, top)
+        ax.set_xlabel("token")
+        ax.set_ylabel("probability")
+    left.set_title("Proposed (q), wanted (p), produced (output)", fontsize=10)
+    right.set_title(f"p = kept + recovered;  α = Σ min(p, q) = {alpha:.2f}", fontsize=10)
+    # One legend for both panels, below them, where it hides no bar.
+    # Filled column by column: the left panel's entries on the top row, the right's below.
+    handles = left.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+    handles = [handles[i] for i in (0, 3, 1, 4, 2, 5)]
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    plt.show()
+
+
+def _as_curve(name: str, values, n_temperatures: int) -> Float[Tensor, "n_contexts n_temp"]:
+    """One curve of `plot_coupling` as [n_contexts, n_temperatures] (n_contexts = 1 for 1-D)."""
+    v = torch.as_tensor(values, dtype=torch.float64).detach().cpu()
+    v = v[None] if v.ndim == 1 else v
+    if v.ndim != 2 or v.shape[1] != n_temperatures or v.shape[0] == 0:
+        raise ValueError(
+            f"curves[{name!r}] must have one value per temperature ({n_temperatures}), as 1-D "
+            f"or [n_contexts, {n_temperatures}]; got shape {tuple(torch.as_tensor(values).shape)}"
+        )
+    if not bool(((v >= 0) & (v <= 1)).all()):
+        raise ValueError(f"curves[{name!r}] must hold probabilities in [0, 1]")
+    return v
+
+
+def plot_coupling(
+    temperatures: Sequence[float],
+    curves: Mapping[str, Sequence[float] | Float[Tensor, "n_temp"] | Float[Tensor, "n_ctx n_temp"]],
+    title: str = "",
+) -> None:
+    """How often two samplers pick the same token, against the temperature, one curve per way
+    of coupling them (say, independent noise, shared Gumbel noise, rejection sampling).
+
+    A curve is one probability per temperature, or a [n_contexts, n_temperatures] tensor of
+    them, one row per context: then the line is their mean and the shaded band runs from the
+    25th to the 75th percentile, how much the contexts differ. The temperature axis is
+    logarithmic when the temperatures span more than a factor 10; the y axis runs from 0
+    (never the same token) to 1 (always).
+    """
+    temps = np.asarray(list(temperatures), dtype=float)
+    if temps.ndim != 1 or temps.size == 0 or not (temps > 0).all():
+        raise ValueError("temperatures must be a non-empty 1-D sequence of positive numbers")
+    if not curves:
+        raise ValueError("curves is empty: give at least one {name: probabilities}")
+    data = {name: _as_curve(name, values, temps.size) for name, values in curves.items()}
+    fig, ax = plt.subplots(figsize=(8.5, 4), layout="constrained")
+    markers = ["o", "s", "^", "D", "v", "P", "X"]
+    n_contexts = set()
+    for i, (name, v) in enumerate(data.items()):
+        colour = OKABE_ITO[i % len(OKABE_ITO)]
+        ax.plot(
+            temps,
+            v.mean(0).numpy(),
+            marker=markers[i % len(markers)],
+            markersize=5,
+            color=colour,
+            label=name,
+        )
+        if v.shape[0] > 1:
+            low, high = torch.quantile(v, 0.25, dim=0), torch.quantile(v, 0.75, dim=0)
+            ax.fill_between(temps, low.numpy(), high.numpy(), color=colour, alpha=0.18, lw=0)
+            n_contexts.add(v.shape[0])
+    if temps.max() / temps.min() > 10:
+        ax.set_xscale("log")
+        ax.set_xticks(temps, [f"{t:g}" for t in temps])  # the temperatures, not powers of 10
+        ax.xaxis.set_minor_locator(plt.NullLocator())
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("temperature (both models)")
+    ax.set_ylabel("P(same token)")
+    ax.grid(alpha=0.3)
+    handles, _ = ax.get_legend_handles_labels()
+    if n_contexts:
+        over = f"{n_contexts.pop()} contexts" if len(n_contexts) == 1 else "the contexts"
+        band = Patch(
+            facecolor="grey", alpha=0.3, label=f"shaded: 25th to 75th\npercentile over {over}"
+        )
+        handles.append(band)
+    ax.legend(handles=handles, fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title(title or "How often the two samplers pick the same token", fontsize=10)
+    plt.show()
+
+
+def plot_speedup(
+    ks: Sequence[int],
+    measured: Mapping[str, Sequence[float]],
+    predicted: Mapping[str, Sequence[float]],
+    title: str = "",
+) -> None:
+    """Speed-up of speculative decoding against k, one colour per setting (a drafter, a
+    temperature): measured as markers joined by a solid line, the formula's prediction as a
+    dashed line in the same colour. `predicted` may leave out settings. Above the grey line at
+    1 speculation pays; below it, chapter 4's cached sampler alone is faster.
+    """
+    ks = list(ks)
+    if not ks:
+        raise ValueError("ks is empty: give the values of k that were timed")
+    if not measured:
+        raise ValueError("measured is empty: give at least one {name: speed-ups}")
+    for what, mapping in [("measured", measured), ("predicted", predicted)]:
+        for name, values in mapping.items():
+            if len(values) != len(ks):
+                raise ValueError(
+                    f"{what}[{name!r}] must have one value per k ({len(ks)}), got {len(values)}"
+                )
+    extra = [name for name in predicted if name not in measured]
+    if extra:
+        raise ValueError(f"predicted has names that measured lacks: {extra}")
+    measured = {name: [float(v) for v in values] for name, values in measured.items()}
+    predicted = {name: [float(v) for v in values] for name, values in predicted.items()}
+    fig, ax = plt.subplots(figsize=(8.5, 4.2), layout="constrained")
+    highest = max(
+        [1.0, *(v for values in [*measured.values(), *predicted.values()] for v in values)]
+    )
+    for i, (name, values) in enumerate(measured.items()):
+        colour = OKABE_ITO[i % len(OKABE_ITO)]
+        ax.plot(ks, values, marker="o", color=colour, label=name)
+        if name in predicted:
+            ax.plot(ks, predicted[name], linestyle="--", color=colour, linewidth=1.2)
+    ax.axhline(1.0, color="grey", linewidth=1.2, linestyle=":")
+    # Just outside the right edge of the axes, at the height of the line: it hides no point.
+    ax.annotate(
+        "no speed-up",
+        xy=(1.0, 1.0),
+        xycoords=("axes fraction", "data"),
+        xytext=(4, 0),
+        textcoords="offset points",
+        va="center",
+        ha="left",
+        fontsize=8,
+        color="dimgrey",
+    )
+    handles, _ = ax.get_legend_handles_labels()
+    handles.append(Line2D([], [], color="black", marker="o", label="measured"))
+    if predicted:
+        handles.append(Line2D([], [], color="black", linestyle="--", label="predicted (formula)"))
+    # Below the axes, where it hides no point.
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncol=min(len(handles), 4),
+        fontsize=8,
+        frameon=False,
+    )
+    ax.set_xticks(ks)
+    ax.set_ylim(0, 1.12 * highest)
+    ax.set_xlabel("k (drafted tokens per round)")
+    ax.set_ylabel("speed-up over chapter 4's cached sampler")
+    ax.grid(alpha=0.3)
+    ax.set_title(title or "Speculative decoding: speed-up against k", fontsize=10)
+    plt.show()
+
+
+def plot_speculative_rounds(rounds: Sequence[Mapping], k: int, title: str = "") -> None:
+    """A few rounds of speculative decoding on one text, one strip per round, top to bottom.
+
+    Each round is a dict: "drafts", the k drafted tokens (strings); "accepted", how many of
+    them the main model kept (n); "main", the main model's own token. The strip shows the
+    kept drafts in green, the first rejected draft in red and struck out, the drafts after it
+    in grey (never tested: they followed a rejected token), then the main model's token in
+    blue: "recovered" when it replaces the rejected draft, "bonus" when all k were kept. A
+    round adds n + 1 tokens to the text, printed at the right.
+    """
+    if isinstance(k, bool) or not hasattr(k, "__index__") or operator.index(k) < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    k = operator.index(k)
+    if not rounds:
+        raise ValueError("rounds is empty: give at least one round")
+    accepted = []
+    for r, rnd in enumerate(rounds, start=1):
+        if not isinstance(rnd, Mapping) or not {"drafts", "accepted", "main"} <= set(rnd):
+            raise ValueError(f"round {r} must be a dict with 'drafts', 'accepted' and 'main'")
+        try:
+            n = operator.index(rnd["accepted"])  # an int, or a 0-d integer tensor
+        except TypeError:
+            n = None
+        if len(rnd["drafts"]) != k or n is None or not 0 <= n <= k:
+            raise ValueError(
+                f"round {r} needs k = {k} drafts and 0 <= accepted <= {k}, got "
+                f"{len(rnd['drafts'])} drafts and accepted = {rnd['accepted']!r}"
+            )
+        accepted.append(n)
+    n_rounds = len(rounds)
+    main_x = k + 0.25  # the main model's column, a little apart from the drafts
+    fig, ax = plt.subplots(figsize=(1.0 * (k + 4.6), 0.55 * n_rounds + 1.5), layout="constrained")
+    text_colour = {"kept": "white", "rejected": "white", "ignored": "dimgrey", "main": "white"}
+
+    def box(x: float, y: float, token: str, kind: str) -> None:
+        ax.add_patch(
+            FancyBboxPatch(
+                (x - 0.44, y - 0.32),
+                0.88,
+                0.64,
+                boxstyle="round,pad=0,rounding_size=0.1",
+                facecolor=SPEC_COLOURS[kind],
+                edgecolor="none" if kind != "ignored" else "darkgrey",
+            )
+        )
+        ax.text(
+            x,
+            y,
+            readable_token(token, max_chars=9),
+            ha="center",
+            va="center",
+            fontsize=9,
+            color=text_colour[kind],
+            family="monospace",
+        )
+
+    for r, rnd in enumerate(rounds):
+        y, n = -r, accepted[r]
+        ax.text(-0.65, y, f"round {r + 1}", ha="right", va="center", fontsize=9)
+        for i, token in enumerate(rnd["drafts"]):
+            kind = "kept" if i < n else ("rejected" if i == n else "ignored")
+            box(i, y, str(token), kind)
+            if kind == "rejected":  # struck out
+                ax.plot([i - 0.34, i + 0.34], [y, y], color="black", linewidth=1.6)
+        box(main_x, y, str(rnd["main"]), "main")
+        how = "bonus" if n == k else "recovered"
+        ax.text(
+            main_x + 0.55, y, how, ha="left", va="center", fontsize=9, color=SPEC_COLOURS["main"]
+        )
+        added = n + 1
+        ax.text(
+            main_x + 1.7,
+            y,
+            f"+{added} token{'s' if added > 1 else ''}",
+            ha="left",
+            va="center",
+            fontsize=9,
+        )
+    header = {"ha": "center", "va": "bottom", "fontsize": 8, "color": "dimgrey"}
+    for i in range(k):
+        ax.text(i, 0.45, f"draft {i + 1}", **header)
+    ax.text(main_x, 0.45, "main model", **header)
+    ax.text(main_x + 1.7, 0.45, "text grows", **{**header, "ha": "left"})
+    ax.set_xlim(-1.9, main_x + 2.9)
+    ax.set_ylim(-(n_rounds - 1) - 0.5, 0.8)
+    ax.axis("off")
+    handles = [
+        Patch(facecolor=SPEC_COLOURS["kept"], label="kept draft"),
+        Patch(facecolor=SPEC_COLOURS["rejected"], label="first rejected draft (struck out)"),
+        Patch(
+            facecolor=SPEC_COLOURS["ignored"],
+            edgecolor="darkgrey",
+            label="after a rejection: not tested",
+        ),
+        Patch(facecolor=SPEC_COLOURS["main"], label="main model's token"),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
+    ax.set_title(title or f"Speculative decoding, k = {k}: {n_rounds} rounds", fontsize=10)
+    plt.show()

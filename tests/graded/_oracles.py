@@ -17,6 +17,11 @@ from utils.hf_oracles import hf_beam_search, hf_greedy, hf_kept
 
 __all__ = [
     "BATCH_PROMPTS",
+    "IN_PLACE",
+    "N_SAMPLES",
+    "assert_untouched",
+    "crafted_logits",
+    "draw",
     "BEAM_SCORE_ATOL",
     "F32_ATOL",
     "F32_RTOL",
@@ -91,3 +96,43 @@ def hf_window_greedy(
             logits = hf_model(torch.tensor([ids[start:]])).logits[0, -1]
         ids.append(int(logits.argmax()))
     return ids
+
+
+# --------------------------------------------------------------------------- sampling checks
+
+N_SAMPLES = 20_000  # per distribution: enough to expose a temperature off by 20%
+
+
+def crafted_logits(seed: int = 0, d_vocab: int = 24) -> torch.Tensor:
+    """A logit vector with a spread of probabilities, from near 0.3 to near 0."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(d_vocab, generator=g) * 1.5
+
+
+def assert_untouched(tensor: torch.Tensor, before: torch.Tensor, who: str, hint: str) -> None:
+    """`tensor`, which the test handed to `who`, still equals `before` (a copy taken first)."""
+    assert torch.equal(tensor, before), (
+        f"{who} changed its input in place: the tensor the caller passed in is no longer what "
+        f"it was. {hint} Return a new tensor and leave the argument alone: the caller may still "
+        "need it (samplers chain these functions and reuse their inputs)."
+    )
+
+
+IN_PLACE = (
+    "`logits /= ...`, `logits -= ...`, `masked_fill_` (with the underscore) and "
+    "`logits[mask] = ...` write into the caller's tensor; `logits / ...`, `logits - ...` and "
+    "`masked_fill` (no underscore) return a new one."
+)
+
+
+def draw(fn, logits: torch.Tensor, n: int = N_SAMPLES, seed: int = 0, who: str = "", **kwargs):
+    """n samples from one logit vector, as one batch of n identical rows (the test's own batch,
+    handed over as it is and checked afterwards: it must come back unchanged)."""
+    batch = logits.expand(n, -1).clone()
+    out = fn(batch, generator=torch.Generator().manual_seed(seed), **kwargs)
+    assert_untouched(
+        batch, logits.expand(n, -1), who or getattr(fn, "__name__", "sampler"), IN_PLACE
+    )
+    assert out.shape == (n,), f"expected one token per row, shape ({n},), got {tuple(out.shape)}"
+    assert out.dtype == torch.int64, f"expected token ids as int64, got {out.dtype}"
+    return out

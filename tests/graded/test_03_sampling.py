@@ -27,7 +27,11 @@ from transformers.generation.logits_process import (
 
 from tests.graded._oracles import (
     BEAM_SCORE_ATOL,
+    IN_PLACE,
     PROMPTS,
+    assert_untouched,
+    crafted_logits,
+    draw,
     hf_beam_search,
     hf_greedy,
     hf_kept,
@@ -37,43 +41,6 @@ from tests.graded._stats import assert_samples_follow
 from utils import grading
 
 CHAPTER = "03_sampling"
-
-N_SAMPLES = 20_000  # per distribution: enough to expose a temperature off by 20%
-
-
-def crafted_logits(seed: int = 0, d_vocab: int = 24) -> torch.Tensor:
-    """A logit vector with a spread of probabilities, from near 0.3 to near 0."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(d_vocab, generator=g) * 1.5
-
-
-def assert_untouched(tensor: torch.Tensor, before: torch.Tensor, who: str, hint: str) -> None:
-    """`tensor`, which the test handed to `who`, still equals `before` (a copy taken first)."""
-    assert torch.equal(tensor, before), (
-        f"{who} changed its input in place: the tensor the caller passed in is no longer what "
-        f"it was. {hint} Return a new tensor and leave the argument alone: the caller may still "
-        "need it (sample_next_token chains these functions, beam search reuses its beams)."
-    )
-
-
-IN_PLACE = (
-    "`logits /= ...`, `logits -= ...`, `masked_fill_` (with the underscore) and "
-    "`logits[mask] = ...` write into the caller's tensor; `logits / ...`, `logits - ...` and "
-    "`masked_fill` (no underscore) return a new one."
-)
-
-
-def draw(fn, logits: torch.Tensor, n: int = N_SAMPLES, seed: int = 0, who: str = "", **kwargs):
-    """n samples from one logit vector, as one batch of n identical rows (the test's own batch,
-    handed over as it is and checked afterwards: it must come back unchanged)."""
-    batch = logits.expand(n, -1).clone()
-    out = fn(batch, generator=torch.Generator().manual_seed(seed), **kwargs)
-    assert_untouched(
-        batch, logits.expand(n, -1), who or getattr(fn, "__name__", "sampler"), IN_PLACE
-    )
-    assert out.shape == (n,), f"expected one token per row, shape ({n},), got {tuple(out.shape)}"
-    assert out.dtype == torch.int64, f"expected token ids as int64, got {out.dtype}"
-    return out
 
 
 def assert_draws_follow_what_hf_keeps(sampler, logits, warper, what: str, **kwargs) -> None:

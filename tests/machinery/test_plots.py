@@ -13,9 +13,13 @@ from utils.plots import (
     beam_tree_steps,
     plot_attention,
     plot_beam_tree,
+    plot_coupling,
     plot_gelu,
     plot_masks,
+    plot_rejection_sampling,
     plot_sample_frequencies,
+    plot_speculative_rounds,
+    plot_speedup,
     plot_temperature_curves,
     plot_top_p_cut,
     plot_transformer_diagram,
@@ -284,3 +288,190 @@ def test_beam_tree_steps_finds_parents_by_prefix():
     ]
     with pytest.raises(ValueError, match="extends no beam"):
         beam_tree_steps([history[0], [(-1.0, torch.tensor([9, 9, 9, 9]))]], CharTokenizer())
+
+
+# --------------------------------------------------------------------------- chapter 5
+
+
+def legend_texts(legend) -> list[str]:
+    return [t.get_text() for t in legend.get_texts()]
+
+
+def test_rejection_sampling_bars_are_q_p_and_the_frequencies():
+    p = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    q = torch.tensor([0.1, 0.1, 0.4, 0.4])
+    samples = torch.tensor([0, 0, 1, 2])
+    plot_rejection_sampling(p, q, samples, labels=["a", " b", "\n", "d"], title="demo")
+    fig = plt.gcf()
+    left, right = fig.axes
+    assert fig.get_suptitle() == "demo"
+    # Left: q, then p, then the output's frequencies, one bar of each per token.
+    heights = [bar.get_height() for bar in left.patches]
+    assert heights[:4] == pytest.approx(q.tolist())
+    assert heights[4:8] == pytest.approx(p.tolist())
+    assert heights[8:] == pytest.approx([0.5, 0.25, 0.25, 0.0])
+    for ax in (left, right):
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "␣b", "\\n", "d"]
+        assert ax.get_xlabel() == "token" and ax.get_ylabel() == "probability"
+    # Right: min(p, q), stacked under it max(0, p - q), and an outline of height p.
+    kept, recovered, outline = (right.patches[i : i + 4] for i in (0, 4, 8))
+    assert [bar.get_height() for bar in kept] == pytest.approx([0.1, 0.1, 0.2, 0.0])
+    assert [bar.get_height() for bar in recovered] == pytest.approx([0.4, 0.2, 0.0, 0.0])
+    assert [bar.get_y() for bar in recovered] == pytest.approx([0.1, 0.1, 0.2, 0.0])
+    assert [bar.get_height() for bar in outline] == pytest.approx(p.tolist())
+    assert right.get_title().endswith("α = Σ min(p, q) = 0.40")  # 0.1 + 0.1 + 0.2
+    assert legend_texts(fig.legends[0]) == [
+        "q: draft",
+        "kept draft: min(p, q)",
+        "p: target",
+        "after a rejection: (1 − α)·residual\n= max(0, p − q)",
+        "output: frequency in 4 samples",
+        "p (outline)",
+    ]
+
+
+def test_rejection_sampling_names_tokens_by_id_and_rejects_bad_input():
+    p, q = torch.tensor([0.5, 0.5]), torch.tensor([0.9, 0.1])
+    plot_rejection_sampling(p, q, torch.tensor([1, 1, 0]))
+    assert [t.get_text() for t in plt.gcf().axes[0].get_xticklabels()] == ["0", "1"]
+    with pytest.raises(ValueError, match="^p must be a probability vector"):
+        plot_rejection_sampling(torch.tensor([0.5, 0.6]), q, torch.tensor([0]))
+    with pytest.raises(ValueError, match="^q must be a probability vector"):
+        plot_rejection_sampling(p, torch.tensor([1.2, -0.2]), torch.tensor([0]))
+    with pytest.raises(ValueError, match="^q must have one probability per token"):
+        plot_rejection_sampling(p, torch.tensor([0.2, 0.3, 0.5]), torch.tensor([0]))
+    with pytest.raises(ValueError, match="^p must be a 1-D float tensor"):
+        plot_rejection_sampling(torch.ones(2, 2) / 4, q, torch.tensor([0]))
+    with pytest.raises(ValueError, match="^samples is empty"):
+        plot_rejection_sampling(p, q, torch.tensor([], dtype=torch.long))
+    with pytest.raises(ValueError, match=r"^samples must be token ids in \[0, 2\), got ids from 0"):
+        plot_rejection_sampling(p, q, torch.tensor([0, 2]))
+    with pytest.raises(ValueError, match="^labels must name the 2 tokens"):
+        plot_rejection_sampling(p, q, torch.tensor([0]), labels=["a"])
+
+
+def test_coupling_mean_curves_quartile_bands_and_a_log_axis():
+    temps = [0.1, 0.5, 2.0]
+    per_context = torch.tensor([[0.2, 0.4, 0.6], [0.4, 0.6, 0.8], [0.6, 0.8, 1.0]])
+    plot_coupling(temps, {"independent noise": [0.1, 0.2, 0.1], "rejection": per_context})
+    ax = plt.gcf().axes[0]
+    assert ax.get_title() == "How often the two samplers pick the same token"
+    assert ax.get_xscale() == "log"  # 2.0 / 0.1 > 10
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0.1", "0.5", "2"]
+    assert ax.get_xlabel().startswith("temperature") and ax.get_ylabel() == "P(same token)"
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 1
+    assert legend_texts(ax.get_legend()) == [
+        "independent noise",
+        "rejection",
+        "shaded: 25th to 75th\npercentile over 3 contexts",
+    ]
+    independent, rejection = ax.get_lines()
+    assert list(independent.get_xdata()) == temps
+    assert list(independent.get_ydata()) == pytest.approx([0.1, 0.2, 0.1])
+    assert list(rejection.get_ydata()) == pytest.approx([0.4, 0.6, 0.8])  # the mean
+    (band,) = ax.collections  # the 2-D curve only
+    low_high = band.get_paths()[0].vertices[:, 1]
+    assert low_high.min() == pytest.approx(0.3) and low_high.max() == pytest.approx(0.9)
+    # The legend sits outside the axes, where it hides no curve.
+    plt.gcf().canvas.draw()
+    assert ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x1
+
+
+def test_coupling_linear_axis_for_a_narrow_range_and_bad_input():
+    plot_coupling([0.5, 1.0, 2.0], {"shared Gumbel noise": [0.9, 0.8, 0.7]}, title="narrow")
+    ax = plt.gcf().axes[0]
+    assert ax.get_xscale() == "linear" and ax.get_title() == "narrow"
+    assert len(ax.collections) == 0 and len(ax.get_legend().get_texts()) == 1
+    with pytest.raises(ValueError, match=r"^curves\['bad'\] must have one value per temperature"):
+        plot_coupling([0.5, 1.0], {"bad": [0.1, 0.2, 0.3]})
+    with pytest.raises(ValueError, match=r"^curves\['bad'\] must hold probabilities"):
+        plot_coupling([0.5, 1.0], {"bad": [0.1, 1.5]})
+    with pytest.raises(ValueError, match="^curves is empty"):
+        plot_coupling([0.5, 1.0], {})
+    with pytest.raises(ValueError, match="^temperatures must be"):
+        plot_coupling([0.0, 1.0], {"a": [0.1, 0.2]})
+
+
+def test_speedup_measured_and_predicted_in_one_colour_with_the_break_even_line():
+    measured = {"model drafter": [1.1, 1.2, 0.9], "n-gram": [0.8, 1.3, 1.5]}
+    predicted = {"model drafter": [1.2, 1.3, 1.1]}
+    plot_speedup([1, 2, 4], measured, predicted, title="t")
+    fig = plt.gcf()
+    ax = fig.axes[0]
+    assert ax.get_title() == "t"
+    assert ax.get_xlabel() == "k (drafted tokens per round)"
+    assert ax.get_ylabel() == "speed-up over chapter 4's cached sampler"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4"]
+    model, model_predicted, ngram, break_even = ax.get_lines()
+    assert list(model.get_ydata()) == [1.1, 1.2, 0.9] and model.get_marker() == "o"
+    assert list(model_predicted.get_ydata()) == [1.2, 1.3, 1.1]
+    assert model_predicted.get_linestyle() == "--"
+    assert model_predicted.get_color() == model.get_color() != ngram.get_color()
+    assert list(break_even.get_ydata()) == [1, 1]
+    assert "no speed-up" in texts(ax)
+    assert legend_texts(fig.legends[0]) == [
+        "model drafter",
+        "n-gram",
+        "measured",
+        "predicted (formula)",
+    ]
+
+
+def test_speedup_rejects_mismatched_lengths_and_unknown_names():
+    with pytest.raises(ValueError, match=r"^measured\['ngram'\] must have one value per k"):
+        plot_speedup([1, 2], {"ngram": [1.1]}, {})
+    with pytest.raises(ValueError, match=r"^predicted\['ngram'\] must have one value per k"):
+        plot_speedup([1, 2], {"ngram": [1.1, 1.2]}, {"ngram": [1.0]})
+    with pytest.raises(ValueError, match="^predicted has names that measured lacks"):
+        plot_speedup([1, 2], {"ngram": [1.1, 1.2]}, {"model": [1.0, 1.1]})
+    with pytest.raises(ValueError, match="^ks is empty"):
+        plot_speedup([], {"ngram": []}, {})
+    with pytest.raises(ValueError, match="^measured is empty"):
+        plot_speedup([1], {}, {})
+
+
+ROUNDS = [
+    {"drafts": [" the", "\n", "c"], "accepted": 1, "main": "x"},
+    {"drafts": ["d", "e", "f"], "accepted": 3, "main": " y"},
+    {"drafts": ["g", "h", ""], "accepted": torch.tensor(0), "main": "z"},
+]
+
+
+def test_speculative_rounds_one_strip_per_round():
+    plot_speculative_rounds(ROUNDS, k=3)
+    fig = plt.gcf()
+    ax = fig.axes[0]
+    assert ax.get_title() == "Speculative decoding, k = 3: 3 rounds"
+    labels = texts(ax)
+    assert [t for t in labels if t.startswith("round")] == ["round 1", "round 2", "round 3"]
+    assert ["draft 1", "draft 2", "draft 3", "main model"] == [
+        t for t in labels if t.startswith(("draft", "main"))
+    ]
+    assert [t for t in labels if t in ("bonus", "recovered")] == ["recovered", "bonus", "recovered"]
+    assert [t for t in labels if t.startswith("+")] == ["+2 tokens", "+4 tokens", "+1 token"]
+    for token in ["␣the", "\\n", "␣y", "''"]:  # readable_token on drafts and main tokens
+        assert token in labels
+    # Nine drafts and three main tokens: green kept, red first rejection, grey after it, blue.
+    colours = [to_rgba(box.get_facecolor()) for box in ax.patches]
+    green, red, grey, blue = (to_rgba(c) for c in ["#009E73", "#D55E00", "#E4E4E4", "#0072B2"])
+    assert colours == [green, red, grey, blue, green, green, green, blue, red, grey, grey, blue]
+    assert len(ax.get_lines()) == 2  # one strike-through per rejected draft
+    assert legend_texts(fig.legends[0]) == [
+        "kept draft",
+        "first rejected draft (struck out)",
+        "after a rejection: not tested",
+        "main model's token",
+    ]
+
+
+def test_speculative_rounds_rejects_bad_rounds():
+    with pytest.raises(ValueError, match="^rounds is empty"):
+        plot_speculative_rounds([], k=3)
+    with pytest.raises(ValueError, match="^round 2 needs k = 3 drafts"):
+        plot_speculative_rounds([ROUNDS[0], {"drafts": ["a"], "accepted": 0, "main": "x"}], k=3)
+    with pytest.raises(ValueError, match="^round 1 needs k = 3 drafts and 0 <= accepted <= 3"):
+        plot_speculative_rounds([{**ROUNDS[0], "accepted": 4}], k=3)
+    with pytest.raises(ValueError, match="^round 1 must be a dict"):
+        plot_speculative_rounds([{"drafts": ["a"], "accepted": 0}], k=1)
+    with pytest.raises(ValueError, match="^k must be an integer"):
+        plot_speculative_rounds(ROUNDS, k=0)

@@ -42,9 +42,9 @@ class Mutant:
 
 
 def _modules():
-    from tests.machinery.mutants import ch01, ch02, ch03, ch04
+    from tests.machinery.mutants import ch01, ch02, ch03, ch04, ch05, ch05_gumbel
 
-    return (ch01, ch02, ch03, ch04)
+    return (ch01, ch02, ch03, ch04, ch05, ch05_gumbel)
 
 
 @functools.cache

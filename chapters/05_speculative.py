@@ -1,0 +1,1002 @@
+# %% [markdown]
+# # Chapter 5 — Speculative decoding
+#
+# Chapter 4 made each step cheap: one token through the model, reading the cache. It is still
+# one step, one main-model pass, per token. **Speculative decoding** lets a big model emit
+# several tokens per pass without changing *what* it samples: a cheap **drafter** guesses the
+# next $k$ tokens, the main model scores all of them in one cached pass of $k + 1$ positions,
+# and a **rejection sampler** decides how many of the guesses to keep. Whatever the drafter
+# guesses, the text that comes out is distributed exactly as if the main model had sampled
+# every token itself. Serving engines (vLLM, TensorRT-LLM, HF's assisted generation) all ship
+# it.
+#
+# What you write:
+#
+# - `rejection_sample_one` and `acceptance_rate`: rejection sampling for one distribution,
+#   and the probability that it keeps the draft;
+# - `rejection_sample`: the same for a batch of rows and $k$ positions at once, in the layout
+#   serving engines use;
+# - `gumbel_sample`: sampling as an argmax of noisy logits, the Gumbel-max trick;
+# - `same_token_shared_gumbel`, `same_token_independent`, `same_token_rejection`: how often two
+#   distributions pick the same token, under three ways of sharing their randomness.
+#
+# **Time:** about 3–4 hours. **You need:** chapter 3's sampler (softmax, temperature, top-k,
+# top-p) and chapter 4's `forward_with_cache`. Both are imported from `solutions`.
+#
+# ## How this notebook works
+#
+# As in the chapters before: fill in each **exercise cell** where it says
+# `raise NotImplementedError()`, run it, then run the `check("...")` cell below it.
+# `pytest -m rejection_sample` and `course grade 5` grade your saved notebook;
+# `show_solution("rejection_sample")` prints the reference when you are truly stuck.
+#
+# Run the setup cell below first.
+
+# %% tags=["setup"]
+import math
+import os
+from dataclasses import dataclass, field
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from torch import Tensor, nn
+
+from solutions import KeyValueCache, checks, forward_with_cache, left_pad
+from solutions.sampling import check_sampling_args, filter_top_k, filter_top_p
+from solutions.speculative import check_rejection_args
+from solutions.speculative_generation import trace_rounds
+from utils.check import check
+from utils.display import show_solution
+from utils.models import load_model
+from utils.plots import (
+    plot_coupling,
+    plot_rejection_sampling,
+    plot_speculative_rounds,
+    plot_speedup,
+)
+
+# %%
+QUICK = os.environ.get("COURSE_QUICK") == "1"  # CI runs this notebook with small sizes
+print("quick run (CI):", QUICK)
+
+# %% [markdown]
+# ## The two models
+#
+# The course ships two models trained on the same Shakespeare text with the same tokenizer:
+# the **main** model of chapters 3 and 4 (4 layers, `d_model` 192) and a **draft** model
+# (2 layers, `d_model` 128), about 2.5 times cheaper per token. Speculative decoding needs
+# exactly this: a small model that agrees with the big one often, and costs much less.
+
+# %%
+MODEL = "shakespeare"  # "mine": chapter 2's model (the draft must share its tokenizer)
+main, tokenizer = load_model(MODEL)
+draft, _ = load_model("shakespeare-draft")
+for name, m in [("main", main), ("draft", draft)]:
+    n_params = sum(p.numel() for p in m.parameters())
+    size = f"{m.cfg.n_layers} layers, d_model {m.cfg.d_model}"
+    print(f"{name:5}: {size}, {n_params / 1e6:.2f} M parameters")
+
+# %% [markdown]
+# ## 1. Rejection sampling, one distribution
+#
+# Start with one token. The main model's distribution for it is $p$, the **target**; the
+# drafter's is $q$. We can afford to sample from $q$, and we want a sample from $p$. Rejection
+# sampling turns one into the other:
+#
+# 1. Draw the draft token $x \sim q$.
+# 2. Keep it with probability $\min\left(1, \frac{p(x)}{q(x)}\right)$: draw $u$ uniform in
+#    $[0, 1)$ and keep $x$ if $u < p(x) / q(x)$.
+# 3. Otherwise draw the token from the **residual** distribution
+#    $r(y) = \frac{\max(0,\, p(y) - q(y))}{\sum_z \max(0,\, p(z) - q(z))}$.
+#
+# **Why the result is exactly $p$.** The token is $y$ in two ways: the draft was $y$ and was
+# kept, with probability $q(y) \min(1, p(y)/q(y)) = \min(p(y), q(y))$; or a draft was rejected
+# and the residual gave $y$. The first way gives $\min(p(y), q(y))$ of the mass $p(y)$ needs;
+# the shortfall is $p(y) - \min(p(y), q(y)) = \max(0, p(y) - q(y))$, and that is exactly what
+# the residual supplies. Check the amounts: a rejection happens with probability
+# $1 - \sum_z \min(p(z), q(z)) = \sum_z \max(0, p(z) - q(z))$ (both distributions sum to 1),
+# so the second way gives $y$ with probability
+# $\sum_z \max(0, p(z) - q(z)) \cdot r(y) = \max(0, p(y) - q(y))$. Add the two:
+# $\min(p, q) + \max(0, p - q) = p$. Nothing about $q$ survives: any drafter, good or bad,
+# leaves the output distribution untouched. A bad drafter only gets rejected more often.
+#
+# **How often the draft is kept.** Summing the first way over $y$:
+#
+# $$\alpha = P(\text{keep}) = \sum_x q(x) \min\left(1, \frac{p(x)}{q(x)}\right)
+#   = \sum_x \min(p(x), q(x)),$$
+#
+# the overlap of the two histograms: 1 when $q = p$, 0 when they share no token. Everything
+# speculative decoding gains comes from $\alpha$.
+#
+# ### Exercise: `rejection_sample_one` and `acceptance_rate`
+#
+# `rejection_sample_one(target_probs, draft_probs, generator)` takes $p$ and $q$, 1-D
+# `[d_vocab]` probability vectors, and returns `(token, kept)`: an `int` distributed as $p$,
+# and whether the draft was kept. `acceptance_rate(target_probs, draft_probs)` returns
+# $\sum_x \min(p(x), q(x))$ over the last dimension, for one pair `[d_vocab]` or a batch
+# `[..., d_vocab]`. The argument checks are given.
+#
+# Common mistakes: drawing the draft from $p$ (then there is nothing to check); keeping with
+# probability $p(x)$, forgetting $q(x)$; the ratio upside down; resampling from $p$ after a
+# rejection instead of the residual (tokens that $q$ already covered then come out too often);
+# $|p - q|$ instead of $\max(0, p - q)$; any random number drawn without `generator`.
+#
+# The tests draw 8,000 tokens for each of four pairs $(p, q)$ on six tokens: $q$ zero where $p$
+# is not and the other way round, $p = q$, disjoint supports, a sharp $p$ under a flat $q$.
+# They compare the tokens with $p$, the kept flags with $\alpha$, the kept tokens with
+# $\min(p, q)$ and the others with the residual (chi-square tests; a correct solution fails
+# one with probability at most $4 \times 10^{-5}$). `acceptance_rate` is compared with the
+# sum written out.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Three random numbers at most: the draft, $u$, and (after a rejection) the residual draw. To
+# avoid dividing by $q(x)$, compare $u \cdot q(x) < p(x)$: the same event.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# - The draft: `torch.multinomial(draft_probs, 1, generator=generator)`, as an `int`.
+# - $u$: `torch.rand((), generator=generator)`; keep if `u * q[x] < p[x]`, and return
+#   `(x, True)`.
+# - Otherwise the residual `(p - q).clamp(min=0)`, divided by its sum, and one more
+#   `torch.multinomial`; return `(token, False)`.
+# - `acceptance_rate`: `torch.minimum(p, q)`, summed over `dim=-1`.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("rejection_sample_one")` in a new cell prints the
+# reference implementation. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="rejection_sample_one"
+# solution: solutions.speculative.rejection_sample_one
+# solution: solutions.speculative.acceptance_rate
+
+# %%
+check("rejection_sample_one")
+
+# %% [markdown]
+# **Predict, then run.** Below, $p$ and $q$ disagree on most tokens: $q$ puts nothing on token
+# `a`, which $p$ likes most, and a fifth of its mass on token `f`, which $p$ rules out. What
+# fraction of drafts will be kept, and what will the histogram of the output look like?
+#
+# <details><summary>What to expect</summary>
+#
+# $\alpha = \sum \min(p, q) = 0 + 0.1 + 0.2 + 0.1 + 0.1 + 0 = 0.5$: half the drafts are kept.
+# The output histogram still matches $p$, token `a` included, although the drafter never
+# proposes it: every `a` comes from the residual, after a rejection.
+#
+# </details>
+
+# %%
+p_demo = torch.tensor([0.35, 0.25, 0.2, 0.1, 0.1, 0.0])
+q_demo = torch.tensor([0.0, 0.1, 0.2, 0.3, 0.2, 0.2])
+g = torch.Generator().manual_seed(0)
+n_demo = 2_000 if QUICK else 20_000
+draws = [rejection_sample_one(p_demo, q_demo, g) for _ in range(n_demo)]
+demo_tokens = torch.tensor([t for t, _ in draws])
+kept_rate = sum(k for _, k in draws) / n_demo
+alpha_demo = float(acceptance_rate(p_demo, q_demo))
+print(f"kept {kept_rate:.3f} of the drafts; acceptance_rate says {alpha_demo:.3f}")
+plot_rejection_sampling(
+    p_demo, q_demo, demo_tokens, labels=list("abcdef"), title="Rejection sampling: the output is p"
+)
+
+# %% [markdown]
+# ## 2. The batched sampler
+#
+# In speculative decoding, the drafter proposes $k$ tokens in a row, $x_1, \dots, x_k$, each
+# drawn from its own distribution $q_i$ given the text and the drafts before it. The main model
+# then runs **once** on the $k + 1$ positions and returns $p_1, \dots, p_{k+1}$: $p_i$ is its
+# distribution for position $i$ given the text and $x_1, \dots, x_{i-1}$. The sampler walks
+# along the drafts:
+#
+# - Test $x_1$ against $p_1$ and $q_1$ as in section 1. Kept: go on to $x_2$, and so on.
+# - At the **first rejection**, at position $i$, emit a **recovered** token from the residual
+#   of $p_i$ and $q_i$, and stop. Every later draft is thrown away, even one that would pass its
+#   own test: it was drafted after $x_i$, a token the main model did not take, so $p_{i+1}$ and
+#   $q_{i+1}$ are distributions for a text that does not exist.
+# - If all $k$ drafts are kept, emit a **bonus** token drawn from $p_{k+1}$, which the main
+#   model computed anyway (its last position).
+#
+# So a round emits between 1 and $k + 1$ tokens, never 0: even when every guess is wrong, the
+# main model's pass produced one token, as an ordinary step would.
+#
+# Serving engines do this for a whole batch at once, without a Python loop, and return it in a
+# fixed layout (vLLM's): per row, `accepted` `[batch, k]` is `True` up to the first rejection
+# only, and `tokens` `[batch, k + 1]` holds the accepted drafts, then the recovered or bonus
+# token, then `-1`:
+#
+# ```
+#   drafts          kept?             accepted        tokens
+#   [7, 3, 9]       yes yes yes       [T, T, T]       [7, 3, 9, b]      b: bonus, from p_4
+#   [7, 3, 9]       yes no  (yes)     [T, F, F]       [7, r, -1, -1]    r: recovered, at position 2
+#   [7, 3, 9]       no  (yes) (yes)   [F, F, F]       [r, -1, -1, -1]
+# ```
+#
+# (In brackets: tests that do not count, because an earlier draft was rejected.)
+#
+# ### Exercise: `rejection_sample`
+#
+# `rejection_sample(target_probs, draft_probs, draft_tokens, generator=None, greedy=False)`
+# takes `target_probs` `[batch, k + 1, d_vocab]`, `draft_probs` `[batch, k, d_vocab]` and
+# `draft_tokens` `[batch, k]`, and returns `(tokens, accepted)` as above. The given
+# `check_rejection_args` (in the cell before) checks the shapes, that every row is a
+# probability distribution, that the ids are in range and that no draft token has $q = 0$.
+#
+# With `greedy=True` (what temperature 0 uses) there is no randomness: a draft is kept if it
+# is the target's argmax at its position, and the recovered or bonus token is the target's
+# argmax. (At temperature 0 both distributions are one-hot, and the rule of section 1 gives
+# exactly this; the greedy mode just skips the arithmetic.)
+#
+# No loop over rows or positions: a batch of 64 rows with $k = 8$ should cost a handful of
+# tensor operations, not 512 Python steps. Three steps:
+#
+# 1. Each draft's own test, for all positions at once: gather $p_i(x_i)$ and $q_i(x_i)$ with
+#    `gather`, draw `u` `[batch, k]`, `keep = u * q < p`.
+# 2. Only the run before the first rejection counts: a cumulative product along the positions
+#    turns `[T, F, T]` into `[T, F, F]`. `n_accepted = accepted.sum(dim=1)` is also the column
+#    of the main model's token.
+# 3. One token per row from the main model: the residual at position `n_accepted` (clamped
+#    to `k - 1` for the rows where all were kept), or $p_{k+1}$ where all were kept
+#    (`torch.where`), one `torch.multinomial`; write it at column `n_accepted`.
+#
+# Common mistakes: keeping drafts after the first rejection; a bonus token after a rejection;
+# testing draft `i` against `target_probs[:, i + 1]` (`target_probs[:, i]` is the main
+# model's distribution for `draft_tokens[:, i]`); the residual taken at the wrong position;
+# rejected drafts left in `tokens` instead of `-1`; `u` drawn without the generator.
+#
+# The tests: for $k = 1, \dots, 4$ and 20,000 rows (two halves with different distributions
+# at each position), the token at every position a row reaches follows $p$ of that position,
+# bonus included; the keep rates follow $\sum \min(p, q)$ and the recovered tokens the
+# residual (chi-square, at most $10^{-4}$ false failures per test); the layout is checked on
+# every row, and exactly on inputs where every outcome is forced; greedy mode on rows that
+# fail at the first, second and last draft; the generator.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Write section 1 for all rows and positions at once; `cumprod` finds "up to the first
+# rejection"; the one token from the main model per row comes from a distribution that
+# `torch.where` picks per row.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# - `p = target_probs[:, :k].gather(-1, draft_tokens[..., None])[..., 0]`, the same for `q`
+#   from `draft_probs`: `[batch, k]`. Greedy: `best = target_probs.argmax(-1)`, and
+#   `keep = draft_tokens == best[:, :k]`.
+# - `accepted = keep.long().cumprod(dim=1).bool()`, `n = accepted.sum(dim=1)`.
+# - `rows = torch.arange(batch)`, `at = n.clamp(max=k - 1)`; the residual
+#   `(target_probs[rows, at] - draft_probs[rows, at]).clamp(min=0)`, normalised;
+#   `torch.where((n == k)[:, None], target_probs[:, k], residual)`; sample one token per row.
+#   Greedy: `best[rows, n]`.
+# - `tokens = torch.full((batch, k + 1), -1)`, then `tokens[:, :k] = torch.where(accepted,
+#   draft_tokens, -1)` and `tokens[rows, n] = next_token`.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("rejection_sample")` in a new cell prints the
+# reference implementation. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["source"]
+# solution: solutions.speculative.check_rejection_args
+
+# %% tags=["exercise"] exercise="rejection_sample"
+# solution: solutions.speculative.rejection_sample
+
+# %%
+check("rejection_sample")
+
+# %% [markdown]
+# The three rows of the table above, with one-hot distributions so that every test's outcome
+# is forced: the main model agrees with the drafts where the table says "yes" and puts all its
+# mass on token 5 where it says "no"; the bonus distribution is a sure token 4.
+
+# %%
+one_hot = torch.eye(6)
+demo_drafts = torch.tensor([[1, 2, 3]] * 3)
+agree = torch.tensor([[1, 1, 1], [1, 0, 1], [0, 1, 1]])  # 1: the main model agrees there
+demo_target = torch.where(agree[..., None].bool(), one_hot[demo_drafts], one_hot[5])
+demo_target = torch.cat([demo_target, one_hot[4].expand(3, 1, 6)], dim=1)  # [3, k + 1, 6]
+demo_out, demo_accepted = rejection_sample(demo_target, one_hot[demo_drafts], demo_drafts)
+print("accepted:\n", demo_accepted)
+print("tokens:\n", demo_out)
+
+# %% [markdown]
+# ## 3. Speculative generation
+#
+# Now the whole loop. A **round** turns the text so far into a longer one:
+#
+# ```
+#  main cache: the text but its newest token      last = the newest token
+#  drafter:    proposes d1 ... dk                 (its own model and cache, section below)
+#  main model: ONE cached pass over [last, d1, ..., dk]
+#              position 0 reads `last` and gives p for d1; position i reads d_i and gives p
+#              for d_(i+1); position k reads dk and gives p for the bonus token
+#  sampler:    rejection_sample -> n kept drafts and one token from the main model
+#  caches:     keep `last` and d1 ... dn; the rejected drafts never happened
+#  next round: last = the main model's token (recovered or bonus)
+# ```
+#
+# One main-model pass emits $n + 1$ tokens, between 1 and $k + 1$. At temperature 0 the
+# sampler keeps a draft only if it is the main model's argmax, so the text is token for token
+# what greedy decoding gives, in fewer passes.
+#
+# **Rows that accept different numbers of drafts.** In a batch, row 0 may keep all $k$ drafts
+# while row 1 keeps none. Nobody has to wait, thanks to chapter 4's mask: the rejected drafts
+# are already in the cache (the pass computed their keys and values), so the round marks their
+# columns as padding. `KeyValueCache.keep_only(mask)` (given, in `KeyValueCache`) does that and
+# compacts the cache: each row's real positions keep their order and move right, so the rows
+# stay left-padded, and the columns that are padding in every row are dropped. The positions of
+# the next tokens count real tokens only (chapter 4's `positions_and_allowed`), so a row never
+# notices the drafts it rejected. The alternative, rolling every row back to the shortest one
+# and re-feeding what the others had accepted, costs a pass per round; trimming by mask costs a
+# gather.
+#
+# Only a row's *last* positions may be forgotten this way (the keys and values of a later
+# position were computed with the earlier ones in view), and rejected drafts are always last.
+
+# %% [markdown]
+# ### A drafter that costs nothing: n-gram prompt lookup
+#
+# A draft model costs about 0.4 of the main model per token, here. Text often repeats itself:
+# names, stage directions, refrains, code. **Prompt lookup** drafts with no model at all: find
+# the most recent earlier place where the text's last $n$ tokens occurred, and propose the $k$
+# tokens that followed them there.
+#
+# ```
+#   text:    ... [Enter ROMEO and JULIET.] ... [Enter ROMEO
+#   last 2:  "[Enter", " ROMEO"; earlier they were followed by " and", " JULIET", ".]"
+#   drafts:  " and", " JULIET", ".]"
+# ```
+#
+# **Why a sure guess stays exact.** The lookup's proposal is not drawn from a distribution: it
+# is a token the drafter is sure of, a one-hot $q$ with $q(x) = 1$. Section 1's rule still
+# applies: keep $x$ with probability $\min(1, p(x) / 1) = p(x)$; otherwise draw from
+# $\max(0, p - q)$, which is $p$ with token $x$ removed, renormalised. Together: $x$ comes out
+# with probability $p(x)$, and any other $y$ with probability $(1 - p(x)) \cdot p(y) /
+# (1 - p(x)) = p(y)$. Exact again, and $\alpha = p(x)$: the lookup pays when the main model
+# agrees with the text's history. The batched sampler needs $k$ drafts in every row, so where
+# the lookup finds fewer, the given `NgramDrafter` fills up with the row's last token (a guess
+# like any other: exact, rarely right).
+#
+# #### Exercise: `ngram_propose`
+#
+# `ngram_propose(text, k, n=2)` takes a list of token ids and returns a list of at most $k$ ids:
+# those that followed the most recent earlier occurrence of `text[-n:]`. The occurrence must
+# start before the end's own (`text[-n:]` itself does not count) but may overlap it; nothing
+# found (or a text no longer than $n$): `[]`.
+#
+# Common mistakes: taking the oldest match instead of the most recent; letting the end match
+# itself (it is followed by nothing); returning one token too few; changing `text`.
+#
+# The tests: seven hand-made cases (most recent match, fewer than $k$ tokens after it, no
+# match, an overlapping match, $n$ = 1 and 3, a short text) and 300 random texts over a
+# four-token vocabulary against the definition written as a list comprehension.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Walk the possible start positions from the latest to the earliest and stop at the first
+# whose $n$ tokens equal the last $n$.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# The latest possible start is `len(text) - n - 1`; `range(len(text) - n - 1, -1, -1)` goes
+# down to 0 (and is empty when the text is too short). Compare `text[start:start + n]` with
+# `text[-n:]`; return the slice `text[start + n : start + n + k]` (Python clips it at the end).
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("ngram_propose")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="ngram_propose"
+# solution: solutions.drafters.ngram_propose
+
+# %% tags=["source"]
+# solution: solutions.drafters.NgramDrafter
+
+# %%
+check("ngram_propose")
+
+# %% [markdown]
+# ### The draft model
+#
+# The draft model keeps its own cache, and the same bookkeeping applies to it. The given
+# `ModelDrafterBase` has `start(tokens, mask)`, which prefills the prompts but their last
+# token, and `propose(k, temperature, top_k, top_p, generator)`, which feeds the drafter's
+# **pending** tokens (those of the text it has not read yet) and then its own drafts one at a
+# time, sampling each from `sampling_probs` (chapter 3's temperature and top-k / top-p: both
+# models shape their distributions the same way). It returns the drafts and their
+# distributions $q$, and records in `self.fed` how many columns the round added to its cache:
+# the pending ones, then drafts $1$ to $k - 1$ (draft $k$ is proposed, never fed).
+#
+# #### Exercise: `ModelDrafter.accept`
+#
+# `accept(accepted, drafts, next_token, done)` tells the drafter what the main model decided:
+# `accepted` `[batch, k]`, the `drafts` `[batch, k]`, the main model's token `next_token`
+# `[batch]`, and `done` `[batch]`, the rows that have finished (they keep nothing new). It
+# must leave the drafter ready for the next `propose`:
+#
+# - **Forget** the rejected drafts it fed: of the `self.fed` last columns of `self.cache`, keep
+#   the pending ones that were real (`self.pending_mask`) and the fed drafts that were accepted
+#   (`accepted[:, :k - 1]`), nothing of a finished row; `self.cache.keep_only(mask)` does the
+#   rest.
+# - **Queue** what it has not read: the main model's token always; before it, draft $k$ when
+#   all $k$ were kept (proposed, never fed). So `self.pending` is `[batch, 2]`: draft $k$
+#   (a padding column, `False` in `self.pending_mask`, where not all were kept), then
+#   `next_token`. Finished rows: all `False`. When no row kept all $k$, drop the first column.
+#
+# Common mistakes: not rolling the cache back (the drafter then guesses for a text that does
+# not exist: the output stays exact, the sampler sees to that, but the acceptance rate falls);
+# forgetting draft $k$ when all were kept; matching the acceptance flags to the wrong fed
+# columns (off by one: the pending columns come first).
+#
+# The tests run two rounds with the shipped draft model on a left-padded batch of three
+# prompts (one row keeps 2 of 4 drafts, one all 4, one none) and on one row, and compare the
+# drafter's next distribution with HF's draft model run on each row's accepted text.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Build one bool row of length `self.fed` saying which of the round's columns to keep, write
+# it into the last `self.fed` columns of a copy of `self.cache.mask`, and call `keep_only`.
+# Then rebuild `pending` and `pending_mask` from scratch.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# - `keep = torch.cat([self.pending_mask, accepted[:, :k - 1]], dim=1) & ~done[:, None]`.
+# - `mask = self.cache.mask.clone(); mask[:, -self.fed:] &= keep`;
+#   `self.cache = self.cache.keep_only(mask)`.
+# - `all_kept = accepted.all(dim=1)`; `self.pending = torch.stack([drafts[:, -1], next_token],
+#   dim=1)`, `self.pending_mask = torch.stack([all_kept, torch.ones_like(all_kept)], dim=1)`,
+#   then `&= ~done[:, None]`; if `not all_kept.any()`, keep only the last column of both.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("ModelDrafter")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["source"]
+# solution: solutions.drafters.sampling_probs
+# solution: solutions.drafters.ModelDrafterBase
+
+# %% tags=["exercise"] exercise="model_drafter"
+# solution: solutions.drafters.ModelDrafter
+
+# %%
+check("model_drafter")
+
+# %% [markdown]
+# ### Exercise: `speculative_round`
+#
+# `speculative_round(main, cache, last, drafter, k, sampling, generator, done)` runs one round
+# for the batch. `cache` is the main model's cache (the text but its newest token), `last`
+# `[batch]` the newest token, `sampling` the dict of `temperature`, `top_k`, `top_p`. The
+# given first line asks the drafter for `drafts` `[batch, k]` and `draft_probs`
+# `[batch, k, d_vocab]` (`None` from a drafter whose guesses are sure, the n-gram lookup:
+# then $q$ is one-hot at each draft). You write the middle:
+#
+# 1. One `forward_with_cache` of the main model over `[last, drafts]`, `[batch, k + 1]`.
+# 2. `target = sampling_probs(logits, **sampling)`; one-hot `draft_probs` if they are `None`;
+#    `rejection_sample(..., generator=generator, greedy=temperature == 0)`.
+# 3. Trim the cache: of its last $k + 1$ columns keep `last` and the accepted drafts, nothing
+#    of a finished row, with `keep_only`. `n_new = accepted.sum(dim=1) + 1` per row.
+#
+# The given lines after yours tell the drafter (`accept`) and return `(tokens, n_new, cache)`.
+# The given `speculative_generate` (after the exercise cell) runs rounds until every row has
+# its tokens: it checks the arguments, pads and prefills, keeps the texts and the statistics.
+#
+# Common mistakes: feeding only the drafts (the main model then never reads `last`, and its
+# first distribution is for the wrong position); keeping the rejected drafts in the cache;
+# flags matched to the wrong columns (`last` comes first and is always kept); forgetting the
+# main model's own token (`n_new` is the accepted count plus one); top-k / top-p applied to one
+# model only.
+#
+# The tests: at temperature 0, for $k$ = 1 to 6 and both drafters, on one prompt and on a
+# left-padded batch of four, the text equals HF's greedy `generate` on each prompt alone; at
+# temperature 1, 1,500 copies of a prompt in one batch: the first new token follows the main
+# model's distribution, and so does the second given the most common first (both drafters);
+# at temperature 0.7 with top-p 0.8, the first token follows HF's top-p-warped distribution;
+# the seed.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# The main model's pass is chapter 4's chunk: several new tokens after a cache. Everything else
+# is the sampler of section 2 and the same trimming as the drafter's, with `k + 1` columns.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# - `feed = torch.cat([last[:, None], drafts], dim=1)`; `logits, cache =
+#   forward_with_cache(main, feed, cache)`: `[batch, k + 1, d_vocab]`.
+# - `torch.nn.functional.one_hot(drafts, d_vocab).float()` for sure guesses.
+# - `keep = torch.cat([ones [batch, 1], accepted], dim=1) & ~done[:, None]`;
+#   `mask = cache.mask.clone(); mask[:, -(k + 1):] &= keep; cache = cache.keep_only(mask)`.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("speculative_round")` in a new cell prints the
+# reference implementation. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["source"]
+# solution: solutions.speculative_generation.SpeculativeStats
+
+# %% tags=["exercise"] exercise="speculative_round"
+# solution: solutions.speculative_generation.speculative_round
+
+# %% tags=["source"]
+# solution: solutions.speculative_generation.start_speculation
+# solution: solutions.speculative_generation.speculative_generate
+
+# %%
+check("speculative_round")
+
+# %% [markdown]
+# **Predict, then run.** Greedy text from four prompts, by chapter 4's batched generator and by
+# speculation with the draft model and $k = 4$. Will the texts be the same? How many tokens
+# per main-model pass do you expect, if the draft agrees with the main model's argmax about
+# three times in four?
+#
+# <details><summary>What to expect</summary>
+#
+# The same texts, token for token. With a keep rate $\alpha$ per draft, a round emits
+# $1 + \alpha + \alpha^2 + \dots + \alpha^k = (1 - \alpha^{k+1}) / (1 - \alpha)$ tokens on
+# average (if the keeps were independent): about 3 for $\alpha = 0.75$ and $k = 4$.
+# `stats.acceptance` is $\alpha$ as measured: the kept drafts over the drafts the sampler tested
+# (the ones after a rejection never are).
+#
+# </details>
+
+# %%
+from solutions.batched import generate_batch as ref_generate_batch
+
+demo_prompts = [
+    "ROMEO.\nBut soft, what light",
+    "JULIET.\nO Romeo,",
+    "HAMLET.\nTo be, or not to be,",
+    "KING LEAR.\nBlow, winds,",
+]
+n_new = 30 if QUICK else 100
+with torch.inference_mode():
+    plain = ref_generate_batch(main, tokenizer, demo_prompts, n_new, temperature=0.0)
+    stats = SpeculativeStats()
+    fast = speculative_generate(
+        main, draft, tokenizer, demo_prompts, k=4, max_tokens_generated=n_new,
+        temperature=0.0, stats=stats,
+    )  # fmt: skip
+print("same texts as greedy decoding:", plain == fast)
+print(f"drafts kept: {stats.acceptance:.2f}")
+print(f"tokens per row per main pass: {stats.tokens_per_pass:.2f}")
+print(f"rounds for the whole batch: {stats.main_passes} (each row needs {n_new} tokens)")
+print(fast[0])
+
+# %% [markdown]
+# What the rounds looked like for the first prompt: green drafts were kept, the red one was
+# the first rejection (greyed ones after it never counted), blue is the main model's token.
+
+# %%
+with torch.inference_mode():
+    rounds = trace_rounds(main, draft, tokenizer, demo_prompts[0], k=4, n_rounds=6)
+plot_speculative_rounds(rounds, k=4, title=f"Six rounds of k = 4 after {demo_prompts[0]!r}")
+
+# %% [markdown]
+# Both drafters on the same greedy texts. The n-gram drafter costs almost nothing per draft,
+# so even a low keep rate can pay; whether it does is section 6's question.
+
+# %%
+with torch.inference_mode():
+    for drafter_name in ["model", "ngram"]:
+        stats = SpeculativeStats()
+        texts = speculative_generate(
+            main, draft, tokenizer, demo_prompts, k=4, max_tokens_generated=n_new,
+            temperature=0.0, drafter=drafter_name, stats=stats,
+        )  # fmt: skip
+        print(
+            f"{drafter_name:5} drafter: same texts {texts == plain}, drafts kept "
+            f"{stats.acceptance:.2f}, tokens per main pass {stats.tokens_per_pass:.2f}"
+        )
+
+# %% [markdown]
+# ## 4. The Gumbel-max trick
+#
+# Section 1 draws the draft and the target's token with separate random numbers. There is
+# another way to sample, which separates the randomness from the distribution entirely: add
+# independent **standard Gumbel** noise $G_i = -\log(-\log U_i)$, $U_i$ uniform in $(0, 1)$, to
+# each logit, and take the argmax:
+#
+# $$\arg\max_i \left( \frac{z_i}{T} + G_i \right) \sim \mathrm{softmax}(z / T).$$
+#
+# Why: $\exp(-e^{-g})$ is the Gumbel distribution function, and the probability that term
+# $i$ beats every other works out to $e^{z_i/T} / \sum_j e^{z_j/T}$ (the same calculation shows
+# that exponential races, "who arrives first", pick $i$ with probability proportional to its
+# rate). No softmax, no cumulative sum, no sort: one pass over the logits with an argmax. That
+# is why chapter 6's GPU kernels sample this way, fused into the matrix product that makes the
+# logits, without ever holding a whole row of probabilities.
+#
+# **Temperature goes on the logits, not on the noise.** The classic bug is
+# $\arg\max_i (z_i + G_i) / T$: dividing everything by $T > 0$ never changes an argmax, so that
+# samples at temperature 1 whatever $T$ says. The correct form scales the logits only; as
+# $T \to 0$ the logits dominate any noise and the argmax is greedy, and at $T = 0$ itself we
+# return the argmax without drawing noise (or dividing by zero).
+#
+# ### Exercise: `gumbel_sample`
+#
+# `gumbel_sample(logits, temperature=1.0, generator=None)` takes logits `[batch, d_vocab]` and
+# returns one token per row, `[batch]`, distributed as `softmax(logits / temperature)`; at
+# temperature 0, the argmax. The argument checks are given.
+#
+# Common mistakes: $(z + G) / T$; exponential noise $-\log U$ instead of Gumbel; one noise
+# vector shared by all rows; `torch.rand` without the generator; $\log 0$ when `rand` returns
+# exactly 0 (clamp $U$ away from 0: `torch.finfo(dtype).tiny`); dividing in place.
+#
+# The tests sample 20,000 tokens per case and compare with `softmax(logits / T)` at T = 1, 0.5
+# and 2 (chi-square; the message names the $(z + G)/T$ bug when the samples look like
+# temperature 1), check that $T = 10^{-3}$ and $T = 0$ give the argmax, that `-inf` logits are
+# never drawn, and the generator.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Three lines: uniform noise of the logits' shape, its double negative log, and an argmax of
+# scaled logits plus noise.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# Temperature 0: `logits.argmax(dim=-1)`. Otherwise `u = torch.rand(logits.shape,
+# generator=generator)`, clamped to at least `torch.finfo(u.dtype).tiny`;
+# `g = -torch.log(-torch.log(u))`; `(logits / temperature + g).argmax(dim=-1)`.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("gumbel_sample")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="gumbel_sample"
+# solution: solutions.gumbel.gumbel_sample
+
+# %%
+check("gumbel_sample")
+
+# %% [markdown]
+# The bug, side by side with the right form: the probability of the most likely token after a
+# prompt, at three temperatures, estimated from 5,000 draws each.
+
+# %%
+with torch.inference_mode():
+    row = main(torch.tensor([tokenizer.encode("OTHELLO.\nGood night, my")]))[:, -1]
+n_draws = 1_000 if QUICK else 5_000
+rows = row.expand(n_draws, -1)
+best = int(row.argmax())
+g = torch.Generator().manual_seed(0)
+for T in [0.5, 1.0, 2.0]:
+    exact = float((row / T).softmax(-1)[0, best])
+    right = float((gumbel_sample(rows, T, g) == best).float().mean())
+    u = torch.rand(rows.shape, generator=g).clamp(min=1e-38)
+    buggy = float((((rows - torch.log(-torch.log(u))) / T).argmax(-1) == best).float().mean())
+    print(f"T = {T}: exact {exact:.3f}   gumbel_sample {right:.3f}   (z + G) / T {buggy:.3f}")
+
+# %% [markdown]
+# ## 5. Coupling: how often two samplers agree
+#
+# Speculative decoding gains when the draft's token and the main model's token are the same.
+# How often that happens depends not only on $p$ and $q$ but on how the two draws share their
+# randomness, their **coupling**. Three couplings:
+#
+# - **Independent** draws: $x \sim p$ and $y \sim q$ with separate random numbers agree with
+#   probability $\sum_k p_k q_k$.
+# - **Shared Gumbel noise**: $x = \arg\max(\log p + G)$ and $y = \arg\max(\log q + G)$ with the
+#   *same* $G$. Both pick $k$ when $G_k - G_j \ge \log(p_j / p_k)$ and
+#   $\ge \log(q_j / q_k)$ for every $j$: one Gumbel race with weights
+#   $\max(p_j / p_k, q_j / q_k)$, which $k$ wins with probability
+#   $1 / \sum_j \max(p_j / p_k, q_j / q_k)$. So
+#   $P(x = y) = \sum_k 1 / \sum_j \max(p_j / p_k,\, q_j / q_k)$ (over the $k$ where both are
+#   positive). Lookahead decoding uses this: the same noise makes a guess and a check agree
+#   more often than independent draws, with no rejection step.
+# - **Rejection sampling** (section 1): $P(x = y) = \sum_k \min(p_k, q_k)$. No coupling can do
+#   better: $x = y = k$ needs both $P(x = k) = p_k$ and $P(y = k) = q_k$, so it has probability
+#   at most $\min(p_k, q_k)$.
+#
+# ### Exercise: `same_token_independent`, `same_token_shared_gumbel`, `same_token_rejection`
+#
+# Three functions of `p` and `q`, probability vectors `[..., d_vocab]`, each returning the
+# probability `[...]` above. Careful with zeros: $\log 0 = -\infty$ never wins a race, so a
+# token with $p_k = 0$ or $q_k = 0$ contributes nothing to the shared-noise sum, and the ratio
+# $p_j / p_k$ must not be computed where $p_k = 0$ (0 / 0 is NaN).
+#
+# Common mistakes: $\min$ instead of $\max$ in the shared-noise formula; the two inner and
+# outer sums over the wrong dimensions; NaN from zero probabilities; swapping the independent
+# and rejection formulas.
+#
+# The tests: $p = q$ (1, 1 and $\sum p^2$), disjoint supports (0), zeros in either, batched and
+# single inputs, the shared-noise formula against a numerical integral over the Gumbel
+# density, and all three against simulations written in the test.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# The shared-noise sum needs, for every pair $(k, j)$, $\max(p_j / p_k, q_j / q_k)$: a
+# `[d_vocab, d_vocab]` matrix per row, built by broadcasting `[..., 1, d_vocab]` against
+# `[..., d_vocab, 1]`.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# `both = (p > 0) & (q > 0)`; divide by `torch.where(both, p, 1.0)[..., :, None]` (and the same
+# for `q`) so that no division by 0 happens; `ratios = torch.maximum(p[..., None, :] / p_k,
+# q[..., None, :] / q_k)`; then `torch.where(both, 1 / ratios.sum(-1), 0.0).sum(-1)`. The other
+# two: `(p * q).sum(-1)` and `torch.minimum(p, q).sum(-1)`.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("same_token_shared_gumbel")` in a new cell prints the
+# reference implementation. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="coupling"
+# solution: solutions.gumbel.same_token_shared_gumbel
+# solution: solutions.gumbel.same_token_independent
+# solution: solutions.gumbel.same_token_rejection
+
+# %%
+check("coupling")
+
+# %% [markdown]
+# **Predict, then run.** The three probabilities for the shipped main and draft models, on
+# real contexts, as the temperature grows. Which coupling is always on top? What happens to the
+# independent one at high temperature, where both distributions spread over thousands of
+# tokens?
+#
+# <details><summary>What to expect</summary>
+#
+# Rejection sampling is on top at every temperature (it is the maximum), shared Gumbel noise
+# close below it, and independent draws far below once the distributions spread out: two
+# independent draws from wide distributions rarely land on the same token, while shared noise
+# and rejection keep agreeing as long as $p$ and $q$ are similar. At low temperature all three
+# meet: both models are nearly greedy, and they agree exactly when their argmaxes do.
+#
+# </details>
+
+# %%
+context_text = "ROMEO.\nBut soft, what light through yonder window breaks?\nIt is the east"
+ids = torch.tensor([tokenizer.encode(context_text)])
+with torch.inference_mode():
+    main_logits, draft_logits = main(ids)[0], draft(ids)[0]  # [pos, d_vocab]: every context
+positions = range(0, ids.shape[1], 4 if QUICK else 1)
+temperatures = [0.25, 0.5, 1.0, 2.0] if QUICK else [0.1, 0.2, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0]
+curves = {"independent draws": [], "shared Gumbel noise": [], "rejection sampling": []}
+for t in positions:
+    rows = {name: [] for name in curves}
+    for T in temperatures:
+        p_t, q_t = (main_logits[t] / T).softmax(-1), (draft_logits[t] / T).softmax(-1)
+        rows["independent draws"].append(float(same_token_independent(p_t, q_t)))
+        rows["shared Gumbel noise"].append(float(same_token_shared_gumbel(p_t, q_t)))
+        rows["rejection sampling"].append(float(same_token_rejection(p_t, q_t)))
+    for name in curves:
+        curves[name].append(rows[name])
+plot_coupling(
+    temperatures,
+    {name: torch.tensor(values) for name, values in curves.items()},
+    title="P(main and draft pick the same token), over the contexts of one text",
+)
+
+# %% [markdown]
+# ## 6. When does it pay?
+#
+# Say each draft is kept with probability $\alpha$, independently. A round emits
+# $1 + \alpha + \dots + \alpha^k$ tokens on average:
+#
+# $$E[\text{tokens per round}] = \frac{1 - \alpha^{k+1}}{1 - \alpha}.$$
+#
+# A round costs $k$ drafter steps, each $c$ times a main-model step (one token, with a cache),
+# plus one main-model pass over $k + 1$ tokens, $v_k$ times a one-token step. The textbook
+# takes $v_k = 1$: on a GPU, a few more tokens in one pass cost almost nothing, because a
+# one-token step is bound by reading the weights, not by arithmetic. On a CPU the arithmetic
+# shows, and $v_k$ grows with $k$. Against one main-model step per token:
+#
+# $$\text{speed-up} = \frac{1 - \alpha^{k+1}}{(1 - \alpha)(c\,k + v_k)}.$$
+#
+# Larger $k$ means more tokens per round when guesses are good, and more wasted drafting when
+# they are not: the best $k$ balances $\alpha$ against $c$ and $v_k$. The cells below measure
+# all three on this machine, then the real speed-up of both drafters against chapter 4's cached
+# greedy sampler, and plot it next to the formula. (One thread, fastest of a few runs: see
+# chapter 4's section 9.)
+
+# %%
+from functools import partial
+
+from solutions.cached_sampling import CachedTransformerSampler
+from utils.timing import best_seconds, one_thread
+
+ks = [1, 2, 4] if QUICK else [1, 2, 3, 4, 5, 6]
+n_time = 24 if QUICK else 150
+timing_prompt = demo_prompts[0]
+g = torch.Generator().manual_seed(0)
+context = torch.randint(0, main.cfg.d_vocab, (1, 100), generator=g)  # content is irrelevant
+
+
+def step_seconds(model, n_tokens: int) -> float:
+    """One cached forward pass of `n_tokens` new tokens after 100 cached positions."""
+    with torch.inference_mode():
+        _, cache = forward_with_cache(model, context)
+        new = context[:, :n_tokens]
+        return best_seconds(lambda: forward_with_cache(model, new, cache), repeats=5)
+
+
+with one_thread():
+    main_step = step_seconds(main, 1)
+    c_model = step_seconds(draft, 1) / main_step
+    v = {k: step_seconds(main, k + 1) / main_step for k in ks}
+    text_ids = tokenizer.encode(context_text) * 4
+    c_ngram = best_seconds(lambda: ngram_propose(text_ids, 4), repeats=5) / 4 / main_step
+print(f"main model, one cached step: {1e3 * main_step:.2f} ms")
+print(f"c: draft model {c_model:.2f}, n-gram lookup {c_ngram:.3f}")
+print("v_k:", {k: round(x, 2) for k, x in v.items()})
+
+# %%
+greedy_kwargs = dict(temperature=0.0, stop_at_eos=False)
+baseline = CachedTransformerSampler(main, tokenizer)
+measured, predicted = {}, {}
+with one_thread(), torch.inference_mode():
+    base = best_seconds(lambda: baseline.sample(timing_prompt, n_time, **greedy_kwargs))
+    for name, c in [("model", c_model), ("ngram", c_ngram)]:
+        measured[name], predicted[name] = [], []
+        for k in ks:
+            stats = SpeculativeStats()
+            speculative_generate(
+                main, draft, tokenizer, [timing_prompt], k=k, max_tokens_generated=n_time,
+                drafter=name, stats=stats, **greedy_kwargs,
+            )  # fmt: skip
+            a = min(stats.acceptance, 0.999)
+            run = partial(
+                speculative_generate, main, draft, tokenizer, [timing_prompt], k=k,
+                max_tokens_generated=n_time, drafter=name, **greedy_kwargs,
+            )  # fmt: skip
+            seconds = best_seconds(run)
+            measured[name].append(base / seconds)
+            predicted[name].append((1 - a ** (k + 1)) / ((1 - a) * (c * k + v[k])))
+            print(
+                f"{name:5} k={k}: alpha {a:.2f}, measured {base / seconds:.2f}x, "
+                f"predicted {predicted[name][-1]:.2f}x"
+            )
+plot_speedup(
+    ks,
+    {f"{n} drafter (measured)": m for n, m in measured.items()},
+    {f"{n} drafter (measured)": pr for n, pr in predicted.items()},
+    title=f"Greedy, {n_time} tokens, one thread: speculation against chapter 4's cached sampler",
+)
+
+# %% [markdown]
+# Read the plot with the three numbers above. With the draft model, $c$ is far from 0: every
+# draft costs about half a main step, so a kept draft saves little and a rejected one wastes
+# a lot, and the curve flattens or falls as $k$ grows. The n-gram lookup costs almost nothing,
+# so its gain is set by $\alpha$ and $v_k$ alone; on text that repeats it wins, on fresh text
+# it barely breaks even, and at a temperature above 0 it almost never guesses right (the main
+# model's sample rarely repeats the text's history). On the course's 2-core CPU, over four
+# prompts of 200 tokens (`benchmarks/speculative.py`), the draft model keeps three drafts in
+# four and needs only 0.3 to 0.6 main passes per token, yet runs at about two thirds of the
+# cached sampler's speed; the n-gram lookup, greedy, about breaks even on average and gains
+# about a quarter on Hamlet's soliloquy, which repeats itself. On a CPU, a smaller model is
+# not much cheaper per token: much of a step is fixed cost (Python, one dispatch per
+# operation, the 4,096-token unembedding).
+#
+# The gap between the formula and the measurement is what the formula leaves out: the
+# bookkeeping of a round (the sampler's checks, trimming the caches, Python per round), and
+# the fact that acceptances are not independent (easy stretches of text accept long runs,
+# hard ones none). On a GPU $v_k$ stays near 1 up to large $k$, and a drafter's step is cheap
+# next to a large model's: that is where speculative decoding earns its place in serving
+# engines.
+# `benchmarks/speculative.py` measures the same over more temperatures and batch sizes.
+#
+# ## Check your understanding
+#
+# - Why may the sampler not keep a draft that passes its own test after an earlier draft was
+#   rejected?
+#
+# <details><summary>Answer</summary>
+#
+# Draft $i + 1$ was drawn given draft $i$, and $p_{i+1}$ was computed given draft $i$. Once
+# draft $i$ is replaced by a recovered token, the text is different, and both distributions
+# are for a text that does not exist. Keeping the later draft would emit a token drawn for the
+# wrong context.
+#
+# </details>
+#
+# - Why can the bonus token be drawn from $p_{k+1}$ without any test?
+#
+# <details><summary>Answer</summary>
+#
+# When all $k$ drafts are kept, the text is exactly what the main model would have produced,
+# and $p_{k+1}$ is the main model's own distribution for the next token given that text: drawing
+# from it is ordinary sampling. The main model's pass computed it anyway.
+#
+# </details>
+#
+# - A drafter proposes garbage: random tokens. What happens to the output and to the speed?
+#
+# <details><summary>Answer</summary>
+#
+# The output is still distributed exactly as the main model's sampling (the proof of section
+# 1 holds for any $q$). Nearly every draft is rejected, each round emits one token (the
+# recovered one), and the drafting time is wasted: slower than no speculation.
+#
+# </details>
+#
+# - At temperature 0, why is speculative decoding's text identical to greedy decoding's, and
+#   what could still make them differ in practice?
+#
+# <details><summary>Answer</summary>
+#
+# The greedy sampler keeps a draft only if it is the main model's argmax, and emits the argmax
+# otherwise, so every emitted token is the main model's argmax given the text before it. In
+# practice a pass over $k + 1$ tokens adds up its floating-point sums in a different order than
+# a one-token step; at an exact or near tie of the top two logits, the argmax can flip. HF's
+# assisted generation has the same caveat.
+#
+# </details>
+#
+# - Why is the maximal coupling $\sum_k \min(p_k, q_k)$ an upper bound for *any* way of drawing
+#   $x \sim p$ and $y \sim q$ together?
+#
+# <details><summary>Answer</summary>
+#
+# $P(x = y = k) \le P(x = k) = p_k$ and $\le P(y = k) = q_k$, so $P(x = y) = \sum_k P(x = y = k)
+# \le \sum_k \min(p_k, q_k)$. Rejection sampling reaches it: it keeps the draft $k$ with
+# probability exactly $\min(p_k, q_k)$.
+#
+# </details>
+#
+# - In a batch, row 0 keeps all 4 drafts and row 1 none. What does the main model's cache look
+#   like after the round, before and after `keep_only`?
+#
+# <details><summary>Answer</summary>
+#
+# Before: both rows have 5 new columns (`last` and 4 drafts); row 0's are all real, row 1's
+# only the first. After: row 1's 4 rejected columns become padding and move to the left of
+# the row; row 0 is 4 columns longer than row 1, and row 1 has 4 more columns of left padding.
+# No column was dropped, since row 0 needs all 5.
+#
+# </details>
+#
+# ## What's next
+#
+# Chapter 6 writes the sampling steps of chapters 3 and 5 as GPU kernels in Triton: Gumbel-max
+# sampling fused into the unembedding's matrix product (no row of probabilities ever stored),
+# top-k and top-p without sorting, and this chapter's rejection sampler, each checked against
+# the PyTorch code you wrote here.

@@ -1,0 +1,557 @@
+"""Chapter 5: speculative sampling, graded against exact probabilities.
+
+Ground truth is the definition, not the course's code: the output at every position must be
+distributed as the target p, whatever the draft q; the draft is kept with probability
+sum_x min(p(x), q(x)); after a rejection the token follows max(0, p - q) renormalised; and the
+layout (accepted prefix, one main-model token, then -1) is checked exactly on inputs where every
+outcome is forced. Statistical checks use `assert_samples_follow` (chi-square, false failure
+ALPHA = 1e-5 per comparison; each test states its total).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import TopPLogitsWarper
+
+from tests.graded._oracles import BATCH_PROMPTS, hf_greedy, hf_kept
+from tests.graded._stats import ALPHA, assert_samples_follow
+
+CHAPTER = "05_speculative"
+
+V = 6
+# Pairs (p, q) on a 6-token vocabulary: q is 0 where p is not (token 0 of OVERLAP) and p is 0
+# where q is not (token 5); identical; disjoint supports; a sharp p under a flat q.
+OVERLAP = ([0.35, 0.25, 0.2, 0.1, 0.1, 0.0], [0.0, 0.1, 0.2, 0.3, 0.2, 0.2])
+IDENTICAL = ([0.3, 0.1, 0.2, 0.15, 0.05, 0.2], [0.3, 0.1, 0.2, 0.15, 0.05, 0.2])
+DISJOINT = ([0.5, 0.5, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.25, 0.25, 0.25, 0.25])
+SHARP = ([0.8, 0.1, 0.05, 0.05, 0.0, 0.0], [0.2, 0.2, 0.15, 0.15, 0.15, 0.15])
+PAIRS = {"overlap": OVERLAP, "identical": IDENTICAL, "disjoint": DISJOINT, "sharp": SHARP}
+
+
+def tensors(pair) -> tuple[torch.Tensor, torch.Tensor]:
+    p, q = (torch.tensor(x, dtype=torch.float32) for x in pair)
+    return p, q
+
+
+def residual_of(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """max(0, p - q), renormalised: the distribution of a token that replaces a rejected one."""
+    r = [max(0.0, float(a) - float(b)) for a, b in zip(p, q, strict=True)]
+    return torch.tensor(r, dtype=torch.float64) / sum(r)
+
+
+def min_mass(p: torch.Tensor, q: torch.Tensor) -> float:
+    return sum(min(float(a), float(b)) for a, b in zip(p, q, strict=True))
+
+
+def assert_rate(hits: torch.Tensor, rate: float, what: str) -> None:
+    """`hits` (bools) look like coin flips of probability `rate` (false failure ALPHA)."""
+    flips = hits.long()
+    assert_samples_follow(flips, torch.tensor([1 - rate, rate]), what)
+
+
+def assert_untouched(tensors_now, before, who: str) -> None:
+    for name, now, then in zip(("first", "second", "third"), tensors_now, before, strict=False):
+        assert torch.equal(now, then), (
+            f"{who} changed its {name} argument in place; the caller still needs it (the main "
+            "model's probabilities are reused for the next round). Work on new tensors."
+        )
+
+
+# --------------------------------------------------------------------------- rejection_sample_one
+
+N_ONE = 8_000  # calls per pair: one token each
+
+
+def run_one(impl, pair, n=N_ONE, seed=0):
+    p, q = tensors(pair)
+    before = (p.clone(), q.clone())
+    g = torch.Generator().manual_seed(seed)
+    tokens, kept = [], []
+    for _ in range(n):
+        token, accepted = impl.rejection_sample_one(p, q, g)
+        tokens.append(int(token))
+        kept.append(bool(accepted))
+    assert_untouched((p, q), before, "rejection_sample_one")
+    return p, q, torch.tensor(tokens), torch.tensor(kept)
+
+
+@pytest.mark.rejection_sample_one
+@pytest.mark.parametrize("name", list(PAIRS))
+def test_one_token_follows_the_target(impl, name):
+    # False failure for a correct implementation: 4 comparisons, at most 4 * ALPHA.
+    p, q, tokens, kept = run_one(impl, PAIRS[name])
+    a = min_mass(p, q)
+    assert_samples_follow(
+        tokens, p, f"{name}: the token must follow p whatever q is (is the draft drawn from q?)"
+    )
+    assert_rate(kept, a, f"{name}: the draft must be kept with probability sum min(p, q) = {a:.2f}")
+    if 0 < a:
+        assert_samples_follow(
+            tokens[kept],
+            torch.minimum(p, q),
+            f"{name}: the tokens you report as kept must be draft tokens that passed the test "
+            "u < p(x) / q(x), which follow min(p, q)",
+        )
+    if a < 1:
+        assert_samples_follow(
+            tokens[~kept],
+            residual_of(p, q),
+            f"{name}: after a rejection the token must follow max(0, p - q), renormalised (not "
+            "p itself: p would count the tokens the draft already covers twice)",
+        )
+
+
+@pytest.mark.rejection_sample_one
+def test_one_uses_the_generator(impl):
+    runs = [run_one(impl, OVERLAP, n=60, seed=s)[2:] for s in (5, 5, 6)]
+    torch.manual_seed(123)  # the global generator must not matter
+    again = run_one(impl, OVERLAP, n=60, seed=5)[2:]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[1], strict=True)), (
+        "the same generator seed must give the same tokens: draw every random number "
+        "(the draft, u, the resample) with generator=generator"
+    )
+    assert all(torch.equal(a, b) for a, b in zip(runs[0], again, strict=True)), (
+        "the global random state changed your tokens: pass generator=generator to every draw"
+    )
+    assert not torch.equal(runs[0][0], runs[2][0]), "different seeds must give different tokens"
+
+
+@pytest.mark.rejection_sample_one
+def test_acceptance_rate_is_the_overlap(impl):
+    ps = torch.tensor([pair[0] for pair in PAIRS.values()])  # [4, V]
+    qs = torch.tensor([pair[1] for pair in PAIRS.values()])
+    before = (ps.clone(), qs.clone())
+    got = impl.acceptance_rate(ps, qs)
+    assert_untouched((ps, qs), before, "acceptance_rate")
+    expected = torch.tensor([min_mass(p, q) for p, q in zip(ps, qs, strict=True)])
+    assert tuple(got.shape) == (4,), f"one rate per row: expected shape (4,), got {got.shape}"
+    assert torch.allclose(got.float(), expected, atol=1e-6), (
+        f"expected sum_x min(p(x), q(x)) = {expected.tolist()}, got {got.tolist()}. The draft "
+        "x ~ q is kept with probability min(1, p(x) / q(x)); sum that over x, weighted by q(x)."
+    )
+    single = impl.acceptance_rate(ps[0], qs[0])
+    assert single.shape == () and abs(float(single) - float(expected[0])) < 1e-6, (
+        "a single pair of [d_vocab] distributions gives one number (sum over the last dim)"
+    )
+
+
+# --------------------------------------------------------------------------- rejection_sample
+
+N_ROWS = 20_000
+
+
+def position_pairs(k: int, flip: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """target [k + 1, V] and draft [k, V]: a different pair at each position (and in the other
+    order for the other half of the batch)."""
+    order = list(PAIRS.values())
+    if flip:
+        order = order[::-1]
+    target = torch.tensor([order[j % 4][0] for j in range(k + 1)])
+    draft = torch.tensor([order[j % 4][1] for j in range(k)])
+    return target, draft
+
+
+def batch_for(k: int, seed: int = 0):
+    """N_ROWS rows, half with one sequence of pairs and half with another, and draft tokens
+    drawn from the draft distributions (by the test)."""
+    halves = [position_pairs(k, flip) for flip in (False, True)]
+    half = N_ROWS // 2
+    target = torch.cat([t.expand(half, -1, -1) for t, _ in halves]).contiguous()
+    draft = torch.cat([d.expand(half, -1, -1) for _, d in halves]).contiguous()
+    g = torch.Generator().manual_seed(1000 + seed)
+    tokens = torch.multinomial(draft.reshape(-1, V), 1, generator=g).reshape(N_ROWS, k)
+    return target, draft, tokens, halves
+
+
+def call_batch(impl, target, draft, tokens, seed=0, greedy=False):
+    before = (target.clone(), draft.clone(), tokens.clone())
+    out, accepted = impl.rejection_sample(
+        target, draft, tokens, generator=torch.Generator().manual_seed(seed), greedy=greedy
+    )
+    assert_untouched((target, draft, tokens), before, "rejection_sample")
+    batch, k = tokens.shape
+    assert tuple(out.shape) == (batch, k + 1), (
+        f"tokens must be [batch, k + 1] = {(batch, k + 1)}, got {tuple(out.shape)}"
+    )
+    assert tuple(accepted.shape) == (batch, k), (
+        f"accepted must be [batch, k] = {(batch, k)}, got {tuple(accepted.shape)}"
+    )
+    assert accepted.dtype == torch.bool, f"accepted must be a bool tensor, got {accepted.dtype}"
+    return out, accepted
+
+
+def assert_layout(out, accepted, drafts):
+    """accepted is a prefix; the accepted drafts, one main-model token, then -1."""
+    k = drafts.shape[1]
+    prefix = accepted.long().cumprod(dim=1).bool()
+    bad = (accepted != prefix).any(dim=1)
+    if bad.any():
+        row = int(bad.nonzero()[0])
+        pytest.fail(
+            f"row {row}: accepted = {accepted[row].int().tolist()} is not True up to the first "
+            "rejection only. A draft after a rejected one was proposed after a token the main "
+            "model did not take: it can never count, even if its own test passes."
+        )
+    n = accepted.sum(dim=1)
+    cols = torch.arange(k + 1)[None, :]
+    expected_drafts = torch.where(accepted, drafts, -1)
+    wrong = (out[:, :k] != expected_drafts) & (cols[:, :k] < n[:, None])
+    if wrong.any():
+        row = int(wrong.any(dim=1).nonzero()[0])
+        pytest.fail(f"row {row}: the accepted positions must hold the draft tokens themselves")
+    main = out.gather(1, n[:, None])[:, 0]
+    assert bool((main >= 0).all()), (
+        "every row gets one token from the main model at column n_accepted: the recovered "
+        "token after a rejection, or the bonus token when all k were accepted"
+    )
+    after = cols > n[:, None]
+    if bool((out[after] != -1).any()):
+        row = int(((out != -1) & after).any(dim=1).nonzero()[0])
+        pytest.fail(
+            f"row {row}: tokens = {out[row].tolist()} with {int(n[row])} accepted: every column "
+            "after the main model's token must be -1 (no bonus token after a rejection, no "
+            "draft after the first rejection)"
+        )
+    return n
+
+
+@pytest.mark.rejection_sample
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_every_position_follows_the_target(impl, k):
+    # False failure: 2 halves x (k + 1) positions <= 10 comparisons, at most 1e-4.
+    target, draft, tokens, halves = batch_for(k)
+    out, accepted = call_batch(impl, target, draft, tokens)
+    n = assert_layout(out, accepted, tokens)
+    half = N_ROWS // 2
+    for h, (p_rows, _) in enumerate(halves):
+        rows = slice(h * half, (h + 1) * half)
+        for j in range(k + 1):
+            reached = n[rows] >= j
+            what = "the bonus token" if j == k else f"position {j}"
+            assert_samples_follow(
+                out[rows][reached, j],
+                p_rows[j],
+                f"k={k}, {'second' if h else 'first'} half of the batch, {what}: given that the "
+                "row gets this far, its token must follow the target p of this position",
+                alpha=ALPHA,
+            )
+
+
+@pytest.mark.rejection_sample
+@pytest.mark.parametrize("k", [2, 4])
+def test_acceptance_and_recovered_tokens(impl, k):
+    # False failure: 2 * k comparisons (k <= 4 rates and residuals on the first half), <= 8e-5.
+    target, draft, tokens, halves = batch_for(k, seed=1)
+    out, accepted = call_batch(impl, target, draft, tokens, seed=1)
+    n = assert_layout(out, accepted, tokens)
+    p_rows, q_rows = halves[0]
+    rows = slice(0, N_ROWS // 2)
+    for j in range(k):
+        reached = n[rows] >= j
+        a = min_mass(p_rows[j], q_rows[j])
+        if 0 < a < 1:
+            assert_rate(
+                accepted[rows][reached, j],
+                a,
+                f"k={k}, position {j}: a draft must be kept with probability sum min(p, q) = "
+                f"{a:.2f}",
+            )
+        rejected = reached & (n[rows] == j)
+        if a < 1:
+            assert_samples_follow(
+                out[rows][rejected, j],
+                residual_of(p_rows[j], q_rows[j]),
+                f"k={k}, position {j}: the recovered token after a rejection must follow "
+                "max(0, p - q) renormalised (not p, and not unnormalised)",
+            )
+
+
+@pytest.mark.rejection_sample
+def test_forced_outcomes_give_the_layout(impl):
+    # Draft distributions are one-hot, so p(draft) decides: p = 0 rejects, p = q = 1 keeps.
+    k = 3
+    one_hot = torch.eye(V)
+    drafts = torch.tensor([[1, 2, 3], [1, 2, 3], [1, 2, 3]])
+    draft = one_hot[drafts]  # [3, k, V]
+    target = torch.zeros(3, k + 1, V)
+    target[0, :k] = one_hot[drafts[0]]  # row 0: all three kept
+    target[0, k] = one_hot[4]  # ... bonus: token 4 for sure
+    target[1, 0] = one_hot[1]  # row 1: first kept,
+    target[1, 1] = one_hot[5]  # second rejected (p(2) = 0): recovered token 5 for sure
+    target[1, 2] = one_hot[3]  # would be kept, but comes after a rejection
+    target[1, 3] = one_hot[0]
+    target[2, 0] = one_hot[0]  # row 2: rejected at once (p(1) = 0): recovered 0
+    target[2, 1] = one_hot[2]  # would be kept after it: must not be
+    target[2, 2] = one_hot[3]
+    target[2, 3] = one_hot[4]
+    out, accepted = call_batch(impl, target, draft, drafts, seed=3)
+    expected_out = [[1, 2, 3, 4], [1, 5, -1, -1], [0, -1, -1, -1]]
+    expected_acc = [[True, True, True], [True, False, False], [False, False, False]]
+    assert accepted.tolist() == expected_acc, (
+        f"accepted should be {expected_acc}, got {accepted.tolist()}: True up to the first "
+        "rejection only (row 2's second draft passes its own test, but comes after a rejection)"
+    )
+    assert out.tolist() == expected_out, (
+        f"tokens should be {expected_out}, got {out.tolist()}: the accepted drafts, then the "
+        "recovered token (from max(0, p - q)) or, when all k were kept, the bonus token (from the "
+        "target's last position), then -1"
+    )
+
+
+@pytest.mark.rejection_sample
+def test_greedy_keeps_the_argmax_run(impl):
+    k = 3
+    g = torch.Generator().manual_seed(7)
+    target = torch.rand(4, k + 1, V, generator=g).softmax(-1)
+    best = target.argmax(-1)  # [4, k + 1]
+    draft = torch.rand(4, k, V, generator=g).softmax(-1)
+    drafts = best[:, :k].clone()
+    drafts[1, 1] = (best[1, 1] + 1) % V  # row 1: second draft wrong
+    drafts[2, 0] = (best[2, 0] + 2) % V  # row 2: first wrong, the next two right
+    drafts[3, 2] = (best[3, 2] + 3) % V  # row 3: last wrong
+    out, accepted = call_batch(impl, target, draft, drafts, seed=0, greedy=True)
+    b = best.tolist()
+    expected = [
+        b[0],
+        [b[1][0], b[1][1], -1, -1],
+        [b[2][0], -1, -1, -1],
+        [b[3][0], b[3][1], b[3][2], -1],
+    ]
+    assert out.tolist() == expected, (
+        f"greedy: expected tokens {expected}, got {out.tolist()}. Keep a draft iff it is the "
+        "target's argmax (and all before it were kept); the main model's token is the argmax "
+        "of the target at the first mismatch, or of its last position when all were kept."
+    )
+    assert accepted.sum(dim=1).tolist() == [3, 1, 0, 2]
+
+
+@pytest.mark.rejection_sample
+def test_batched_sampler_uses_the_generator(impl):
+    target, draft, tokens, _ = batch_for(3, seed=2)
+    target, draft, tokens = target[:300], draft[:300], tokens[:300]
+    a = call_batch(impl, target, draft, tokens, seed=11)
+    torch.manual_seed(99)  # the global generator must not matter
+    b = call_batch(impl, target, draft, tokens, seed=11)
+    c = call_batch(impl, target, draft, tokens, seed=12)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), (
+        "the same generator must give the same result: pass generator=generator to every draw "
+        "(torch.rand for u, torch.multinomial for the recovered or bonus token)"
+    )
+    assert not torch.equal(a[0], c[0]), "different generator seeds must give different results"
+
+
+# --------------------------------------------------------------------------- ngram_propose
+
+
+def ngram_by_definition(text: list[int], k: int, n: int) -> list[int]:
+    """The definition, spelled out: every start s < len - n whose n tokens equal the last n;
+    the latest such s wins; what follows it, up to k tokens."""
+    starts = [s for s in range(len(text) - n) if text[s : s + n] == text[len(text) - n :]]
+    return text[max(starts) + n : max(starts) + n + k] if starts and len(text) > n else []
+
+
+@pytest.mark.ngram_propose
+@pytest.mark.parametrize(
+    ("text", "k", "n", "expected", "what"),
+    [
+        ([1, 2, 3, 4, 1, 2, 5, 6, 1, 2], 3, 2, [5, 6, 1], "the MOST RECENT earlier match wins"),
+        ([7, 8, 9, 7, 8], 5, 2, [9, 7, 8], "fewer than k tokens follow the match: all of them"),
+        ([1, 2, 3, 4, 5], 3, 2, [], "no earlier match: propose nothing"),
+        ([5, 5, 5, 5], 2, 2, [5], "a match that overlaps the end counts, the end itself not"),
+        ([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], 4, 1, [3, 5], "n = 1: the latest earlier 5"),
+        ([1, 2, 3, 9, 1, 2, 3, 8, 2, 3], 2, 3, [], "n = 3: only two of the three tokens match"),
+        ([4, 2], 3, 2, [], "a text no longer than n"),
+    ],
+)
+def test_ngram_cases(impl, text, k, n, expected, what):
+    before = list(text)
+    got = impl.ngram_propose(text, k, n)
+    assert text == before, "ngram_propose must not change the text it reads"
+    assert list(got) == expected, (
+        f"{what}: ngram_propose({before}, k={k}, n={n}) should be {expected}, got {list(got)}"
+    )
+
+
+@pytest.mark.ngram_propose
+def test_ngram_matches_the_definition_on_random_texts(impl):
+    g = torch.Generator().manual_seed(5)
+    for trial in range(300):
+        length = int(torch.randint(1, 30, (), generator=g))
+        text = torch.randint(0, 4, (length,), generator=g).tolist()
+        k, n = trial % 5 + 1, trial % 3 + 1
+        expected = ngram_by_definition(text, k, n)
+        got = list(impl.ngram_propose(list(text), k, n))
+        assert got == expected, (
+            f"ngram_propose({text}, k={k}, n={n}) should be {expected}, got {got}: the k tokens "
+            "after the latest earlier start of the last n tokens"
+        )
+
+
+# --------------------------------------------------------------------------- ModelDrafter.accept
+
+
+def hf_next_probs(hf_model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf_model(torch.tensor([ids])).logits[0, -1].softmax(-1)
+
+
+@pytest.mark.model_drafter
+@pytest.mark.parametrize("rows", [[0, 1, 2], [1]], ids=["batch-of-three", "one-row"])
+def test_drafter_forgets_the_rejected_drafts(impl, drafter_model, hf_draft, shipped, rows):
+    tokenizer = shipped[1]
+    prompts = [tokenizer.encode(BATCH_PROMPTS[r]) for r in rows]
+    # Per row: two drafts kept / all four kept / none kept, in two rounds.
+    decisions = torch.tensor([[True, True, False, False], [True, True, True, True], [False] * 4])[
+        rows
+    ]
+    width = max(map(len, prompts))
+    tokens = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts])
+    drafter = impl.ModelDrafter(drafter_model)
+    drafter.start(tokens, mask)
+    texts = [list(p) for p in prompts]
+    done = torch.zeros(len(rows), dtype=torch.bool)
+    for round_ in (1, 2):
+        with torch.no_grad():
+            drafts, _ = drafter.propose(4, temperature=0.0, top_k=None, top_p=None, generator=None)
+        n = decisions.sum(dim=1)
+        # The main model's token: one the drafter did not propose (any id will do).
+        next_token = torch.tensor([(int(drafts[i, min(int(n[i]), 3)]) + 17) % 4096 for i in
+                                   range(len(rows))])  # fmt: skip
+        drafter.accept(accepted=decisions, drafts=drafts, next_token=next_token, done=done)
+        for i in range(len(rows)):
+            texts[i] += drafts[i, : int(n[i])].tolist() + [int(next_token[i])]
+        probe = copy.copy(drafter)  # proposing changes the drafter: probe a copy
+        with torch.no_grad():
+            _, q = probe.propose(1, temperature=1.0, top_k=None, top_p=None, generator=None)
+        for i in range(len(rows)):
+            expected = hf_next_probs(hf_draft, texts[i])
+            if not torch.allclose(q[i, 0], expected, atol=1e-4):
+                pytest.fail(
+                    f"round {round_}, row {i}, {int(n[i])} of 4 drafts kept: the drafter's next "
+                    "distribution is not the draft model's on the accepted text (HF on the "
+                    "prompt + the kept drafts + the main model's token). Are rejected drafts "
+                    "still in its cache? Is the main model's token queued in `pending` (and, when "
+                    "all k were kept, the last draft too: it was proposed, never fed)?"
+                )
+
+
+# --------------------------------------------------------------------------- speculative_round
+
+SPEC_PROMPTS = BATCH_PROMPTS + ["VIOLA.\nWhat country, friends, is this?\n\nCAPTAIN.\n"]
+"""Four prompts of 18, 6, 18 and 21 tokens: a left-padded batch whose rows accept different
+numbers of drafts."""
+
+
+@pytest.fixture(scope="module")
+def hf_greedy_texts(hf, shipped):
+    tokenizer = shipped[1]
+    return [tokenizer.decode(hf_greedy(hf, tokenizer.encode(p), 40)) for p in SPEC_PROMPTS]
+
+
+@pytest.mark.speculative_round
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6])
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_greedy_speculation_equals_greedy_generate(
+    impl, shipped, drafter_model, hf_greedy_texts, drafter, k
+):
+    model, tokenizer = shipped
+    for rows in ([0], [0, 1, 2, 3]):
+        got = impl.speculative_generate(
+            model, drafter_model, tokenizer, [SPEC_PROMPTS[r] for r in rows], k=k,
+            max_tokens_generated=40, temperature=0.0, drafter=drafter,
+        )  # fmt: skip
+        for r, text in zip(rows, got, strict=True):
+            expected = hf_greedy_texts[r]
+            if text != expected:
+                common = next(
+                    (i for i, (a, b) in enumerate(zip(text, expected, strict=False)) if a != b),
+                    min(len(text), len(expected)),
+                )
+                pytest.fail(
+                    f"{drafter} drafter, k={k}, batch of {len(rows)}, prompt {r}: at temperature "
+                    f"0 speculation must give greedy generate's text exactly. It differs after "
+                    f"{expected[:common]!r}:\n  expected ...{expected[common : common + 40]!r}\n  "
+                    f"got      ...{text[common : common + 40]!r}\nIs the main model fed [last, "
+                    "drafts] and its cache trimmed to the accepted drafts (keep_only)? Does "
+                    "each row take its own number of new tokens?"
+                )
+
+
+N_COPIES = 1_500
+
+
+def first_tokens(impl, shipped, drafter_model, drafter, n=N_COPIES, k=3, **sampling):
+    """n continuations of one prompt, 2 tokens each, in one batch: their new token ids."""
+    model, tokenizer = shipped
+    prompt = "ROMEO.\nBut soft, what"
+    rows = impl.speculative_generate(
+        model, drafter_model, tokenizer, [prompt] * n, k=k, max_tokens_generated=2,
+        seed=0, stop_at_eos=False, drafter=drafter, return_ids=True, **sampling,
+    )  # fmt: skip
+    ids = tokenizer.encode(prompt)
+    out = [list(r)[len(ids) :] for r in rows]
+    assert all(len(o) == 2 for o in out), "each text must hold exactly 2 new tokens"
+    return ids, torch.tensor(out)
+
+
+@pytest.mark.speculative_round
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_speculative_tokens_follow_the_main_model(impl, shipped, drafter_model, hf, drafter):
+    # False failure: 2 comparisons, at most 2 * ALPHA.
+    ids, out = first_tokens(impl, shipped, drafter_model, drafter, temperature=1.0)
+    with torch.no_grad():
+        p0 = hf(torch.tensor([ids])).logits[0, -1].softmax(-1)
+    assert_samples_follow(
+        out[:, 0], p0, f"{drafter} drafter: the first new token must follow the main model"
+    )
+    top = int(out[:, 0].mode().values)
+    with torch.no_grad():
+        p1 = hf(torch.tensor([ids + [top]])).logits[0, -1].softmax(-1)
+    assert_samples_follow(
+        out[out[:, 0] == top, 1],
+        p1,
+        f"{drafter} drafter: the second token (drafted and checked in the same round) must "
+        "follow the main model given the first",
+    )
+
+
+@pytest.mark.speculative_round
+def test_top_p_applies_to_both_models(impl, shipped, drafter_model, hf):
+    # False failure: ALPHA. Top-p and temperature shape the main model's distribution, and the
+    # draft's the same way; what comes out follows the main model's shaped distribution.
+    ids, out = first_tokens(
+        impl, shipped, drafter_model, "model", n=800, k=2, temperature=0.7, top_p=0.8
+    )
+    with torch.no_grad():
+        logits = hf(torch.tensor([ids])).logits[0, -1:] / 0.7
+    kept = hf_kept(TopPLogitsWarper(0.8), logits)[0]
+    assert_samples_follow(
+        out[:, 0],
+        logits[0].softmax(-1) * kept,
+        "temperature 0.7 and top_p 0.8: the first token must follow the main model's "
+        "distribution after both (HF's TopPLogitsWarper)",
+    )
+
+
+@pytest.mark.speculative_round
+def test_speculation_uses_the_seed(impl, shipped, drafter_model):
+    model, tokenizer = shipped
+    runs = [
+        impl.speculative_generate(
+            model,
+            drafter_model,
+            tokenizer,
+            SPEC_PROMPTS[:2],
+            k=3,
+            max_tokens_generated=20,
+            seed=seed,
+            temperature=1.0,
+        )  # fmt: skip
+        for seed in (3, 3, 4)
+    ]
+    assert runs[0] == runs[1], "the same seed must give the same texts"
+    assert runs[0] != runs[2], "different seeds must give different texts"
