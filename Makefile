@@ -27,15 +27,18 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	COURSE_TEST_THREADS=2 $(PYTEST) tests/machinery --ignore=tests/machinery/test_notebooks_run.py
+	COURSE_TEST_THREADS=2 $(PYTEST) tests/machinery --ignore=tests/machinery/test_notebooks_run.py \
+		--ignore=tests/machinery/test_grading.py
 	$(BIN)/course corpus
-	@echo "Offline from here on, in two lanes: every chapter's notebook end to end; beside it the"
+	@echo "Offline from here on, in two lanes: every chapter's notebook end to end, then the"
+	@echo "grading of broken notebooks; beside it the"
 	@echo "graded tests on the solutions, then on the blank stubs, where every graded test must"
 	@echo "FAIL (inverted: a pass there means it does not), then every learner-style mutant"
 	@echo "(tests/machinery/mutants/), each of which must fail a test of its exercise."
 	$(LANES) "$(OFFLINE) $(PYTEST) tests/machinery/test_notebooks_run.py && \
-		 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail" \
+		 $(OFFLINE) $(PYTEST) tests/machinery/test_grading.py" \
 		"$(OFFLINE) $(PYTEST) tests/graded --impl solutions && \
+		 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail && \
 		 $(OFFLINE) $(PYTEST) tests/graded --mutants -q"
 
 setup: $(STAMP)

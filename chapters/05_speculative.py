@@ -16,9 +16,21 @@
 #   and the probability that it keeps the draft;
 # - `rejection_sample`: the same for a batch of rows and $k$ positions at once, in the layout
 #   serving engines use;
+# - `ngram_propose` and `ModelDrafter.accept`: two drafters, a lookup in the text so far and a
+#   small model whose cache forgets the rejected guesses;
+# - `speculative_round`: one round of draft, verify and decide for a batch, with the main
+#   model's cache trimmed to what was accepted (the loop around it is given);
 # - `gumbel_sample`: sampling as an argmax of noisy logits, the Gumbel-max trick;
 # - `same_token_shared_gumbel`, `same_token_independent`, `same_token_rejection`: how often two
 #   distributions pick the same token, under three ways of sharing their randomness.
+#
+# Then you measure when all this pays, on this machine, and why the answer on a CPU differs
+# from the one on a GPU.
+#
+# As before, the ground truth comes from outside the course's code: exact probabilities (every
+# sampler is checked with chi-square tests of stated false-failure probability), HF's
+# `generate` for greedy text, HF's draft model for the drafter's cache, numerical integrals
+# and simulations for the coupling formulas.
 #
 # **Time:** about 3–4 hours. **You need:** chapter 3's sampler (softmax, temperature, top-k,
 # top-p) and chapter 4's `forward_with_cache`. Both are imported from `solutions`.
@@ -897,8 +909,8 @@ with one_thread(), torch.inference_mode():
             )
 plot_speedup(
     ks,
-    {f"{n} drafter (measured)": m for n, m in measured.items()},
-    {f"{n} drafter (measured)": pr for n, pr in predicted.items()},
+    {f"{n} drafter": m for n, m in measured.items()},
+    {f"{n} drafter": pr for n, pr in predicted.items()},
     title=f"Greedy, {n_time} tokens, one thread: speculation against chapter 4's cached sampler",
 )
 

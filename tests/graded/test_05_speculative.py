@@ -79,32 +79,6 @@ def run_one(impl, pair, n=N_ONE, seed=0):
 
 
 @pytest.mark.rejection_sample_one
-@pytest.mark.parametrize("name", list(PAIRS))
-def test_one_token_follows_the_target(impl, name):
-    # False failure for a correct implementation: 4 comparisons, at most 4 * ALPHA.
-    p, q, tokens, kept = run_one(impl, PAIRS[name])
-    a = min_mass(p, q)
-    assert_samples_follow(
-        tokens, p, f"{name}: the token must follow p whatever q is (is the draft drawn from q?)"
-    )
-    assert_rate(kept, a, f"{name}: the draft must be kept with probability sum min(p, q) = {a:.2f}")
-    if 0 < a:
-        assert_samples_follow(
-            tokens[kept],
-            torch.minimum(p, q),
-            f"{name}: the tokens you report as kept must be draft tokens that passed the test "
-            "u < p(x) / q(x), which follow min(p, q)",
-        )
-    if a < 1:
-        assert_samples_follow(
-            tokens[~kept],
-            residual_of(p, q),
-            f"{name}: after a rejection the token must follow max(0, p - q), renormalised (not "
-            "p itself: p would count the tokens the draft already covers twice)",
-        )
-
-
-@pytest.mark.rejection_sample_one
 def test_one_uses_the_generator(impl):
     runs = [run_one(impl, OVERLAP, n=60, seed=s)[2:] for s in (5, 5, 6)]
     torch.manual_seed(123)  # the global generator must not matter
@@ -136,6 +110,32 @@ def test_acceptance_rate_is_the_overlap(impl):
     assert single.shape == () and abs(float(single) - float(expected[0])) < 1e-6, (
         "a single pair of [d_vocab] distributions gives one number (sum over the last dim)"
     )
+
+
+@pytest.mark.rejection_sample_one
+@pytest.mark.parametrize("name", list(PAIRS))
+def test_one_token_follows_the_target(impl, name):
+    # False failure for a correct implementation: 4 comparisons, at most 4 * ALPHA.
+    p, q, tokens, kept = run_one(impl, PAIRS[name])
+    a = min_mass(p, q)
+    assert_samples_follow(
+        tokens, p, f"{name}: the token must follow p whatever q is (is the draft drawn from q?)"
+    )
+    assert_rate(kept, a, f"{name}: the draft must be kept with probability sum min(p, q) = {a:.2f}")
+    if 0 < a:
+        assert_samples_follow(
+            tokens[kept],
+            torch.minimum(p, q),
+            f"{name}: the tokens you report as kept must be draft tokens that passed the test "
+            "u < p(x) / q(x), which follow min(p, q)",
+        )
+    if a < 1:
+        assert_samples_follow(
+            tokens[~kept],
+            residual_of(p, q),
+            f"{name}: after a rejection the token must follow max(0, p - q), renormalised (not "
+            "p itself: p would count the tokens the draft already covers twice)",
+        )
 
 
 # --------------------------------------------------------------------------- rejection_sample
@@ -219,57 +219,6 @@ def assert_layout(out, accepted, drafts):
 
 
 @pytest.mark.rejection_sample
-@pytest.mark.parametrize("k", [1, 2, 3, 4])
-def test_every_position_follows_the_target(impl, k):
-    # False failure: 2 halves x (k + 1) positions <= 10 comparisons, at most 1e-4.
-    target, draft, tokens, halves = batch_for(k)
-    out, accepted = call_batch(impl, target, draft, tokens)
-    n = assert_layout(out, accepted, tokens)
-    half = N_ROWS // 2
-    for h, (p_rows, _) in enumerate(halves):
-        rows = slice(h * half, (h + 1) * half)
-        for j in range(k + 1):
-            reached = n[rows] >= j
-            what = "the bonus token" if j == k else f"position {j}"
-            assert_samples_follow(
-                out[rows][reached, j],
-                p_rows[j],
-                f"k={k}, {'second' if h else 'first'} half of the batch, {what}: given that the "
-                "row gets this far, its token must follow the target p of this position",
-                alpha=ALPHA,
-            )
-
-
-@pytest.mark.rejection_sample
-@pytest.mark.parametrize("k", [2, 4])
-def test_acceptance_and_recovered_tokens(impl, k):
-    # False failure: 2 * k comparisons (k <= 4 rates and residuals on the first half), <= 8e-5.
-    target, draft, tokens, halves = batch_for(k, seed=1)
-    out, accepted = call_batch(impl, target, draft, tokens, seed=1)
-    n = assert_layout(out, accepted, tokens)
-    p_rows, q_rows = halves[0]
-    rows = slice(0, N_ROWS // 2)
-    for j in range(k):
-        reached = n[rows] >= j
-        a = min_mass(p_rows[j], q_rows[j])
-        if 0 < a < 1:
-            assert_rate(
-                accepted[rows][reached, j],
-                a,
-                f"k={k}, position {j}: a draft must be kept with probability sum min(p, q) = "
-                f"{a:.2f}",
-            )
-        rejected = reached & (n[rows] == j)
-        if a < 1:
-            assert_samples_follow(
-                out[rows][rejected, j],
-                residual_of(p_rows[j], q_rows[j]),
-                f"k={k}, position {j}: the recovered token after a rejection must follow "
-                "max(0, p - q) renormalised (not p, and not unnormalised)",
-            )
-
-
-@pytest.mark.rejection_sample
 def test_forced_outcomes_give_the_layout(impl):
     # Draft distributions are one-hot, so p(draft) decides: p = 0 rejects, p = q = 1 keeps.
     k = 3
@@ -341,6 +290,57 @@ def test_batched_sampler_uses_the_generator(impl):
         "(torch.rand for u, torch.multinomial for the recovered or bonus token)"
     )
     assert not torch.equal(a[0], c[0]), "different generator seeds must give different results"
+
+
+@pytest.mark.rejection_sample
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_every_position_follows_the_target(impl, k):
+    # False failure: 2 halves x (k + 1) positions <= 10 comparisons, at most 1e-4.
+    target, draft, tokens, halves = batch_for(k)
+    out, accepted = call_batch(impl, target, draft, tokens)
+    n = assert_layout(out, accepted, tokens)
+    half = N_ROWS // 2
+    for h, (p_rows, _) in enumerate(halves):
+        rows = slice(h * half, (h + 1) * half)
+        for j in range(k + 1):
+            reached = n[rows] >= j
+            what = "the bonus token" if j == k else f"position {j}"
+            assert_samples_follow(
+                out[rows][reached, j],
+                p_rows[j],
+                f"k={k}, {'second' if h else 'first'} half of the batch, {what}: given that the "
+                "row gets this far, its token must follow the target p of this position",
+                alpha=ALPHA,
+            )
+
+
+@pytest.mark.rejection_sample
+@pytest.mark.parametrize("k", [2, 4])
+def test_acceptance_and_recovered_tokens(impl, k):
+    # False failure: 2 * k comparisons (k <= 4 rates and residuals on the first half), <= 8e-5.
+    target, draft, tokens, halves = batch_for(k, seed=1)
+    out, accepted = call_batch(impl, target, draft, tokens, seed=1)
+    n = assert_layout(out, accepted, tokens)
+    p_rows, q_rows = halves[0]
+    rows = slice(0, N_ROWS // 2)
+    for j in range(k):
+        reached = n[rows] >= j
+        a = min_mass(p_rows[j], q_rows[j])
+        if 0 < a < 1:
+            assert_rate(
+                accepted[rows][reached, j],
+                a,
+                f"k={k}, position {j}: a draft must be kept with probability sum min(p, q) = "
+                f"{a:.2f}",
+            )
+        rejected = reached & (n[rows] == j)
+        if a < 1:
+            assert_samples_follow(
+                out[rows][rejected, j],
+                residual_of(p_rows[j], q_rows[j]),
+                f"k={k}, position {j}: the recovered token after a rejection must follow "
+                "max(0, p - q) renormalised (not p, and not unnormalised)",
+            )
 
 
 # --------------------------------------------------------------------------- ngram_propose
@@ -499,6 +499,26 @@ def first_tokens(impl, shipped, drafter_model, drafter, n=N_COPIES, k=3, **sampl
 
 
 @pytest.mark.speculative_round
+def test_speculation_uses_the_seed(impl, shipped, drafter_model):
+    model, tokenizer = shipped
+    runs = [
+        impl.speculative_generate(
+            model,
+            drafter_model,
+            tokenizer,
+            SPEC_PROMPTS[:2],
+            k=3,
+            max_tokens_generated=20,
+            seed=seed,
+            temperature=1.0,
+        )  # fmt: skip
+        for seed in (3, 3, 4)
+    ]
+    assert runs[0] == runs[1], "the same seed must give the same texts"
+    assert runs[0] != runs[2], "different seeds must give different texts"
+
+
+@pytest.mark.speculative_round
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
 def test_speculative_tokens_follow_the_main_model(impl, shipped, drafter_model, hf, drafter):
     # False failure: 2 comparisons, at most 2 * ALPHA.
@@ -535,23 +555,3 @@ def test_top_p_applies_to_both_models(impl, shipped, drafter_model, hf):
         "temperature 0.7 and top_p 0.8: the first token must follow the main model's "
         "distribution after both (HF's TopPLogitsWarper)",
     )
-
-
-@pytest.mark.speculative_round
-def test_speculation_uses_the_seed(impl, shipped, drafter_model):
-    model, tokenizer = shipped
-    runs = [
-        impl.speculative_generate(
-            model,
-            drafter_model,
-            tokenizer,
-            SPEC_PROMPTS[:2],
-            k=3,
-            max_tokens_generated=20,
-            seed=seed,
-            temperature=1.0,
-        )  # fmt: skip
-        for seed in (3, 3, 4)
-    ]
-    assert runs[0] == runs[1], "the same seed must give the same texts"
-    assert runs[0] != runs[2], "different seeds must give different texts"
