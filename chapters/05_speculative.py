@@ -78,7 +78,7 @@ print("quick run (CI):", QUICK)
 #
 # The course ships two models trained on the same Shakespeare text with the same tokenizer:
 # the **main** model of chapters 3 and 4 (4 layers, `d_model` 192) and a **draft** model
-# (2 layers, `d_model` 128), about 2.5 times cheaper per token. Speculative decoding needs
+# (2 layers, `d_model` 128), about half as costly per token on a CPU. Speculative decoding needs
 # exactly this: a small model that agrees with the big one often, and costs much less.
 
 # %%
@@ -363,7 +363,7 @@ print("tokens:\n", demo_out)
 # %% [markdown]
 # ### A drafter that costs nothing: n-gram prompt lookup
 #
-# A draft model costs about 0.4 of the main model per token, here. Text often repeats itself:
+# A draft model costs about half a main-model step per token, here. Text often repeats itself:
 # names, stage directions, refrains, code. **Prompt lookup** drafts with no model at all: find
 # the most recent earlier place where the text's last $n$ tokens occurred, and propose the $k$
 # tokens that followed them there.
