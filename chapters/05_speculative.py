@@ -922,9 +922,9 @@ plot_speedup(
 # it barely breaks even, and at a temperature above 0 it almost never guesses right (the main
 # model's sample rarely repeats the text's history). On the course's 2-core CPU, over four
 # prompts of 200 tokens (`benchmarks/speculative.py`), the draft model keeps three drafts in
-# four and needs only 0.3 to 0.6 main passes per token, yet runs at about two thirds of the
-# cached sampler's speed; the n-gram lookup, greedy, about breaks even on average and gains
-# about a quarter on Hamlet's soliloquy, which repeats itself. On a CPU, a smaller model is
+# four and needs only 0.3 to 0.6 main passes per token, yet runs at 0.7 to 0.8 times the
+# cached sampler's speed; the n-gram lookup, greedy, gains about 10 % on average and about a
+# quarter on Hamlet's soliloquy, which repeats itself. On a CPU, a smaller model is
 # not much cheaper per token: much of a step is fixed cost (Python, one dispatch per
 # operation, the 4,096-token unembedding).
 #
