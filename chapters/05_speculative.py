@@ -56,7 +56,12 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from solutions import KeyValueCache, checks, forward_with_cache, left_pad
-from solutions.sampling import check_sampling_args, filter_top_k, filter_top_p
+from solutions.sampling import (
+    apply_temperature,
+    check_sampling_args,
+    filter_top_k,
+    filter_top_p,
+)
 from solutions.speculative import check_rejection_args
 from solutions.speculative_generation import trace_rounds
 from utils.check import check

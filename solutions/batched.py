@@ -85,10 +85,7 @@ def generate_batch(
     runs under the same seed (it follows the same distribution); greedy text is the same. The
     batch does not slide past `n_ctx`: the longest prompt plus `max_tokens_generated` must fit.
     """
-    if not isinstance(prompts, list | tuple) or not prompts:
-        raise ValueError("prompts must be a non-empty list of strings")
-    if not all(isinstance(p, str) and p for p in prompts):
-        raise ValueError("every prompt must be a non-empty string")
+    checks.prompt_texts(prompts)
     checks.integer("max_tokens_generated", max_tokens_generated, low=0)
     check_sampling_args(**kwargs)
     model.eval()

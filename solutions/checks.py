@@ -5,6 +5,7 @@ with a sentence, not deep inside torch with a shape error or, worse, not at all.
     checks.integer("num_beams", num_beams, low=1)
     checks.number("top_p", top_p, low=0.0, high=1.0)
     checks.token_ids("tokens", tokens, d_vocab=cfg.d_vocab, ndim=2)
+    checks.probability_pair("p", p, "q", q)
 """
 
 from __future__ import annotations
@@ -96,3 +97,27 @@ def probabilities(name: str, probs: Tensor, ndim: int | None = None, atol: float
         f"each row of {name} must sum to 1 (a softmax, not logits), got a row summing to "
         f"{float(sums.flatten()[(sums - 1).abs().argmax()]):.4g}"
     )
+
+
+def probability_pair(
+    p_name: str, p: Tensor, q_name: str, q: Tensor, ndim: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """Two tensors of probability distributions (see `probabilities`) of the same shape: the
+    two distributions a sampler or a coupling compares, token by token."""
+    probabilities(p_name, p, ndim)
+    probabilities(q_name, q, ndim)
+    if p.shape != q.shape:
+        raise ValueError(
+            f"{p_name} {tuple(p.shape)} and {q_name} {tuple(q.shape)} must have the same shape: "
+            "distributions over the same vocabulary"
+        )
+    return p, q
+
+
+def prompt_texts(prompts) -> list[str]:
+    """`prompts`, a non-empty list (or tuple) of non-empty strings: a batch to generate from."""
+    if not isinstance(prompts, list | tuple) or not prompts:
+        raise ValueError("prompts must be a non-empty list of strings")
+    if not all(isinstance(p, str) and p for p in prompts):
+        raise ValueError("every prompt must be a non-empty string")
+    return list(prompts)

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from solutions import checks
 from solutions.cached_model import forward_with_cache
 from solutions.kv_cache import KeyValueCache
-from solutions.sampling import filter_top_k, filter_top_p
+from solutions.sampling import apply_temperature, filter_top_k, filter_top_p
 
 
 def sampling_probs(
@@ -33,7 +33,7 @@ def sampling_probs(
     flat = logits.reshape(-1, shape[-1]).float()
     if temperature == 0:
         return F.one_hot(flat.argmax(dim=-1), shape[-1]).float().reshape(shape)
-    flat = flat / temperature
+    flat = apply_temperature(flat, temperature)
     if top_k:
         flat = filter_top_k(flat, top_k)
     if top_p is not None and top_p < 1.0:

@@ -47,10 +47,7 @@ def same_token_shared_gumbel(
     Both pick token k when G_k - G_j >= log(p_j / p_k) and >= log(q_j / q_k) for every j: k
     wins one Gumbel race with weights r_j = max(p_j / p_k, q_j / q_k) (and r_k = 1), which
     happens with probability 1 / sum_j r_j. Cost: a [d_vocab, d_vocab] matrix per row."""
-    checks.probabilities("p", p)
-    checks.probabilities("q", q)
-    if p.shape != q.shape:
-        raise ValueError(f"p {tuple(p.shape)} and q {tuple(q.shape)} must have the same shape")
+    checks.probability_pair("p", p, "q", q)
     # BEGIN SOLUTION
     both = (p > 0) & (q > 0)  # log 0 = -inf never wins: k must be possible under p AND q
     # Divide by 1 where p_k or q_k is 0: those terms are dropped below, and 0 / 0 would be NaN.
@@ -65,10 +62,7 @@ def same_token_independent(
     p: Float[Tensor, "... d_vocab"], q: Float[Tensor, "... d_vocab"]
 ) -> Float[Tensor, "..."]:
     """P(x == y) for x ~ p and y ~ q drawn independently."""
-    checks.probabilities("p", p)
-    checks.probabilities("q", q)
-    if p.shape != q.shape:
-        raise ValueError(f"p {tuple(p.shape)} and q {tuple(q.shape)} must have the same shape")
+    checks.probability_pair("p", p, "q", q)
     # BEGIN SOLUTION
     return (p * q).sum(dim=-1)  # both pick k with probability p_k q_k
     # END SOLUTION
@@ -79,10 +73,7 @@ def same_token_rejection(
 ) -> Float[Tensor, "..."]:
     """P(the rejection sampler keeps the draft y ~ q as its token x ~ p): the largest probability
     any coupling of p and q can reach."""
-    checks.probabilities("p", p)
-    checks.probabilities("q", q)
-    if p.shape != q.shape:
-        raise ValueError(f"p {tuple(p.shape)} and q {tuple(q.shape)} must have the same shape")
+    checks.probability_pair("p", p, "q", q)
     # BEGIN SOLUTION
     # Draft k is proposed with probability q_k and kept with probability min(1, p_k / q_k).
     return torch.minimum(p, q).sum(dim=-1)

@@ -23,13 +23,7 @@ def rejection_sample_one(
     """One token distributed exactly as `target_probs` (p), from a draft token drawn from
     `draft_probs` (q): keep the draft token x with probability min(1, p(x) / q(x)); otherwise
     draw from max(0, p - q), renormalised. Returns (token, whether the draft was kept)."""
-    checks.probabilities("target_probs", target_probs, ndim=1)
-    checks.probabilities("draft_probs", draft_probs, ndim=1)
-    if draft_probs.shape != target_probs.shape:
-        raise ValueError(
-            f"draft_probs {tuple(draft_probs.shape)} and target_probs "
-            f"{tuple(target_probs.shape)} must cover the same vocabulary"
-        )
+    checks.probability_pair("target_probs", target_probs, "draft_probs", draft_probs, ndim=1)
     # BEGIN SOLUTION
     x = int(torch.multinomial(draft_probs, 1, generator=generator))
     # u < p/q with probability min(1, p/q); written u * q < p, it needs no division by q.

@@ -177,10 +177,7 @@ def speculative_generate(
     (the `draft` model) or "ngram" (prompt lookup of the last `ngram` tokens; `draft` unused).
     Pass a `SpeculativeStats` to learn how many main-model passes it took; `return_ids` gives
     token ids (prompt and continuation) instead of texts."""
-    if not isinstance(prompts, list | tuple) or not prompts:
-        raise ValueError("prompts must be a non-empty list of strings")
-    if not all(isinstance(p, str) and p for p in prompts):
-        raise ValueError("every prompt must be a non-empty string")
+    checks.prompt_texts(prompts)
     checks.integer("k", k, low=1, high=16)
     checks.integer("max_tokens_generated", max_tokens_generated, low=0)
     check_sampling_args(temperature, top_k, top_p)

@@ -344,15 +344,20 @@ def top_p_cases():
     return cases
 
 
+def top_p_against_hf(impl, logits, top_p: float, min_keep: int):
+    """(the learner's filtered row, the tokens it keeps, the tokens HF's TopPLogitsWarper
+    keeps) for one logit vector, handed over as a batch of one and checked afterwards."""
+    row, before = logits[None], logits[None].clone()
+    got = impl.filter_top_p(row, top_p, min_keep)[0]
+    assert_untouched(row, before, "filter_top_p", IN_PLACE)
+    warper = TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=min_keep)
+    return got, torch.isfinite(got), hf_kept(warper, logits[None])[0]
+
+
 @pytest.mark.sample_top_p
 def test_filter_top_p_keeps_what_hf_keeps(impl):
     for logits, top_p, min_keep in top_p_cases():
-        row, before = logits[None], logits[None].clone()
-        got = impl.filter_top_p(row, top_p, min_keep)[0]
-        assert_untouched(row, before, "filter_top_p", IN_PLACE)
-        kept = torch.isfinite(got)
-        warper = TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=min_keep)
-        expected = hf_kept(warper, logits[None])[0]
+        got, kept, expected = top_p_against_hf(impl, logits, top_p, min_keep)
         # Tied logits can be kept in either order: compare the kept logit values.
         same = sorted(logits[kept].tolist()) == sorted(logits[expected].tolist())
         probs = [round(p, 3) for p in logits.softmax(-1).sort(descending=True).values.tolist()]
@@ -385,12 +390,7 @@ def exact_top_p_cases():
 @pytest.mark.sample_top_p
 def test_filter_top_p_at_the_exact_boundary_matches_hf(impl):
     for logits, top_p, min_keep in exact_top_p_cases():
-        row, before = logits[None], logits[None].clone()
-        got = impl.filter_top_p(row, top_p, min_keep)[0]
-        assert_untouched(row, before, "filter_top_p", IN_PLACE)
-        kept = torch.isfinite(got)
-        warper = TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=min_keep)
-        expected = hf_kept(warper, logits[None])[0]
+        got, kept, expected = top_p_against_hf(impl, logits, top_p, min_keep)
         n_kept, n_hf = int(kept.sum()), int(expected.sum())
         n_possible = int(torch.isfinite(logits).sum())
         assert n_kept == n_hf, (

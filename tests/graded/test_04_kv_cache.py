@@ -306,13 +306,20 @@ def allowed_by_rule(mask: torch.Tensor, n_new: int) -> torch.Tensor:
     return out
 
 
+def call_positions_and_allowed(impl, case: int):
+    """(what, mask, n_new, the learner's (positions, allowed)) for one of `padded_masks`, with
+    the mask handed over as it is and checked afterwards."""
+    what, mask, n_new = padded_masks()[case]
+    before = mask.clone()
+    out = impl.positions_and_allowed(mask, n_new)
+    assert torch.equal(mask, before), "positions_and_allowed must not change its mask in place"
+    return what, mask, n_new, out
+
+
 @pytest.mark.positions_and_allowed
 @pytest.mark.parametrize("case", range(3), ids=["prefill", "one-new", "three-new"])
 def test_positions_count_real_tokens(impl, case):
-    what, mask, n_new = padded_masks()[case]
-    before = mask.clone()
-    positions, _ = impl.positions_and_allowed(mask, n_new)
-    assert torch.equal(mask, before), "positions_and_allowed must not change its mask in place"
+    what, mask, n_new, (positions, _) = call_positions_and_allowed(impl, case)
     batch = mask.shape[0]
     assert torch.broadcast_shapes(tuple(positions.shape), (batch, n_new)) == (batch, n_new), (
         f"{what}: positions must be [batch, new] = {(batch, n_new)}, got {tuple(positions.shape)}"
@@ -344,10 +351,7 @@ def test_positions_count_real_tokens(impl, case):
 @pytest.mark.positions_and_allowed
 @pytest.mark.parametrize("case", range(3), ids=["prefill", "one-new", "three-new"])
 def test_allowed_hides_padding_and_the_future(impl, case):
-    what, mask, n_new = padded_masks()[case]
-    before = mask.clone()
-    _, allowed = impl.positions_and_allowed(mask, n_new)
-    assert torch.equal(mask, before), "positions_and_allowed must not change its mask in place"
+    what, mask, n_new, (_, allowed) = call_positions_and_allowed(impl, case)
     batch, n_all = mask.shape
     assert allowed.dtype == torch.bool, f"allowed must be a bool tensor, got {allowed.dtype}"
     assert tuple(allowed.shape) == (batch, 1, n_new, n_all), (
