@@ -815,7 +815,7 @@ context_text = "ROMEO.\nBut soft, what light through yonder window breaks?\nIt i
 ids = torch.tensor([tokenizer.encode(context_text)])
 with torch.inference_mode():
     main_logits, draft_logits = main(ids)[0], draft(ids)[0]  # [pos, d_vocab]: every context
-positions = range(0, ids.shape[1], 4 if QUICK else 1)
+positions = range(0, ids.shape[1], 8 if QUICK else 1)
 temperatures = [0.25, 0.5, 1.0, 2.0] if QUICK else [0.1, 0.2, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0]
 curves = {"independent draws": [], "shared Gumbel noise": [], "rejection sampling": []}
 for t in positions:
@@ -861,7 +861,8 @@ from functools import partial
 from solutions.cached_sampling import CachedTransformerSampler
 from utils.timing import best_seconds, one_thread
 
-ks = [1, 2, 4] if QUICK else [1, 2, 3, 4, 5, 6]
+ks = [1, 4] if QUICK else [1, 2, 3, 4, 5, 6]
+repeats = 1 if QUICK else 3  # timed runs per measurement: the fastest counts
 n_time = 24 if QUICK else 150
 timing_prompt = demo_prompts[0]
 g = torch.Generator().manual_seed(0)
@@ -873,7 +874,7 @@ def step_seconds(model, n_tokens: int) -> float:
     with torch.inference_mode():
         _, cache = forward_with_cache(model, context)
         new = context[:, :n_tokens]
-        return best_seconds(lambda: forward_with_cache(model, new, cache), repeats=5)
+        return best_seconds(lambda: forward_with_cache(model, new, cache), repeats + 2)
 
 
 with one_thread():
@@ -881,7 +882,7 @@ with one_thread():
     c_model = step_seconds(draft, 1) / main_step
     v = {k: step_seconds(main, k + 1) / main_step for k in ks}
     text_ids = tokenizer.encode(context_text) * 4
-    c_ngram = best_seconds(lambda: ngram_propose(text_ids, 4), repeats=5) / 4 / main_step
+    c_ngram = best_seconds(lambda: ngram_propose(text_ids, 4), repeats + 2) / 4 / main_step
 print(f"main model, one cached step: {1e3 * main_step:.2f} ms")
 print(f"c: draft model {c_model:.2f}, n-gram lookup {c_ngram:.3f}")
 print("v_k:", {k: round(x, 2) for k, x in v.items()})
@@ -891,7 +892,7 @@ greedy_kwargs = dict(temperature=0.0, stop_at_eos=False)
 baseline = CachedTransformerSampler(main, tokenizer)
 measured, predicted = {}, {}
 with one_thread(), torch.inference_mode():
-    base = best_seconds(lambda: baseline.sample(timing_prompt, n_time, **greedy_kwargs))
+    base = best_seconds(lambda: baseline.sample(timing_prompt, n_time, **greedy_kwargs), repeats)
     for name, c in [("model", c_model), ("ngram", c_ngram)]:
         measured[name], predicted[name] = [], []
         for k in ks:
@@ -905,7 +906,7 @@ with one_thread(), torch.inference_mode():
                 speculative_generate, main, draft, tokenizer, [timing_prompt], k=k,
                 max_tokens_generated=n_time, drafter=name, **greedy_kwargs,
             )  # fmt: skip
-            seconds = best_seconds(run)
+            seconds = best_seconds(run, repeats)
             measured[name].append(base / seconds)
             predicted[name].append((1 - a ** (k + 1)) / ((1 - a) * (c * k + v[k])))
             print(
