@@ -776,7 +776,7 @@ check("cached_sample")
 #
 # </details>
 
-# %%
+# %% tags=["demo"]
 uncached_sampler = TransformerSampler(model, tokenizer)
 cached_sampler = CachedTransformerSampler(model, tokenizer)
 n_tokens = 30 if QUICK else 150
@@ -1282,7 +1282,7 @@ for text in batched:
 # parallel operation waits for its slowest thread (several times slower in our benchmark).
 # Both live in `utils/timing.py`: `one_thread()` and `best_seconds(run)`.
 
-# %%
+# %% tags=["demo"]
 from functools import partial
 
 from solutions.batched import generate_batch as ref_generate_batch
@@ -1320,7 +1320,7 @@ Console().print(table)
 # of $t$ positions. Since caches are immutable, one pass through the text gives us the cache at
 # every position we want to time.
 
-# %%
+# %% tags=["demo"]
 positions = [0, 64, 128, 255] if QUICK else [*range(0, cfg.n_ctx, 8), cfg.n_ctx - 1]
 repeats = 3 if QUICK else 5
 g = torch.Generator().manual_seed(0)

@@ -593,7 +593,7 @@ check("speculative_round")
 #
 # </details>
 
-# %%
+# %% tags=["demo"]
 from solutions.batched import generate_batch as ref_generate_batch
 
 demo_prompts = [
@@ -855,7 +855,7 @@ plot_coupling(
 # greedy sampler, and plot it next to the formula. (One thread, fastest of a few runs: see
 # chapter 4's section 9.)
 
-# %%
+# %% tags=["demo"]
 from functools import partial
 
 from solutions.cached_sampling import CachedTransformerSampler
@@ -887,7 +887,7 @@ print(f"main model, one cached step: {1e3 * main_step:.2f} ms")
 print(f"c: draft model {c_model:.2f}, n-gram lookup {c_ngram:.3f}")
 print("v_k:", {k: round(x, 2) for k, x in v.items()})
 
-# %%
+# %% tags=["demo"]
 greedy_kwargs = dict(temperature=0.0, stop_at_eos=False)
 baseline = CachedTransformerSampler(main, tokenizer)
 measured, predicted = {}, {}

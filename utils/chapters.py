@@ -7,6 +7,7 @@ A chapter is a sequence of cells. Three kinds matter to the machinery:
     # solution: solutions.mlp.MLP             line per object it shows
     # %% tags=["source"]                      given code, shown whole from solutions/
     # solution: solutions.train.train         (no exercise); also run when grading
+    # %% tags=["demo"]                        a timing or long demo: grading never runs it
     # %%                                      anything else: demos, plots, check() calls
 """
 

@@ -197,10 +197,19 @@ def _label(cell, pristine_ids: set[str]) -> str:
 
 def graded_cells(nb: nbformat.NotebookNode) -> list:
     """The code cells grading runs, in notebook order: setup, given code, exercises, and any
-    other cell that defines a name those (or other selected cells) use."""
+    other cell that defines a name those (or other selected cells) use. Cells tagged `demo`
+    (timings, long demonstrations) never run: an unfinished function's given lines name
+    variables only the learner's code will bind (`keys`, `logits`), and a demo that binds the
+    same names must not be run, at length, to provide them."""
     code = [c for c in nb.cells if c.cell_type == "code"]
     always = [c for c in code if {"setup", "source", "exercise"} & set(c.metadata.get("tags", []))]
-    others = [c for c in code if c not in always and not _is_check_cell(c.source)]
+    others = [
+        c
+        for c in code
+        if c not in always
+        and not _is_check_cell(c.source)
+        and "demo" not in c.metadata.get("tags", [])
+    ]
     names = {id(c): cell_names(c.source) for c in code}
     provided: set[str] = set()
     needed: set[str] = set()

@@ -1,0 +1,257 @@
+"""Rejection sampling for speculative decoding, graded against exact probabilities: the
+shared body of chapter 5's `rejection_sample` tests and chapter 6's kernel of the same contract.
+
+Ground truth is the definition, not the course's code: the output at every position must be
+distributed as the target p, whatever the draft q; the draft is kept with probability
+sum_x min(p(x), q(x)); after a rejection the token follows max(0, p - q) renormalised; and the
+layout (accepted prefix, one main-model token, then -1) is checked exactly on inputs where every
+outcome is forced. Each check takes the sampler to grade and the device of its tensors.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.graded._oracles import assert_untouched
+from tests.graded._stats import ALPHA, assert_samples_follow
+
+V = 6
+# Pairs (p, q) on a 6-token vocabulary: q is 0 where p is not (token 0 of OVERLAP) and p is 0
+# where q is not (token 5); identical; disjoint supports; a sharp p under a flat q.
+OVERLAP = ([0.35, 0.25, 0.2, 0.1, 0.1, 0.0], [0.0, 0.1, 0.2, 0.3, 0.2, 0.2])
+IDENTICAL = ([0.3, 0.1, 0.2, 0.15, 0.05, 0.2], [0.3, 0.1, 0.2, 0.15, 0.05, 0.2])
+DISJOINT = ([0.5, 0.5, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.25, 0.25, 0.25, 0.25])
+SHARP = ([0.8, 0.1, 0.05, 0.05, 0.0, 0.0], [0.2, 0.2, 0.15, 0.15, 0.15, 0.15])
+PAIRS = {"overlap": OVERLAP, "identical": IDENTICAL, "disjoint": DISJOINT, "sharp": SHARP}
+
+
+def tensors(pair) -> tuple[torch.Tensor, torch.Tensor]:
+    p, q = (torch.tensor(x, dtype=torch.float32) for x in pair)
+    return p, q
+
+
+def residual_of(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """max(0, p - q), renormalised: the distribution of a token that replaces a rejected one."""
+    r = [max(0.0, float(a) - float(b)) for a, b in zip(p, q, strict=True)]
+    return torch.tensor(r, dtype=torch.float64) / sum(r)
+
+
+def min_mass(p: torch.Tensor, q: torch.Tensor) -> float:
+    return sum(min(float(a), float(b)) for a, b in zip(p, q, strict=True))
+
+
+def assert_rate(hits: torch.Tensor, rate: float, what: str) -> None:
+    """`hits` (bools) look like coin flips of probability `rate` (false failure ALPHA)."""
+    flips = hits.long()
+    assert_samples_follow(flips, torch.tensor([1 - rate, rate]), what)
+
+
+IN_PLACE_PROBS = (
+    "The caller still needs them (the main model's probabilities serve the next round)."
+)
+
+
+def assert_all_untouched(now, before, who: str) -> None:
+    for tensor, then in zip(now, before, strict=True):
+        assert_untouched(tensor, then, who, IN_PLACE_PROBS)
+
+
+N_ROWS = 20_000
+
+
+def position_pairs(k: int, flip: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """target [k + 1, V] and draft [k, V]: a different pair at each position (and in the other
+    order for the other half of the batch)."""
+    order = list(PAIRS.values())
+    if flip:
+        order = order[::-1]
+    target = torch.tensor([order[j % 4][0] for j in range(k + 1)])
+    draft = torch.tensor([order[j % 4][1] for j in range(k)])
+    return target, draft
+
+
+def batch_for(k: int, seed: int = 0):
+    """N_ROWS rows, half with one sequence of pairs and half with another, and draft tokens
+    drawn from the draft distributions (by the test)."""
+    halves = [position_pairs(k, flip) for flip in (False, True)]
+    half = N_ROWS // 2
+    target = torch.cat([t.expand(half, -1, -1) for t, _ in halves]).contiguous()
+    draft = torch.cat([d.expand(half, -1, -1) for _, d in halves]).contiguous()
+    g = torch.Generator().manual_seed(1000 + seed)
+    tokens = torch.multinomial(draft.reshape(-1, V), 1, generator=g).reshape(N_ROWS, k)
+    return target, draft, tokens, halves
+
+
+def call_batch(sample, target, draft, tokens, seed=0, greedy=False, device="cpu"):
+    """`sample` (a `rejection_sample`) on the test's tensors, moved to `device`; the outputs,
+    checked for shape and dtype, back on the CPU. The inputs must come back unchanged."""
+    target, draft, tokens = (t.to(device) for t in (target, draft, tokens))
+    before = (target.clone(), draft.clone(), tokens.clone())
+    out, accepted = sample(
+        target, draft, tokens, generator=torch.Generator().manual_seed(seed), greedy=greedy
+    )
+    assert_all_untouched((target, draft, tokens), before, "rejection_sample")
+    out, accepted = out.cpu(), accepted.cpu()
+    batch, k = tokens.shape
+    assert tuple(out.shape) == (batch, k + 1), (
+        f"tokens must be [batch, k + 1] = {(batch, k + 1)}, got {tuple(out.shape)}"
+    )
+    assert tuple(accepted.shape) == (batch, k), (
+        f"accepted must be [batch, k] = {(batch, k)}, got {tuple(accepted.shape)}"
+    )
+    assert accepted.dtype == torch.bool, f"accepted must be a bool tensor, got {accepted.dtype}"
+    return out, accepted
+
+
+def assert_layout(out, accepted, drafts):
+    """accepted is a prefix; the accepted drafts, one main-model token, then -1."""
+    k = drafts.shape[1]
+    prefix = accepted.long().cumprod(dim=1).bool()
+    bad = (accepted != prefix).any(dim=1)
+    if bad.any():
+        row = int(bad.nonzero()[0])
+        pytest.fail(
+            f"row {row}: accepted = {accepted[row].int().tolist()} is not True up to the first "
+            "rejection only. A draft after a rejected one was proposed after a token the main "
+            "model did not take: it can never count, even if its own test passes."
+        )
+    n = accepted.sum(dim=1)
+    cols = torch.arange(k + 1)[None, :]
+    expected_drafts = torch.where(accepted, drafts, -1)
+    wrong = (out[:, :k] != expected_drafts) & (cols[:, :k] < n[:, None])
+    if wrong.any():
+        row = int(wrong.any(dim=1).nonzero()[0])
+        pytest.fail(f"row {row}: the accepted positions must hold the draft tokens themselves")
+    main = out.gather(1, n[:, None])[:, 0]
+    assert bool((main >= 0).all()), (
+        "every row gets one token from the main model at column n_accepted: the recovered "
+        "token after a rejection, or the bonus token when all k were accepted"
+    )
+    after = cols > n[:, None]
+    if bool((out[after] != -1).any()):
+        row = int(((out != -1) & after).any(dim=1).nonzero()[0])
+        pytest.fail(
+            f"row {row}: tokens = {out[row].tolist()} with {int(n[row])} accepted: every column "
+            "after the main model's token must be -1 (no bonus token after a rejection, no "
+            "draft after the first rejection)"
+        )
+    return n
+
+
+def forced_outcomes_give_the_layout(sample, device="cpu"):
+    # Draft distributions are one-hot, so p(draft) decides: p = 0 rejects, p = q = 1 keeps.
+    k = 3
+    one_hot = torch.eye(V)
+    drafts = torch.tensor([[1, 2, 3], [1, 2, 3], [1, 2, 3]])
+    draft = one_hot[drafts]  # [3, k, V]
+    target = torch.zeros(3, k + 1, V)
+    target[0, :k] = one_hot[drafts[0]]  # row 0: all three kept
+    target[0, k] = one_hot[4]  # ... bonus: token 4 for sure
+    target[1, 0] = one_hot[1]  # row 1: first kept,
+    target[1, 1] = one_hot[5]  # second rejected (p(2) = 0): recovered token 5 for sure
+    target[1, 2] = one_hot[3]  # would be kept, but comes after a rejection
+    target[1, 3] = one_hot[0]
+    target[2, 0] = one_hot[0]  # row 2: rejected at once (p(1) = 0): recovered 0
+    target[2, 1] = one_hot[2]  # would be kept after it: must not be
+    target[2, 2] = one_hot[3]
+    target[2, 3] = one_hot[4]
+    out, accepted = call_batch(sample, target, draft, drafts, seed=3, device=device)
+    expected_out = [[1, 2, 3, 4], [1, 5, -1, -1], [0, -1, -1, -1]]
+    expected_acc = [[True, True, True], [True, False, False], [False, False, False]]
+    assert accepted.tolist() == expected_acc, (
+        f"accepted should be {expected_acc}, got {accepted.tolist()}: True up to the first "
+        "rejection only (row 2's second draft passes its own test, but comes after a rejection)"
+    )
+    assert out.tolist() == expected_out, (
+        f"tokens should be {expected_out}, got {out.tolist()}: the accepted drafts, then the "
+        "recovered token (from max(0, p - q)) or, when all k were kept, the bonus token (from the "
+        "target's last position), then -1"
+    )
+
+
+def greedy_keeps_the_argmax_run(sample, device="cpu"):
+    k = 3
+    g = torch.Generator().manual_seed(7)
+    target = torch.rand(4, k + 1, V, generator=g).softmax(-1)
+    best = target.argmax(-1)  # [4, k + 1]
+    draft = torch.rand(4, k, V, generator=g).softmax(-1)
+    drafts = best[:, :k].clone()
+    drafts[1, 1] = (best[1, 1] + 1) % V  # row 1: second draft wrong
+    drafts[2, 0] = (best[2, 0] + 2) % V  # row 2: first wrong, the next two right
+    drafts[3, 2] = (best[3, 2] + 3) % V  # row 3: last wrong
+    out, accepted = call_batch(sample, target, draft, drafts, seed=0, greedy=True, device=device)
+    b = best.tolist()
+    expected = [
+        b[0],
+        [b[1][0], b[1][1], -1, -1],
+        [b[2][0], -1, -1, -1],
+        [b[3][0], b[3][1], b[3][2], -1],
+    ]
+    assert out.tolist() == expected, (
+        f"greedy: expected tokens {expected}, got {out.tolist()}. Keep a draft iff it is the "
+        "target's argmax (and all before it were kept); the main model's token is the argmax "
+        "of the target at the first mismatch, or of its last position when all were kept."
+    )
+    assert accepted.sum(dim=1).tolist() == [3, 1, 0, 2]
+
+
+def batched_sampler_uses_the_generator(sample, device="cpu"):
+    target, draft, tokens, _ = batch_for(3, seed=2)
+    target, draft, tokens = target[:300], draft[:300], tokens[:300]
+    a = call_batch(sample, target, draft, tokens, seed=11, device=device)
+    torch.manual_seed(99)  # the global generator must not matter
+    b = call_batch(sample, target, draft, tokens, seed=11, device=device)
+    c = call_batch(sample, target, draft, tokens, seed=12, device=device)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), (
+        "the same generator must give the same result: pass generator=generator to every draw "
+        "(torch.rand for u, torch.multinomial for the recovered or bonus token)"
+    )
+    assert not torch.equal(a[0], c[0]), "different generator seeds must give different results"
+
+
+def every_position_follows_the_target(sample, k, device="cpu"):
+    # False failure: 2 halves x (k + 1) positions <= 10 comparisons, at most 1e-4.
+    target, draft, tokens, halves = batch_for(k)
+    out, accepted = call_batch(sample, target, draft, tokens, device=device)
+    n = assert_layout(out, accepted, tokens)
+    half = N_ROWS // 2
+    for h, (p_rows, _) in enumerate(halves):
+        rows = slice(h * half, (h + 1) * half)
+        for j in range(k + 1):
+            reached = n[rows] >= j
+            what = "the bonus token" if j == k else f"position {j}"
+            assert_samples_follow(
+                out[rows][reached, j],
+                p_rows[j],
+                f"k={k}, {'second' if h else 'first'} half of the batch, {what}: given that the "
+                "row gets this far, its token must follow the target p of this position",
+                alpha=ALPHA,
+            )
+
+
+def acceptance_and_recovered_tokens(sample, k, device="cpu"):
+    # False failure: 2 * k comparisons (k <= 4 rates and residuals on the first half), <= 8e-5.
+    target, draft, tokens, halves = batch_for(k, seed=1)
+    out, accepted = call_batch(sample, target, draft, tokens, seed=1, device=device)
+    n = assert_layout(out, accepted, tokens)
+    p_rows, q_rows = halves[0]
+    rows = slice(0, N_ROWS // 2)
+    for j in range(k):
+        reached = n[rows] >= j
+        a = min_mass(p_rows[j], q_rows[j])
+        if 0 < a < 1:
+            assert_rate(
+                accepted[rows][reached, j],
+                a,
+                f"k={k}, position {j}: a draft must be kept with probability sum min(p, q) = "
+                f"{a:.2f}",
+            )
+        rejected = reached & (n[rows] == j)
+        if a < 1:
+            assert_samples_follow(
+                out[rows][rejected, j],
+                residual_of(p_rows[j], q_rows[j]),
+                f"k={k}, position {j}: the recovered token after a rejection must follow "
+                "max(0, p - q) renormalised (not p, and not unnormalised)",
+            )
