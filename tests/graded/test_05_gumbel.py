@@ -18,58 +18,13 @@ import math
 import pytest
 import torch
 
-from tests.graded._oracles import IN_PLACE, assert_untouched, crafted_logits, draw
-from tests.graded._stats import ALPHA, assert_samples_follow
+from tests.graded._gumbel import assert_follows_the_tempered_softmax, greedy_rows, gumbel_logits
+from tests.graded._oracles import IN_PLACE, assert_untouched, draw
+from tests.graded._stats import ALPHA
 
 CHAPTER = "05_speculative"
 
 # --------------------------------------------------------------------------- gumbel_sample
-
-TEMPERATURE_AFTER_NOISE = (
-    "Your samples follow softmax(logits), the distribution at temperature 1, whatever the "
-    "temperature: is the noise added before dividing, argmax((logits + G) / T)? Dividing every "
-    "score by the same T > 0 never changes the argmax, so T has no effect. Divide the logits "
-    "first, then add the noise: argmax(logits / T + G)."
-)
-TEMPERATURE_MULTIPLIED = (
-    "Your samples follow softmax(logits * T): the logits are multiplied by the temperature. "
-    "Divide them: a low temperature must sharpen the distribution, a high one flatten it."
-)
-
-
-def gumbel_logits(seed: int) -> torch.Tensor:
-    """chapter 3's crafted logits (probabilities from ~0.3 to ~0), with token 3 masked out."""
-    logits = crafted_logits(seed)
-    logits[3] = float("-inf")
-    return logits
-
-
-def follows(samples: torch.Tensor, probs: torch.Tensor) -> bool:
-    """Whether `samples` pass the chi-square test against `probs` (used only to word a
-    failure message, never to decide whether a test fails)."""
-    try:
-        assert_samples_follow(samples, probs, "")
-    except AssertionError:
-        return False
-    return True
-
-
-def assert_follows_the_tempered_softmax(samples, logits, temperature) -> None:
-    """`samples` follow softmax(logits / T). False failure: ALPHA."""
-    what = f"gumbel_sample at temperature {temperature}"
-    try:
-        assert_samples_follow(samples, (logits.double() / temperature).softmax(-1), what)
-    except AssertionError as err:
-        if temperature != 1 and follows(samples, logits.double().softmax(-1)):
-            raise AssertionError(f"{what}: {TEMPERATURE_AFTER_NOISE}\n{err}") from None
-        if temperature != 1 and follows(samples, (logits.double() * temperature).softmax(-1)):
-            raise AssertionError(f"{what}: {TEMPERATURE_MULTIPLIED}\n{err}") from None
-        raise AssertionError(
-            f"{err}\nIs G standard Gumbel noise, -log(-log(U)) with U uniform in (0, 1) "
-            "(torch.rand, not torch.randn; -log(U) alone is exponential noise, not Gumbel), "
-            "one independent value per logit of every row, and the ARGMAX taken over the "
-            "vocabulary (dim=-1)?"
-        ) from None
 
 
 @pytest.mark.gumbel_sample
@@ -129,21 +84,6 @@ def test_gumbel_sample_uses_the_generator(impl, temperature):
         "generators seeded differently gave identical tokens: is `generator` passed on to "
         "torch.rand?"
     )
-
-
-def greedy_rows() -> torch.Tensor:
-    """8 rows whose best token leads the runner-up by 0.1. In each row, token 0 is masked
-    (-inf), token 1 is positive (a positive logit that is not the best comes first) and token 2
-    is exactly 0: logits / 0 would give +inf, +inf and NaN there."""
-    logits = torch.randn(8, 24, generator=torch.Generator().manual_seed(43)) * 2
-    logits[:, 0] = float("-inf")
-    logits[:, 1] = logits[:, 1].abs() + 0.1
-    logits[:, 2] = 0.0
-    for row in range(8):
-        winner = 5 + 2 * row
-        others = torch.cat([logits[row, :winner], logits[row, winner + 1 :]])
-        logits[row, winner] = others.max() + 0.1
-    return logits
 
 
 @pytest.mark.gumbel_sample
