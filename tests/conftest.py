@@ -9,8 +9,19 @@ import sys
 import pytest
 import torch
 
-from utils.chapters import all_exercises
-from utils.grading import ExerciseUnavailable, Impl, Verdict, load_impl, run_graded_test
+# Chapter 6: without a GPU, Triton's interpreter runs the kernels. Triton reads this when its
+# own library functions are defined, so it must be set before anything imports triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from utils.chapters import all_exercises  # noqa: E402
+from utils.grading import (  # noqa: E402
+    ExerciseUnavailable,
+    Impl,
+    Verdict,
+    load_impl,
+    run_graded_test,
+)
 
 EXERCISES = {ex.name: ex for ex in all_exercises()}
 _IMPL_CACHE: dict[tuple[str, str], object] = {}

@@ -118,7 +118,10 @@ def import_object(dotted: str):
 def object_source(dotted: str, stub: bool) -> str:
     """Source of a solution object; with `stub`, each fenced region becomes a
     `raise NotImplementedError()` at the region's indentation."""
-    source = inspect.getsource(import_object(dotted)).rstrip("\n")
+    obj = import_object(dotted)
+    # A Triton kernel is an object wrapping the decorated function: its source is the function's
+    # (decorator included).
+    source = inspect.getsource(getattr(obj, "fn", obj)).rstrip("\n")
     return stub_out(source) if stub else source
 
 

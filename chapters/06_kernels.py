@@ -1,0 +1,501 @@
+# %% [markdown]
+# # Chapter 6 — Sampling kernels in Triton
+#
+# Every token the course has generated ended the same way: a row of `d_vocab` logits, then
+# softmax, perhaps a sort for top-p, a cumulative sum, `torch.multinomial`. On a GPU each of
+# those steps is a separate kernel that reads the whole row from memory and writes a whole row
+# back, and for a real vocabulary (Llama 3: 128,256 tokens) the arithmetic is trivial next to
+# the traffic. Sampling is **memory-bound**: the fastest possible sampler reads the
+# probabilities once and writes one integer per row. This chapter writes such samplers as GPU
+# kernels in [Triton](https://triton-lang.org), the way serving engines (FlashInfer, vLLM) do,
+# and measures them against the hardware's limit.
+#
+# What you write, each a Triton kernel behind a given wrapper with a PyTorch reference from an
+# earlier chapter:
+#
+# - `softmax_kernel`: a row-wise softmax, the Triton programming model on a known problem;
+# - `gumbel_kernel`: chapter 5's Gumbel-max trick, one pass over the logits, the random numbers
+#   made inside the kernel;
+# - `inverse_transform_kernel`: sampling from probabilities with one uniform per row and a
+#   prefix sum carried from block to block, no sort;
+# - `top_k_top_p_kernel`: exact top-k and top-p sampling without sorting, by FlashInfer's
+#   dual-pivot rejection sampling;
+# - `fused_matmul_kernel`: the unembedding's matrix product and Gumbel-max sampling in one
+#   kernel, so the `[batch, d_vocab]` logits are never written to memory;
+# - `rejection_kernel`: chapter 5's speculative rejection sampler as one kernel.
+#
+# **Where this runs.** With an NVIDIA GPU, Triton compiles each kernel for it. Without one,
+# Triton's **interpreter** runs the same kernel source on the CPU (numpy standing in for the
+# GPU), which is how this notebook and its tests run on any Linux machine: slowly, so the
+# shapes here are small, but with exactly the semantics of the GPU version. Triton is not
+# available on macOS or Windows; there this chapter cannot run.
+#
+# **Ground truth**, as before, comes from outside the code under test: `torch.softmax`, exact
+# probabilities (chi-square tests of stated false-failure probability), the top-k and top-p
+# sets from their definitions, logits chosen first and then built into hidden states and
+# weights for the fused kernel, and chapter 5's checks for the rejection sampler.
+#
+# **Time:** about 4–5 hours. **You need:** chapter 3's sampling rules (temperature, top-k,
+# top-p) and chapter 5's Gumbel-max trick and rejection sampler.
+#
+# ## How this notebook works
+#
+# As in the chapters before: fill in each **exercise cell** where it says
+# `raise NotImplementedError()`, run it, then run the `check("...")` cell below it.
+# `pytest -m softmax_kernel` and `course grade 6` grade your saved notebook;
+# `show_solution("softmax_kernel")` prints the reference when you are truly stuck. Run the setup
+# cell first: it chooses the interpreter when there is no GPU, *before* Triton is imported.
+
+# %% tags=["setup"]
+import math
+import os
+
+from solutions.kernels import runtime  # first: sets TRITON_INTERPRET=1 when there is no GPU
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from jaxtyping import Bool, Float, Int  # noqa: E402
+from torch import Tensor  # noqa: E402
+
+from solutions import checks  # noqa: E402
+from solutions.kernels.runtime import (  # noqa: E402
+    DEVICE,
+    kernel_tensor,
+    next_power_of_2,
+    rows_per_program,
+    seed_value,
+)
+from solutions.sampling import check_sampling_args  # noqa: E402
+from solutions.speculative import check_rejection_args  # noqa: E402
+from utils.check import check  # noqa: E402
+from utils.display import show_solution  # noqa: E402
+
+# %%
+QUICK = os.environ.get("COURSE_QUICK") == "1"  # CI runs this notebook with small sizes
+print("kernels run:", runtime.mode())
+print("tensors for the kernels live on:", DEVICE)
+
+# %% [markdown]
+# ## 1. Why sampling is memory-bound
+#
+# Count the bytes. One row of float32 probabilities over Llama 3's vocabulary is
+# $128{,}256 \times 4 \approx 0.5$ MB; a batch of 64 rows is 33 MB. An H100 moves about
+# 3 TB/s between its memory and its cores, and does about $5 \times 10^{13}$ float32 operations
+# per second: reading the batch once takes about 11 µs, while the arithmetic of a softmax over
+# it (a few operations per element) would take well under 1 µs. Whatever a sampler computes,
+# its time is the bytes it moves divided by the bandwidth.
+#
+# The PyTorch path moves many rows' worth. The cell below counts each step of sort-based top-p
+# sampling from logits (each step reads its input and writes its output; the sort reads and
+# writes values and indices, and more in its passes, so its count is a floor).
+
+# %%
+V, B = 128_256, 64
+row = V * 4  # bytes of one float32 row
+steps = {
+    "softmax (read logits, write probs)": 2 * row,
+    "sort (read probs; write values + int64 indices)": row + row + 2 * row,
+    "cumsum (read sorted, write cumulative)": 2 * row,
+    "mask + scatter back (read 2 rows, write 1)": 3 * row,
+    "renormalise (read, write)": 2 * row,
+    "multinomial (read, at least once)": row,
+}
+total = sum(steps.values())
+for what, n in steps.items():
+    print(f"{what:50} {n / row:4.0f} rows")
+print(f"{'total':50} {total / row:4.0f} rows = {B * total / 1e6:.0f} MB for a batch of {B}")
+print(f"one read of the probabilities: {B * row / 1e6:.0f} MB")
+
+# %% [markdown]
+# So a kernel that reads the row once can be an order of magnitude faster, not by computing
+# faster but by not moving the row again. Every kernel of this chapter is built on that idea:
+# load a block of the row into registers, do everything that block is needed for, carry a few
+# numbers to the next block, and never write the row back.
+#
+# ## 2. The Triton programming model
+#
+# A Triton kernel is a Python function decorated with `@triton.jit` that runs once per
+# **program**; a launch `kernel[grid](args...)` starts `grid` programs, which the GPU runs in
+# parallel. Inside, a program asks which one it is (`tl.program_id(0)`) and works on **blocks**:
+# `tl.arange(0, BLOCK)` is a vector of `BLOCK` indices (a power of 2, a `tl.constexpr` known at
+# compile time), `tl.load(ptr + offsets, mask=..., other=...)` reads a block from memory, with
+# the mask keeping it inside the tensor, and `tl.store` writes one. Reductions (`tl.max`,
+# `tl.sum`, `tl.argmax`, `tl.cumsum`) work along an axis of a block.
+#
+# Two layouts recur in this chapter:
+#
+# - **Rows per program.** Program `pid` handles rows `pid * BLOCK_B ... + BLOCK_B - 1`, a
+#   `[BLOCK_B, BLOCK_V]` tile at a time: `rows[:, None] * n_cols + cols[None, :]` are the
+#   offsets of the tile, `(rows < n_rows)[:, None] & (cols < n_cols)[None, :]` its mask. On a
+#   GPU, `BLOCK_B = 1`: many programs, spread over the 132 multiprocessors. Under the
+#   interpreter, which pays per program and per block operation rather than per element, the
+#   wrappers choose large `BLOCK_B` (`rows_per_program`): a few programs of many rows.
+# - **A loop over the row.** A row longer than one block is read in a loop
+#   `for start in range(0, n_cols, BLOCK_V)`, carrying from block to block whatever the next
+#   block needs: a running maximum, a running sum, the prefix so far. The last block is partial
+#   unless `n_cols` is a multiple of `BLOCK_V`: its mask is what keeps it from reading the next
+#   row (or past the end of the tensor).
+#
+# Random numbers come from `tl.rand(seed, offsets)`: a counter-based generator (Philox), so a
+# given `(seed, offset)` always gives the same uniform in $[0, 1)$, whatever program asks for
+# it. Give every random number its own offset (`row * n_cols + column` for one per element) and
+# a run is reproducible from the seed, with independent rows.
+#
+# Each kernel below has a **wrapper**, given: it checks the arguments, chooses the block sizes
+# and launches the kernel. Read the first one closely.
+
+# %% [markdown]
+# ## 3. A row-wise softmax
+#
+# ### Exercise: `softmax_kernel`
+#
+# Write the kernel that computes `softmax` of each row of `x` `[n_rows, n_cols]` into `out`
+# (same shape and dtype), in float32 whatever the input's dtype. A row may be longer than one
+# block, and may hold `-inf` (masked tokens, never the whole row).
+#
+# The numerically stable softmax subtracts the row's maximum before `exp`. With a loop over
+# blocks, either make two passes (the maximum and the sum of `exp(x - max)` first, then write
+# `exp(x - max) / sum`), or keep an **online** maximum and sum in one pass, rescaling the sum
+# by `exp(old_max - new_max)` whenever the maximum grows, then a second pass to write.
+#
+# Common mistakes: loading the last block without a mask (it reads the next row); `other=0`
+# instead of `-inf` for masked-out columns (a 0 can be the maximum, and `exp(0)` adds 1 to the
+# sum); `-inf - (-inf)` is NaN, so a running maximum that starts at `-inf` must not be
+# subtracted from itself; computing in half precision.
+#
+# The tests compare with `torch.softmax` on rows of 1, 7, 1000 and 2500 columns, with masked
+# tokens, logits of $10^4$, and half-precision inputs.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# One program per `BLOCK_B` rows. Three loops over the columns are fine (max, sum, write); two
+# are enough with the online rescaling.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# - `rows = pid * BLOCK_B + tl.arange(0, BLOCK_B)`, `cols = start + tl.arange(0, BLOCK_V)`.
+# - Load with `mask=..., other=float("-inf")`, then `.to(tl.float32)`.
+# - Pass 1: `m = tl.maximum(m, tl.max(x, axis=1))`; pass 2: `s += tl.sum(tl.exp(x - m[:, None]),
+#   axis=1)`; pass 3: store `tl.exp(x - m[:, None]) / s[:, None]`, cast to the output's dtype
+#   (`out_ptr.dtype.element_ty`).
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("softmax_kernel")` in a new cell prints the
+# reference. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="softmax_kernel"
+# solution: solutions.kernels.softmax.softmax_kernel
+
+# %% tags=["source"]
+# solution: solutions.kernels.softmax.softmax
+
+# %%
+check("softmax_kernel")
+
+# %% [markdown]
+# ## 4. Gumbel-max sampling from logits
+#
+# ### Exercise: `gumbel_kernel`
+#
+# Chapter 5's `gumbel_sample` as a kernel: for each row, the argmax of
+# $\ell / T + G$ with $G = -\log(-\log u)$, $u$ uniform, one per logit. In one pass over the
+# row: each block's best score and its column, compared with the best so far. No softmax, no
+# probabilities, no normalisation: the noise does it all. Temperature 0 is the plain argmax
+# (a `tl.constexpr` flag: no noise, no division).
+#
+# The random numbers are made in the kernel: `u = tl.rand(seed, row * n_cols + cols)`. Guard
+# $u = 0$ (`tl.rand` can return it, and $\log 0 = -\infty$).
+#
+# Common mistakes: the temperature applied to the noise too, $(\ell + G) / T$ (the argmax then
+# ignores $T$: chapter 5's bug); an offset without the row (every row gets the same noise, and
+# the same token); the block's argmax returned without adding the block's start column.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Carry two vectors of `BLOCK_B` values from block to block: the best score so far and its
+# column. A block replaces them where its best is strictly larger.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# - Scores of a block: `x / T - tl.log(-tl.log(u))`, with masked columns at `-inf`.
+# - `block_best = tl.max(scores, axis=1)`, `block_col = start + tl.argmax(scores, axis=1)`.
+# - `better = block_best > best`; `best = tl.where(better, block_best, best)`, the same for the
+#   column. Store the column as int64.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# `show_solution("gumbel_kernel")`.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="gumbel_kernel"
+# solution: solutions.kernels.gumbel.gumbel_kernel
+
+# %% tags=["source"]
+# solution: solutions.kernels.gumbel.gumbel_sample
+
+# %%
+check("gumbel_kernel")
+
+# %% [markdown]
+# ## 5. Sampling from probabilities by inverse transform
+#
+# ### Exercise: `inverse_transform_kernel`
+#
+# Gumbel-max needs one random number per logit. Given probabilities, one per row is enough:
+# draw $u$ and return the first token whose cumulative probability exceeds it. `torch`'s way is
+# a `cumsum` over the whole row, written to memory, then a search; the kernel carries the
+# prefix instead. Each block's `tl.cumsum` plus the total of the blocks before it is the true
+# prefix; the first column where it exceeds $u$ is the token, and later blocks change nothing.
+#
+# The rounding edge: the row's probabilities, summed in float32, can add up to a little less
+# than 1, and $u$ can exceed all of them. Then return the **last token of positive
+# probability** (never a token of probability 0, never an index past the row).
+#
+# Common mistakes: a prefix that restarts at each block (then a token in every block crosses
+# $u$ too early); `>=` instead of `>` (a token of probability 0 right after the crossing point
+# can be returned when $u$ is exactly a prefix sum); no fallback at the end of the row.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Per row, carry the prefix total so far and the chosen column (start it at "none", e.g. -1).
+# A column is chosen in the first block where some prefix exceeds $u$, and only if none was
+# chosen before.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# - `prefix = total[:, None] + tl.cumsum(p, axis=1)`; `crossed = (prefix > u[:, None]) & mask`.
+# - The first crossing column of the block: the minimum of `tl.where(crossed, cols, BIG)` over
+#   the block.
+# - Also keep the last column with `p > 0` (a maximum of `tl.where(p > 0, cols, -1)`) for the
+#   fallback.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# `show_solution("inverse_transform_kernel")`.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="inverse_transform"
+# solution: solutions.kernels.inverse_transform.inverse_transform_kernel
+
+# %% tags=["source"]
+# solution: solutions.kernels.inverse_transform.sample_from_probs
+
+# %%
+check("inverse_transform")
+
+# %% [markdown]
+# ## 6. Top-k and top-p without sorting
+#
+# Chapter 3 sorted the row to find the top-k or top-p set. A sort of 128,256 values is the most
+# expensive step of the PyTorch path. FlashInfer's observation: you never need the sorted
+# order, only a **threshold** $\tau$ such that the kept set is $\{x : p_x \ge \tau\}$, and you
+# can test any candidate token $j$ for membership in one pass:
+#
+# - top-k (ties with the $k$-th kept, as in chapter 3): $j$ is kept iff fewer than $k$ tokens
+#   are strictly more likely, $\#\{x : p_x > p_j\} < k$;
+# - top-p: $j$ is kept iff the tokens strictly more likely hold less than top-p of the mass,
+#   $\sum_{x : p_x > p_j} p_x < \text{top-}p$. (With ties at the cut this keeps every tied
+#   token; chapter 3's sort keeps an order-dependent subset of them. Without ties the two sets
+#   are equal.)
+#
+# **Rejection sampling.** Draw $j$ from $p$; if $j$ is kept, it is a sample from $p$
+# restricted to the kept set, renormalised, exactly as a rejection sampler's accepted proposal
+# is. If not, every token at most as likely as $j$ is out too: draw again, from $p$ restricted
+# to $\{x : p_x > p_j\}$. That set still contains the whole kept set, so an accepted draw is
+# still exact.
+#
+# **Dual pivots.** With one pivot a skewed row can take many rounds. The second pivot bounds
+# them: keep an interval $(\text{low}, \text{high}]$ known to contain $\tau$. Each round draws
+# $j$ from $\{p > \text{low}\}$ and, in the same pass over the row, tests two pivots, $p_j$
+# and $(p_j + \text{high}) / 2$. If $p_j$ passes, accept $j$; if only the midpoint passes,
+# $\tau$ lies between them: $\text{low} = p_j$, $\text{high} =$ the midpoint; if neither,
+# $\text{low} =$ the midpoint. Either way the interval at least halves, so after $r$ rounds it
+# is at most $2^{-r}$ long, and once it is shorter than the gap between the smallest kept
+# probability and the largest dropped one, the next draw is kept: at most
+# $2 + \lceil \log_2(1 / \text{gap}) \rceil$ rounds, and in float32 never more than about 150
+# however close the gap.
+#
+# ### Exercise: `top_k_top_p_kernel`
+#
+# The draw of each round is an inverse transform over $\{p > \text{low}\}$ (your kernel of
+# section 5, with the probabilities at or below `low` counted as 0 and $u$ scaled by the mass
+# above `low`); the second pass counts and sums the tokens above each pivot. The wrapper
+# (given) refuses top-k and top-p together, as chapter 3 does.
+#
+# Common mistakes: testing membership with $\ge$ (the token that crosses top-p is then never
+# kept); forgetting to scale $u$ by the mass above `low`; a row that stops early keeps drawing.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Keep per row: `low`, `high`, the mass above `low`, `done`, and the token. Loop over rounds
+# while any row of the program is not done; rows that are done keep their token.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# Round: (1) `u = tl.rand(seed, row * MAX_ROUNDS + round) * mass_above_low`; a prefix pass over
+# `tl.where(p > low, p, 0)` finds $j$ and $p_j$. (2) One pass sums `p > pivot0`, `p > pivot1`
+# (mass, and for top-k the counts). (3) Accept, or move `low` and `high` as above; the next
+# round's mass above `low` is one of the two sums of step 2.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# `show_solution("top_k_top_p")`.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="top_k_top_p"
+# solution: solutions.kernels.top_k_top_p.top_k_top_p_kernel
+
+# %% tags=["source"]
+# solution: solutions.kernels.top_k_top_p.top_k_top_p_sample
+
+# %%
+check("top_k_top_p")
+
+# %% [markdown]
+# How many rounds did it take? On a distribution like a language model's (a few likely tokens,
+# a long tail), top-p 0.9 over 5,000 rows:
+
+# %%
+g = torch.Generator().manual_seed(0)
+demo_logits = torch.randn(2_000, generator=g) * 3
+demo_probs = demo_logits.softmax(-1).expand(1_000 if QUICK else 5_000, -1).contiguous()
+tokens, rounds = top_k_top_p_sample(demo_probs.to(DEVICE), top_p=0.9, seed=0, return_rounds=True)
+counts = torch.bincount(rounds.cpu().long())
+for r, n in enumerate(counts.tolist()):
+    if n:
+        print(f"{r} round{'s' if r != 1 else ''}: {n} rows")
+
+# %% [markdown]
+# ## 7. Fused matmul + sample
+#
+# At the end of the model, `logits = hidden @ W_U.T` is `[batch, d_vocab]`: written to memory
+# by the matmul, read back by the sampler. The Gumbel-max trick needs no normalisation, so it
+# can run *inside* the matmul: each program computes a `[BLOCK_B, BLOCK_V]` tile of logits in
+# registers, adds the noise, keeps only each row's best score and column of that tile, and
+# writes those two numbers. A tiny reduction over the tiles then picks each row's token. The
+# logits never exist in memory; the kernel's cost is the matmul's, which reads `W_U` once.
+#
+# ### Exercise: `fused_matmul_kernel`
+#
+# A 2-D grid: `tl.program_id(0)` picks the vocabulary tile, `tl.program_id(1)` the rows. Loop
+# over `d_model` in blocks of `BLOCK_D`, accumulating `tl.dot(h_block, tl.trans(w_block))` in
+# float32. Then the same scores as in `gumbel_kernel`, with the same offsets
+# `row * V + column`, and the tile's best per row into `best_score[row, tile]` and
+# `best_col[row, tile]`.
+#
+# Common mistakes: the last vocabulary tile unmasked (rows of `W_U` past $V$ are read and can
+# win); the accumulator in bf16; the noise scaled by the temperature.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# `tl.dot` needs blocks of at least 16 in each dimension, so `BLOCK_B >= 16` even for a single
+# row: mask the rows past the batch.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# - `acc = tl.zeros((BLOCK_B, BLOCK_V), tl.float32)`; for each `d` block, load `h[rows, d]`
+#   and `W[cols, d]` (masked), `acc += tl.dot(h, tl.trans(w))`.
+# - Scores: `acc / T + G`, `-inf` where `cols >= V`; `tl.max` and `tl.argmax` along axis 1.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# `show_solution("fused_matmul")`.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="fused_matmul"
+# solution: solutions.kernels.fused_matmul.fused_matmul_kernel
+
+# %% tags=["source"]
+# solution: solutions.kernels.fused_matmul.fused_matmul_sample
+
+# %%
+check("fused_matmul")
+
+# %% [markdown]
+# ## 8. The speculative rejection sampler as one kernel
+#
+# ### Exercise: `rejection_kernel`
+#
+# Chapter 5's `rejection_sample` (same arguments, same `[batch, k + 1]` layout with -1 padding
+# and the bonus token), as one kernel. The uniforms come from the caller's generator, drawn by
+# the wrapper: `u[:, j]` decides draft $j$ (keep iff $u \cdot q < p$), `u[:, k]` draws the
+# recovered or bonus token by inverse transform, from $\max(0, p - q)$ renormalised (its mass
+# in one pass, the crossing in another) or from the target's last position.
+#
+# Common mistakes: chapter 5's, now in a kernel: drafts kept after the first rejection, a bonus
+# token after a rejection, the residual not renormalised (scale $u$ by its mass).
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Loop over the $k$ positions with a per-row flag "still accepting"; the number accepted
+# decides which distribution the last draw uses.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# Gather $p$ and $q$ at the draft token with one `tl.load` each per position. After the loop,
+# the residual of the first rejected position (or the target's last row): a pass for its mass,
+# a pass for the crossing, as in section 5.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# `show_solution("rejection_kernel")`.
+#
+# </details>
+
+# %% tags=["source"]
+# solution: solutions.kernels.rejection._residual_block
+# solution: solutions.kernels.rejection._row_argmax
+
+# %% tags=["exercise"] exercise="rejection_kernel"
+# solution: solutions.kernels.rejection.rejection_kernel
+
+# %% tags=["source"]
+# solution: solutions.kernels.rejection.rejection_sample
+
+# %%
+check("rejection_kernel")
+
+# %% [markdown]
+# ## 9. How fast, on a GPU
+#
+# `python benchmarks/kernels.py` (on a machine with an NVIDIA GPU) times each kernel against
+# the PyTorch path and against the memory limit: the bytes the kernel must read divided by the
+# copy bandwidth measured in the same run.
+#
+# ## What's next
+#
+# FlashInfer and vLLM go further: per-row top-k / top-p / temperature in one launch, min-p, the
+# logits processors fused into the sampler, and sampling fused with the speculative verifier.
+# You now have every piece they are built from.

@@ -1,0 +1,73 @@
+"""Sampling from probabilities by inverse transform: one uniform per row, no sort, one read.
+
+The token is the first column whose prefix sum exceeds u. A program walks its rows block by
+block: tl.cumsum gives the prefixes inside the block, and the total of the blocks before is
+carried in a register, so the true prefix is never written anywhere. The row is read once; the
+output is one integer per row. torch.multinomial's path writes a cumulative row to memory and
+reads it back.
+"""
+
+import triton
+import triton.language as tl
+from jaxtyping import Float, Int
+from torch import Tensor, empty, int64
+
+from solutions.kernels.runtime import (
+    INTERPRET,
+    kernel_tensor,
+    next_power_of_2,
+    rows_per_program,
+    seed_value,
+)
+
+
+@triton.jit
+def inverse_transform_kernel(
+    probs_ptr, out_ptr, n_rows, n_cols, seed, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr
+):
+    """out[r] = the first column c with probs[r, 0] + ... + probs[r, c] > u, where
+    u = tl.rand(seed, r); if rounding leaves u above every prefix (a row summing to a little
+    under 1), the last column of positive probability. probs is contiguous [n_rows, n_cols],
+    each row summing to 1 up to rounding; out is int64 [n_rows]."""
+    # BEGIN SOLUTION
+    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    row_ok = rows < n_rows
+    u = tl.rand(seed, rows)
+    total = tl.zeros((BLOCK_B,), tl.float32)  # the prefix sum at the end of the last block
+    chosen = tl.full((BLOCK_B,), -1, tl.int32)
+    last_possible = tl.full((BLOCK_B,), -1, tl.int32)
+    for start in range(0, n_cols, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        mask = row_ok[:, None] & (cols < n_cols)[None, :]
+        p = tl.load(probs_ptr + rows.to(tl.int64)[:, None] * n_cols + cols[None, :], mask=mask)
+        p = tl.where(mask, p.to(tl.float32), 0.0)
+        prefix = total[:, None] + tl.cumsum(p, axis=1)
+        # A column of probability 0 adds nothing to the prefix, so it cannot be the first to
+        # exceed u; `p > 0` says so outright, whatever the rounding.
+        crossed = (prefix > u[:, None]) & (p > 0)
+        first = tl.min(tl.where(crossed, cols[None, :], n_cols), axis=1)
+        chosen = tl.where((chosen < 0) & (first < n_cols), first, chosen)
+        last_possible = tl.maximum(
+            last_possible, tl.max(tl.where(p > 0, cols[None, :], -1), axis=1)
+        )
+        # The prefix only grows, so its max is its last value: the carry agrees with the
+        # prefixes just compared (a separate tl.sum could round differently).
+        total = tl.max(prefix, axis=1)
+    chosen = tl.where(chosen < 0, last_possible, chosen)
+    tl.store(out_ptr + rows, chosen.to(tl.int64), mask=row_ok)
+    # END SOLUTION
+
+
+def sample_from_probs(probs: Float[Tensor, "batch d_vocab"], seed: int = 0) -> Int[Tensor, "batch"]:
+    """One token per row, drawn from `probs` (rows of non-negative numbers summing to 1; not
+    checked here, since a check would read the whole tensor again)."""
+    seed = seed_value(seed)
+    probs = kernel_tensor("probs [batch, d_vocab]", probs, ndim=2)
+    n_rows, n_cols = probs.shape
+    out = empty(n_rows, dtype=int64, device=probs.device)
+    block_v = min(next_power_of_2(n_cols), 1024 if INTERPRET else 4096)
+    block_b = rows_per_program(n_rows, block_v)
+    inverse_transform_kernel[(triton.cdiv(n_rows, block_b),)](
+        probs, out, n_rows, n_cols, seed, BLOCK_B=block_b, BLOCK_V=block_v
+    )
+    return out

@@ -1,0 +1,83 @@
+"""Where chapter 6's kernels run, decided once, before Triton is imported.
+
+With a CUDA GPU, Triton compiles each kernel for it. Without one, Triton's interpreter runs the
+same kernel source on the CPU, one program after another, with numpy standing in for the GPU's
+registers: slow, but exact enough to test every kernel. The interpreter is chosen by the
+environment variable TRITON_INTERPRET=1, which Triton reads when a kernel is *decorated*, so it
+must be set before any module that defines a kernel is imported; this module does it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE: str = "cpu" if INTERPRET else "cuda"
+
+try:
+    import triton.language as tl
+except ImportError as error:  # pragma: no cover - Triton is a Linux-only dependency
+    raise ImportError(
+        "chapter 6 needs Triton, which is installed with the course on Linux only "
+        "(pip install triton). On macOS and Windows the chapter cannot run its kernels."
+    ) from error
+
+if INTERPRET and type(tl.zeros).__name__ != "InterpretedFunction":
+    raise RuntimeError(
+        "Triton was imported before TRITON_INTERPRET=1 was set, so its own library is compiled "
+        "code that the interpreter cannot run. Restart the kernel and import solutions.kernels "
+        "(or set TRITON_INTERPRET=1) before anything imports triton."
+    )
+
+
+def mode() -> str:
+    """How kernels run here, in words (the notebook prints it)."""
+    if INTERPRET:
+        return "Triton interpreter on the CPU (TRITON_INTERPRET=1): correct, slow"
+    return f"compiled for {torch.cuda.get_device_name()}"
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def rows_per_program(n_rows: int, row_block: int) -> int:
+    """BLOCK_B, the rows each program handles. The interpreter's cost is per program and per
+    block operation, not per element: it wants few programs with many rows each (capped so a
+    tile of rows x row_block elements stays small). A GPU wants many programs, so one row each
+    and the rows spread over the multiprocessors."""
+    if not INTERPRET:
+        return 1
+    cap = 1 << max(0, ((1 << 18) // max(row_block, 1)).bit_length() - 1)  # a power of 2
+    return min(next_power_of_2(n_rows), cap, 1024)
+
+
+def kernel_tensor(name: str, t, ndim: int, floating: bool = True) -> Tensor:
+    """`t` as the kernels need it: a tensor of `ndim` dimensions on the kernels' device
+    (the GPU, or the CPU under the interpreter), contiguous. A ValueError names what is wrong."""
+    if not isinstance(t, Tensor) or t.ndim != ndim:
+        shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+        raise ValueError(f"{name} must be a tensor with {ndim} dimensions, got {shape}")
+    if floating and not t.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if t.device.type != DEVICE:
+        raise ValueError(
+            f"{name} is on {t.device}, but kernels here run on {DEVICE!r} ({mode()}): "
+            f"move it with .to({DEVICE!r})"
+        )
+    if t.numel() == 0:
+        raise ValueError(f"{name} is empty, shape {tuple(t.shape)}")
+    return t.contiguous()
+
+
+def seed_value(seed) -> int:
+    """The seed Triton's tl.rand takes: a non-negative int below 2**31."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**31:
+        raise ValueError(f"seed must be an integer in [0, 2**31), got {seed!r}")
+    return seed

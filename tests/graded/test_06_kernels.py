@@ -1,0 +1,578 @@
+"""Chapter 6: the Triton kernels, graded against exact probabilities and PyTorch.
+
+Without a GPU the kernels run through Triton's interpreter (solutions/kernels/runtime.py sets
+TRITON_INTERPRET=1 before Triton is imported), so the shapes here are small and every
+statistical test draws its thousands of samples as the rows of ONE call. With CUDA the same
+tests run the compiled kernels; the tests marked `gpu` add the sizes of a real vocabulary.
+
+Ground truth: torch.softmax for the softmax; exact probabilities (chi-square,
+`assert_samples_follow`, false failure ALPHA = 1e-5 per comparison, each test states its total)
+for every sampler; the exact top-k / top-p sets built here from their definitions (chapter 3's
+tie rule); for the fused kernel, hidden states and weights built from chosen logits, so that
+softmax(h W^T / T) is known before the kernel runs; chapter 5's rejection-sampling checks
+(tests/graded/_rejection.py) for the speculative kernel. Rows are made long enough to span
+several blocks, with a length that is no multiple of any block size, so a prefix sum that
+restarts at each block, a running maximum that forgets the block's offset, or a last block read
+without its mask all fail.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:  # Triton is a Linux-only dependency
+    pytest.skip("chapter 6 needs Triton (Linux)", allow_module_level=True)
+
+from solutions.kernels.runtime import DEVICE, INTERPRET  # noqa: E402  (sets the mode first)
+from tests.graded import _rejection as rejection  # noqa: E402
+from tests.graded._gumbel import (  # noqa: E402
+    assert_follows_the_tempered_softmax,
+    greedy_rows,
+    gumbel_logits,
+)
+from tests.graded._oracles import crafted_logits  # noqa: E402
+from tests.graded._stats import ALPHA, assert_samples_follow  # noqa: E402
+
+CHAPTER = "06_kernels"
+
+N_ROWS = 20_000  # samples per distribution, drawn as the rows of one call
+LONG_V = 2_500  # longer than any block the interpreter uses, and no multiple of a power of 2
+LONG_ROWS = 4_000  # samples per distribution over LONG_V columns (the interpreter's time)
+
+
+def gpu(test):
+    """A test of real vocabulary sizes: compiled kernels only (the interpreter would take
+    minutes)."""
+    skip = pytest.mark.skipif(INTERPRET, reason="GPU only: real vocabulary sizes")
+    return pytest.mark.gpu(skip(test))
+
+
+def rows_of(vector: torch.Tensor, n: int) -> torch.Tensor:
+    """n copies of a row, as the test's own contiguous batch on the kernels' device."""
+    return vector.float().expand(n, -1).contiguous().to(DEVICE)
+
+
+def tokens_of(out, n: int, what: str) -> torch.Tensor:
+    """A kernel's output as int64 token ids on the CPU, after checking its shape and dtype."""
+    assert isinstance(out, torch.Tensor), f"{what} must return a tensor, got {type(out)}"
+    assert tuple(out.shape) == (n,), f"{what}: one token per row, shape ({n},), got {out.shape}"
+    assert out.dtype == torch.int64, f"{what}: token ids are int64, got {out.dtype}"
+    return out.cpu()
+
+
+def assert_unchanged(t: torch.Tensor, before: torch.Tensor, who: str) -> None:
+    assert torch.equal(t, before), (
+        f"{who} wrote into its input: a kernel may only store to its output pointer(s). Check "
+        "the pointer passed to tl.store."
+    )
+
+
+def spread_probs(seed: int, v: int = LONG_V) -> torch.Tensor:
+    """A distribution over v tokens whose mass sits in every block of the row: twelve tokens
+    carry 80% of it (a few near the start, the middle and the very end), the rest share 20%,
+    and every tenth token has probability exactly 0."""
+    g = torch.Generator().manual_seed(seed)
+    p = torch.rand(v, generator=g, dtype=torch.float64) + 0.5
+    p[::10] = 0.0
+    p = 0.2 * p / p.sum()
+    heavy = torch.tensor([1, 2, 300, 511, 1023, 1024, 1025, 1300, 2047, 2049, v - 2, v - 1])
+    p[heavy] = 0.8 * torch.softmax(torch.randn(12, generator=g, dtype=torch.float64), 0)
+    return p / p.sum()
+
+
+# --------------------------------------------------------------------------- softmax_kernel
+
+
+@pytest.mark.softmax_kernel
+@pytest.mark.parametrize("v", [1, 7, 1000, LONG_V])
+def test_softmax_matches_torch(impl, v):
+    g = torch.Generator().manual_seed(v)
+    x = torch.randn(6, v, generator=g) * 3
+    if v > 1:
+        x[1, ::3] = float("-inf")  # masked tokens (never the whole row)
+        x[2] += 1e4  # large logits: exp overflows unless the row's max is subtracted first
+        x[3, -1] = 30.0  # the row's max in the last (partial) block
+    x = x.to(DEVICE)
+    before = x.clone()
+    got = impl.softmax(x)
+    assert_unchanged(x, before, "softmax")
+    assert got.shape == x.shape and got.dtype == x.dtype, (
+        f"softmax must return the input's shape {tuple(x.shape)} and dtype {x.dtype}, got "
+        f"{tuple(got.shape)} and {got.dtype}"
+    )
+    expected = torch.softmax(x.double(), dim=-1).float()
+    got = got.float()
+    assert not got.isnan().any(), (
+        "softmax returned NaN: for masked (-inf) logits, exp(-inf - max) is 0, but -inf - (-inf) "
+        "is NaN. Is the running max still -inf when it is subtracted? Or did the row's maximum "
+        "overflow exp (subtract the max before exponentiating)?"
+    )
+    worst = int((got - expected).abs().amax(dim=-1).argmax())
+    assert torch.allclose(got, expected, atol=1e-6, rtol=1e-4), (
+        f"softmax differs from torch.softmax (row {worst}, V = {v}): largest error "
+        f"{float((got - expected).abs().max()):.3g}. Rows longer than one block need the max "
+        "and the sum of EVERY block (a running max, and the sum rescaled when the max grows); "
+        "the last block is partial: load it with a mask and other=-inf."
+    )
+
+
+@pytest.mark.softmax_kernel
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_softmax_keeps_the_dtype_and_computes_in_float32(impl, dtype):
+    x = (torch.randn(4, 1000, generator=torch.Generator().manual_seed(3)) * 4).to(dtype)
+    got = impl.softmax(x.to(DEVICE))
+    assert got.dtype == dtype, f"softmax of {dtype} must return {dtype}, got {got.dtype}"
+    expected = torch.softmax(x.float(), dim=-1)
+    assert torch.allclose(got.float().cpu(), expected, atol=2e-3, rtol=1e-2), (
+        f"softmax of a {dtype} row: largest error "
+        f"{float((got.float().cpu() - expected).abs().max()):.3g}. Convert the loaded block to "
+        "float32 (`.to(tl.float32)`) before exp and sum; store in the output's dtype."
+    )
+
+
+# --------------------------------------------------------------------------- gumbel_kernel
+
+
+def gumbel_draw(impl, logits: torch.Tensor, n: int, temperature, seed: int) -> torch.Tensor:
+    batch = rows_of(logits, n)
+    before = batch.clone()
+    out = impl.gumbel_sample(batch, temperature, seed)
+    assert_unchanged(batch, before, "gumbel_sample")
+    return tokens_of(out, n, "gumbel_sample")
+
+
+@pytest.mark.gumbel_kernel
+@pytest.mark.parametrize("temperature", [1.0, 0.5, 2.0])
+def test_gumbel_kernel_follows_the_tempered_softmax(impl, temperature):
+    # False failure: ALPHA per temperature. (logits + G) / T samples at T = 1: the message
+    # names the bug.
+    logits = gumbel_logits(60)
+    samples = gumbel_draw(impl, logits, N_ROWS, temperature, seed=1)
+    assert_follows_the_tempered_softmax(samples, logits, temperature)
+
+
+@pytest.mark.gumbel_kernel
+def test_gumbel_kernel_on_rows_of_many_blocks(impl):
+    # False failure: ALPHA. The mass sits in every block: a maximum that forgets the block's
+    # offset, or looks at the first block only, picks the wrong tokens.
+    probs = spread_probs(61)
+    logits = probs.log().float()  # -inf where the probability is 0
+    samples = gumbel_draw(impl, logits, LONG_ROWS, 1.0, seed=2)
+    assert_samples_follow(
+        samples,
+        probs,
+        f"gumbel_sample over {LONG_V} tokens (several blocks): the argmax of the whole row, "
+        "carried from block to block with the column of the block's best",
+    )
+
+
+@pytest.mark.gumbel_kernel
+def test_gumbel_kernel_rows_are_independent_and_seeded(impl):
+    # False failure: ALPHA for the pairs, (sum p^2)^200 < 1e-30 for two seeds agreeing.
+    logits = torch.tensor([0.0, 0.4, -0.3])
+    probs = logits.double().softmax(-1)
+    samples = gumbel_draw(impl, logits, N_ROWS, 1.0, seed=3)
+    pairs = samples[0::2] * 3 + samples[1::2]  # the tokens of rows 2i and 2i + 1, jointly
+    assert_samples_follow(
+        pairs,
+        torch.outer(probs, probs).flatten(),
+        "gumbel_sample: the tokens of neighbouring rows must be independent. Is the offset "
+        "given to tl.rand unique for every (row, column), e.g. row * V + column?",
+    )
+    again = gumbel_draw(impl, logits, 200, 1.0, seed=3)
+    other = gumbel_draw(impl, logits, 200, 1.0, seed=4)
+    assert torch.equal(again, samples[:200]), (
+        "the same seed must give the same tokens: the noise must come from tl.rand(seed, ...)"
+    )
+    assert not torch.equal(again, other), "different seeds must give different tokens"
+
+
+@pytest.mark.gumbel_kernel
+@pytest.mark.parametrize("temperature", [1e-3, 0.0])
+def test_gumbel_kernel_near_zero_temperature_is_argmax(impl, temperature):
+    # Exact: each row's best logit leads by 0.1, 100 after dividing by 1e-3.
+    logits = greedy_rows()
+    wide = torch.full((logits.shape[0], LONG_V), -50.0)
+    wide[:, 1000 : 1000 + logits.shape[1]] = logits  # the winner in the middle of the row
+    expected = wide.argmax(dim=-1)
+    got = tokens_of(
+        impl.gumbel_sample(wide.to(DEVICE), temperature, 5), wide.shape[0], "gumbel_sample"
+    )
+    assert torch.equal(got, expected), (
+        f"at temperature {temperature} every row's best token must win: expected "
+        f"{expected.tolist()}, got {got.tolist()}. Temperature 0 means no noise and no division "
+        "(a constexpr branch); the column of a block's best is the block's start plus its index."
+    )
+
+
+# --------------------------------------------------------------------------- inverse_transform
+
+
+def sample_probs(impl, probs: torch.Tensor, n: int, seed: int = 0) -> torch.Tensor:
+    batch = rows_of(probs, n)
+    before = batch.clone()
+    out = impl.sample_from_probs(batch, seed)
+    assert_unchanged(batch, before, "sample_from_probs")
+    return tokens_of(out, n, "sample_from_probs")
+
+
+@pytest.mark.inverse_transform
+def test_inverse_transform_follows_the_probabilities(impl):
+    # False failure: ALPHA.
+    probs = crafted_logits(70).double().softmax(-1)
+    probs[[0, 5, 23]] = 0.0  # zeros at both ends and inside
+    probs /= probs.sum()
+    samples = sample_probs(impl, probs, N_ROWS, seed=1)
+    assert_samples_follow(samples, probs, "sample_from_probs")
+
+
+@pytest.mark.inverse_transform
+def test_inverse_transform_on_rows_of_many_blocks(impl):
+    # False failure: ALPHA. A prefix sum that restarts at each block crosses u too early in
+    # every block after the first.
+    probs = spread_probs(71)
+    samples = sample_probs(impl, probs, LONG_ROWS, seed=2)
+    assert_samples_follow(
+        samples,
+        probs,
+        f"sample_from_probs over {LONG_V} tokens (several blocks): the prefix sum must carry "
+        "the total of the blocks before (a prefix that restarts at each block picks tokens "
+        "too early)",
+    )
+
+
+@pytest.mark.inverse_transform
+def test_inverse_transform_finds_the_only_possible_token(impl):
+    # Exact: one-hot rows, the token at block edges, the first and the last column.
+    columns = [0, 1, 511, 512, 1023, 1024, 1025, 2047, 2048, LONG_V - 2, LONG_V - 1]
+    probs = torch.zeros(len(columns), LONG_V)
+    probs[torch.arange(len(columns)), torch.tensor(columns)] = 1.0
+    got = tokens_of(impl.sample_from_probs(probs.to(DEVICE), 9), len(columns), "sample_from_probs")
+    assert got.tolist() == columns, (
+        f"rows with all their mass on one token must return it: expected {columns}, got "
+        f"{got.tolist()}. The token is the first column whose inclusive prefix sum exceeds u; "
+        "its column is the block's start plus its index in the block."
+    )
+
+
+@pytest.mark.inverse_transform
+def test_inverse_transform_never_returns_an_impossible_token(impl):
+    # Exact. The rows sum to 1 - 1e-3 (rounding, exaggerated): about 20 of the 20,000 uniforms
+    # exceed every prefix sum. Then the last possible token (column 5) must come out, never a
+    # column of probability 0 and never an index outside the row.
+    probs = torch.zeros(600)
+    probs[:6] = torch.tensor([0.3, 0.2, 0.2, 0.1, 0.1, 0.099])
+    samples = sample_probs(impl, probs, N_ROWS, seed=3)
+    outside = (samples < 0) | (samples >= 600)
+    assert not outside.any(), (
+        f"sample_from_probs returned {int(samples[outside][0])}, not a column of the row: when "
+        "rounding leaves u above every prefix sum, return the last token of positive probability"
+    )
+    impossible = probs[samples] == 0
+    assert not impossible.any(), (
+        f"sample_from_probs returned token {int(samples[impossible][0])}, of probability 0. When "
+        "rounding leaves u above every prefix sum (rows that sum to a little under 1), the answer "
+        "is the last token of positive probability, not the last column."
+    )
+
+
+# --------------------------------------------------------------------------- top_k_top_p
+
+
+def top_k_set(probs: torch.Tensor, k: int) -> torch.Tensor:
+    """Chapter 3's rule, from its definition: every token at least as likely as the k-th most
+    likely (ties with it all kept)."""
+    kth = probs.sort(descending=True).values[min(k, probs.numel()) - 1]
+    return probs >= kth
+
+
+def top_p_set(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Every token whose more likely tokens (strictly) hold less than top_p of the mass."""
+    above = torch.tensor([float(probs[probs > x].sum()) for x in probs], dtype=torch.float64)
+    margin = float((above - top_p).abs().min())
+    assert margin > 1e-4, f"test set-up: a token's mass above is within {margin:g} of top_p"
+    return above < top_p
+
+
+def kept(probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    out = torch.where(mask, probs, torch.zeros_like(probs))
+    return out / out.sum()
+
+
+def filtered_draw(impl, probs, n, seed=0, **kwargs):
+    batch = rows_of(probs, n)
+    before = batch.clone()
+    out = impl.top_k_top_p_sample(batch, seed=seed, **kwargs)
+    assert_unchanged(batch, before, "top_k_top_p_sample")
+    return tokens_of(out, n, "top_k_top_p_sample")
+
+
+def crafted_probs(seed: int, v: int = 24) -> torch.Tensor:
+    return crafted_logits(seed, v).double().softmax(-1)
+
+
+@pytest.mark.top_k_top_p
+@pytest.mark.parametrize("k", [1, 3, 10])
+def test_top_k_follows_the_renormalised_top_k(impl, k):
+    # False failure: ALPHA per k.
+    probs = crafted_probs(80)
+    samples = filtered_draw(impl, probs, N_ROWS, seed=k, top_k=k)
+    assert_samples_follow(
+        samples,
+        kept(probs, top_k_set(probs, k)),
+        f"top_k={k}: samples must follow p restricted to the {k} most likely tokens, renormalised",
+    )
+
+
+@pytest.mark.top_k_top_p
+def test_top_k_keeps_every_token_tied_with_the_kth(impl):
+    # False failure: ALPHA. Tokens 4, 9 and 17 tie for 3rd place: top_k=3 keeps all five.
+    probs = torch.full((24,), 0.01, dtype=torch.float64)
+    probs[[2, 11]] = torch.tensor([0.3, 0.2], dtype=torch.float64)
+    probs[[4, 9, 17]] = 0.1
+    probs /= probs.sum()
+    samples = filtered_draw(impl, probs, N_ROWS, seed=1, top_k=3)
+    assert_samples_follow(
+        samples,
+        kept(probs, top_k_set(probs, 3)),
+        "top_k=3 with three tokens tied for third place: chapter 3 keeps every token tied with "
+        "the k-th largest, so a token is kept iff fewer than k tokens are STRICTLY more likely",
+    )
+
+
+@pytest.mark.top_k_top_p
+@pytest.mark.parametrize("top_p", [0.5, 0.85])
+def test_top_p_follows_the_renormalised_nucleus(impl, top_p):
+    # False failure: ALPHA per top_p. The token that crosses top_p carries real mass: a pivot
+    # test that drops it (mass of tokens >= p_j instead of > p_j) never samples it.
+    probs = crafted_probs(81)
+    nucleus = top_p_set(probs, top_p)
+    samples = filtered_draw(impl, probs, N_ROWS, seed=2, top_p=top_p)
+    assert_samples_follow(
+        samples,
+        kept(probs, nucleus),
+        f"top_p={top_p}: samples must follow p restricted to the smallest set of most likely "
+        "tokens holding top_p of the mass, renormalised. The token that CROSSES top_p is in "
+        "the set: token j is kept iff the tokens strictly more likely than j hold less than "
+        "top_p.",
+    )
+
+
+@pytest.mark.top_k_top_p
+@pytest.mark.parametrize(
+    "case,kwargs",
+    [("long-top-p", {"top_p": 0.7}), ("long-top-k", {"top_k": 7}), ("off", {})],
+)
+def test_top_k_top_p_on_rows_of_many_blocks(impl, case, kwargs):
+    # False failure: ALPHA per case. "off" (neither filter) is plain sampling from p.
+    probs = spread_probs(82)
+    if "top_p" in kwargs:
+        mask = top_p_set(probs, kwargs["top_p"])
+    elif "top_k" in kwargs:
+        mask = top_k_set(probs, kwargs["top_k"])
+    else:
+        mask = probs > 0
+    samples = filtered_draw(impl, probs, LONG_ROWS, seed=3, **kwargs)
+    assert_samples_follow(
+        samples,
+        kept(probs, mask),
+        f"top_k_top_p_sample({kwargs}) over {LONG_V} tokens: the masses and counts above a "
+        "pivot sum over every block of the row, the last one masked",
+    )
+
+
+def rounds_bound(probs: torch.Tensor, mask: torch.Tensor) -> int:
+    """Rounds after which dual-pivot sampling must have stopped: each round at least halves the
+    interval (low, high] around the threshold, which starts inside (0, 1]; once it is shorter
+    than the gap between the smallest kept probability and the largest dropped one, the next
+    sample is kept."""
+    dropped = probs[~mask & (probs > 0)]
+    if dropped.numel() == 0:
+        return 1
+    gap = float(probs[mask].min() - dropped.max())
+    return 2 + math.ceil(math.log2(1.0 / gap))
+
+
+@pytest.mark.top_k_top_p
+@pytest.mark.parametrize("shape", ["geometric", "flat", "crafted"])
+def test_top_p_is_exact_in_a_bounded_number_of_rounds(impl, shape):
+    # False failure: ALPHA per shape. Rounds: a bound from the halving argument, exact.
+    if shape == "geometric":  # very skewed: p_i ~ 2^-i
+        probs = 0.5 ** torch.arange(40, dtype=torch.float64)
+        top_p = 0.995
+    elif shape == "flat":  # every token tied: the nucleus is the whole row
+        probs = torch.ones(1000, dtype=torch.float64)
+        top_p = 0.5
+    else:
+        probs = crafted_probs(83, 200)
+        top_p = 0.95
+    probs /= probs.sum()
+    mask = top_p_set(probs, top_p)
+    batch = rows_of(probs, N_ROWS // 4)
+    out, rounds = impl.top_k_top_p_sample(batch, top_p=top_p, seed=4, return_rounds=True)
+    samples = tokens_of(out, batch.shape[0], "top_k_top_p_sample")
+    assert_samples_follow(samples, kept(probs, mask), f"top_p={top_p} on a {shape} distribution")
+    bound = rounds_bound(probs, mask)
+    worst = int(rounds.max())
+    assert 1 <= int(rounds.min()) and worst <= bound, (
+        f"{shape} distribution: rows took between {int(rounds.min())} and {worst} rounds; the "
+        f"bound is {bound}. Each rejected round must move low up to the rejected pivot (or to "
+        "the second pivot when it is rejected too) and high down to the second pivot when "
+        "that one passes, so that high - low at least halves."
+    )
+
+
+@pytest.mark.top_k_top_p
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"top_k": 2, "top_p": 0.5}, {"top_k": -1}, {"top_p": 1.5}, {"top_p": -0.1}, {"seed": -1}],
+)
+def test_top_k_top_p_refuses_bad_arguments(impl, kwargs):
+    probs = rows_of(crafted_probs(84), 2)
+    with pytest.raises(ValueError):
+        impl.top_k_top_p_sample(probs, **kwargs)
+
+
+# --------------------------------------------------------------------------- fused_matmul
+
+
+def hidden_and_weights(logits: torch.Tensor, d_model: int, seed: int):
+    """h [n, D] and W [V, D] with h @ W.T = logits (n <= D): h is random, of full rank, and
+    W = logits.T @ pinv(h.T), since pinv(h.T) @ h.T is the identity. Float64, then float32:
+    the product then matches the chosen logits to about 1e-5."""
+    n, _ = logits.shape
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, d_model, generator=g, dtype=torch.float64)
+    w = logits.double().T @ torch.linalg.pinv(h.T)
+    assert torch.allclose(h @ w.T, logits.double(), atol=1e-8), "test set-up: h W^T != logits"
+    return h.float(), w.float()
+
+
+def fused_draw(impl, hidden, weights, temperature, seed):
+    h, w = hidden.to(DEVICE), weights.to(DEVICE)
+    before = (h.clone(), w.clone())
+    out = impl.fused_matmul_sample(h, w, temperature, seed)
+    assert_unchanged(h, before[0], "fused_matmul_sample")
+    assert_unchanged(w, before[1], "fused_matmul_sample")
+    return tokens_of(out, h.shape[0], "fused_matmul_sample")
+
+
+@pytest.mark.fused_matmul
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_fused_samples_follow_the_softmax_of_the_product(impl, temperature):
+    # False failure: ALPHA x 4 rows per temperature. Four chosen rows of logits over 300 tokens
+    # (several vocabulary tiles, the last partial), each repeated N_ROWS / 4 times.
+    v = 300
+    logits = torch.stack([crafted_logits(90 + i, v) for i in range(4)])
+    logits[0, :50] = -30.0  # almost impossible tokens in the first tile
+    h, w = hidden_and_weights(logits, d_model=32, seed=91)
+    per = N_ROWS // 4
+    samples = fused_draw(impl, h.repeat_interleave(per, dim=0), w, temperature, seed=5)
+    for i in range(4):
+        assert_follows_the_tempered_softmax(
+            samples[i * per : (i + 1) * per], h[i].double() @ w.double().T, temperature
+        )
+
+
+@pytest.mark.fused_matmul
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_zero_temperature_is_the_argmax_of_the_product(impl, dtype):
+    # Exact on rows whose best logit leads the runner-up by at least 0.05 (bf16 products are
+    # accumulated in float32; the margin keeps rounding from deciding).
+    g = torch.Generator().manual_seed(92)
+    h = torch.randn(40, 64, generator=g).to(dtype)
+    w = (torch.randn(700, 64, generator=g) / 8).to(dtype)
+    logits = h.double() @ w.double().T
+    top2 = logits.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 0.05
+    assert clear.sum() >= 20, "test set-up: too few rows with a clear winner"
+    got = fused_draw(impl, h, w, 0.0, seed=0)
+    expected = logits.argmax(dim=-1)
+    bad = clear & (got != expected)
+    assert not bad.any(), (
+        f"temperature 0 ({dtype}): row {int(bad.nonzero()[0])} should pick "
+        f"{int(expected[bad][0])}, the argmax of h W^T, and picked {int(got[bad][0])}. "
+        "Accumulate the tile's dot products over all of D in float32; the best of each "
+        "vocabulary tile must carry the tile's starting column."
+    )
+    assert bool(((got >= 0) & (got < 700)).all()), (
+        "a token outside the vocabulary: the last vocabulary tile must mask the rows of W_U "
+        "beyond V (load them with other=0 and their scores with -inf)"
+    )
+
+
+@pytest.mark.fused_matmul
+def test_fused_is_seeded(impl):
+    logits = torch.stack([crafted_logits(93, 300)] * 2)
+    h, w = hidden_and_weights(logits, d_model=16, seed=94)
+    h = h.repeat_interleave(100, dim=0)
+    a = fused_draw(impl, h, w, 1.0, seed=7)
+    b = fused_draw(impl, h, w, 1.0, seed=7)
+    c = fused_draw(impl, h, w, 1.0, seed=8)
+    assert torch.equal(a, b), "the same seed must give the same tokens"
+    assert not torch.equal(a, c), "different seeds must give different tokens"
+
+
+# --------------------------------------------------------------------------- rejection_kernel
+# Chapter 5's checks of `rejection_sample`, on the kernel (tests/graded/_rejection.py).
+
+
+@pytest.mark.rejection_kernel
+def test_rejection_kernel_forced_outcomes_give_the_layout(impl):
+    rejection.forced_outcomes_give_the_layout(impl.rejection_sample, DEVICE)
+
+
+@pytest.mark.rejection_kernel
+def test_rejection_kernel_greedy_keeps_the_argmax_run(impl):
+    rejection.greedy_keeps_the_argmax_run(impl.rejection_sample, DEVICE)
+
+
+@pytest.mark.rejection_kernel
+def test_rejection_kernel_uses_the_generator(impl):
+    rejection.batched_sampler_uses_the_generator(impl.rejection_sample, DEVICE)
+
+
+@pytest.mark.rejection_kernel
+@pytest.mark.parametrize("k", [1, 3])
+def test_rejection_kernel_every_position_follows_the_target(impl, k):
+    rejection.every_position_follows_the_target(impl.rejection_sample, k, DEVICE)
+
+
+@pytest.mark.rejection_kernel
+@pytest.mark.parametrize("k", [2, 4])
+def test_rejection_kernel_acceptance_and_recovered_tokens(impl, k):
+    rejection.acceptance_and_recovered_tokens(impl.rejection_sample, k, DEVICE)
+
+
+# --------------------------------------------------------------------------- GPU sizes
+
+
+@gpu
+@pytest.mark.top_k_top_p
+def test_gpu_top_p_on_a_real_vocabulary(impl):
+    # False failure: ALPHA. V = 128256 with the mass spread across the whole row.
+    v = 128_256
+    g = torch.Generator().manual_seed(95)
+    logits = torch.randn(v, generator=g, dtype=torch.float64) * 2.5
+    probs = logits.softmax(-1)
+    samples = filtered_draw(impl, probs, 4_096, seed=6, top_p=0.9)
+    order = probs.sort(descending=True)
+    before = order.values.cumsum(0) - order.values
+    mask = torch.zeros(v, dtype=torch.bool)
+    mask[order.indices[before < 0.9]] = True
+    assert_samples_follow(samples, kept(probs, mask), "top_p=0.9 over 128256 tokens", ALPHA)
+
+
+@gpu
+@pytest.mark.inverse_transform
+def test_gpu_one_hot_rows_of_a_real_vocabulary(impl):
+    v = 128_256
+    columns = [0, 4095, 4096, 65_535, v - 1]
+    probs = torch.zeros(len(columns), v)
+    probs[torch.arange(len(columns)), torch.tensor(columns)] = 1.0
+    got = tokens_of(impl.sample_from_probs(probs.to(DEVICE), 0), len(columns), "sample")
+    assert got.tolist() == columns
