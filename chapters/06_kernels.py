@@ -61,11 +61,13 @@ from torch import Tensor  # noqa: E402
 from solutions import checks  # noqa: E402
 from solutions.kernels.runtime import (  # noqa: E402
     DEVICE,
+    INTERPRET,
     kernel_tensor,
     next_power_of_2,
     rows_per_program,
     seed_value,
 )
+from solutions.kernels.top_k_top_p import MAX_ROUNDS  # noqa: E402
 from solutions.sampling import check_sampling_args  # noqa: E402
 from solutions.speculative import check_rejection_args  # noqa: E402
 from utils.check import check  # noqa: E402
@@ -434,6 +436,7 @@ for r, n in enumerate(counts.tolist()):
 # solution: solutions.kernels.fused_matmul.fused_matmul_kernel
 
 # %% tags=["source"]
+# solution: solutions.kernels.fused_matmul.fused_tiles
 # solution: solutions.kernels.fused_matmul.fused_matmul_sample
 
 # %%

@@ -7,10 +7,11 @@ its own number, so a seed reproduces a run, rows are independent, and an element
 not depend on how the row was cut into blocks (the fused kernel uses the same offsets).
 """
 
+import torch
 import triton
 import triton.language as tl
 from jaxtyping import Float, Int
-from torch import Tensor, empty, int64
+from torch import Tensor
 
 from solutions import checks
 from solutions.kernels.runtime import (
@@ -20,8 +21,6 @@ from solutions.kernels.runtime import (
     rows_per_program,
     seed_value,
 )
-
-TINY = 1.1754943508222875e-38  # the smallest normal float32: log(0) would be -inf
 
 
 @triton.jit
@@ -53,7 +52,7 @@ def gumbel_kernel(
             scores = x
         else:
             # The temperature scales the logits only: (x + G) / T has the argmax of x + G.
-            u = tl.maximum(tl.rand(seed, offsets), TINY)
+            u = tl.maximum(tl.rand(seed, offsets), 1.1754944e-38)  # smallest normal float32
             scores = x * inv_temperature - tl.log(-tl.log(u))
         scores = tl.where(mask, scores, float("-inf"))
         block_best = tl.max(scores, axis=1)
@@ -76,7 +75,7 @@ def gumbel_sample(
     n_rows, n_cols = logits.shape
     if n_rows * n_cols >= 2**31:
         raise ValueError(f"logits has {n_rows * n_cols} elements; at most 2**31 - 1 (offsets)")
-    out = empty(n_rows, dtype=int64, device=logits.device)
+    out = torch.empty(n_rows, dtype=torch.int64, device=logits.device)
     block_v = min(next_power_of_2(n_cols), 1024 if INTERPRET else 2048)
     block_b = rows_per_program(n_rows, block_v)
     gumbel_kernel[(triton.cdiv(n_rows, block_b),)](

@@ -7,10 +7,11 @@ output is one integer per row. torch.multinomial's path writes a cumulative row 
 reads it back.
 """
 
+import torch
 import triton
 import triton.language as tl
 from jaxtyping import Float, Int
-from torch import Tensor, empty, int64
+from torch import Tensor
 
 from solutions.kernels.runtime import (
     INTERPRET,
@@ -64,7 +65,7 @@ def sample_from_probs(probs: Float[Tensor, "batch d_vocab"], seed: int = 0) -> I
     seed = seed_value(seed)
     probs = kernel_tensor("probs [batch, d_vocab]", probs, ndim=2)
     n_rows, n_cols = probs.shape
-    out = empty(n_rows, dtype=int64, device=probs.device)
+    out = torch.empty(n_rows, dtype=torch.int64, device=probs.device)
     block_v = min(next_power_of_2(n_cols), 1024 if INTERPRET else 4096)
     block_b = rows_per_program(n_rows, block_v)
     inverse_transform_kernel[(triton.cdiv(n_rows, block_b),)](

@@ -6,10 +6,11 @@ second writes exp(x - max) / sum. The row is read twice and written once, whatev
 the running max and sum are all that is carried from block to block, in registers.
 """
 
+import torch
 import triton
 import triton.language as tl
 from jaxtyping import Float
-from torch import Tensor, empty_like
+from torch import Tensor
 
 from solutions.kernels.runtime import INTERPRET, kernel_tensor, next_power_of_2, rows_per_program
 
@@ -54,7 +55,7 @@ def softmax_kernel(x_ptr, out_ptr, n_rows, n_cols, BLOCK_B: tl.constexpr, BLOCK_
 def softmax(x: Float[Tensor, "batch n"]) -> Float[Tensor, "batch n"]:
     """softmax over the last dimension, like torch.softmax(x, -1), for a 2-D float tensor."""
     x = kernel_tensor("x [batch, n]", x, ndim=2)
-    out = empty_like(x)
+    out = torch.empty_like(x)
     n_rows, n_cols = x.shape
     # A GPU reads a block of 1024-4096 columns per step; the interpreter prefers fewer, wider
     # operations over many rows, so its blocks hold BLOCK_B x BLOCK_V elements in all.

@@ -17,10 +17,11 @@ so MAX_ROUNDS = 256 is never reached; if it were, the last draw would be returne
 reads the row twice; typical language-model rows need a few rounds, a sort reads it many times.
 """
 
+import torch
 import triton
 import triton.language as tl
 from jaxtyping import Float, Int
-from torch import Tensor, empty, int32, int64
+from torch import Tensor
 
 from solutions.kernels.runtime import (
     INTERPRET,
@@ -157,8 +158,8 @@ def top_k_top_p_sample(
     n_rows, n_cols = probs.shape
     if n_rows * MAX_ROUNDS >= 2**31:
         raise ValueError(f"probs has {n_rows} rows; at most {2**31 // MAX_ROUNDS - 1}")
-    out = empty(n_rows, dtype=int64, device=probs.device)
-    rounds = empty(n_rows, dtype=int32, device=probs.device)
+    out = torch.empty(n_rows, dtype=torch.int64, device=probs.device)
+    rounds = torch.empty(n_rows, dtype=torch.int32, device=probs.device)
     block_v = min(next_power_of_2(n_cols), 1024 if INTERPRET else 4096)
     block_b = rows_per_program(n_rows, block_v)
     top_k_top_p_kernel[(triton.cdiv(n_rows, block_b),)](

@@ -1,0 +1,47 @@
+"""Chapter 6's given wrappers refuse bad arguments with a ValueError that names them, before
+any kernel runs (the kernels are graded in tests/graded/test_06_kernels.py)."""
+
+import importlib.util
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("chapter 6 needs Triton (Linux)", allow_module_level=True)
+
+from solutions.kernels.fused_matmul import fused_matmul_sample  # noqa: E402
+from solutions.kernels.gumbel import gumbel_sample  # noqa: E402
+from solutions.kernels.inverse_transform import sample_from_probs  # noqa: E402
+from solutions.kernels.rejection import rejection_sample  # noqa: E402
+from solutions.kernels.runtime import DEVICE  # noqa: E402
+from solutions.kernels.softmax import softmax  # noqa: E402
+from solutions.kernels.top_k_top_p import top_k_top_p_sample  # noqa: E402
+
+PROBS = torch.full((2, 8), 1 / 8, device=DEVICE)
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: top_k_top_p_sample(PROBS, top_k=2, top_p=0.5), "top_k and top_p"),
+        (lambda: top_k_top_p_sample(PROBS, top_k=-1), "top_k"),
+        (lambda: top_k_top_p_sample(PROBS, top_p=1.5), "top_p"),
+        (lambda: top_k_top_p_sample(PROBS, seed=-1), "seed"),
+        (lambda: top_k_top_p_sample(PROBS[0]), "probs"),
+        (lambda: sample_from_probs(PROBS, seed=2**31), "seed"),
+        (lambda: sample_from_probs(PROBS.long()), "floating"),
+        (lambda: gumbel_sample(PROBS, temperature=-1.0), "temperature"),
+        (lambda: gumbel_sample(PROBS[:, :0]), "empty"),
+        (lambda: softmax(PROBS[None]), "x"),
+        (lambda: fused_matmul_sample(PROBS, PROBS.T.contiguous()), "W_U"),
+        (lambda: fused_matmul_sample(PROBS, PROBS.double()), "dtype"),
+        (
+            lambda: rejection_sample(PROBS[:, None].expand(2, 2, 8), PROBS[:, None], PROBS[:, :1]),
+            "draft_tokens",
+        ),
+    ],
+)
+def test_bad_arguments_fail_at_the_door(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
