@@ -42,6 +42,11 @@ import statistics
 import time
 
 
+def sig(x: float, digits: int = 4) -> float:
+    """x to `digits` significant digits (a ratio of 0.0004 must not print as 0.0)."""
+    return float(f"{x:.{digits}g}")
+
+
 def number_list(kind):
     return lambda text: [kind(x) for x in text.split(",") if x]
 
@@ -107,11 +112,11 @@ def run(args, torch) -> dict:
 
     def entry(kernel_ms, torch_ms, n_bytes, **extra):
         return {
-            "kernel_ms": round(kernel_ms, 4),
-            "torch_ms": round(torch_ms, 4),
-            "speedup": round(torch_ms / kernel_ms, 3),
-            "floor_ms": round(floor(n_bytes), 5),
-            "x_floor": round(kernel_ms / floor(n_bytes), 3),
+            "kernel_ms": sig(kernel_ms),
+            "torch_ms": sig(torch_ms),
+            "speedup": sig(torch_ms / kernel_ms),
+            "floor_ms": sig(floor(n_bytes)),
+            "x_floor": sig(kernel_ms / floor(n_bytes)),
             **extra,
         }
 
@@ -189,13 +194,13 @@ def run(args, torch) -> dict:
                     "vocab": v,
                     "d_model": d,
                     "batch": b,
-                    "kernel_ms": round(kernel, 4),
-                    "matmul_ms": round(matmul, 4),
-                    "matmul_softmax_multinomial_ms": round(full, 4),
-                    "speedup_vs_torch": round(full / kernel, 3),
-                    "x_matmul": round(kernel / matmul, 3),
-                    "floor_ms": round(floor(v * d * w.element_size()), 5),
-                    "x_floor": round(kernel / floor(v * d * w.element_size()), 3),
+                    "kernel_ms": sig(kernel),
+                    "matmul_ms": sig(matmul),
+                    "matmul_softmax_multinomial_ms": sig(full),
+                    "speedup_vs_torch": sig(full / kernel),
+                    "x_matmul": sig(kernel / matmul),
+                    "floor_ms": sig(floor(v * d * w.element_size())),
+                    "x_floor": sig(kernel / floor(v * d * w.element_size())),
                 }
             )
 
