@@ -28,18 +28,21 @@ lab: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	COURSE_TEST_THREADS=2 $(PYTEST) tests/machinery --ignore=tests/machinery/test_notebooks_run.py \
-		--ignore=tests/machinery/test_grading.py
+		--ignore=tests/machinery/test_grading.py --ignore=tests/machinery/test_kernels_compile.py
 	$(BIN)/course corpus
-	@echo "Offline from here on, in two lanes: every chapter's notebook end to end, then the"
-	@echo "grading of broken notebooks; beside it the"
-	@echo "graded tests on the solutions, then on the blank stubs, where every graded test must"
-	@echo "FAIL (inverted: a pass there means it does not), then every learner-style mutant"
-	@echo "(tests/machinery/mutants/), each of which must fail a test of its exercise."
+	@echo "Offline from here on, in two lanes: every chapter's notebook end to end, the grading"
+	@echo "of broken notebooks, chapter 6's kernels compiled for a GPU (no GPU needed) and its"
+	@echo "learner-style mutants; beside it the graded tests on the solutions, then on the blank"
+	@echo "stubs, where every graded test must FAIL (inverted: a pass there means it does not),"
+	@echo "then the other chapters' mutants (tests/machinery/mutants/), each of which must fail"
+	@echo "a test of its exercise."
 	$(LANES) "$(OFFLINE) $(PYTEST) tests/machinery/test_notebooks_run.py && \
-		 $(OFFLINE) $(PYTEST) tests/machinery/test_grading.py" \
+		 $(OFFLINE) $(PYTEST) tests/machinery/test_grading.py \
+		 tests/machinery/test_kernels_compile.py && \
+		 $(OFFLINE) $(PYTEST) tests/graded --mutants -q -m chapter_06" \
 		"$(OFFLINE) $(PYTEST) tests/graded --impl solutions && \
 		 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail && \
-		 $(OFFLINE) $(PYTEST) tests/graded --mutants -q"
+		 $(OFFLINE) $(PYTEST) tests/graded --mutants -q -m 'not chapter_06'"
 
 setup: $(STAMP)
 

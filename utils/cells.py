@@ -1,19 +1,24 @@
 """Notebook cells as the grader sees them: what a cell defines and uses, how to run one without
 letting it take the grader down, and how to name a place in it the way Jupyter shows it.
 
-Each cell is compiled under a file name that is its label ("<the `mlp` cell>"), with its source
-registered in `linecache`, so tracebacks show the learner's own lines, numbered from 1 within the
-cell, as Jupyter numbers them.
+Each cell is compiled under a file name that is its label and a run number ("<the `mlp` cell
+#3>"), with its source registered in `linecache`, so tracebacks show the learner's own lines,
+numbered from 1 within the cell, as Jupyter numbers them. The number keeps two runs of a cell
+apart: code that reads its own source back (inspect.getsource, which Triton's `@triton.jit`
+does) must find the version it was compiled from, not a later notebook's edit of the same cell.
 """
 
 from __future__ import annotations
 
+import itertools
 import linecache
 import symtable
 import traceback
 from dataclasses import dataclass
 
 from utils.sandbox import Hang, exit_description, guarded, kind_of
+
+_RUNS = itertools.count(1)
 
 
 def python_source(cell_source: str) -> str:
@@ -74,7 +79,7 @@ def innermost_line(err: BaseException, filename: str) -> int | None:
 def run_cell(source: str, namespace: dict, label: str, budget_s: float) -> str | None:
     """Execute one cell under `label` ("the `mlp` cell"); None, or a sentence saying what went
     wrong and where. Exits and infinite loops are stopped here, not in the grader."""
-    filename = f"<{label}>"
+    filename = f"<{label} #{next(_RUNS)}>"
     source = python_source(source)
     register_source(filename, source)
     try:

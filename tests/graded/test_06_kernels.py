@@ -146,27 +146,20 @@ def gumbel_draw(impl, logits: torch.Tensor, n: int, temperature, seed: int) -> t
 
 
 @pytest.mark.gumbel_kernel
-@pytest.mark.parametrize("temperature", [1.0, 0.5, 2.0])
-def test_gumbel_kernel_follows_the_tempered_softmax(impl, temperature):
-    # False failure: ALPHA per temperature. (logits + G) / T samples at T = 1: the message
-    # names the bug.
-    logits = gumbel_logits(60)
-    samples = gumbel_draw(impl, logits, N_ROWS, temperature, seed=1)
-    assert_follows_the_tempered_softmax(samples, logits, temperature)
-
-
-@pytest.mark.gumbel_kernel
-def test_gumbel_kernel_on_rows_of_many_blocks(impl):
-    # False failure: ALPHA. The mass sits in every block: a maximum that forgets the block's
-    # offset, or looks at the first block only, picks the wrong tokens.
-    probs = spread_probs(61)
-    logits = probs.log().float()  # -inf where the probability is 0
-    samples = gumbel_draw(impl, logits, LONG_ROWS, 1.0, seed=2)
-    assert_samples_follow(
-        samples,
-        probs,
-        f"gumbel_sample over {LONG_V} tokens (several blocks): the argmax of the whole row, "
-        "carried from block to block with the column of the block's best",
+@pytest.mark.parametrize("temperature", [1e-3, 0.0])
+def test_gumbel_kernel_near_zero_temperature_is_argmax(impl, temperature):
+    # Exact: each row's best logit leads by 0.1, 100 after dividing by 1e-3.
+    logits = greedy_rows()
+    wide = torch.full((logits.shape[0], LONG_V), -50.0)
+    wide[:, 1500 : 1500 + logits.shape[1]] = logits  # the winner in a later block of the row
+    expected = wide.argmax(dim=-1)
+    got = tokens_of(
+        impl.gumbel_sample(wide.to(DEVICE), temperature, 5), wide.shape[0], "gumbel_sample"
+    )
+    assert torch.equal(got, expected), (
+        f"at temperature {temperature} every row's best token must win: expected "
+        f"{expected.tolist()}, got {got.tolist()}. Temperature 0 means no noise and no division "
+        "(a constexpr branch); the column of a block's best is the block's start plus its index."
     )
 
 
@@ -192,20 +185,27 @@ def test_gumbel_kernel_rows_are_independent_and_seeded(impl):
 
 
 @pytest.mark.gumbel_kernel
-@pytest.mark.parametrize("temperature", [1e-3, 0.0])
-def test_gumbel_kernel_near_zero_temperature_is_argmax(impl, temperature):
-    # Exact: each row's best logit leads by 0.1, 100 after dividing by 1e-3.
-    logits = greedy_rows()
-    wide = torch.full((logits.shape[0], LONG_V), -50.0)
-    wide[:, 1000 : 1000 + logits.shape[1]] = logits  # the winner in the middle of the row
-    expected = wide.argmax(dim=-1)
-    got = tokens_of(
-        impl.gumbel_sample(wide.to(DEVICE), temperature, 5), wide.shape[0], "gumbel_sample"
-    )
-    assert torch.equal(got, expected), (
-        f"at temperature {temperature} every row's best token must win: expected "
-        f"{expected.tolist()}, got {got.tolist()}. Temperature 0 means no noise and no division "
-        "(a constexpr branch); the column of a block's best is the block's start plus its index."
+@pytest.mark.parametrize("temperature", [1.0, 0.5, 2.0])
+def test_gumbel_kernel_follows_the_tempered_softmax(impl, temperature):
+    # False failure: ALPHA per temperature. (logits + G) / T samples at T = 1: the message
+    # names the bug.
+    logits = gumbel_logits(60)
+    samples = gumbel_draw(impl, logits, N_ROWS, temperature, seed=1)
+    assert_follows_the_tempered_softmax(samples, logits, temperature)
+
+
+@pytest.mark.gumbel_kernel
+def test_gumbel_kernel_on_rows_of_many_blocks(impl):
+    # False failure: ALPHA. The mass sits in every block: a maximum that forgets the block's
+    # offset, or looks at the first block only, picks the wrong tokens.
+    probs = spread_probs(61)
+    logits = probs.log().float()  # -inf where the probability is 0
+    samples = gumbel_draw(impl, logits, LONG_ROWS, 1.0, seed=2)
+    assert_samples_follow(
+        samples,
+        probs,
+        f"gumbel_sample over {LONG_V} tokens (several blocks): the argmax of the whole row, "
+        "carried from block to block with the column of the block's best",
     )
 
 
@@ -218,31 +218,6 @@ def sample_probs(impl, probs: torch.Tensor, n: int, seed: int = 0) -> torch.Tens
     out = impl.sample_from_probs(batch, seed)
     assert_unchanged(batch, before, "sample_from_probs")
     return tokens_of(out, n, "sample_from_probs")
-
-
-@pytest.mark.inverse_transform
-def test_inverse_transform_follows_the_probabilities(impl):
-    # False failure: ALPHA.
-    probs = crafted_logits(70).double().softmax(-1)
-    probs[[0, 5, 23]] = 0.0  # zeros at both ends and inside
-    probs /= probs.sum()
-    samples = sample_probs(impl, probs, N_ROWS, seed=1)
-    assert_samples_follow(samples, probs, "sample_from_probs")
-
-
-@pytest.mark.inverse_transform
-def test_inverse_transform_on_rows_of_many_blocks(impl):
-    # False failure: ALPHA. A prefix sum that restarts at each block crosses u too early in
-    # every block after the first.
-    probs = spread_probs(71)
-    samples = sample_probs(impl, probs, LONG_ROWS, seed=2)
-    assert_samples_follow(
-        samples,
-        probs,
-        f"sample_from_probs over {LONG_V} tokens (several blocks): the prefix sum must carry "
-        "the total of the blocks before (a prefix that restarts at each block picks tokens "
-        "too early)",
-    )
 
 
 @pytest.mark.inverse_transform
@@ -260,14 +235,24 @@ def test_inverse_transform_finds_the_only_possible_token(impl):
 
 
 @pytest.mark.inverse_transform
+def test_inverse_transform_follows_the_probabilities(impl):
+    # False failure: ALPHA.
+    probs = crafted_logits(70).double().softmax(-1)
+    probs[[0, 5, 23]] = 0.0  # zeros at both ends and inside
+    probs /= probs.sum()
+    samples = sample_probs(impl, probs, N_ROWS, seed=1)
+    assert_samples_follow(samples, probs, "sample_from_probs")
+
+
+@pytest.mark.inverse_transform
 def test_inverse_transform_never_returns_an_impossible_token(impl):
     # Exact. The rows sum to 1 - 1e-3 (rounding, exaggerated): about 20 of the 20,000 uniforms
     # exceed every prefix sum. Then the last possible token (column 5) must come out, never a
     # column of probability 0 and never an index outside the row.
-    probs = torch.zeros(600)
+    probs = torch.zeros(64)
     probs[:6] = torch.tensor([0.3, 0.2, 0.2, 0.1, 0.1, 0.099])
     samples = sample_probs(impl, probs, N_ROWS, seed=3)
-    outside = (samples < 0) | (samples >= 600)
+    outside = (samples < 0) | (samples >= 64)
     assert not outside.any(), (
         f"sample_from_probs returned {int(samples[outside][0])}, not a column of the row: when "
         "rounding leaves u above every prefix sum, return the last token of positive probability"
@@ -277,6 +262,21 @@ def test_inverse_transform_never_returns_an_impossible_token(impl):
         f"sample_from_probs returned token {int(samples[impossible][0])}, of probability 0. When "
         "rounding leaves u above every prefix sum (rows that sum to a little under 1), the answer "
         "is the last token of positive probability, not the last column."
+    )
+
+
+@pytest.mark.inverse_transform
+def test_inverse_transform_on_rows_of_many_blocks(impl):
+    # False failure: ALPHA. A prefix sum that restarts at each block crosses u too early in
+    # every block after the first.
+    probs = spread_probs(71)
+    samples = sample_probs(impl, probs, LONG_ROWS, seed=2)
+    assert_samples_follow(
+        samples,
+        probs,
+        f"sample_from_probs over {LONG_V} tokens (several blocks): the prefix sum must carry "
+        "the total of the blocks before (a prefix that restarts at each block picks tokens "
+        "too early)",
     )
 
 
@@ -313,6 +313,21 @@ def filtered_draw(impl, probs, n, seed=0, **kwargs):
 
 def crafted_probs(seed: int, v: int = 24) -> torch.Tensor:
     return crafted_logits(seed, v).double().softmax(-1)
+
+
+@pytest.mark.top_k_top_p
+def test_top_k_of_one_is_the_argmax(impl):
+    # Exact, and cheap: a kernel that never accepts runs into its round cap on 16 rows only.
+    g = torch.Generator().manual_seed(79)
+    probs = torch.rand(16, 100, generator=g).pow(8)
+    probs /= probs.sum(dim=-1, keepdim=True)
+    got = tokens_of(impl.top_k_top_p_sample(probs.to(DEVICE), top_k=1, seed=0), 16, "top_k=1")
+    expected = probs.argmax(dim=-1)
+    assert torch.equal(got, expected), (
+        f"top_k=1 keeps only each row's most likely token: expected {expected.tolist()}, got "
+        f"{got.tolist()}. A token is kept iff fewer than k tokens are STRICTLY more likely "
+        "(count of p > p_j, not p >= p_j, which counts j itself)."
+    )
 
 
 @pytest.mark.top_k_top_p
@@ -451,23 +466,6 @@ def fused_draw(impl, hidden, weights, temperature, seed):
 
 
 @pytest.mark.fused_matmul
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_fused_samples_follow_the_softmax_of_the_product(impl, temperature):
-    # False failure: ALPHA x 4 rows per temperature. Four chosen rows of logits over 300 tokens
-    # (several vocabulary tiles, the last partial), each repeated N_ROWS / 4 times.
-    v = 300
-    logits = torch.stack([crafted_logits(90 + i, v) for i in range(4)])
-    logits[0, :50] = -30.0  # almost impossible tokens in the first tile
-    h, w = hidden_and_weights(logits, d_model=32, seed=91)
-    per = N_ROWS // 4
-    samples = fused_draw(impl, h.repeat_interleave(per, dim=0), w, temperature, seed=5)
-    for i in range(4):
-        assert_follows_the_tempered_softmax(
-            samples[i * per : (i + 1) * per], h[i].double() @ w.double().T, temperature
-        )
-
-
-@pytest.mark.fused_matmul
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_zero_temperature_is_the_argmax_of_the_product(impl, dtype):
     # Exact on rows whose best logit leads the runner-up by at least 0.05 (bf16 products are
@@ -504,6 +502,23 @@ def test_fused_is_seeded(impl):
     c = fused_draw(impl, h, w, 1.0, seed=8)
     assert torch.equal(a, b), "the same seed must give the same tokens"
     assert not torch.equal(a, c), "different seeds must give different tokens"
+
+
+@pytest.mark.fused_matmul
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_fused_samples_follow_the_softmax_of_the_product(impl, temperature):
+    # False failure: ALPHA x 4 rows per temperature. Four chosen rows of logits over 300 tokens
+    # (several vocabulary tiles, the last partial), each repeated 2,500 times.
+    v = 300
+    logits = torch.stack([crafted_logits(90 + i, v) for i in range(4)])
+    logits[0, :50] = -30.0  # almost impossible tokens in the first tile
+    h, w = hidden_and_weights(logits, d_model=32, seed=91)
+    per = 2_500
+    samples = fused_draw(impl, h.repeat_interleave(per, dim=0), w, temperature, seed=5)
+    for i in range(4):
+        assert_follows_the_tempered_softmax(
+            samples[i * per : (i + 1) * per], h[i].double() @ w.double().T, temperature
+        )
 
 
 # --------------------------------------------------------------------------- rejection_kernel

@@ -44,4 +44,3 @@ PROBS = torch.full((2, 8), 1 / 8, device=DEVICE)
 def test_bad_arguments_fail_at_the_door(call, match):
     with pytest.raises(ValueError, match=match):
         call()
-

@@ -42,9 +42,9 @@ class Mutant:
 
 
 def _modules():
-    from tests.machinery.mutants import ch01, ch02, ch03, ch04, ch05, ch05_gumbel
+    from tests.machinery.mutants import ch01, ch02, ch03, ch04, ch05, ch05_gumbel, ch06
 
-    return (ch01, ch02, ch03, ch04, ch05, ch05_gumbel)
+    return (ch01, ch02, ch03, ch04, ch05, ch05_gumbel, ch06)
 
 
 @functools.cache
