@@ -72,6 +72,7 @@ from solutions.sampling import check_sampling_args  # noqa: E402
 from solutions.speculative import check_rejection_args  # noqa: E402
 from utils.check import check  # noqa: E402
 from utils.display import show_solution  # noqa: E402
+from utils.plots import dual_pivot_rounds, plot_dual_pivot  # noqa: E402
 
 # %%
 QUICK = os.environ.get("COURSE_QUICK") == "1"  # CI runs this notebook with small sizes
@@ -146,6 +147,26 @@ print(f"one read of the probabilities: {B * row / 1e6:.0f} MB")
 #
 # Each kernel below has a **wrapper**, given: it checks the arguments, chooses the block sizes
 # and launches the kernel. Read the first one closely.
+#
+# A first kernel, given: multiply a vector by a number, `BLOCK` elements per program. Ten
+# elements in blocks of 4 need three programs; the third one's mask keeps it from touching
+# elements 12 and 13, which do not exist.
+
+
+# %%
+@triton.jit
+def scale_kernel(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n  # the last program's block runs past the end of the vector
+    x = tl.load(x_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, x * factor, mask=mask)
+
+
+x_demo = torch.arange(10.0, device=DEVICE)
+out_demo = torch.empty_like(x_demo)
+grid = (triton.cdiv(x_demo.numel(), 4),)  # 3 programs
+scale_kernel[grid](x_demo, out_demo, x_demo.numel(), 2.0, BLOCK=4)
+print(grid, out_demo.tolist())
 
 # %% [markdown]
 # ## 3. A row-wise softmax
@@ -367,6 +388,22 @@ check("inverse_transform")
 #
 # </details>
 
+# Drawn round by round on one row of 200 tokens with top-p 0.3 (the rounds written plainly in
+# PyTorch by `dual_pivot_rounds`, for the picture; the tokens are drawn sorted only to be
+# readable). Watch the shaded interval: it holds the threshold, and at least halves each round.
+
+# %%
+demo_row = (torch.randn(200, generator=torch.Generator().manual_seed(0)) * 1.5).softmax(-1)
+rounds_demo = dual_pivot_rounds(demo_row, 0.3, torch.Generator().manual_seed(2))
+plot_dual_pivot(demo_row, 0.3, rounds_demo)
+
+# %% [markdown]
+# Round 1 drew a token of the long tail (rank far right): rejected. Its second pivot, halfway
+# to `high` = 1, passes (nothing is that likely), so the interval becomes (pivot 0, pivot 1]:
+# every token at most as likely as the rejected one is out for good. Each later round draws
+# only among the tokens above `low` and shrinks the interval again, until a draw lands in the
+# top-p set and is returned. Had a second pivot failed, `low` would have jumped up to it.
+
 # %% tags=["exercise"] exercise="top_k_top_p"
 # solution: solutions.kernels.top_k_top_p.top_k_top_p_kernel
 
@@ -402,14 +439,21 @@ for r, n in enumerate(counts.tolist()):
 #
 # ### Exercise: `fused_matmul_kernel`
 #
-# A 2-D grid: `tl.program_id(0)` picks the vocabulary tile, `tl.program_id(1)` the rows. Loop
-# over `d_model` in blocks of `BLOCK_D`, accumulating `tl.dot(h_block, tl.trans(w_block))` in
-# float32. Then the same scores as in `gumbel_kernel`, with the same offsets
-# `row * V + column`, and the tile's best per row into `best_score[row, tile]` and
-# `best_col[row, tile]`.
+# A 2-D grid: `tl.program_id(0)` picks the tile of rows, `tl.program_id(1)` the vocabulary
+# tile. (Programs next to each other in the launch order then share a tile of `W_U`, which
+# stays in the GPU's L2 cache between them.) Loop over `d_model` in blocks of `BLOCK_D`,
+# accumulating `tl.dot(h_block, tl.trans(w_block))` in float32. Then the same scores as in
+# `gumbel_kernel`, with the same offsets `row * V + column`, and the tile's best per row into
+# `score[row, tile]` and `col[row, tile]`. The wrapper (given) picks each row's best tile.
 #
-# Common mistakes: the last vocabulary tile unmasked (rows of `W_U` past $V$ are read and can
-# win); the accumulator in bf16; the noise scaled by the temperature.
+# One difference between the interpreter and a GPU shows here: the interpreter holds bfloat16
+# values as raw 16-bit integers, and its `tl.dot` would multiply those. The wrapper sets the
+# `UPCAST` flag under the interpreter for bfloat16 inputs: convert the loaded blocks to float32
+# first when it is set. (A GPU multiplies bfloat16 directly, on its tensor cores.)
+#
+# Common mistakes: the last vocabulary tile unmasked (rows of `W_U` past $V$ are read as 0 and
+# their scores can win); the column of a tile's best without the tile's start; the noise
+# scaled by the temperature; the accumulator in bfloat16.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -448,7 +492,10 @@ check("fused_matmul")
 # ### Exercise: `rejection_kernel`
 #
 # Chapter 5's `rejection_sample` (same arguments, same `[batch, k + 1]` layout with -1 padding
-# and the bonus token), as one kernel. The uniforms come from the caller's generator, drawn by
+# and the bonus token), as one kernel. Two small `@triton.jit` helpers are given just above
+# the exercise cell: `_row_argmax` (greedy mode) and `_residual_block` (one block of the
+# distribution the main model's token is drawn from). A jitted function calls them like any
+# function; Triton inlines them. The uniforms come from the caller's generator, drawn by
 # the wrapper: `u[:, j]` decides draft $j$ (keep iff $u \cdot q < p$), `u[:, k]` draws the
 # recovered or bonus token by inverse transform, from $\max(0, p - q)$ renormalised (its mass
 # in one pass, the crossing in another) or from the target's last position.
@@ -493,12 +540,63 @@ check("rejection_kernel")
 # %% [markdown]
 # ## 9. How fast, on a GPU
 #
-# `python benchmarks/kernels.py` (on a machine with an NVIDIA GPU) times each kernel against
-# the PyTorch path and against the memory limit: the bytes the kernel must read divided by the
-# copy bandwidth measured in the same run.
+# `python benchmarks/kernels.py --plot latency.png` (on a machine with an NVIDIA GPU) times
+# every kernel against the PyTorch path doing the same job, for V in {50257, 128256} and batches
+# of 1 to 256, and against the memory limit: the bytes a kernel must read, divided by the
+# bandwidth of a large device-to-device copy measured in the same run. It prints one JSON object
+# (its docstring explains every field) and draws latency against batch size. What to look for:
+#
+# - `sample_from_probs` and `gumbel` should sit within a small factor of `floor_ms`, one read
+#   of the rows: there is nothing left to save but launch overhead. `torch.multinomial` is
+#   further off at large V.
+# - `top_p` against the sort: section 1 counted at least 14 rows' worth of traffic for the
+#   sort-based path; the kernel reads the row once, then twice per round, and `mean_rounds`
+#   says how many rounds the rows took.
+# - `fused`: against the matmul alone (`x_matmul`, ideally close to 1) and against matmul +
+#   softmax + multinomial, which writes and reads `[B, V]` float32 logits three times more.
+#
+# Without a GPU, `python benchmarks/kernels.py --device cpu --interpret --quick` runs the same
+# script through the interpreter on tiny shapes: a check that it works, not a measurement.
+#
+# ## Check your understanding
+#
+# - Why can Gumbel-max run inside the matmul while inverse-transform sampling cannot?
+#
+# <details><summary>Answer</summary>
+#
+# Inverse transform needs the normalised probabilities, so the whole row's sum, before it can
+# place $u$; the matmul produces the row tile by tile. Gumbel-max compares unnormalised scores,
+# so each tile's best can be decided alone and the tiles' bests compared at the end.
+#
+# </details>
+#
+# - Sampling from probabilities needs one random number per row; Gumbel-max needs one per
+#   token. When is Gumbel-max still the better choice?
+#
+# <details><summary>Answer</summary>
+#
+# When the input is logits: the softmax that inverse transform would need reads and writes the
+# row, while generating random numbers in registers costs arithmetic, not memory traffic. And
+# always inside a fused matmul, for the reason above.
+#
+# </details>
+#
+# - Top-p with `top_p = 1.0` and plain sampling give the same tokens from the kernel. How many
+#   rounds does each take, and why?
+#
+# <details><summary>Answer</summary>
+#
+# One: every token of positive probability is kept, so the first draw is accepted. (The
+# wrapper passes top-p 1.0 as "off", so the kernel does not even run the test.)
+#
+# </details>
 #
 # ## What's next
 #
-# FlashInfer and vLLM go further: per-row top-k / top-p / temperature in one launch, min-p, the
-# logits processors fused into the sampler, and sampling fused with the speculative verifier.
-# You now have every piece they are built from.
+# Serving engines build on exactly these pieces. FlashInfer's sampling kernels take a
+# different top-k, top-p or temperature per row in one launch, add min-p (keep tokens at least
+# a fraction of the most likely one's probability), and apply top-k and top-p together; vLLM
+# fuses the logits processors (penalties, temperature) into the sampler and runs the
+# speculative verifier of section 8 on the GPU with the draft's probabilities left in place.
+# The ideas are the ones you used: read each row as few times as possible, carry a few numbers
+# in registers from block to block, and let rejection sampling replace a sort.

@@ -941,3 +941,58 @@ def plot_speculative_rounds(rounds: Sequence[Mapping], k: int, title: str = "") 
     rounds_word = "round" if n_rounds == 1 else "rounds"
     ax.set_title(title or f"Speculative decoding, k = {k}: {n_rounds} {rounds_word}", fontsize=10)
     plt.show()
+
+
+def dual_pivot_rounds(
+    probs: Float[Tensor, "d_vocab"], top_p: float, generator: torch.Generator
+) -> list[dict]:
+    """The rounds of dual-pivot top-p sampling on one row, written plainly in PyTorch for the
+    figure (chapter 6's kernel does the same with one pass per step): each round's interval
+    (low, high], the drawn token, its two pivots, and whether the token was kept."""
+    probs = probs.double() / probs.sum()
+    low, high, rounds = 0.0, 1.0, []
+    while True:
+        candidates = torch.where(probs > low, probs, 0.0)
+        token = int(torch.multinomial(candidates, 1, generator=generator))
+        pivot0 = float(probs[token])
+        pivot1 = (pivot0 + high) / 2
+        kept0 = float(probs[probs > pivot0].sum()) < top_p
+        kept1 = float(probs[probs > pivot1].sum()) < top_p
+        rounds.append(
+            dict(low=low, high=high, token=token, pivot0=pivot0, pivot1=pivot1, kept=kept0)
+        )
+        if kept0:
+            return rounds
+        low, high = (pivot0, pivot1) if kept1 else (pivot1, high)
+
+
+def plot_dual_pivot(probs: Float[Tensor, "d_vocab"], top_p: float, rounds: Sequence[Mapping]):
+    """One panel per round: the probabilities sorted from most to least likely (for the eye
+    only: the kernel never sorts), the top-p set in colour, the candidates p > low shaded, the
+    drawn token and the two pivots as lines."""
+    probs = probs.double() / probs.sum()
+    order = probs.argsort(descending=True)
+    sorted_p = probs[order]
+    before = sorted_p.cumsum(0) - sorted_p
+    in_set = before < top_p
+    rank = {int(t): i for i, t in enumerate(order)}
+    fig, axes = plt.subplots(
+        1, len(rounds), figsize=(3.2 * len(rounds), 3), sharey=True, squeeze=False
+    )
+    x = np.arange(len(sorted_p))
+    for i, (ax, r) in enumerate(zip(axes[0], rounds, strict=True)):
+        colors = np.where(in_set.numpy(), "tab:blue", "lightgray")
+        ax.bar(x, sorted_p.numpy(), width=1.0, color=colors)
+        ax.axhspan(r["low"], r["high"], color="tab:orange", alpha=0.12, label="(low, high]")
+        ax.axhline(r["pivot0"], color="tab:red", lw=1, label="pivot 0 = p(drawn)")
+        ax.axhline(r["pivot1"], color="tab:purple", lw=1, ls="--", label="pivot 1")
+        ax.plot(rank[r["token"]], r["pivot0"], "v", color="tab:red", ms=8)
+        verdict = "kept" if r["kept"] else "rejected"
+        ax.set_title(f"round {i + 1}: drew rank {rank[r['token']] + 1}, {verdict}", fontsize=9)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens, most likely first")
+    axes[0][0].set_ylabel("probability")
+    axes[0][-1].legend(fontsize=7, loc="upper right")
+    fig.suptitle(f"Dual-pivot sampling, top-p = {top_p} (blue: the top-p set)", fontsize=10)
+    fig.tight_layout()
+    plt.show()

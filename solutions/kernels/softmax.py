@@ -41,8 +41,9 @@ def softmax_kernel(x_ptr, out_ptr, n_rows, n_cols, BLOCK_B: tl.constexpr, BLOCK_
         m = m_new
 
     # Pass 2: read the row again and write exp(x - m) / s in the output's dtype. (Rows past
-    # n_rows, masked out, have m = -inf: shift by 0 there too.)
+    # n_rows, masked out, have m = -inf and s = 0: shift by 0 and divide by 1 there.)
     m = tl.where(m == float("-inf"), 0.0, m)
+    s = tl.where(s == 0.0, 1.0, s)
     for start in range(0, n_cols, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
         mask = row_ok[:, None] & (cols < n_cols)[None, :]

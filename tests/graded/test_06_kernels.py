@@ -41,7 +41,7 @@ CHAPTER = "06_kernels"
 
 N_ROWS = 20_000  # samples per distribution, drawn as the rows of one call
 LONG_V = 2_500  # longer than any block the interpreter uses, and no multiple of a power of 2
-LONG_ROWS = 4_000  # samples per distribution over LONG_V columns (the interpreter's time)
+LONG_ROWS = 2_000  # samples per distribution over LONG_V columns (the interpreter's time)
 
 
 def gpu(test):

@@ -476,3 +476,23 @@ def test_speculative_rounds_rejects_bad_rounds():
         plot_speculative_rounds([{"drafts": ["a"], "accepted": 0}], k=1)
     with pytest.raises(ValueError, match="^k must be an integer"):
         plot_speculative_rounds(ROUNDS, k=0)
+
+
+def test_dual_pivot_rounds_halve_the_interval_and_keep_a_top_p_token():
+    from utils.plots import dual_pivot_rounds, plot_dual_pivot
+
+    g = torch.Generator().manual_seed(0)
+    probs = (torch.randn(200, generator=g) * 1.5).softmax(-1).double()
+    before = probs.sort(descending=True).values
+    threshold = before[(before.cumsum(0) - before) < 0.3].min()
+    for seed in range(20):
+        rounds = dual_pivot_rounds(probs, 0.3, torch.Generator().manual_seed(seed))
+        assert [r["kept"] for r in rounds] == [False] * (len(rounds) - 1) + [True]
+        assert probs[rounds[-1]["token"]] >= threshold  # the kept token is in the top-p set
+        for a, b in zip(rounds, rounds[1:], strict=False):
+            assert b["high"] - b["low"] <= (a["high"] - a["low"]) / 2 + 1e-12
+            assert a["low"] < threshold <= a["high"] and b["low"] < threshold <= b["high"]
+    plot_dual_pivot(probs, 0.3, rounds)
+    fig = plt.gcf()
+    assert len(fig.axes) == len(rounds)
+    assert "top-p = 0.3" in fig._suptitle.get_text()
