@@ -398,7 +398,7 @@ rounds_demo = dual_pivot_rounds(demo_row, 0.3, torch.Generator().manual_seed(2))
 plot_dual_pivot(demo_row, 0.3, rounds_demo)
 
 # %% [markdown]
-# Round 1 drew a token of the long tail (rank far right): rejected. Its second pivot, halfway
+# Round 1 drew a token of the long tail (rank 57 of 200): rejected. Its second pivot, halfway
 # to `high` = 1, passes (nothing is that likely), so the interval becomes (pivot 0, pivot 1]:
 # every token at most as likely as the rejected one is out for good. Each later round draws
 # only among the tokens above `low` and shrinks the interval again, until a draw lands in the

@@ -979,18 +979,17 @@ def plot_dual_pivot(probs: Float[Tensor, "d_vocab"], top_p: float, rounds: Seque
     fig, axes = plt.subplots(
         1, len(rounds), figsize=(3.2 * len(rounds), 3), sharey=True, squeeze=False
     )
-    x = np.arange(len(sorted_p))
+    x = np.arange(1, len(sorted_p) + 1)  # ranks, on a log axis: the few likely tokens matter
     for i, (ax, r) in enumerate(zip(axes[0], rounds, strict=True)):
         colors = np.where(in_set.numpy(), "tab:blue", "lightgray")
-        ax.bar(x, sorted_p.numpy(), width=1.0, color=colors)
+        ax.bar(x, sorted_p.numpy(), width=0.8, color=colors)
         ax.axhspan(r["low"], r["high"], color="tab:orange", alpha=0.12, label="(low, high]")
         ax.axhline(r["pivot0"], color="tab:red", lw=1, label="pivot 0 = p(drawn)")
         ax.axhline(r["pivot1"], color="tab:purple", lw=1, ls="--", label="pivot 1")
-        ax.plot(rank[r["token"]], r["pivot0"], "v", color="tab:red", ms=8)
+        ax.plot(rank[r["token"]] + 1, r["pivot0"], "v", color="tab:red", ms=8)
         verdict = "kept" if r["kept"] else "rejected"
         ax.set_title(f"round {i + 1}: drew rank {rank[r['token']] + 1}, {verdict}", fontsize=9)
-        ax.set_yscale("log")
-        ax.set_xlabel("tokens, most likely first")
+        ax.set(xscale="log", yscale="log", xlabel="rank of the token (most likely: 1)")
     axes[0][0].set_ylabel("probability")
     axes[0][-1].legend(fontsize=7, loc="upper right")
     fig.suptitle(f"Dual-pivot sampling, top-p = {top_p} (blue: the top-p set)", fontsize=10)
