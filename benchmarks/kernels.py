@@ -89,7 +89,7 @@ def run(args, torch) -> dict:
     from solutions.kernels.gumbel import gumbel_sample
     from solutions.kernels.inverse_transform import sample_from_probs
     from solutions.kernels.rejection import rejection_sample
-    from solutions.kernels.softmax import softmax
+    from solutions.kernels.row_softmax import softmax
     from solutions.kernels.top_k_top_p import top_k_top_p_sample
     from solutions.speculative import rejection_sample as torch_rejection_sample
 

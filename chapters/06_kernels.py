@@ -215,10 +215,10 @@ print(grid, out_demo.tolist())
 # </details>
 
 # %% tags=["exercise"] exercise="softmax_kernel"
-# solution: solutions.kernels.softmax.softmax_kernel
+# solution: solutions.kernels.row_softmax.softmax_kernel
 
 # %% tags=["source"]
-# solution: solutions.kernels.softmax.softmax
+# solution: solutions.kernels.row_softmax.softmax
 
 # %%
 check("softmax_kernel")

@@ -3,7 +3,7 @@ an earlier chapter. Importing this package chooses how kernels run (runtime.py):
 CUDA GPU, else through Triton's interpreter on the CPU.
 
     runtime.py            the mode (GPU or interpreter), tile sizes, argument checks
-    softmax.py            softmax(x): the Triton programming model on a row-wise softmax
+    row_softmax.py        softmax(x): the Triton programming model on a row-wise softmax
     gumbel.py             gumbel_sample(logits, temperature, seed): argmax(logits / T + G)
     inverse_transform.py  sample_from_probs(probs, seed): one uniform, block-wise prefix sums
     top_k_top_p.py        top_k_top_p_sample(probs, top_k, top_p, seed): dual-pivot rejection
@@ -11,4 +11,20 @@ CUDA GPU, else through Triton's interpreter on the CPU.
     rejection.py          rejection_sample(...): chapter 5's speculative sampler as one kernel
 """
 
-from solutions.kernels import runtime  # noqa: F401  first: sets TRITON_INTERPRET before Triton is imported
+# First: runtime sets TRITON_INTERPRET (no GPU) before any kernel below is defined.
+from solutions.kernels import runtime  # noqa: F401, I001
+from solutions.kernels.fused_matmul import fused_matmul_sample
+from solutions.kernels.gumbel import gumbel_sample
+from solutions.kernels.inverse_transform import sample_from_probs
+from solutions.kernels.rejection import rejection_sample
+from solutions.kernels.row_softmax import softmax
+from solutions.kernels.top_k_top_p import top_k_top_p_sample
+
+__all__ = [
+    "fused_matmul_sample",
+    "gumbel_sample",
+    "rejection_sample",
+    "sample_from_probs",
+    "softmax",
+    "top_k_top_p_sample",
+]

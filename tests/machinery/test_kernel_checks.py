@@ -13,8 +13,8 @@ from solutions.kernels.fused_matmul import fused_matmul_sample  # noqa: E402
 from solutions.kernels.gumbel import gumbel_sample  # noqa: E402
 from solutions.kernels.inverse_transform import sample_from_probs  # noqa: E402
 from solutions.kernels.rejection import rejection_sample  # noqa: E402
+from solutions.kernels.row_softmax import softmax  # noqa: E402
 from solutions.kernels.runtime import DEVICE  # noqa: E402
-from solutions.kernels.softmax import softmax  # noqa: E402
 from solutions.kernels.top_k_top_p import top_k_top_p_sample  # noqa: E402
 
 PROBS = torch.full((2, 8), 1 / 8, device=DEVICE)

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(
 F32, I32, I64, C = "fp32", "i32", "i64", "constexpr"
 ROWS = {"n_rows": I32, "n_cols": I32}
 KERNELS = [  # (module, kernel, signature, constexpr values to compile)
-    ("softmax", "softmax_kernel", {"x_ptr": "*bf16", "out_ptr": "*bf16", **ROWS,
+    ("row_softmax", "softmax_kernel", {"x_ptr": "*bf16", "out_ptr": "*bf16", **ROWS,
      "BLOCK_B": C, "BLOCK_V": C}, [{"BLOCK_B": 1, "BLOCK_V": 4096}]),
     ("gumbel", "gumbel_kernel", {"logits_ptr": "*fp32", "out_ptr": "*i64", **ROWS,
      "inv_temperature": F32, "seed": I32, "GREEDY": C, "BLOCK_B": C, "BLOCK_V": C},
