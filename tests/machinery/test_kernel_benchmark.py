@@ -1,5 +1,7 @@
 """benchmarks/kernels.py runs end to end on tiny shapes through the interpreter, so that it
-works the first time it meets a GPU; its JSON has every field the notebook and README quote."""
+works the first time it meets a GPU; its JSON has every field the notebook and README quote.
+(Triton is looked up, not imported: this process must not import it before TRITON_INTERPRET is
+set, and the benchmark runs in a child anyway.)"""
 
 import importlib.util
 import json
@@ -9,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from utils import REPO_ROOT
 
@@ -16,28 +19,73 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None, reason="chapter 6 needs Triton (Linux)"
 )
 
+KERNELS = ("sample_from_probs", "gumbel", "top_p", "top_k", "softmax")
+TIMED = ("kernel_ms", "torch_ms", "speedup", "floor_ms", "x_floor")
+FUSED = ("kernel_ms", "matmul_ms", "matmul_softmax_multinomial_ms", "speedup_vs_torch",
+         "x_matmul", "floor_ms", "x_floor")  # fmt: skip
+
+
+def benchmark(*args: str, interpret: bool = True) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    return subprocess.run(
+        [sys.executable, "benchmarks/kernels.py", *args],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def positive(row: dict, keys) -> None:
+    for key in keys:
+        value = row[key]
+        assert isinstance(value, int | float) and not isinstance(value, bool), (key, value)
+        assert math.isfinite(value) and value > 0, (key, value)
+
 
 def test_the_kernel_benchmark_runs_on_a_cpu(tmp_path):
-    plot = tmp_path / "latency.png"
-    done = subprocess.run(
-        [sys.executable, "benchmarks/kernels.py", "--device", "cpu", "--interpret", "--quick",
-         "--plot", str(plot)],
-        cwd=REPO_ROOT, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True,
-        text=True, timeout=300,
-    )  # fmt: skip
+    plot = tmp_path / "plot.png"
+    done = benchmark("--device", "cpu", "--interpret", "--quick", "--plot", str(plot))
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
-    assert result["environment"]["copy_GBps"] > 0
-    assert "interpreter" in result["environment"]["mode"]
+    assert {"environment", "sampling", "rejection", "fused", "goals", "plot"} <= set(result)
+
+    environment = result["environment"]
+    for key in ("device", "torch", "triton", "mode", "fused_dtype"):
+        assert isinstance(environment[key], str) and environment[key], key
+    assert "interpreter" in environment["mode"]
+    positive(environment, ["copy_GBps"])
+
+    assert [(r["vocab"], r["batch"]) for r in result["sampling"]] == [(1000, 1), (1000, 4)]
     for row in result["sampling"]:
-        for kernel in ("sample_from_probs", "gumbel", "top_p", "top_k", "softmax"):
-            for key in ("kernel_ms", "torch_ms", "speedup", "floor_ms", "x_floor"):
-                assert math.isfinite(row[kernel][key]) and row[kernel][key] > 0, (kernel, key)
+        for kernel in KERNELS:
+            positive(row[kernel], TIMED)
         assert row["top_p"]["mean_rounds"] >= 1
-    assert result["rejection"] and all(r["speedup"] > 0 for r in result["rejection"])
+    assert [r["batch"] for r in result["rejection"]] == [1, 4]
+    for row in result["rejection"]:
+        assert row["k"] == 4 and row["vocab"] == 1000
+        positive(row, TIMED)
+    assert [(r["vocab"], r["d_model"], r["batch"]) for r in result["fused"]] == [
+        (1000, 64, 1),
+        (1000, 64, 4),
+    ]
     for row in result["fused"]:
-        assert row["x_matmul"] > 0 and row["speedup_vs_torch"] > 0 and row["x_floor"] > 0
-    assert set(result["goals"]) == {"top_p_10x", "fused", "from_probs_3x_floor"}
-    for goal in result["goals"].values():
+        positive(row, FUSED)
+        assert row["meets_goal"] in (True, False)
+
+    goals = result["goals"]
+    assert set(goals) == {"top_p_10x", "fused", "from_probs_3x_floor"}
+    for goal in goals.values():
         assert goal["passed"] in (None, True, False)
-    assert plot.exists() and plot.stat().st_size > 1000
+        assert goal["passed"] is not None or goal["reason"]
+    assert goals["top_p_10x"]["passed"] is None  # V = 128256 was not run
+    assert goals["from_probs_3x_floor"]["at"] == {"vocab": 1000, "batch": 4}  # the largest
+    assert goals["fused"]["at_batch_64"] is None
+    assert plot.exists() and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot.stat().st_size > 1000
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_asking_for_cuda_without_a_gpu_is_a_clear_error():
+    done = benchmark("--device", "cuda", "--quick", interpret=False)
+    assert done.returncode != 0 and not done.stdout
+    assert "no CUDA GPU here" in done.stderr, done.stderr[-2000:]
