@@ -40,6 +40,12 @@ KERNELS = [  # (module, kernel, signature, constexpr values to compile)
      "BLOCK_B": C, "BLOCK_V": C, "BLOCK_D": C},
      [{"GREEDY": g, "UPCAST": False, "BLOCK_B": 16, "BLOCK_V": 128, "BLOCK_D": 64}
       for g in (False, True)]),
+    ("fused_matmul", "fused_matmul_kernel", {"h_ptr": "*fp32", "w_ptr": "*fp32",
+     "score_ptr": "*fp32", "col_ptr": "*i64", "n_rows": I32, "n_vocab": I32, "d_model": I32,
+     "n_tiles": I32, "inv_temperature": F32, "seed": I32, "GREEDY": C, "UPCAST": C,
+     "BLOCK_B": C, "BLOCK_V": C, "BLOCK_D": C},
+     [{"GREEDY": g, "UPCAST": False, "BLOCK_B": 16, "BLOCK_V": 128, "BLOCK_D": 64}
+      for g in (False, True)]),
     ("rejection", "rejection_kernel", {"target_ptr": "*fp32", "draft_ptr": "*fp32",
      "draft_tokens_ptr": "*i64", "u_ptr": "*fp32", "out_ptr": "*i64", "accepted_ptr": "*i8",
      "n_rows": I32, "k": I32, "n_vocab": I32, "GREEDY": C, "BLOCK_B": C, "BLOCK_V": C},
