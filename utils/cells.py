@@ -109,7 +109,11 @@ def run_cell(source: str, namespace: dict, label: str, budget_s: float) -> str |
 def name_error_hint(err: NameError, live: bool = False) -> str:
     name = getattr(err, "name", None) or "it"
     if live:
-        return f"`{name}` is not defined in this notebook: run the cell that defines it"
+        return (
+            f"`{name}` is not defined in this kernel: run the cell that defines it, then this "
+            "check again (`course grade` and `pytest` read your saved notebook and run that cell "
+            "themselves, so they can pass where this check fails)"
+        )
     return (
         f"Grading runs the setup cells, the exercise cells and the cells that define names they "
         f"use; none of them defines `{name}`. Define it in the exercise's cell, or in a cell of "

@@ -28,12 +28,13 @@ def _build(args) -> int:
 
 
 def _grade(args) -> int:
+    import solutions  # noqa: F401  (first: it decides how Triton runs, before anything imports it)
     from utils.chapters import resolve_chapter
     from utils.check import grade
 
     chapter = resolve_chapter(args.chapter) if args.chapter else None
-    results = grade(impl=args.impl, chapter=chapter)
-    return 0 if results and all(r.outcome == "passed" for r in results) else 1
+    results = grade(impl=args.impl, chapter=chapter).results
+    return 0 if results and all(r.outcome in ("passed", "skipped") for r in results) else 1
 
 
 def _reset(args) -> int:
@@ -54,7 +55,39 @@ def _reset(args) -> int:
         print(f"your notebook is kept at {backup}")
     path.write_text(fresh, encoding="utf-8")
     print(f"{path} is fresh again")
+    where = "It is open in Jupyter now" if _open_in_jupyter(path) else "If it is open in Jupyter"
+    print(
+        f"{where}: close its tab without saving, or use File > Reload Notebook from Disk. "
+        "The open tab still holds your old notebook, and saving it (Ctrl+S, autosave) would "
+        "write that back over the reset."
+    )
     return 0
+
+
+def _open_in_jupyter(path) -> bool:
+    """Whether a running Jupyter server on this machine has a session open on `path` (asked
+    on localhost, with the token the server wrote in its runtime file)."""
+    import json
+    import urllib.request
+    from pathlib import Path
+
+    try:
+        from jupyter_server.serverapp import list_running_servers
+
+        for server in list_running_servers():
+            request = urllib.request.Request(
+                server["url"].rstrip("/") + "/api/sessions",
+                headers={"Authorization": f"token {server.get('token', '')}"},
+            )
+            with urllib.request.urlopen(request, timeout=2) as answer:
+                sessions = json.load(answer)
+            root = Path(server.get("root_dir") or server.get("notebook_dir") or ".")
+            for session in sessions:
+                if (root / session.get("path", "")).resolve() == Path(path).resolve():
+                    return True
+    except Exception:  # no server, an old one, a refused request: the advice stands anyway
+        return False
+    return False
 
 
 def _solution(args) -> int:

@@ -35,6 +35,7 @@ import itertools
 import linecache
 import os
 import sys
+import traceback
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from pathlib import Path
 
 import nbformat
 
+from utils import TESTS_DIR
 from utils.cells import cell_names, defined_by, name_error_hint, run_cell
 from utils.chapters import Chapter, Exercise, import_object, read_chapter, solution_paths
 from utils.sandbox import Outcome, call_isolated, exit_description, kind_of
@@ -481,6 +483,33 @@ def _learner_places(err: BaseException, impl: Impl) -> list[Place]:
     return places[::-1]
 
 
+def exception_message(err: BaseException) -> str:
+    """The exception as the test wrote it: pytest's rewritten asserts append the operands
+    ("assert False / where False = close(tensor([[...")), which only bury the message."""
+    text = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    head, sep, _ = text.partition("\nassert ")
+    return head if sep and head.strip() != f"{type(err).__name__}:" else text.split("\n+")[0]
+
+
+def failure_report(err: BaseException) -> str:
+    """A failed graded test as a learner reads it: the message first (pytest's short summary
+    shows the first line), then where, through the test's lines and the learner's cells only
+    (no fixture dumps, no tensor reprs, no library internals)."""
+    where = []
+    for frame, lineno in traceback.walk_tb(err.__traceback__):
+        filename = frame.f_code.co_filename
+        if filename.startswith("<"):  # a notebook cell
+            shown = filename.strip("<>").rsplit(" #", 1)[0]
+        elif filename.startswith(str(TESTS_DIR)) and not filename.endswith("conftest.py"):
+            shown = str(Path(filename).relative_to(TESTS_DIR.parent))
+        else:
+            continue
+        line = linecache.getline(filename, lineno).strip()
+        where.append(f"  {shown}, line {lineno}, in {frame.f_code.co_name}: {line}")
+    report = exception_message(err)
+    return report + ("\n\nwhere:\n" + "\n".join(where) if where else "")
+
+
 def _caused_by(err: BaseException | None, kind: type) -> BaseException | None:
     while err is not None:
         if isinstance(err, kind):
@@ -548,7 +577,7 @@ def run_graded_test(
         plain = kind_of(err) == "error" and not (unavailable or not_implemented)
         return {
             "places": _learner_places(err, impl),
-            "first_line": f"{type(err).__name__}: {err}".splitlines()[0][:200],
+            "first_line": exception_message(err).splitlines()[0],
             "longrepr": describe(err) if plain else "",
             "not_implemented": not_implemented,
             "unavailable": str(unavailable) if unavailable else None,

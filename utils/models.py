@@ -118,11 +118,13 @@ def load_hf(name_or_path: str | Path):
             hf = GPT2LMHeadModel.from_pretrained("gpt2", local_files_only=not online)
             tokenizer = AutoTokenizer.from_pretrained("gpt2", local_files_only=not online)
         except OSError as err:
+            said = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise RuntimeError(
                 "'gpt2' (GPT-2 small, 124M parameters) is downloaded from the Hugging Face hub "
                 "and this machine could not reach it (offline, or HF_HUB_OFFLINE=1 is set). "
-                "Everything in the course works with the shipped model: load_model('shakespeare')."
-            ) from err
+                "Everything in the course works with the shipped model: load_model('shakespeare'). "
+                f"(Hugging Face said: {said})"
+            ) from None  # the message is the whole story: not under 170 lines of HF internals
     else:
         path = Path(name_or_path)
         if not path.is_dir():  # a name, not a folder

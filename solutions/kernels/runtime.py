@@ -1,38 +1,38 @@
-"""Where chapter 6's kernels run, decided once, before Triton is imported.
+"""Where chapter 6's kernels run, and what every kernel's wrapper shares.
 
 With a CUDA GPU, Triton compiles each kernel for it. Without one, Triton's interpreter runs the
 same kernel source on the CPU, one program after another, with numpy standing in for the GPU's
-registers: slow, but exact enough to test every kernel. The interpreter is chosen by the
-environment variable TRITON_INTERPRET=1, which Triton reads when a kernel is *decorated*, so it
-must be set before any module that defines a kernel is imported; this module does it.
+registers: slow, but exact enough to test every kernel. The choice (TRITON_INTERPRET=1) is made
+by solutions/triton_mode.py when `solutions` is first imported, before anything can import
+Triton; this module checks that it held.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import Tensor
 
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
+from solutions import triton_mode
 
-INTERPRET: bool = os.environ.get("TRITON_INTERPRET") == "1"
+triton_mode.choose()  # made already when `solutions` was imported: then this does nothing
+
+INTERPRET: bool = triton_mode.interpreting()
 DEVICE: str = "cpu" if INTERPRET else "cuda"
 
 try:
-    import triton.language as tl
+    import triton.language  # noqa: F401
 except ImportError as error:  # pragma: no cover - Triton is a Linux-only dependency
     raise ImportError(
         "chapter 6 needs Triton, which is installed with the course on Linux only "
         "(pip install triton). On macOS and Windows the chapter cannot run its kernels."
     ) from error
 
-if INTERPRET and type(tl.zeros).__name__ != "InterpretedFunction":
+if INTERPRET and triton_mode.imported_compiled():
     raise RuntimeError(
         "Triton was imported before TRITON_INTERPRET=1 was set, so its own library is compiled "
-        "code that the interpreter cannot run. Restart the kernel and import solutions.kernels "
-        "(or set TRITON_INTERPRET=1) before anything imports triton."
+        "code that the interpreter cannot run (something imported triton before `solutions` or "
+        "`utils` was imported). Restart the kernel and run the setup cell first; chapters 1-5 "
+        "do not need Triton and grade as usual."
     )
 
 

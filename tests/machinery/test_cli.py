@@ -38,6 +38,8 @@ def test_reset_backs_up_and_restores(tmp_path):
     assert nb.read_text(encoding="utf-8") == notebook_text(build_notebook("01_transformer"))
     backups = list((tmp_path / ".backups").glob("01_transformer.*.ipynb"))
     assert [b.read_text(encoding="utf-8") for b in backups] == ["my work"]
+    # An open Lab tab still holds the old notebook: saving it would undo the reset.
+    assert "close its tab without saving" in done.stdout
 
 
 def test_reset_of_unknown_chapter_is_a_clear_error():

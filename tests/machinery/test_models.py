@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 
 import pytest
 import torch
@@ -87,8 +88,11 @@ def test_demo_to_hf_refuses_an_untied_unembedding():
 
 def test_gpt2_offline_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(RuntimeError, match="shakespeare"):
+    with pytest.raises(RuntimeError, match="shakespeare") as caught:
         load_hf("gpt2")
+    # The learner reads the course's message, not a chained traceback of HF's internals.
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    assert len(traceback.format_exception(caught.value)) < 30
 
 
 def test_unknown_model_name_is_a_clear_error():

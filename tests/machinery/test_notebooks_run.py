@@ -1,27 +1,125 @@
-"""Each chapter's teacher build (solutions in the cells) runs top to bottom in a real kernel,
-and every `check(...)` cell in it passes."""
+"""Each chapter's notebook runs in a Jupyter kernel as a learner's would, and its `check(...)`
+cells say what they should: every one "passed" in the teacher build (the solutions in the
+cells), and a failure, never "no test ran", in the learner's blank build.
 
+The kernel starts from a learner's environment, built from nothing: PATH, HOME, LANG, and none
+of this test process's variables (no TRITON_INTERPRET, no COURSE_*, no PYTEST_*). A kernel that
+inherited them once hid a check() that ran no test in every real notebook: pytest's process had
+chosen Triton's interpreter, a learner's kernel had not. The setup cell runs exactly as a
+learner's does; only after it, one harness cell (shown in HARNESS) makes the run short: quick
+sizes, a scratch folder for saved models, and one test per check (the graded suite runs in full
+on the same solutions in make test's other lane).
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import nbformat
 import pytest
 from nbclient import NotebookClient
 
 from utils.build import build_notebook
 from utils.chapters import chapter_names
 
+HARNESS = """\
+# Added by tests/machinery/test_notebooks_run.py, after the setup cell: a short run.
+import os as _os
+import utils.check as _check
+_os.environ["COURSE_QUICK"] = "1"
+_os.environ["COURSE_SAVED_MODELS"] = {saved!r}
+_check.CHECK_SPOT = {spot}
+"""
+
+
+def learner_env(home: str) -> dict[str, str]:
+    """What a learner's terminal gives a kernel: not a copy of os.environ."""
+    venv_bin = str(Path(sys.executable).parent)
+    env = {
+        "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": home,
+        "LANG": "C.UTF-8",
+        "OMP_NUM_THREADS": "1",  # make test runs the graded tests beside it, on 2 cores
+    }
+    leaked = [k for k in env if k.startswith(("TRITON", "COURSE_", "PYTEST"))]
+    assert not leaked, leaked
+    return env
+
+
+def with_harness(nb, saved: Path, spot: bool):
+    cells = nb.cells
+    setup = next(i for i, c in enumerate(cells) if "setup" in c.metadata.get("tags", []))
+    source = HARNESS.format(saved=str(saved), spot=spot)
+    cells.insert(setup + 1, nbformat.v4.new_code_cell(source, metadata={"tags": ["harness"]}))
+    return nb
+
+
+def check_cells(nb) -> list[tuple[str, str]]:
+    """(the check call, the text it printed) for each check(...) cell."""
+    found = []
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.source.strip().startswith("check("):
+            text = []
+            for out in cell.get("outputs", []):
+                if out.output_type == "stream":
+                    text.append(out.text)
+                elif "data" in out:
+                    text.append(out.data.get("text/plain", ""))
+                elif out.output_type == "error":
+                    text.append(f"{out.ename}: {out.evalue}")
+            found.append((cell.source.strip(), "".join(text)))
+    return found
+
+
+def run_notebook(nb, tmp_path, allow_errors=False):
+    client = NotebookClient(
+        nb,
+        timeout=600,
+        kernel_name="python3",
+        allow_errors=allow_errors,
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
+    client.execute(env=learner_env(os.environ.get("HOME", str(tmp_path))))
+    return nb
+
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("chapter", chapter_names())
-def test_teacher_notebook_runs_end_to_end(chapter, tmp_path, monkeypatch):
-    monkeypatch.setenv("COURSE_STRICT_CHECK", "1")  # a failing check(...) raises in the cell
-    # Each check(...) runs its exercise's first test only: the graded suite runs in full on the
-    # same solutions beside this (make test's other lane), and one test per check cell proves
-    # that the live notebook's objects reach the grader.
-    monkeypatch.setenv("COURSE_CHECK_SPOT", "1")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
-    monkeypatch.setenv("COURSE_QUICK", "1")  # chapters that train use a short schedule
-    monkeypatch.setenv("COURSE_SAVED_MODELS", str(tmp_path / "saved"))  # not a learner's "mine"
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # make test runs the graded tests beside it
-    nb = build_notebook(chapter, teacher=True)
-    client = NotebookClient(
-        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+def test_teacher_notebook_checks_pass_in_a_learners_kernel(chapter, tmp_path):
+    nb = with_harness(build_notebook(chapter, teacher=True), tmp_path / "saved", spot=True)
+    checks = check_cells(run_notebook(nb, tmp_path))
+    assert checks, f"{chapter} has no check(...) cell"
+    bad = [f"{call} -> {text.strip() or '(nothing printed)'}" for call, text in checks
+           if "✓" not in text or "passed" not in text]  # fmt: skip
+    assert not bad, "check cells that did not pass in a learner's kernel:\n" + "\n".join(bad)
+
+
+def first_steps(nb):
+    """What a learner runs before writing anything: the setup cell, the given code, the blank
+    exercises, every cell that loads a model (a model import once broke every check), and the
+    check cells. The demos, which use the unwritten exercises, are left out."""
+    keep = ("setup", "harness", "exercise", "source")
+    nb.cells = [
+        c for c in nb.cells
+        if c.cell_type == "code" and (
+            set(c.metadata.get("tags", [])) & set(keep)
+            or "load_model(" in c.source or "load_reference(" in c.source
+            or c.source.strip().startswith("check(")
+        )
+    ]  # fmt: skip
+    return nb
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("chapter", chapter_names())
+def test_blank_notebook_checks_fail_and_say_why(chapter, tmp_path):
+    """The learner's notebook as shipped: after the setup cell and the model cells, every check
+    of an unwritten exercise says it fails because it is not implemented."""
+    nb = first_steps(with_harness(build_notebook(chapter), tmp_path / "saved", spot=True))
+    checks = check_cells(run_notebook(nb, tmp_path, allow_errors=True))
+    assert checks
+    bad = [f"{call} -> {text.strip() or '(nothing printed)'}" for call, text in checks
+           if "✗" not in text or "not implemented" not in text]  # fmt: skip
+    assert not bad, "blank check cells that did not report the unwritten exercise:\n" + "\n".join(
+        bad
     )
-    client.execute()
