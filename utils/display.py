@@ -19,7 +19,7 @@ from rich.syntax import Syntax
 from utils.chapters import all_exercises, object_source, strip_fences
 
 BLOCK_STYLE = (
-    "white-space: pre-wrap; overflow-wrap: anywhere; line-height: 1.45; margin: 0; "
+    "white-space: pre-wrap; overflow-wrap: break-word; line-height: 1.45; margin: 0; "
     "padding: 0.1em 0 0.25em; font-family: var(--jp-code-font-family, monospace)"
 )
 CODE_THEME = "monokai"
@@ -39,10 +39,10 @@ def _publish(html_text: str, plain: str) -> None:
 def show(markup: str) -> None:
     """Print rich markup (`[red]...[/]`): wrapped to the output area in a notebook."""
     if not in_notebook():
-        Console(soft_wrap=True).print(markup)
+        Console(soft_wrap=True, highlight=False).print(markup)
         return
     recorder = Console(
-        record=True, file=io.StringIO(), soft_wrap=True, force_jupyter=False,
+        record=True, file=io.StringIO(), soft_wrap=True, force_jupyter=False, highlight=False,
         force_terminal=True, color_system="truecolor", width=200,
     )  # fmt: skip
     recorder.print(markup)
