@@ -19,8 +19,9 @@ from rich.syntax import Syntax
 from utils.chapters import all_exercises, object_source, strip_fences
 
 BLOCK_STYLE = (
-    "white-space: pre-wrap; overflow-wrap: break-word; line-height: 1.45; margin: 0; "
-    "padding: 0.1em 0 0.25em; font-family: var(--jp-code-font-family, monospace)"
+    # word-break: JupyterLab's own stylesheet breaks output lines inside words ("re / ference").
+    "white-space: pre-wrap; word-break: normal; overflow-wrap: break-word; line-height: 1.45; "
+    "margin: 0; padding: 0.1em 0 0.25em; font-family: var(--jp-code-font-family, monospace)"
 )
 CODE_THEME = "monokai"
 

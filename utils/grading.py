@@ -484,11 +484,16 @@ def _learner_places(err: BaseException, impl: Impl) -> list[Place]:
 
 
 def exception_message(err: BaseException) -> str:
-    """The exception as the test wrote it: pytest's rewritten asserts append the operands
-    ("assert False / where False = close(tensor([[...")), which only bury the message."""
-    text = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
-    head, sep, _ = text.partition("\nassert ")
-    return head if sep and head.strip() != f"{type(err).__name__}:" else text.split("\n+")[0]
+    """The exception as the test wrote it. A failed assert or `pytest.fail` is the test's own
+    sentence, shown without "AssertionError:"; pytest's rewriting appends the assert's operands
+    ("assert False / + where False = close(tensor([[..."), which only bury it."""
+    tutor = isinstance(err, AssertionError) or type(err).__name__ == "Failed"
+    text = str(err) if tutor else f"{type(err).__name__}: {err}"
+    lines = text.splitlines() or [type(err).__name__]
+    if tutor and lines[0].startswith("assert "):  # a bare assert: its first line says it
+        return lines[0]
+    cut = next((i for i, line in enumerate(lines) if i and line.startswith("assert ")), None)
+    return "\n".join(lines[:cut])
 
 
 def failure_report(err: BaseException) -> str:
