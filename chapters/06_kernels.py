@@ -27,8 +27,17 @@
 # **Where this runs.** With an NVIDIA GPU, Triton compiles each kernel for it. Without one,
 # Triton's **interpreter** runs the same kernel source on the CPU (numpy standing in for the
 # GPU), which is how this notebook and its tests run on any Linux machine: slowly, so the
-# shapes here are small, but with exactly the semantics of the GPU version. Triton is not
+# shapes here are small, but computing what the GPU version computes. Triton is not
 # available on macOS or Windows; there this chapter cannot run.
+#
+# **What the interpreter runs and a GPU refuses.** The interpreter runs your kernel as Python,
+# so it also runs Python that Triton's compiler rejects: `break` or `continue` in a loop, a
+# `return` inside a loop (one before any loop is fine), and a global that is not a
+# `tl.constexpr` (`NOT_FOUND = -1` read in the kernel is refused, `NOT_FOUND = tl.constexpr(-1)`
+# is accepted; an argument is better still). Such a kernel passes every test on the CPU and
+# fails on the first GPU. So `check()` (and `pytest`, `course grade`) also compiles your kernel
+# for an H100, as a launch on a GPU compiles it, which needs no GPU: a kernel the compiler
+# refuses fails its exercise's last test, with Triton's reason and the line of your cell.
 #
 # **Ground truth**, as before, comes from outside the code under test: `torch.softmax`, exact
 # probabilities (chi-square tests of stated false-failure probability), the top-k and top-p
@@ -289,7 +298,10 @@ check("gumbel_kernel")
 #
 # Common mistakes: a prefix that restarts at each block (then a token in every block crosses
 # $u$ too early); `>=` instead of `>` (a token of probability 0 right after the crossing point
-# can be returned when $u$ is exactly a prefix sum); no fallback at the end of the row.
+# can be returned when $u$ is exactly a prefix sum); no fallback at the end of the row; and
+# leaving the loop with `break` once every row has its token. The interpreter runs that `break`
+# and a GPU compiler refuses it: the loop runs to its end, and the blocks after the crossing
+# are read and change nothing (`chosen` keeps its value).
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -449,7 +461,9 @@ for r, n in enumerate(counts.tolist()):
 # One difference between the interpreter and a GPU shows here: the interpreter holds bfloat16
 # values as raw 16-bit integers, and its `tl.dot` would multiply those. The wrapper sets the
 # `UPCAST` flag under the interpreter for bfloat16 inputs: convert the loaded blocks to float32
-# first when it is set. (A GPU multiplies bfloat16 directly, on its tensor cores.)
+# first when it is set. (A GPU multiplies bfloat16 directly, on its tensor cores.) Test the flag,
+# not the setup cell's `INTERPRET`: that is a global that is not a `tl.constexpr`, which a GPU
+# compiler refuses.
 #
 # Common mistakes: the last vocabulary tile unmasked (rows of `W_U` past $V$ are read as 0 and
 # their scores can win); the column of a tile's best without the tile's start; the noise

@@ -14,6 +14,12 @@ softmax(h W^T / T) is known before the kernel runs; chapter 5's rejection-sampli
 several blocks, with a length that is no multiple of any block size, so a prefix sum that
 restarts at each block, a running maximum that forgets the block's offset, or a last block read
 without its mask all fail.
+
+The interpreter runs Python that a GPU compiler refuses (a `break`, a global that is not a
+constexpr). So each exercise's last test compiles the learner's kernel for an H100 (sm_90), as a
+GPU launch compiles it, in a child process (tests/graded/_compile.py): no GPU needed. It comes
+last: a kernel that computes the wrong thing is told so first, by the tests that say what is
+wrong, and the mutant runner stops at the first test a mutant fails.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ if importlib.util.find_spec("triton") is None:  # Triton is a Linux-only depende
 
 from solutions.kernels.runtime import DEVICE, INTERPRET  # noqa: E402  (sets the mode first)
 from tests.graded import _rejection as rejection  # noqa: E402
+from tests.graded._compile import COMPILE_BUDGET_S, assert_compiles_for_a_gpu  # noqa: E402
 from tests.graded._gumbel import (  # noqa: E402
     assert_follows_the_tempered_softmax,
     greedy_rows,
@@ -134,6 +141,12 @@ def test_softmax_keeps_the_dtype_and_computes_in_float32(impl, dtype):
     )
 
 
+@pytest.mark.softmax_kernel
+@pytest.mark.budget(COMPILE_BUDGET_S)
+def test_softmax_kernel_compiles_for_a_gpu(impl):
+    assert_compiles_for_a_gpu(impl.softmax_kernel, "softmax_kernel")
+
+
 # --------------------------------------------------------------------------- gumbel_kernel
 
 
@@ -209,6 +222,12 @@ def test_gumbel_kernel_on_rows_of_many_blocks(impl):
     )
 
 
+@pytest.mark.gumbel_kernel
+@pytest.mark.budget(COMPILE_BUDGET_S)
+def test_gumbel_kernel_compiles_for_a_gpu(impl):
+    assert_compiles_for_a_gpu(impl.gumbel_kernel, "gumbel_kernel")
+
+
 # --------------------------------------------------------------------------- inverse_transform
 
 
@@ -278,6 +297,12 @@ def test_inverse_transform_on_rows_of_many_blocks(impl):
         "the total of the blocks before (a prefix that restarts at each block picks tokens "
         "too early)",
     )
+
+
+@pytest.mark.inverse_transform
+@pytest.mark.budget(COMPILE_BUDGET_S)
+def test_inverse_transform_compiles_for_a_gpu(impl):
+    assert_compiles_for_a_gpu(impl.inverse_transform_kernel, "inverse_transform")
 
 
 # --------------------------------------------------------------------------- top_k_top_p
@@ -441,6 +466,12 @@ def test_top_p_is_exact_in_a_bounded_number_of_rounds(impl, shape):
     )
 
 
+@pytest.mark.top_k_top_p
+@pytest.mark.budget(COMPILE_BUDGET_S)
+def test_top_k_top_p_compiles_for_a_gpu(impl):
+    assert_compiles_for_a_gpu(impl.top_k_top_p_kernel, "top_k_top_p")
+
+
 # --------------------------------------------------------------------------- fused_matmul
 
 
@@ -521,6 +552,12 @@ def test_fused_samples_follow_the_softmax_of_the_product(impl, temperature):
         )
 
 
+@pytest.mark.fused_matmul
+@pytest.mark.budget(COMPILE_BUDGET_S)
+def test_fused_matmul_compiles_for_a_gpu(impl):
+    assert_compiles_for_a_gpu(impl.fused_matmul_kernel, "fused_matmul")
+
+
 # --------------------------------------------------------------------------- rejection_kernel
 # Chapter 5's checks of `rejection_sample`, on the kernel (tests/graded/_rejection.py).
 
@@ -550,6 +587,12 @@ def test_rejection_kernel_every_position_follows_the_target(impl, k):
 @pytest.mark.parametrize("k", [2, 4])
 def test_rejection_kernel_acceptance_and_recovered_tokens(impl, k):
     rejection.acceptance_and_recovered_tokens(impl.rejection_sample, k, DEVICE)
+
+
+@pytest.mark.rejection_kernel
+@pytest.mark.budget(COMPILE_BUDGET_S)
+def test_rejection_kernel_compiles_for_a_gpu(impl):
+    assert_compiles_for_a_gpu(impl.rejection_kernel, "rejection_kernel")
 
 
 # --------------------------------------------------------------------------- GPU sizes

@@ -1,6 +1,8 @@
 """Chapter 6's learner-style mutants: the Triton kernels (see tests/machinery/mutants/__init__.py).
 Each is a mistake of someone writing their first kernels: a block's offset forgotten, a mask
-left off, the temperature on the noise, a prefix that restarts, a pivot test one sign off."""
+left off, the temperature on the noise, a prefix that restarts, a pivot test one sign off; and
+Python that Triton's interpreter runs and a GPU compiler refuses (a `break`, a global that is not
+a constexpr), which only the compile tests catch."""
 
 from tests.machinery.mutants import Mutant
 
@@ -125,6 +127,16 @@ MUTANTS: list[Mutant] = [
         "the crossing column counted from the block's start",
         name="column-without-start",
     ),
+    Mutant(
+        "inverse_transform",
+        "        chosen = tl.where((chosen < 0) & (first < n_cols), first, chosen)\n",
+        "        chosen = tl.where((chosen < 0) & (first < n_cols), first, chosen)\n"
+        "        if tl.min(tl.where(row_ok, chosen, 0), axis=0) >= 0:\n"
+        "            break  # every row has its token: the blocks after it change nothing\n",
+        "the loop left with `break` once every row has its token: right under the "
+        "interpreter, refused by a GPU compiler",
+        name="break-when-all-found",
+    ),
     # top_k_top_p
     Mutant(
         "top_k_top_p",
@@ -196,6 +208,14 @@ MUTANTS: list[Mutant] = [
         "for d0 in range(0, BLOCK_D, BLOCK_D):",
         "the dot product over the first BLOCK_D dimensions only",
         name="first-d-block-only",
+    ),
+    Mutant(
+        "fused_matmul",
+        "        if UPCAST:\n",
+        "        if INTERPRET:\n",
+        "the setup cell's INTERPRET read in the kernel instead of the UPCAST flag: a global that "
+        "is not a constexpr, which the interpreter reads and a GPU compiler refuses",
+        name="interpret-global",
     ),
     Mutant(
         "fused_matmul",
