@@ -282,3 +282,25 @@ def test_a_stand_in_calls_the_learners_later_exercise(tmp_path):
     assert outcome == "failed", message
     assert "stood in for what is broken: `forward_with_cache`" in message, message
     assert by_test["test_positions_count_real_tokens"][0] == "passed"
+
+
+def test_pytest_shows_a_wrong_exercise_as_the_tutor_wrote_it(tmp_path):
+    """`pytest -m layernorm` on a wrong LayerNorm: each failure starts with the test's own
+    sentence and shows where, without fixture dumps (`impl = Impl(...`) or tensor reprs."""
+    nb = build_notebook(CHAPTER, True)
+    ln = cell(nb, "layernorm")
+    ln.source = ln.source.replace("+ self.cfg.layer_norm_eps).sqrt()", ").sqrt() + 1e-5")
+    nb_dir = tmp_path / "notebooks"
+    nb_dir.mkdir()
+    nbformat.write(nb, nb_dir / f"{CHAPTER}.ipynb")
+    env = {**os.environ, "COURSE_NOTEBOOKS_DIR": str(nb_dir), "COLUMNS": "100"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "layernorm"], cwd=REPO_ROOT, env=env,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 1, out[-3000:]
+    assert "Is your epsilon outside the sqrt? It goes inside" in out, out
+    assert "Impl(" not in out and "tensor(" not in out and "where False" not in out, out
+    assert "AssertionError:" not in out, "the test's sentence, not the exception's name"
+    assert len(out.splitlines()) < 60, out
