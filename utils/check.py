@@ -138,7 +138,7 @@ def run_graded(
                 "-p",
                 "no:cacheprovider",
                 *args,
-            ],  # fmt: skip
+            ],
             plugins=[collector, *(plugins or [])],
         )
     return GradedRun(collector.results, code, collector.skipped)
