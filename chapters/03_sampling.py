@@ -682,8 +682,8 @@ plot_sample_frequencies(
 # The rule that decides each token on its own: **a token is kept if the tokens *more likely*
 # than it add up to less than `top_p`.** In other words, it is kept while the set is still
 # short of `top_p` before it joins. The token that takes the total over the line is kept; the
-# next one is not. That is the "exclusive" running total: the cumulative sum minus the token's
-# own probability.
+# next one is not. That is the "exclusive" running total: the cumulative sum one place back
+# (the total of the tokens before it), 0 for the first token.
 #
 # Here is the rule on the model's distribution after `"ROMEO.\nI"`: the bars are the most
 # likely tokens in order, the line their running total, the dashed line `top_p = 0.9`. Blue
@@ -716,8 +716,12 @@ plot_top_p_cut(dist_logits[0].softmax(-1), 0.9, tokenizer)
 #
 # Common mistakes: keeping one token too few, by testing the *inclusive* running total
 # (`cumsum < top_p` drops the token that reaches the line); keeping one too many, by testing
-# `>` instead of `>=`; forgetting to undo the sort, so that the mask lands on the wrong tokens;
-# and ignoring `min_tokens_to_keep`.
+# `>` instead of `>=`, or by computing the total before a token as `cumsum - p`: on paper the
+# same number, in float32 a subtraction that rounds. With probabilities 0.5, 0.3, 0.1, 0.1 and
+# `top_p = 0.8`, the running total after two tokens is 0.80000001 (the line is reached: the
+# 0.1s go), but 0.89999998 - 0.09999999 rounds to 0.79999995, and a 0.1 slips in. Shift the
+# running total instead: it is the very number that reached the line. Also: forgetting to undo
+# the sort, so that the mask lands on the wrong tokens; and ignoring `min_tokens_to_keep`.
 #
 # HF's `TopPLogitsWarper` computes the same rule the other way round: it sorts in *increasing*
 # order and removes tokens while the running total from the bottom is at most $1 - p$. On paper
@@ -727,10 +731,12 @@ plot_top_p_cut(dist_logits[0].softmax(-1), 0.9, tokenizer)
 # the kept logit *values*. The exact boundary is tested where rounding cannot blur it: with 2,
 # 4 or 8 equally likely tokens every probability is a power of two and every running total is
 # exact, and `top_p` is set exactly on one of them (two tokens of 1/2 with `top_p=0.5`: HF
-# keeps one). They also run 40 random cases with many spreads, `top_p` values and
-# `min_tokens_to_keep`, plus the cases of the table (with 0.49, 0.81 and 0.96), `top_p` of 0
-# and 1, and a distribution with almost all its mass on one token; then 20,000 samples at
-# `top_p` 0.5 and 0.9, and the generator and batch-of-one checks of top-k.
+# keeps one). Then the line reached *through* rounding: HF's own test case (0.3, 0.1, 0.1, 0.5
+# with `top_p = 0.8`, where HF keeps two tokens) and seven more like it, each checked first
+# against the sums done exactly in float64. They also run 40 random cases with many spreads,
+# `top_p` values and `min_tokens_to_keep`, plus the cases of the table (with 0.49, 0.81 and
+# 0.96), `top_p` of 0 and 1, and a distribution with almost all its mass on one token; then
+# 20,000 samples at `top_p` 0.5 and 0.9, and the generator and batch-of-one checks of top-k.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -745,8 +751,9 @@ plot_top_p_cut(dist_logits[0].softmax(-1), 0.9, tokenizer)
 # Every tensor below is `[batch, d_vocab]`.
 #
 # 1. `sorted_logits, order = logits.sort(dim=-1, descending=True)`.
-# 2. The softmax of the sorted logits, and its `cumsum(dim=-1)`; subtract each token's own
-#    probability to get the mass of the tokens ahead of it.
+# 2. The softmax of the sorted logits, and its `cumsum(dim=-1)`; shift it one column to the
+#    right (a column of zeros in front, the last column dropped: `torch.cat`) to get the mass
+#    of the tokens ahead of each one. Subtracting each token's own probability instead rounds.
 # 3. Remove where that mass is `>= top_p`; then mark the first `min_tokens_to_keep` columns as
 #    kept (assigning to a slice of the boolean tensor).
 # 4. `decisions.scatter(dim=-1, index=order, src=decisions)` writes `decisions[b, i]` to

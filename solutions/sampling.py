@@ -87,8 +87,10 @@ def filter_top_p(
     # BEGIN SOLUTION
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    # A token is needed while the more likely tokens before it have not yet reached top_p.
-    before = cumulative - sorted_logits.softmax(dim=-1)
+    # A token is needed while the more likely tokens before it have not yet reached top_p:
+    # their mass is the running total one place back. (Not `cumulative - p`: that subtraction
+    # rounds, and can land just under top_p when the tokens before reach it exactly.)
+    before = torch.cat([torch.zeros_like(cumulative[:, :1]), cumulative[:, :-1]], dim=-1)
     remove_sorted = before >= top_p
     remove_sorted[:, :min_tokens_to_keep] = False
     # Undo the sort: position order[b, i] of the original row gets remove_sorted[b, i].

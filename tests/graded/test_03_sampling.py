@@ -408,6 +408,49 @@ def test_filter_top_p_at_the_exact_boundary_matches_hf(impl):
         assert torch.equal(got[kept], logits[kept]), "kept logits must be left unchanged"
 
 
+# The line reached through rounding: decimal probabilities, top_p equal to the total of the
+# most likely ones. HF's own case first (its test_top_p_dist_warper): 0.5 + 0.3 reaches 0.8.
+ROUNDED_TOP_P_CASES = [
+    ([0.3, 0.1, 0.1, 0.5], 0.8),
+    ([0.1, 0.35, 0.45, 0.1], 0.8),
+    ([0.4, 0.24, 0.08, 0.2, 0.08], 0.4),
+    ([0.5, 0.1, 0.4], 0.5),
+    ([0.64, 0.36], 0.64),
+    ([0.28, 0.32, 0.04, 0.36], 0.36),
+    ([0.4, 0.36, 0.24], 0.4),
+    ([0.14, 0.26, 0.04, 0.4, 0.16], 0.4),
+]
+
+
+def exact_top_p_count(logits: torch.Tensor, top_p: float) -> int:
+    """How many tokens the definition keeps, with the float32 probabilities summed exactly
+    (float64 is exact for a few of them): the smallest most-likely set reaching top_p."""
+    probs = logits.softmax(-1).double().sort(descending=True).values
+    before = torch.cat([torch.zeros(1, dtype=torch.float64), probs.cumsum(0)[:-1]])
+    return max(1, int((before < top_p).sum()))
+
+
+@pytest.mark.sample_top_p
+def test_filter_top_p_at_a_boundary_reached_through_rounding_matches_hf(impl):
+    for probs, top_p in ROUNDED_TOP_P_CASES:
+        logits = torch.tensor(probs).log()
+        got, kept, expected = top_p_against_hf(impl, logits, top_p, 1)
+        n_kept, n_hf = int(kept.sum()), int(expected.sum())
+        assert n_hf == exact_top_p_count(logits, top_p), "test set-up: HF and exact sums differ"
+        assert n_kept == n_hf, (
+            f"probabilities {probs}, top_p={top_p}: the {n_hf} most likely reach {top_p} "
+            f"exactly (HF keeps {n_hf}), you keep {n_kept}. "
+            + (
+                "Is the mass before each token computed as `cumulative - p`? That subtraction "
+                "rounds (0.89999998 - 0.09999999 is 0.79999995, under 0.8). Use the running "
+                "total one place back: a 0 in front, then cumulative[:, :-1]."
+                if n_kept > n_hf
+                else "A token is kept while the tokens before it sum to LESS than top_p."
+            )
+        )
+        assert torch.equal(got[kept], logits[kept]), "kept logits must be left unchanged"
+
+
 @pytest.mark.sample_top_p
 def test_filter_top_p_works_row_by_row(impl):
     logits = torch.randn(5, 30, generator=torch.Generator().manual_seed(31)) * 2

@@ -155,6 +155,13 @@ MUTANTS = [
     ),
     Mutant(
         "sample_top_p",
+        "before = torch.cat([torch.zeros_like(cumulative[:, :1]), cumulative[:, :-1]], dim=-1)",
+        "before = cumulative - sorted_logits.softmax(dim=-1)",
+        "the mass before each token as cumulative - p: the subtraction rounds under top_p",
+        name="cumsum-minus-p",
+    ),
+    Mutant(
+        "sample_top_p",
         "remove_sorted = before >= top_p",
         "remove_sorted = cumulative > top_p",
         "the token that crosses top_p dropped",
