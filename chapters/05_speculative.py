@@ -265,6 +265,13 @@ plot_rejection_sampling(
 #    to `k - 1` for the rows where all were kept), or $p_{k+1}$ where all were kept
 #    (`torch.where`), one `torch.multinomial`; write it at column `n_accepted`.
 #
+# One edge the definition leaves open: a residual with no mass at all. The checks accept rows
+# that sum to 1 within $10^{-3}$, so $p = (0, 0.9995)$ and $q = (0.0005, 0.9995)$ are both
+# valid; draft 0 is always rejected ($p = 0$ there), and $\max(0, p - q)$ is zero everywhere.
+# $p \le q$ everywhere means the two are the same distribution up to rounding, so the rounding
+# caused the rejection: draw the token from $p$ itself (vLLM's sampler ends up there too).
+# `torch.multinomial` on a row of zeros raises instead.
+#
 # Common mistakes: keeping drafts after the first rejection; a bonus token after a rejection;
 # testing draft `i` against `target_probs[:, i + 1]` (`target_probs[:, i]` is the main
 # model's distribution for `draft_tokens[:, i]`); the residual taken at the wrong position;
@@ -274,8 +281,8 @@ plot_rejection_sampling(
 # at each position), the token at every position a row reaches follows $p$ of that position,
 # bonus included; the keep rates follow $\sum \min(p, q)$ and the recovered tokens the
 # residual (chi-square, at most $10^{-4}$ false failures per test); the layout is checked on
-# every row, and exactly on inputs where every outcome is forced; greedy mode on rows that
-# fail at the first, second and last draft; the generator.
+# every row, and exactly on inputs where every outcome is forced; a residual of zero mass;
+# greedy mode on rows that fail at the first, second and last draft; the generator.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #

@@ -294,7 +294,11 @@ check("gumbel_kernel")
 #
 # The rounding edge: the row's probabilities, summed in float32, can add up to a little less
 # than 1, and $u$ can exceed all of them. Then return the **last token of positive
-# probability** (never a token of probability 0, never an index past the row).
+# probability** (never a token of probability 0, never an index past the row). A row with no
+# positive probability at all (all zeros, or NaN: the softmax of a row of `-inf` logits) has no
+# token to give: leave it at -1, and the given wrapper refuses it with a `ValueError` naming
+# the row. The same holds for the top-k / top-p kernel below (which must not spend a round on
+# such a row).
 #
 # Common mistakes: a prefix that restarts at each block (then a token in every block crosses
 # $u$ too early); `>=` instead of `>` (a token of probability 0 right after the crossing point
@@ -506,13 +510,15 @@ check("fused_matmul")
 # ### Exercise: `rejection_kernel`
 #
 # Chapter 5's `rejection_sample` (same arguments, same `[batch, k + 1]` layout with -1 padding
-# and the bonus token), as one kernel. Two small `@triton.jit` helpers are given just above
-# the exercise cell: `_row_argmax` (greedy mode) and `_residual_block` (one block of the
-# distribution the main model's token is drawn from). A jitted function calls them like any
-# function; Triton inlines them. The uniforms come from the caller's generator, drawn by
-# the wrapper: `u[:, j]` decides draft $j$ (keep iff $u \cdot q < p$), `u[:, k]` draws the
-# recovered or bonus token by inverse transform, from $\max(0, p - q)$ renormalised (its mass
-# in one pass, the crossing in another) or from the target's last position.
+# and the bonus token), as one kernel. Three small `@triton.jit` helpers are given just above
+# the exercise cell: `_row_argmax` (greedy mode), `_residual_block` (one block of the
+# distribution the main model's token is drawn from) and `_mass` (the total of those blocks).
+# A jitted function calls them like any function; Triton inlines them. The uniforms come from
+# the caller's generator, drawn by the wrapper: `u[:, j]` decides draft $j$ (keep iff
+# $u \cdot q < p$), `u[:, k]` draws the recovered or bonus token by inverse transform, from
+# $\max(0, p - q)$ renormalised (its mass in one pass, the crossing in another) or from the
+# target's last position. Chapter 5's edge case too: a residual of zero mass ($p \le q$
+# everywhere, the two equal up to rounding) is drawn from $p$ instead, as the bonus token is.
 #
 # Common mistakes: chapter 5's, now in a kernel: drafts kept after the first rejection, a bonus
 # token after a rejection, the residual not renormalised (scale $u$ by its mass).
@@ -540,6 +546,7 @@ check("fused_matmul")
 
 # %% tags=["source"]
 # solution: solutions.kernels.rejection._residual_block
+# solution: solutions.kernels.rejection._mass
 # solution: solutions.kernels.rejection._row_argmax
 
 # %% tags=["exercise"] exercise="rejection_kernel"

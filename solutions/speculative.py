@@ -22,7 +22,8 @@ def rejection_sample_one(
 ) -> tuple[int, bool]:
     """One token distributed exactly as `target_probs` (p), from a draft token drawn from
     `draft_probs` (q): keep the draft token x with probability min(1, p(x) / q(x)); otherwise
-    draw from max(0, p - q), renormalised. Returns (token, whether the draft was kept)."""
+    draw from max(0, p - q), renormalised (from p if that is all zero: p and q equal up to
+    rounding). Returns (token, whether the draft was kept)."""
     checks.probability_pair("target_probs", target_probs, "draft_probs", draft_probs, ndim=1)
     # BEGIN SOLUTION
     x = int(torch.multinomial(draft_probs, 1, generator=generator))
@@ -32,6 +33,10 @@ def rejection_sample_one(
         return x, True
     # Rejected: the draft over-proposed x. The mass p lacks relative to q is where p > q.
     residual = (target_probs - draft_probs).clamp(min=0)
+    if residual.sum() <= 0:
+        # p <= q everywhere: p and q are equal up to rounding, and the rejection came from that
+        # rounding. Nothing is left over: the token comes from p itself.
+        residual = target_probs
     return int(torch.multinomial(residual / residual.sum(), 1, generator=generator)), False
     # END SOLUTION
 
@@ -85,9 +90,10 @@ def rejection_sample(
     greedy: bool = False,
 ) -> tuple[Int[Tensor, "batch k_plus_1"], Bool[Tensor, "batch k"]]:
     """Decide k draft tokens per row at once. Returns `tokens` [batch, k + 1]: the accepted
-    draft tokens, then the recovered token (at the first rejection) or the bonus token (drawn
-    from target_probs[:, k] when all k were accepted), then -1; and `accepted` [batch, k], True
-    up to the first rejection only. With `greedy`, a draft token is kept iff it is the target's
+    draft tokens, then the recovered token (at the first rejection: from max(0, p - q)
+    renormalised, or from p where that is all zero) or the bonus token (drawn from
+    target_probs[:, k] when all k were accepted), then -1; and `accepted` [batch, k], True up
+    to the first rejection only. With `greedy`, a draft token is kept iff it is the target's
     argmax, and the recovered or bonus token is the target's argmax."""
     k = check_rejection_args(target_probs, draft_probs, draft_tokens, greedy)
     batch = target_probs.shape[0]
@@ -113,7 +119,10 @@ def rejection_sample(
         # accepted: the bonus token, from the main model's distribution after the last draft.
         at = n_accepted.clamp(max=k - 1)
         residual = (target_probs[rows, at] - draft_probs[rows, at]).clamp(min=0)
-        residual = residual / residual.sum(dim=-1, keepdim=True).clamp(min=1e-30)
+        # A residual of zero mass (p <= q everywhere: equal up to rounding): draw from p.
+        empty = residual.sum(dim=-1, keepdim=True) <= 0
+        residual = torch.where(empty, target_probs[rows, at], residual)
+        residual = residual / residual.sum(dim=-1, keepdim=True)
         dist = torch.where((n_accepted == k)[:, None], target_probs[:, k], residual)
         next_token = torch.multinomial(dist, 1, generator=generator)[:, 0]
 

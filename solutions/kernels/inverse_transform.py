@@ -17,6 +17,7 @@ from solutions.kernels.runtime import (
     INTERPRET,
     kernel_tensor,
     next_power_of_2,
+    refuse_empty_rows,
     rows_per_program,
     seed_value,
 )
@@ -28,8 +29,9 @@ def inverse_transform_kernel(
 ):
     """out[r] = the first column c with probs[r, 0] + ... + probs[r, c] > u, where
     u = tl.rand(seed, r); if rounding leaves u above every prefix (a row summing to a little
-    under 1), the last column of positive probability. probs is contiguous [n_rows, n_cols],
-    each row summing to 1 up to rounding; out is int64 [n_rows]."""
+    under 1), the last column of positive probability; -1 if the row has none (all zeros or
+    NaN: the wrapper refuses it). probs is contiguous [n_rows, n_cols], each row summing to 1
+    up to rounding; out is int64 [n_rows]."""
     # BEGIN SOLUTION
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     row_ok = rows < n_rows
@@ -54,6 +56,7 @@ def inverse_transform_kernel(
         # The prefix only grows, so its max is its last value: the carry agrees with the
         # prefixes just compared (a separate tl.sum could round differently).
         total = tl.max(prefix, axis=1)
+    # Rounding's fallback; still -1 if no column has p > 0 (zeros or NaN: the wrapper refuses).
     chosen = tl.where(chosen < 0, last_possible, chosen)
     tl.store(out_ptr + rows, chosen.to(tl.int64), mask=row_ok)
     # END SOLUTION
@@ -61,7 +64,8 @@ def inverse_transform_kernel(
 
 def sample_from_probs(probs: Float[Tensor, "batch d_vocab"], seed: int = 0) -> Int[Tensor, "batch"]:
     """One token per row, drawn from `probs` (rows of non-negative numbers summing to 1; not
-    checked here, since a check would read the whole tensor again)."""
+    checked here, since a check would read the whole tensor again). A row with no positive
+    probability (all zeros, or NaN) is a ValueError."""
     seed = seed_value(seed)
     probs = kernel_tensor("probs [batch, d_vocab]", probs, ndim=2)
     n_rows, n_cols = probs.shape
@@ -71,4 +75,4 @@ def sample_from_probs(probs: Float[Tensor, "batch d_vocab"], seed: int = 0) -> I
     inverse_transform_kernel[(triton.cdiv(n_rows, block_b),)](
         probs, out, n_rows, n_cols, seed, BLOCK_B=block_b, BLOCK_V=block_v
     )
-    return out
+    return refuse_empty_rows(out, "probs")

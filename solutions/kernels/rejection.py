@@ -2,11 +2,11 @@
 
 A program takes BLOCK_B rows and decides their k drafts in order (keep draft j iff
 u_j * q(x_j) < p(x_j), and only while every earlier draft was kept), then draws the one token
-the main model adds: from max(0, p - q) renormalised at the first rejection, or from the
-target's last position (the bonus token) when all k were kept. Only the k drafted tokens'
-probabilities are gathered for the decisions; the one distribution that is sampled is read
-twice (its mass, then the crossing). The uniforms come from the caller's generator, drawn by
-the wrapper, so that chapter 5's `generator` argument keeps its meaning.
+the main model adds: from max(0, p - q) renormalised at the first rejection (from p if that is
+all zero), or from the target's last position (the bonus token) when all k were kept. Only the
+k drafted tokens' probabilities are gathered for the decisions; the one distribution that is
+sampled is read twice (its mass, then the crossing). The uniforms come from the caller's
+generator, drawn by the wrapper, so that chapter 5's `generator` argument keeps its meaning.
 """
 
 import torch
@@ -31,21 +31,43 @@ def _residual_block(
     draft_ptr,
     target_row,
     draft_row,
-    bonus,
+    from_p,
     row_ok,
     start,
     n_vocab,
     BLOCK_V: tl.constexpr,
 ):
     """One block of the distribution the main model's token is drawn from: the target row
-    where `bonus`, else max(0, target - draft)."""
+    where `from_p`, else max(0, target - draft)."""
     cols = start + tl.arange(0, BLOCK_V)
     mask = row_ok[:, None] & (cols < n_vocab)[None, :]
     p = tl.load(target_ptr + target_row[:, None] + cols[None, :], mask=mask, other=0.0)
     q = tl.load(
-        draft_ptr + draft_row[:, None] + cols[None, :], mask=mask & ~bonus[:, None], other=0.0
+        draft_ptr + draft_row[:, None] + cols[None, :], mask=mask & ~from_p[:, None], other=0.0
     )
     return tl.maximum(p.to(tl.float32) - q.to(tl.float32), 0.0)
+
+
+@triton.jit
+def _mass(
+    target_ptr,
+    draft_ptr,
+    target_row,
+    draft_row,
+    from_p,
+    row_ok,
+    n_vocab,
+    BLOCK_B: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """The total of each row's `_residual_block`s: the mass of the distribution to sample."""
+    mass = tl.zeros((BLOCK_B,), tl.float32)
+    for start in range(0, n_vocab, BLOCK_V):
+        r = _residual_block(
+            target_ptr, draft_ptr, target_row, draft_row, from_p, row_ok, start, n_vocab, BLOCK_V
+        )
+        mass += tl.sum(r, axis=1)
+    return mass
 
 
 @triton.jit
@@ -82,8 +104,9 @@ def rejection_kernel(
 ):
     """target [n_rows, k + 1, n_vocab], draft [n_rows, k, n_vocab], draft_tokens int64
     [n_rows, k], u float32 [n_rows, k + 1] (all contiguous). Writes out int64 [n_rows, k + 1]
-    (filled with -1 by the caller): the accepted drafts, then the recovered or bonus token; and
-    accepted (int8, 0/1) [n_rows, k]. GREEDY: keep a draft iff it is the target's argmax, and
+    (filled with -1 by the caller): the accepted drafts, then the recovered token (from
+    max(0, p - q), or from p where that has no mass) or the bonus token; and accepted (int8,
+    0/1) [n_rows, k]. GREEDY: keep a draft iff it is the target's argmax, and
     add the target's argmax."""
     # BEGIN SOLUTION
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -113,15 +136,29 @@ def rejection_kernel(
     if GREEDY:
         token = _row_argmax(target_ptr, target_row, row_ok, n_vocab, BLOCK_B, BLOCK_V)
     else:
-        bonus = n_accepted == k
+        from_p = n_accepted == k  # the bonus token comes from p itself
         draft_row = (rows64 * k + tl.minimum(at, k - 1)) * n_vocab
         # Pass 1: the mass of the distribution to sample (the residual is not normalised).
-        mass = tl.zeros((BLOCK_B,), tl.float32)
-        for start in range(0, n_vocab, BLOCK_V):
-            r = _residual_block(
-                target_ptr, draft_ptr, target_row, draft_row, bonus, row_ok, start, n_vocab, BLOCK_V
+        mass = _mass(
+            target_ptr, draft_ptr, target_row, draft_row, from_p, row_ok, n_vocab, BLOCK_B, BLOCK_V
+        )
+        # A residual of zero mass (p <= q everywhere: p and q equal up to rounding, and the
+        # rejection came from that rounding): draw from p instead, as for a bonus token.
+        empty = row_ok & (mass <= 0)
+        if tl.sum(empty.to(tl.int32), axis=0) > 0:
+            from_p = from_p | empty
+            p_mass = _mass(
+                target_ptr,
+                draft_ptr,
+                target_row,
+                draft_row,
+                from_p,
+                row_ok,
+                n_vocab,
+                BLOCK_B,
+                BLOCK_V,
             )
-            mass += tl.sum(r, axis=1)
+            mass = tl.where(empty, p_mass, mass)
         # Pass 2: the first column whose prefix exceeds u * mass (else the last possible one).
         threshold = tl.load(u_ptr + rows64 * (k + 1) + k, mask=row_ok, other=0.0) * mass
         prefix_end = tl.zeros((BLOCK_B,), tl.float32)
@@ -130,7 +167,15 @@ def rejection_kernel(
         for start in range(0, n_vocab, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)
             r = _residual_block(
-                target_ptr, draft_ptr, target_row, draft_row, bonus, row_ok, start, n_vocab, BLOCK_V
+                target_ptr,
+                draft_ptr,
+                target_row,
+                draft_row,
+                from_p,
+                row_ok,
+                start,
+                n_vocab,
+                BLOCK_V,
             )
             prefix = prefix_end[:, None] + tl.cumsum(r, axis=1)
             first = tl.min(

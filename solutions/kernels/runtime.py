@@ -81,3 +81,19 @@ def seed_value(seed) -> int:
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**31:
         raise ValueError(f"seed must be an integer in [0, 2**31), got {seed!r}")
     return seed
+
+
+def refuse_empty_rows(tokens: Tensor, name: str) -> Tensor:
+    """`tokens`, unless a kernel wrote -1 for a row: its marker for a row of `name` with no
+    positive probability (all zeros, or NaN), where no token can be drawn. Then a ValueError
+    names the rows. One read of the [batch] tokens, not of the probabilities."""
+    empty = tokens < 0
+    if bool(empty.any()):
+        rows = empty.nonzero()[:, 0].tolist()
+        shown = ", ".join(map(str, rows[:8])) + (", ..." if len(rows) > 8 else "")
+        raise ValueError(
+            f"{name}: row(s) {shown} have no positive probability (all zeros, or NaN): there is "
+            "nothing to sample. Check what produced them (a softmax of a row of -inf logits is "
+            "NaN)."
+        )
+    return tokens

@@ -27,6 +27,7 @@ from solutions.kernels.runtime import (
     INTERPRET,
     kernel_tensor,
     next_power_of_2,
+    refuse_empty_rows,
     rows_per_program,
     seed_value,
 )
@@ -52,7 +53,8 @@ def top_k_top_p_kernel(
 ):
     """out[r]: a token drawn from probs[r] restricted to its top-k (MODE 1) or top-p (MODE 2)
     set, renormalised (MODE 0: from all of probs[r]); rounds[r]: how many draws it took. Round
-    i of row r draws with u = tl.rand(seed, r * MAX_ROUNDS + i). probs is contiguous
+    i of row r draws with u = tl.rand(seed, r * MAX_ROUNDS + i). A row with no positive
+    probability (all zeros, or NaN) gets token -1 after 0 rounds. probs is contiguous
     [n_rows, n_cols]; out is int64 [n_rows], rounds int32 [n_rows]."""
     # BEGIN SOLUTION
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -73,7 +75,9 @@ def top_k_top_p_kernel(
     mass = total  # the mass of the candidates
     token = tl.full((BLOCK_B,), -1, tl.int32)
     rounds = tl.zeros((BLOCK_B,), tl.int32)
-    done = ~row_ok
+    # A row with nothing to sample (all zeros, or NaN: NaN > 0 is false) stops before its first
+    # round, with token -1 (the wrapper refuses it): no round could ever accept there.
+    done = ~row_ok | ~(total > 0)
     i = 0
     while tl.sum((~done).to(tl.int32), axis=0) > 0:
         # Draw j from p restricted to {p > low}: inverse transform, u scaled by their mass.
@@ -151,7 +155,8 @@ def top_k_top_p_sample(
 ) -> Int[Tensor, "batch"] | tuple[Int[Tensor, "batch"], Int[Tensor, "batch"]]:
     """One token per row from the top-k or the top-p set of `probs` (rows summing to 1),
     renormalised, without sorting; neither: plain sampling. With `return_rounds`, also how many
-    rounds each row took."""
+    rounds each row took. A row with no positive probability (all zeros, or NaN) is a
+    ValueError."""
     use_top_k, use_top_p = check_sampling_args(top_k=top_k, top_p=top_p)
     seed = seed_value(seed)
     probs = kernel_tensor("probs [batch, d_vocab]", probs, ndim=2)
@@ -176,4 +181,5 @@ def top_k_top_p_sample(
         BLOCK_B=block_b,
         BLOCK_V=block_v,
     )
+    refuse_empty_rows(out, "probs")
     return (out, rounds) if return_rounds else out

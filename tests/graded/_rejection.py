@@ -170,6 +170,46 @@ def forced_outcomes_give_the_layout(sample, device="cpu"):
     )
 
 
+def zero_residual_draws_from_the_target(sample, device="cpu"):
+    # False failure: ALPHA. Position 0 is kept for sure (p = q = one-hot on token 3). At
+    # position 1, p = [0, 0.4995, 0.5, 0] and q = [0.0005, 0.4995, 0.5, 0] (rows sum to 1
+    # within the 1e-3 the checks allow): draft 0 has p = 0, so it is always rejected, and
+    # max(0, p - q) is zero everywhere. p and q are the same distribution up to rounding, and
+    # the recovered token must come from p (renormalised): token 1 or 2, never -1, never 0.
+    n = 2_000
+    one_hot = torch.eye(4)[3]
+    p1 = torch.tensor([0.0, 0.4995, 0.5, 0.0])
+    q1 = torch.tensor([0.0005, 0.4995, 0.5, 0.0])
+    target = torch.stack([one_hot, p1, one_hot]).expand(n, -1, -1).contiguous()
+    draft = torch.stack([one_hot, q1]).expand(n, -1, -1).contiguous()
+    drafts = torch.tensor([3, 0]).expand(n, -1).contiguous()
+    try:
+        out, accepted = call_batch(sample, target, draft, drafts, seed=5, device=device)
+    except RuntimeError as error:
+        pytest.fail(
+            "a rejection whose residual max(0, p - q) is zero everywhere (p <= q: the two are "
+            "equal up to rounding) must still give a token: draw it from p instead. Got "
+            f"{type(error).__name__}: {str(error).splitlines()[0]}"
+        )
+    recovered = out[:, 1]
+    assert accepted[:, 0].all() and not accepted[:, 1].any(), (
+        "position 0 (p = q = one-hot) must be kept and position 1 (p(draft) = 0) rejected"
+    )
+    bad = (recovered < 1) | (recovered > 2)
+    assert not bad.any(), (
+        f"after a rejection whose residual max(0, p - q) is zero everywhere, row "
+        f"{int(bad.nonzero()[0])} got token {int(recovered[bad][0])}: p and q are equal up to "
+        "rounding, so the token must come from p (tokens 1 and 2 here), never -1 and never a "
+        "token of probability 0"
+    )
+    assert (out[:, 2] == -1).all(), "after the recovered token, -1"
+    assert_samples_follow(
+        recovered,
+        p1.double(),
+        "the recovered token after a residual of zero mass must follow p, renormalised",
+    )
+
+
 def greedy_keeps_the_argmax_run(sample, device="cpu"):
     k = 3
     g = torch.Generator().manual_seed(7)

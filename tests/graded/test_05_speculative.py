@@ -120,6 +120,11 @@ def test_forced_outcomes_give_the_layout(impl):
 
 
 @pytest.mark.rejection_sample
+def test_a_residual_of_zero_mass_draws_from_the_target(impl):
+    rejection.zero_residual_draws_from_the_target(impl.rejection_sample)
+
+
+@pytest.mark.rejection_sample
 def test_greedy_keeps_the_argmax_run(impl):
     rejection.greedy_keeps_the_argmax_run(impl.rejection_sample)
 

@@ -78,6 +78,26 @@ def assert_unchanged(t: torch.Tensor, before: torch.Tensor, who: str) -> None:
     )
 
 
+def assert_refuses_empty_rows(sampler, what: str, **kwargs) -> None:
+    """Exact. Rows 1 (all zeros) and 2 (NaN: the softmax of a row of -inf logits) hold no token
+    to draw. The kernel must leave them at -1, which the given wrapper turns into a ValueError
+    naming them; rows 0 and 3 are ordinary."""
+    probs = torch.full((4, LONG_V), 1.0 / LONG_V)
+    probs[1] = 0.0
+    probs[2] = float("nan")
+    try:
+        out = sampler(probs.to(DEVICE), **kwargs)
+    except ValueError as error:
+        assert "row(s) 1, 2 " in str(error), f"{what}: the error must name rows 1 and 2: {error}"
+        return
+    pytest.fail(
+        f"{what} on rows of zeros (row 1) and of NaN (row 2) returned tokens "
+        f"{out.cpu().tolist()}: such a row has no token to give. Leave it at -1 (a candidate "
+        "column starts at -1 and only a probability > 0 replaces it; NaN > 0 is false), and "
+        "the given wrapper refuses it with a ValueError."
+    )
+
+
 def spread_probs(seed: int, v: int = LONG_V) -> torch.Tensor:
     """A distribution over v tokens whose mass sits in every block of the row: twelve tokens
     carry 80% of it (a few near the start, the middle and the very end), the rest share 20%,
@@ -285,6 +305,11 @@ def test_inverse_transform_never_returns_an_impossible_token(impl):
 
 
 @pytest.mark.inverse_transform
+def test_inverse_transform_refuses_rows_with_nothing_to_sample(impl):
+    assert_refuses_empty_rows(impl.sample_from_probs, "sample_from_probs", seed=0)
+
+
+@pytest.mark.inverse_transform
 def test_inverse_transform_on_rows_of_many_blocks(impl):
     # False failure: ALPHA. A prefix sum that restarts at each block crosses u too early in
     # every block after the first.
@@ -423,6 +448,12 @@ def test_top_k_top_p_on_rows_of_many_blocks(impl, case, kwargs):
         f"top_k_top_p_sample({kwargs}) over {LONG_V} tokens: the masses and counts above a "
         "pivot sum over every block of the row, the last one masked",
     )
+
+
+@pytest.mark.top_k_top_p
+@pytest.mark.parametrize("kwargs", [{"top_p": 0.9}, {"top_k": 3}])
+def test_top_k_top_p_refuses_rows_with_nothing_to_sample(impl, kwargs):
+    assert_refuses_empty_rows(impl.top_k_top_p_sample, f"top_k_top_p_sample({kwargs})", **kwargs)
 
 
 def rounds_bound(probs: torch.Tensor, mask: torch.Tensor) -> int:
@@ -565,6 +596,11 @@ def test_fused_matmul_compiles_for_a_gpu(impl):
 @pytest.mark.rejection_kernel
 def test_rejection_kernel_forced_outcomes_give_the_layout(impl):
     rejection.forced_outcomes_give_the_layout(impl.rejection_sample, DEVICE)
+
+
+@pytest.mark.rejection_kernel
+def test_rejection_kernel_a_residual_of_zero_mass_draws_from_the_target(impl):
+    rejection.zero_residual_draws_from_the_target(impl.rejection_sample, DEVICE)
 
 
 @pytest.mark.rejection_kernel

@@ -44,3 +44,24 @@ PROBS = torch.full((2, 8), 1 / 8, device=DEVICE)
 def test_bad_arguments_fail_at_the_door(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize("top_k,top_p", [(None, 0.9), (3, None), (None, None)])
+def test_rows_with_nothing_to_sample_stop_before_their_first_round(top_k, top_p):
+    # The wrapper refuses such rows (graded in test_06_kernels.py); here the kernel itself: a
+    # row of zeros or NaN must not spin up to MAX_ROUNDS looking for a token that is not there.
+    from solutions.kernels.top_k_top_p import MAX_ROUNDS, top_k_top_p_kernel
+
+    probs = torch.full((4, 100), 0.01, device=DEVICE)
+    probs[1] = 0.0
+    probs[2] = float("nan")
+    out = torch.empty(4, dtype=torch.int64, device=DEVICE)
+    rounds = torch.empty(4, dtype=torch.int32, device=DEVICE)
+    mode = 1 if top_k else 2 if top_p else 0
+    top_k_top_p_kernel[(1,)](
+        probs, out, rounds, 4, 100, top_k or 100, top_p or 1.0, 0,
+        MODE=mode, MAX_ROUNDS=MAX_ROUNDS, BLOCK_B=4, BLOCK_V=128,
+    )  # fmt: skip
+    assert out[[1, 2]].tolist() == [-1, -1], "a row with nothing to sample keeps token -1"
+    assert rounds[[1, 2]].tolist() == [0, 0], f"rounds {rounds.tolist()}: bad rows must not spin"
+    assert bool((out[[0, 3]] >= 0).all()) and bool((rounds[[0, 3]] >= 1).all())

@@ -62,6 +62,13 @@ MUTANTS: list[Mutant] = [
     # rejection_sample
     Mutant(
         "rejection_sample",
+        "        residual = torch.where(empty, target_probs[rows, at], residual)\n",
+        "",
+        "no fallback when the residual has no mass (p <= q everywhere): torch.multinomial fails",
+        name="zero-residual",
+    ),
+    Mutant(
+        "rejection_sample",
         "accepted = keep.long().cumprod(dim=1).bool()",
         "accepted = keep",
         "drafts after the first rejection are kept when they pass their own test",
@@ -86,7 +93,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "rejection_sample",
-        "        residual = residual / residual.sum(dim=-1, keepdim=True).clamp(min=1e-30)\n"
+        "        residual = residual / residual.sum(dim=-1, keepdim=True)\n"
         "        dist = torch.where((n_accepted == k)[:, None], target_probs[:, k], residual)\n"
         "        next_token = torch.multinomial(dist, 1, generator=generator)[:, 0]\n",
         "        dist = torch.where((n_accepted == k)[:, None], target_probs[:, k], residual)\n"

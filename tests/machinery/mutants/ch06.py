@@ -115,6 +115,13 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "inverse_transform",
+        "last_possible = tl.full((BLOCK_B,), -1, tl.int32)",
+        "last_possible = tl.zeros((BLOCK_B,), tl.int32)",
+        "the last possible column starts at 0: a row of zeros or NaN returns token 0",
+        name="empty-row-token-0",
+    ),
+    Mutant(
+        "inverse_transform",
         "u = tl.rand(seed, rows)",
         "u = tl.rand(seed, rows * 0)",
         "one uniform for all rows",
@@ -241,8 +248,15 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "rejection_kernel",
-        "bonus = n_accepted == k",
-        "bonus = n_accepted >= 0",
+        "            from_p = from_p | empty\n",
+        "",
+        "a residual of zero mass sampled anyway: no token comes out (-1)",
+        name="zero-residual",
+    ),
+    Mutant(
+        "rejection_kernel",
+        "from_p = n_accepted == k",
+        "from_p = n_accepted >= 0",
         "the recovered token resampled from p, not from max(0, p - q)",
         name="resample-from-p",
     ),
