@@ -73,6 +73,7 @@ from solutions.kernels.runtime import (  # noqa: E402
     INTERPRET,
     kernel_tensor,
     next_power_of_2,
+    refuse_empty_rows,
     rows_per_program,
     seed_value,
 )
@@ -248,7 +249,11 @@ check("softmax_kernel")
 #
 # Common mistakes: the temperature applied to the noise too, $(\ell + G) / T$ (the argmax then
 # ignores $T$: chapter 5's bug); an offset without the row (every row gets the same noise, and
-# the same token); the block's argmax returned without adding the block's start column.
+# the same token), or `row + column` (row $r + 1$ then reuses row $r$'s noise one column over:
+# each row looks right alone, and neighbours are not independent, which the tests check on
+# pairs of rows); the block's argmax returned without adding the block's start column; at
+# temperature 0, a later block that replaces a tied best (`>=`): ties go to the lowest column,
+# as `torch.argmax` does.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -471,7 +476,11 @@ for r, n in enumerate(counts.tolist()):
 #
 # Common mistakes: the last vocabulary tile unmasked (rows of `W_U` past $V$ are read as 0 and
 # their scores can win); the column of a tile's best without the tile's start; the noise
-# scaled by the temperature; the accumulator in bfloat16.
+# scaled by the temperature; the accumulator, or the scores made from it, rounded to the input
+# dtype before the argmax (near a logit of 96, float16 moves in steps of 1/16 and bfloat16 of
+# 1/2: rows whose two best logits differ by 1/256 then tie). The interpreter upcasts bfloat16
+# before `tl.dot`, which can hide that cast; float16 does not, and the compile test looks for
+# it in what a GPU would run.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #

@@ -75,4 +75,4 @@ def sample_from_probs(probs: Float[Tensor, "batch d_vocab"], seed: int = 0) -> I
     inverse_transform_kernel[(triton.cdiv(n_rows, block_b),)](
         probs, out, n_rows, n_cols, seed, BLOCK_B=block_b, BLOCK_V=block_v
     )
-    return refuse_empty_rows(out, "probs")
+    return refuse_empty_rows(out, probs, "probs")

@@ -83,17 +83,25 @@ def seed_value(seed) -> int:
     return seed
 
 
-def refuse_empty_rows(tokens: Tensor, name: str) -> Tensor:
+def refuse_empty_rows(tokens: Tensor, probs: Tensor, name: str) -> Tensor:
     """`tokens`, unless a kernel wrote -1 for a row: its marker for a row of `name` with no
-    positive probability (all zeros, or NaN), where no token can be drawn. Then a ValueError
-    names the rows. One read of the [batch] tokens, not of the probabilities."""
-    empty = tokens < 0
-    if bool(empty.any()):
-        rows = empty.nonzero()[:, 0].tolist()
-        shown = ", ".join(map(str, rows[:8])) + (", ..." if len(rows) > 8 else "")
-        raise ValueError(
-            f"{name}: row(s) {shown} have no positive probability (all zeros, or NaN): there is "
-            "nothing to sample. Check what produced them (a softmax of a row of -inf logits is "
-            "NaN)."
+    positive probability (all zeros, or NaN), where no token can be drawn. Such rows are a
+    ValueError that names them. Only the [batch] tokens are read, and the marked rows: if one of
+    those does hold a positive probability, the kernel itself is wrong, and the error says so."""
+    marked = tokens < 0
+    if not bool(marked.any()):
+        return tokens
+    rows = marked.nonzero()[:, 0]
+    shown = ", ".join(map(str, rows[:8].tolist())) + (", ..." if rows.numel() > 8 else "")
+    sampleable = (probs[rows] > 0).any(dim=-1)  # NaN > 0 is False
+    if bool(sampleable.any()):
+        row = int(rows[sampleable][0])
+        raise RuntimeError(
+            f"the kernel returned -1 (no token) for row {row} of {name}, which has positive "
+            "probabilities: -1 is only for rows with none (all zeros, or NaN). Every other row "
+            "must get a token."
         )
-    return tokens
+    raise ValueError(
+        f"{name}: row(s) {shown} have no positive probability (all zeros, or NaN): there is "
+        "nothing to sample. Check what produced them (a softmax of a row of -inf logits is NaN)."
+    )

@@ -181,5 +181,5 @@ def top_k_top_p_sample(
         BLOCK_B=block_b,
         BLOCK_V=block_v,
     )
-    refuse_empty_rows(out, "probs")
+    refuse_empty_rows(out, probs, "probs")
     return (out, rounds) if return_rounds else out

@@ -27,7 +27,9 @@ __all__ = [
     "F32_RTOL",
     "PROMPT",
     "PROMPTS",
+    "ROUNDED_TOP_P_CASES",
     "assert_close_f32",
+    "exact_top_p_count",
     "hf_beam_search",
     "hf_greedy",
     "hf_kept",
@@ -136,3 +138,28 @@ def draw(fn, logits: torch.Tensor, n: int = N_SAMPLES, seed: int = 0, who: str =
     assert out.shape == (n,), f"expected one token per row, shape ({n},), got {tuple(out.shape)}"
     assert out.dtype == torch.int64, f"expected token ids as int64, got {out.dtype}"
     return out
+
+
+# --------------------------------------------------------------------------- top-p boundaries
+
+# The top-p line reached through rounding: decimal probabilities, top_p equal to the total of
+# the most likely ones (chapter 3's filter and chapter 6's kernel are both graded on them). HF's
+# own case first (its test_top_p_dist_warper): 0.5 + 0.3 reaches 0.8. No tie straddles a line.
+ROUNDED_TOP_P_CASES = [
+    ([0.3, 0.1, 0.1, 0.5], 0.8),
+    ([0.1, 0.35, 0.45, 0.1], 0.8),
+    ([0.4, 0.24, 0.08, 0.2, 0.08], 0.4),
+    ([0.5, 0.1, 0.4], 0.5),
+    ([0.64, 0.36], 0.64),
+    ([0.28, 0.32, 0.04, 0.36], 0.36),
+    ([0.4, 0.36, 0.24], 0.4),
+    ([0.14, 0.26, 0.04, 0.4, 0.16], 0.4),
+]
+
+
+def exact_top_p_count(logits: torch.Tensor, top_p: float) -> int:
+    """How many tokens the definition keeps, with the float32 probabilities summed exactly
+    (float64 is exact for a few of them): the smallest most-likely set reaching top_p."""
+    probs = logits.softmax(-1).double().sort(descending=True).values
+    before = torch.cat([torch.zeros(1, dtype=torch.float64), probs.cumsum(0)[:-1]])
+    return max(1, int((before < top_p).sum()))

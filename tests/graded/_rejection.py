@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.graded._oracles import assert_untouched
-from tests.graded._stats import ALPHA, assert_samples_follow
+from tests.graded._stats import ALPHA, assert_rows_independent, assert_samples_follow
 
 V = 6
 # Pairs (p, q) on a 6-token vocabulary: q is 0 where p is not (token 0 of OVERLAP) and p is 0
@@ -207,6 +207,36 @@ def zero_residual_draws_from_the_target(sample, device="cpu"):
         recovered,
         p1.double(),
         "the recovered token after a residual of zero mass must follow p, renormalised",
+    )
+
+
+def draws_are_independent(sample, device="cpu"):
+    # False failure: 2 * ALPHA (the rows: ALPHA over every distance; the positions: ALPHA).
+    # Every row has the same p and q (k = 2); the test draws each row's drafts from q itself,
+    # independently. Position 0's token follows p_0 in every row, so the tokens of two rows
+    # must be independent draws of p_0. Given that draft 0 was kept (it is then distributed as
+    # min(p_0, q_0) / alpha_0), the token at position 1 must still follow p_1, independently:
+    # each position decides with its own uniform.
+    p0, q0 = tensors(SHARP)
+    p1, q1 = tensors(OVERLAP)
+    p2, _ = tensors(IDENTICAL)
+    target = torch.stack([p0, p1, p2]).expand(N_ROWS, -1, -1).contiguous()
+    draft = torch.stack([q0, q1]).expand(N_ROWS, -1, -1).contiguous()
+    g = torch.Generator().manual_seed(77)
+    tokens = torch.multinomial(draft.reshape(-1, V), 1, generator=g).reshape(N_ROWS, 2)
+    out, accepted = call_batch(sample, target, draft, tokens, seed=8, device=device)
+    assert_layout(out, accepted, tokens)
+    assert_rows_independent(
+        out[:, 0], p0, "the token at position 0, in rows with the same p and q (rows must not "
+        "share their uniforms)"
+    )  # fmt: skip
+    kept = accepted[:, 0]
+    first = torch.minimum(p0, q0).double()
+    assert_samples_follow(
+        out[kept, 0] * V + out[kept, 1],
+        torch.outer(first / first.sum(), p1.double()).flatten(),
+        "the kept draft 0 and the token at position 1, as pairs: they must be independent "
+        "(each position decides with its own uniform, never one shared by the row's k drafts)",
     )
 
 

@@ -33,6 +33,17 @@ def chi2_critical(df: int, alpha: float) -> float:
     return high
 
 
+def assert_token_ids(samples: torch.Tensor, v: int, what: str) -> None:
+    """Every sample is a token id of a v-token distribution (before anything counts them)."""
+    outside = (samples < 0) | (samples >= v)
+    if outside.any():
+        raise AssertionError(
+            f"{what}: {int(outside.sum())} of {samples.numel()} samples are not token ids of "
+            f"this distribution (for example {int(samples[outside][0])}; ids run from 0 to "
+            f"{v - 1}). A -1 means that no token was chosen for that row."
+        )
+
+
 def assert_samples_follow(
     samples: torch.Tensor, probs: torch.Tensor, what: str, alpha: float = ALPHA
 ) -> None:
@@ -44,6 +55,7 @@ def assert_samples_follow(
     probs = probs / probs.sum()
     samples = samples.flatten().cpu()
     n = samples.numel()
+    assert_token_ids(samples, probs.numel(), what)
     counts = torch.bincount(samples, minlength=probs.numel()).double()
     impossible = (probs == 0) & (counts > 0)
     if impossible.any():
@@ -70,4 +82,41 @@ def assert_samples_follow(
             f"(chi-square {stat:.1f} > {critical:.1f} with {df} degrees of freedom; a correct "
             f"sampler fails this check with probability {alpha:g}). Largest deviation: "
             f"{int(obs_cells[worst])} samples where {float(exp_cells[worst]):.1f} were expected."
+        )
+
+
+# Row distances at which two rows' random numbers could collide through a wrong offset: next
+# rows (a row stride too small: `row + i` for `row * rounds + i`), and the distances around
+# powers of two where programs of many rows meet (`program_id + arange` for
+# `program_id * BLOCK + arange`).
+PAIR_SHIFTS = (1, 2, 3, 4, 5, 7, 8, 9) + tuple(
+    s for b in (16, 32, 64, 128, 256, 512, 1024) for s in (b - 1, b, b + 1)
+)
+
+
+def assert_rows_independent(
+    samples: torch.Tensor, probs: torch.Tensor, what: str, alpha: float = ALPHA
+) -> None:
+    """Rows with the same input must draw independently: for each distance s of PAIR_SHIFTS,
+    the tokens of rows i and i + s, as pairs, follow probs x probs (chi-square). The pairs of
+    one distance are disjoint (row i is paired with i + s when i // s is even), so under
+    independence they are independent samples; `alpha` is split over the distances (a union
+    bound): a correct sampler fails with probability at most `alpha`."""
+    probs = probs.double().cpu()
+    probs = probs / probs.sum()
+    samples = samples.flatten().cpu()
+    v, n = probs.numel(), samples.numel()
+    assert_token_ids(samples, v, what)
+    shifts = [s for s in PAIR_SHIFTS if 4 * s <= n]
+    joint = torch.outer(probs, probs).flatten()
+    for s in shifts:
+        i = torch.arange(n - s)
+        i = i[(i // s) % 2 == 0]
+        assert_samples_follow(
+            samples[i] * v + samples[i + s],
+            joint,
+            f"{what}: the tokens of rows i and i + {s} (same input) are not independent, "
+            "as pairs. Does each row get its own random numbers? (a row's offset into the "
+            "random stream must not overlap another row's)",
+            alpha=alpha / len(shifts),
         )

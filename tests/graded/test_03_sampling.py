@@ -29,9 +29,11 @@ from tests.graded._oracles import (
     BEAM_SCORE_ATOL,
     IN_PLACE,
     PROMPTS,
+    ROUNDED_TOP_P_CASES,
     assert_untouched,
     crafted_logits,
     draw,
+    exact_top_p_count,
     hf_beam_search,
     hf_greedy,
     hf_kept,
@@ -406,28 +408,6 @@ def test_filter_top_p_at_the_exact_boundary_matches_hf(impl):
             )
         )
         assert torch.equal(got[kept], logits[kept]), "kept logits must be left unchanged"
-
-
-# The line reached through rounding: decimal probabilities, top_p equal to the total of the
-# most likely ones. HF's own case first (its test_top_p_dist_warper): 0.5 + 0.3 reaches 0.8.
-ROUNDED_TOP_P_CASES = [
-    ([0.3, 0.1, 0.1, 0.5], 0.8),
-    ([0.1, 0.35, 0.45, 0.1], 0.8),
-    ([0.4, 0.24, 0.08, 0.2, 0.08], 0.4),
-    ([0.5, 0.1, 0.4], 0.5),
-    ([0.64, 0.36], 0.64),
-    ([0.28, 0.32, 0.04, 0.36], 0.36),
-    ([0.4, 0.36, 0.24], 0.4),
-    ([0.14, 0.26, 0.04, 0.4, 0.16], 0.4),
-]
-
-
-def exact_top_p_count(logits: torch.Tensor, top_p: float) -> int:
-    """How many tokens the definition keeps, with the float32 probabilities summed exactly
-    (float64 is exact for a few of them): the smallest most-likely set reaching top_p."""
-    probs = logits.softmax(-1).double().sort(descending=True).values
-    before = torch.cat([torch.zeros(1, dtype=torch.float64), probs.cumsum(0)[:-1]])
-    return max(1, int((before < top_p).sum()))
 
 
 @pytest.mark.sample_top_p

@@ -571,6 +571,33 @@ def test_cached_sampling_past_n_ctx_slides_the_window(impl, shipped, hf, shift):
     )
 
 
+@pytest.mark.cached_sample
+def test_cached_sampling_of_a_prompt_longer_than_n_ctx(impl, shipped, hf):
+    # Chapter 3's sampler reads the last n_ctx tokens of a prompt that is longer than that; so
+    # must the cached one, from its prefill on (the model has only n_ctx positions).
+    model, tokenizer = shipped
+    n_ctx = model.cfg.n_ctx
+    g = torch.Generator().manual_seed(8)
+    prompt = torch.randint(0, model.cfg.d_vocab, (n_ctx + 9,), generator=g).tolist()
+    new = 6
+    expected = hf_window_greedy(hf, prompt, new, lambda t, length: length - n_ctx)
+    sampler = impl.CachedTransformerSampler(model, tokenizer)
+    try:
+        got = sampler.sample(prompt, new, temperature=0.0, stop_at_eos=False)
+    except (IndexError, RuntimeError, ValueError) as error:
+        pytest.fail(
+            f"a prompt of n_ctx + 9 = {n_ctx + 9} tokens raised {type(error).__name__}: "
+            f"{str(error).splitlines()[0][:200]}. The prefill must read only the prompt's last "
+            "n_ctx tokens, as chapter 3's sampler does (the model has n_ctx positions)."
+        )
+    assert got.tolist() == expected, (
+        f"a prompt longer than n_ctx: "
+        f"{describe_difference(tokenizer, expected, got.tolist(), len(prompt))}. The prefill "
+        "reads the prompt's last n_ctx tokens, and every step after it the last n_ctx tokens "
+        "of the text (window_shift=1)"
+    )
+
+
 # --------------------------------------------------------------------------- cached beams
 
 

@@ -125,6 +125,11 @@ def test_a_residual_of_zero_mass_draws_from_the_target(impl):
 
 
 @pytest.mark.rejection_sample
+def test_rows_and_positions_draw_independently(impl):
+    rejection.draws_are_independent(impl.rejection_sample)
+
+
+@pytest.mark.rejection_sample
 def test_greedy_keeps_the_argmax_run(impl):
     rejection.greedy_keeps_the_argmax_run(impl.rejection_sample)
 

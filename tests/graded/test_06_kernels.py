@@ -29,6 +29,7 @@ import math
 
 import pytest
 import torch
+from transformers.generation.logits_process import TopPLogitsWarper
 
 if importlib.util.find_spec("triton") is None:  # Triton is a Linux-only dependency
     pytest.skip("chapter 6 needs Triton (Linux)", allow_module_level=True)
@@ -41,8 +42,17 @@ from tests.graded._gumbel import (  # noqa: E402
     greedy_rows,
     gumbel_logits,
 )
-from tests.graded._oracles import crafted_logits  # noqa: E402
-from tests.graded._stats import ALPHA, assert_samples_follow  # noqa: E402
+from tests.graded._oracles import (  # noqa: E402
+    ROUNDED_TOP_P_CASES,
+    crafted_logits,
+    exact_top_p_count,
+    hf_kept,
+)
+from tests.graded._stats import (  # noqa: E402
+    ALPHA,
+    assert_rows_independent,
+    assert_samples_follow,
+)
 
 CHAPTER = "06_kernels"
 
@@ -197,6 +207,23 @@ def test_gumbel_kernel_near_zero_temperature_is_argmax(impl, temperature):
 
 
 @pytest.mark.gumbel_kernel
+def test_gumbel_kernel_ties_at_zero_temperature_go_to_the_first_column(impl):
+    # Exact. Tied best logits in different blocks, in one block, and at both ends of the row:
+    # torch.argmax's rule, the lowest column.
+    x = torch.randn(4, LONG_V, generator=torch.Generator().manual_seed(64))
+    ties = [[3, 1500], [1025, 1030, 2400], [0, LONG_V - 1], [700, 1800, 2450]]
+    for row, cols in enumerate(ties):
+        x[row, cols] = 10.0
+    expected = x.argmax(dim=-1)
+    got = tokens_of(impl.gumbel_sample(x.to(DEVICE), 0.0, 0), 4, "gumbel_sample")
+    assert torch.equal(got, expected), (
+        f"at temperature 0, tied best logits must go to the lowest column (torch.argmax's "
+        f"rule): expected {expected.tolist()}, got {got.tolist()}. A later block may replace "
+        "the best so far only when it is STRICTLY better (`>`, not `>=`)."
+    )
+
+
+@pytest.mark.gumbel_kernel
 def test_gumbel_kernel_rows_are_independent_and_seeded(impl):
     # False failure: ALPHA for the pairs, (sum p^2)^200 < 1e-30 for two seeds agreeing.
     logits = torch.tensor([0.0, 0.4, -0.3])
@@ -307,6 +334,15 @@ def test_inverse_transform_never_returns_an_impossible_token(impl):
 @pytest.mark.inverse_transform
 def test_inverse_transform_refuses_rows_with_nothing_to_sample(impl):
     assert_refuses_empty_rows(impl.sample_from_probs, "sample_from_probs", seed=0)
+
+
+@pytest.mark.inverse_transform
+def test_inverse_transform_rows_are_independent(impl):
+    # False failure: ALPHA. Every row is the same distribution: the tokens of any two rows must
+    # be independent draws (each row its own uniform).
+    probs = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    samples = sample_probs(impl, probs, N_ROWS, seed=4)
+    assert_rows_independent(samples, probs, "sample_from_probs")
 
 
 @pytest.mark.inverse_transform
@@ -456,6 +492,47 @@ def test_top_k_top_p_refuses_rows_with_nothing_to_sample(impl, kwargs):
     assert_refuses_empty_rows(impl.top_k_top_p_sample, f"top_k_top_p_sample({kwargs})", **kwargs)
 
 
+@pytest.mark.top_k_top_p
+@pytest.mark.parametrize("kwargs", [{"top_p": 0.75}, {"top_k": 3}])
+def test_top_k_top_p_rows_are_independent(impl, kwargs):
+    # False failure: ALPHA per case. Most rows need several rounds here (the likely tokens are
+    # many and flat), so a row's later rounds must not reuse the uniforms of its neighbours'
+    # first rounds: round i of row r draws with the offset r * MAX_ROUNDS + i, not r + i.
+    probs = torch.tensor([0.2, 0.19, 0.18, 0.17, 0.16] + [0.1 / 20] * 20, dtype=torch.float64)
+    probs /= probs.sum()
+    mask = top_p_set(probs, kwargs["top_p"]) if "top_p" in kwargs else top_k_set(probs, 3)
+    samples = filtered_draw(impl, probs, N_ROWS, seed=5, **kwargs)
+    assert_rows_independent(samples, kept(probs, mask), f"top_k_top_p_sample({kwargs})")
+
+
+@pytest.mark.top_k_top_p
+def test_top_p_at_a_boundary_reached_exactly_or_through_rounding(impl):
+    # False failure: ALPHA per case (11 cases, at most 1.1e-4). The kept set is HF's, checked
+    # against exact float64 sums of the float32 probabilities: chapter 3's rule. The mass above
+    # the first dropped token is exactly top_p (powers of two), or reaches it through rounding
+    # (0.5 + 0.3 at 0.8: HF's own case). A kernel that keeps a token whose more likely tokens
+    # hold exactly top_p (`<=` for `<`) samples that token.
+    cases = ROUNDED_TOP_P_CASES + [
+        ([0.5, 0.25, 0.125, 0.125], 0.75),
+        ([0.125, 0.5, 0.25, 0.0625, 0.0625], 0.875),
+        ([0.5, 0.25, 0.25], 0.5),
+    ]
+    for probs, top_p in cases:
+        logits = torch.tensor(probs).log()
+        mask = hf_kept(TopPLogitsWarper(top_p=top_p), logits[None])[0]
+        assert int(mask.sum()) == exact_top_p_count(logits, top_p), "test set-up: HF vs exact"
+        p = logits.softmax(-1)
+        samples = filtered_draw(impl, p, 2_000, seed=7, top_p=top_p)
+        assert_samples_follow(
+            samples,
+            kept(p.double(), mask),
+            f"top_p={top_p} on probabilities {probs}: the {int(mask.sum())} most likely reach "
+            f"top_p exactly, so only they are kept. A token is kept iff the tokens strictly "
+            "more likely hold LESS than top_p (`<`, not `<=`), and the line counts as reached "
+            "when the sum equals it",
+        )
+
+
 def rounds_bound(probs: torch.Tensor, mask: torch.Tensor) -> int:
     """Rounds after which dual-pivot sampling must have stopped: each round at least halves the
     interval (low, high] around the threshold, which starts inside (0, 1]; once it is shorter
@@ -528,7 +605,7 @@ def fused_draw(impl, hidden, weights, temperature, seed):
 
 
 @pytest.mark.fused_matmul
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_fused_zero_temperature_is_the_argmax_of_the_product(impl, dtype):
     # Exact on rows whose best logit leads the runner-up by at least 0.05 (bf16 products are
     # accumulated in float32; the margin keeps rounding from deciding).
@@ -555,6 +632,52 @@ def test_fused_zero_temperature_is_the_argmax_of_the_product(impl, dtype):
 
 
 @pytest.mark.fused_matmul
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_accumulates_in_float32(impl, dtype):
+    # Exact. Logits 96 + d/256 for distinct d in [0, 256), every input exact in bfloat16 and
+    # float16, every product and sum exact in float32: each row has one best token, ahead by
+    # at least 1/256. Rounded to the input dtype before the argmax (near 96, float16 steps by
+    # 1/16 and bfloat16 by 1/2), most rows tie and pick another token. (Under the interpreter,
+    # bfloat16 tiles are upcast before tl.dot: a cast to the dtype of the loaded tile can hide
+    # there, which is why float16 is tested too.)
+    v, d_model, n = 200, 16, 32
+    g = torch.Generator().manual_seed(97)
+    w = torch.zeros(v, d_model)
+    w[:, 0] = 96.0
+    for j in range(1, d_model):
+        w[:, j] = torch.randperm(256, generator=g)[:v].float() / 256
+    h = torch.zeros(n, d_model)
+    h[:, 0] = 1.0
+    h[torch.arange(n), 1 + torch.arange(n) % (d_model - 1)] = 1.0
+    expected = (h.double() @ w.double().T).argmax(dim=-1)
+    got = fused_draw(impl, h.to(dtype), w.to(dtype), 0.0, seed=0)
+    wrong = got != expected
+    assert not wrong.any(), (
+        f"{dtype} inputs at temperature 0: {int(wrong.sum())} of {n} rows picked the wrong "
+        f"token (row {int(wrong.nonzero()[0])}: {int(got[wrong][0])} instead of "
+        f"{int(expected[wrong][0])}, whose logit is larger by 1/256 or more). Keep the "
+        "accumulator and the scores in float32 up to the argmax: cast back to the input dtype "
+        "and near 96 every step is 1/16 (float16) or 1/2 (bfloat16)."
+    )
+
+
+@pytest.mark.fused_matmul
+def test_fused_ties_at_zero_temperature_go_to_the_first_column(impl):
+    # Exact: h is one-hot, so the logits are W's first column, tied at 2.0 in three tiles.
+    v, d_model = 300, 16
+    w = torch.zeros(v, d_model)
+    w[:, 0] = torch.linspace(-1.0, 1.0, v)
+    w[[10, 100, 250], 0] = 2.0
+    h = torch.zeros(2, d_model)
+    h[:, 0] = 1.0
+    got = fused_draw(impl, h, w, 0.0, seed=0)
+    assert got.tolist() == [10, 10], (
+        f"tied best logits in three vocabulary tiles (columns 10, 100, 250) must go to the "
+        f"lowest, as torch.argmax does: got {got.tolist()}"
+    )
+
+
+@pytest.mark.fused_matmul
 def test_fused_is_seeded(impl):
     logits = torch.stack([crafted_logits(93, 300)] * 2)
     h, w = hidden_and_weights(logits, d_model=16, seed=94)
@@ -564,6 +687,18 @@ def test_fused_is_seeded(impl):
     c = fused_draw(impl, h, w, 1.0, seed=8)
     assert torch.equal(a, b), "the same seed must give the same tokens"
     assert not torch.equal(a, c), "different seeds must give different tokens"
+
+
+@pytest.mark.fused_matmul
+def test_fused_rows_are_independent(impl):
+    # False failure: ALPHA. 4,096 copies of one row over 200 tokens (four vocabulary tiles):
+    # every (row, column) needs its own noise, at offset row * V + column.
+    logits = torch.full((200,), -8.0)
+    logits[[3, 70, 71, 150]] = torch.tensor([0.5, 0.0, 0.3, -0.2])
+    h, w = hidden_and_weights(logits[None], d_model=16, seed=96)
+    samples = fused_draw(impl, h.expand(4_096, -1).contiguous(), w, 1.0, seed=6)
+    probs = (h.double() @ w.double().T)[0].softmax(-1)
+    assert_rows_independent(samples, probs, "fused_matmul_sample")
 
 
 @pytest.mark.fused_matmul
@@ -601,6 +736,35 @@ def test_rejection_kernel_forced_outcomes_give_the_layout(impl):
 @pytest.mark.rejection_kernel
 def test_rejection_kernel_a_residual_of_zero_mass_draws_from_the_target(impl):
     rejection.zero_residual_draws_from_the_target(impl.rejection_sample, DEVICE)
+
+
+@pytest.mark.rejection_kernel
+def test_rejection_kernel_rows_and_positions_draw_independently(impl):
+    rejection.draws_are_independent(impl.rejection_sample, DEVICE)
+
+
+@pytest.mark.rejection_kernel
+def test_rejection_kernel_decides_draft_j_with_u_j(impl):
+    # Exact. The given wrapper draws u = torch.rand(batch, k + 1) from the generator, and the
+    # kernel's contract says u[r, j] decides draft j of row r: keep iff u[r, j] * q < p, while
+    # every earlier draft of the row was kept. Replaying the generator gives every decision.
+    k, n = 3, 512
+    target, draft, tokens, _ = rejection.batch_for(k, seed=3)
+    target, draft, tokens = target[:n], draft[:n], tokens[:n]
+    _, accepted = rejection.call_batch(
+        impl.rejection_sample, target, draft, tokens, 9, device=DEVICE
+    )
+    u = torch.rand(n, k + 1, generator=torch.Generator().manual_seed(9))
+    p = target[:, :k].gather(-1, tokens[..., None])[..., 0]
+    q = draft.gather(-1, tokens[..., None])[..., 0]
+    expected = (u[:, :k] * q < p).long().cumprod(dim=1).bool()
+    wrong = (accepted != expected).any(dim=1)
+    assert not wrong.any(), (
+        f"row {int(wrong.nonzero()[0])}: accepted {accepted[wrong][0].tolist()}, but its "
+        f"uniforms u[r, :k] = {u[wrong][0, :k].tolist()} give {expected[wrong][0].tolist()}. "
+        "Draft j of row r is decided by u[r, j], at u_ptr + r * (k + 1) + j: a row holds k + 1 "
+        "uniforms (the last draws the main model's token), so rows must not overlap."
+    )
 
 
 @pytest.mark.rejection_kernel

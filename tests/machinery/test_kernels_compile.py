@@ -55,3 +55,23 @@ def test_a_kernel_the_interpreter_runs_and_a_gpu_refuses_fails_here(tmp_path):
     assert (failure.file, failure.line) == (str(kernel), 9), failure
     message = explain(failure)
     assert "`break` is not supported" in message and f"line 9 of {kernel}" in message, message
+
+
+def test_an_accumulator_rounded_to_16_bits_fails_here(tmp_path):
+    # The interpreter hides this one (it upcasts bfloat16 tiles before tl.dot, so the cast goes
+    # to float32 there): the fused kernel with its float32 scores cast back to the input dtype
+    # before the argmax must fail the compiled check.
+    from pathlib import Path
+
+    import solutions.kernels.fused_matmul as fused
+
+    source = Path(fused.__file__).read_text()
+    planted = source.replace(
+        "        scores = acc\n", "        scores = acc.to(h_ptr.dtype.element_ty)\n"
+    )
+    assert planted != source, "test set-up: the line to plant the cast on has moved"
+    (tmp_path / "planted_fused.py").write_text(planted)
+    launch = next(x for x in LAUNCHES["fused_matmul"] if x.forbid)
+    launch = Launch(**{**launch.__dict__, "branches": (launch.branches[-1],)})  # greedy only
+    failures = run_compiler([Job("planted_fused", "fused_matmul_kernel", launch, str(tmp_path))])
+    assert failures and "rounded to 16 bits" in failures[0].error, failures

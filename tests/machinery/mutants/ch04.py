@@ -142,6 +142,13 @@ MUTANTS = [
     ),
     Mutant(
         "cached_sample",
+        "logits, self.cache = forward_with_cache(self.model, input_ids[None, -n_ctx:])",
+        "logits, self.cache = forward_with_cache(self.model, input_ids[None])",
+        "the prefill reads the whole prompt: a prompt longer than n_ctx overflows the positions",
+        name="prefill-not-cropped",
+    ),
+    Mutant(
+        "cached_sample",
         "keep = n_ctx - self.window_shift + 1",
         "keep = n_ctx - self.window_shift",
         "the rebuilt window one token short",

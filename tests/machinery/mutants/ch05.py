@@ -69,6 +69,20 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "rejection_sample",
+        "u = torch.rand(p.shape, generator=generator, device=p.device)",
+        "u = torch.rand(p.shape[1], generator=generator, device=p.device)",
+        "one uniform per position, shared by every row of the batch: rows are not independent",
+        name="u-shared-by-rows",
+    ),
+    Mutant(
+        "rejection_sample",
+        "u = torch.rand(p.shape, generator=generator, device=p.device)",
+        "u = torch.rand(p.shape[0], 1, generator=generator, device=p.device)",
+        "one uniform per row, reused for its k drafts: positions are not independent",
+        name="u-shared-by-positions",
+    ),
+    Mutant(
+        "rejection_sample",
         "accepted = keep.long().cumprod(dim=1).bool()",
         "accepted = keep",
         "drafts after the first rejection are kept when they pass their own test",

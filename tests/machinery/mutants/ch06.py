@@ -79,6 +79,20 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "gumbel_kernel",
+        "u = tl.maximum(tl.rand(seed, offsets), 1.1754944e-38)",
+        "u = tl.maximum(tl.rand(seed, rows[:, None] + cols[None, :]), 1.1754944e-38)",
+        "the random offset row + column: row r + 1 gets row r's noise one column over",
+        name="offset-row-plus-column",
+    ),
+    Mutant(
+        "gumbel_kernel",
+        "better = block_best > best",
+        "better = block_best >= best",
+        "a later block wins a tie: at temperature 0, not torch.argmax's lowest column",
+        name="tie-to-later-block",
+    ),
+    Mutant(
+        "gumbel_kernel",
         "block_col = start + tl.argmax(scores, axis=1)",
         "block_col = tl.argmax(scores, axis=1)",
         "the column of a block's best without the block's start",
@@ -123,6 +137,13 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "inverse_transform",
         "u = tl.rand(seed, rows)",
+        "u = tl.rand(seed, tl.program_id(0) + tl.arange(0, BLOCK_B))",
+        "the offset program_id + arange: neighbouring programs share their uniforms",
+        name="program-offsets-overlap",
+    ),
+    Mutant(
+        "inverse_transform",
+        "u = tl.rand(seed, rows)",
         "u = tl.rand(seed, rows * 0)",
         "one uniform for all rows",
         name="same-uniform",
@@ -145,6 +166,27 @@ MUTANTS: list[Mutant] = [
         name="break-when-all-found",
     ),
     # top_k_top_p
+    Mutant(
+        "top_k_top_p",
+        "keep0 = mass0 < top_p * total",
+        "keep0 = mass0 <= top_p * total",
+        "top-p keeps a token whose more likely tokens hold exactly top_p",
+        name="top-p-boundary-kept",
+    ),
+    Mutant(
+        "top_k_top_p",
+        "u = tl.rand(seed, rows * MAX_ROUNDS + i) * mass",
+        "u = tl.rand(seed, rows + i) * mass",
+        "round i of row r draws with offset r + i: row r + 1's first round reuses it",
+        name="round-offset-overlaps-next-row",
+    ),
+    Mutant(
+        "top_k_top_p",
+        "u = tl.rand(seed, rows * MAX_ROUNDS + i) * mass",
+        "u = tl.rand(seed, rows * MAX_ROUNDS) * mass",
+        "one uniform for every round of a row",
+        name="one-uniform-for-all-rounds",
+    ),
     Mutant(
         "top_k_top_p",
         "above0 = p > pivot0[:, None]",
@@ -226,12 +268,47 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "fused_matmul",
+        "    if GREEDY:\n        scores = acc\n",
+        "    if GREEDY:\n        scores = acc.to(h.dtype)\n",
+        "the float32 accumulator cast back to the input dtype before the argmax",
+        name="accumulator-cast-back",
+    ),
+    Mutant(
+        "fused_matmul",
+        "    if GREEDY:\n        scores = acc\n",
+        "    if GREEDY:\n        scores = acc.to(w_ptr.dtype.element_ty)\n",
+        "the float32 accumulator cast to the weights' dtype before the argmax",
+        name="accumulator-cast-to-weight-dtype",
+    ),
+    Mutant(
+        "fused_matmul",
+        "offsets = rows[:, None] * n_vocab + cols[None, :]",
+        "offsets = rows[:, None] + cols[None, :]",
+        "the random offset row + column: row r + 1 gets row r's noise one column over",
+        name="offset-row-plus-column",
+    ),
+    Mutant(
+        "fused_matmul",
         "offsets = rows[:, None] * n_vocab + cols[None, :]",
         "offsets = 0 * rows[:, None] + cols[None, :]",
         "the random offset forgets the row: every row gets the same noise",
         name="offset-without-row",
     ),
     # rejection_kernel
+    Mutant(
+        "rejection_kernel",
+        "u = tl.load(u_ptr + rows64 * (k + 1) + j, mask=row_ok, other=1.0)",
+        "u = tl.load(u_ptr + rows64 * k + j, mask=row_ok, other=1.0)",
+        "the uniforms' row stride k, not k + 1: rows read each other's uniforms",
+        name="u-row-stride-k",
+    ),
+    Mutant(
+        "rejection_kernel",
+        "u = tl.load(u_ptr + rows64 * (k + 1) + j, mask=row_ok, other=1.0)",
+        "u = tl.load(u_ptr + rows64 * (k + 1), mask=row_ok, other=1.0)",
+        "one uniform reused for the k drafts of a row",
+        name="one-u-per-row",
+    ),
     Mutant(
         "rejection_kernel",
         "        keep = keep & going  # a draft after a rejection never counts\n",
