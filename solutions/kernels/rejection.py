@@ -31,19 +31,19 @@ def _residual_block(
     draft_ptr,
     target_row,
     draft_row,
-    from_p,
+    use_p,
     row_ok,
     start,
     n_vocab,
     BLOCK_V: tl.constexpr,
 ):
     """One block of the distribution the main model's token is drawn from: the target row
-    where `from_p`, else max(0, target - draft)."""
+    where `use_p`, else max(0, target - draft)."""
     cols = start + tl.arange(0, BLOCK_V)
     mask = row_ok[:, None] & (cols < n_vocab)[None, :]
     p = tl.load(target_ptr + target_row[:, None] + cols[None, :], mask=mask, other=0.0)
     q = tl.load(
-        draft_ptr + draft_row[:, None] + cols[None, :], mask=mask & ~from_p[:, None], other=0.0
+        draft_ptr + draft_row[:, None] + cols[None, :], mask=mask & ~use_p[:, None], other=0.0
     )
     return tl.maximum(p.to(tl.float32) - q.to(tl.float32), 0.0)
 
@@ -54,7 +54,7 @@ def _mass(
     draft_ptr,
     target_row,
     draft_row,
-    from_p,
+    use_p,
     row_ok,
     n_vocab,
     BLOCK_B: tl.constexpr,
@@ -64,7 +64,7 @@ def _mass(
     mass = tl.zeros((BLOCK_B,), tl.float32)
     for start in range(0, n_vocab, BLOCK_V):
         r = _residual_block(
-            target_ptr, draft_ptr, target_row, draft_row, from_p, row_ok, start, n_vocab, BLOCK_V
+            target_ptr, draft_ptr, target_row, draft_row, use_p, row_ok, start, n_vocab, BLOCK_V
         )
         mass += tl.sum(r, axis=1)
     return mass
@@ -136,23 +136,23 @@ def rejection_kernel(
     if GREEDY:
         token = _row_argmax(target_ptr, target_row, row_ok, n_vocab, BLOCK_B, BLOCK_V)
     else:
-        from_p = n_accepted == k  # the bonus token comes from p itself
+        use_p = n_accepted == k  # the bonus token comes from p itself
         draft_row = (rows64 * k + tl.minimum(at, k - 1)) * n_vocab
         # Pass 1: the mass of the distribution to sample (the residual is not normalised).
         mass = _mass(
-            target_ptr, draft_ptr, target_row, draft_row, from_p, row_ok, n_vocab, BLOCK_B, BLOCK_V
+            target_ptr, draft_ptr, target_row, draft_row, use_p, row_ok, n_vocab, BLOCK_B, BLOCK_V
         )
         # A residual of zero mass (p <= q everywhere: p and q equal up to rounding, and the
         # rejection came from that rounding): draw from p instead, as for a bonus token.
         empty = row_ok & (mass <= 0)
         if tl.sum(empty.to(tl.int32), axis=0) > 0:
-            from_p = from_p | empty
+            use_p = use_p | empty
             p_mass = _mass(
                 target_ptr,
                 draft_ptr,
                 target_row,
                 draft_row,
-                from_p,
+                use_p,
                 row_ok,
                 n_vocab,
                 BLOCK_B,
@@ -167,15 +167,7 @@ def rejection_kernel(
         for start in range(0, n_vocab, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)
             r = _residual_block(
-                target_ptr,
-                draft_ptr,
-                target_row,
-                draft_row,
-                from_p,
-                row_ok,
-                start,
-                n_vocab,
-                BLOCK_V,
+                target_ptr, draft_ptr, target_row, draft_row, use_p, row_ok, start, n_vocab, BLOCK_V
             )
             prefix = prefix_end[:, None] + tl.cumsum(r, axis=1)
             first = tl.min(

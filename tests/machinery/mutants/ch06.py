@@ -325,15 +325,15 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "rejection_kernel",
-        "            from_p = from_p | empty\n",
+        "            use_p = use_p | empty\n",
         "",
         "a residual of zero mass sampled anyway: no token comes out (-1)",
         name="zero-residual",
     ),
     Mutant(
         "rejection_kernel",
-        "from_p = n_accepted == k",
-        "from_p = n_accepted >= 0",
+        "use_p = n_accepted == k",
+        "use_p = n_accepted >= 0",
         "the recovered token resampled from p, not from max(0, p - q)",
         name="resample-from-p",
     ),
