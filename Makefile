@@ -17,7 +17,7 @@ OFFLINE := $(BIN)/python -m utils.offline
 # Two commands side by side: the tests run torch on one thread, so the second core is free.
 LANES := $(BIN)/python -m utils.lanes
 
-.PHONY: lab test setup build grade clean-venv
+.PHONY: lab test test-all setup build grade clean-venv
 
 # Jupyter refuses root unless told; containers often run as root.
 LAB_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
@@ -38,13 +38,21 @@ test: $(STAMP)
 	@echo "needed); beside it the graded tests on the solutions, then on the blank stubs, where every"
 	@echo "graded test must FAIL (inverted: a pass there means it does not), then the learner-style"
 	@echo "mutants (tests/machinery/mutants/), each of which must fail a test of its exercise."
+	@echo "The peers' own tests (tests/peers/: HF, vLLM, FlashInfer) on the solutions, one in each lane."
 	$(LANES) "$(OFFLINE) $(PYTEST) -rs tests/machinery/test_notebooks_run.py \
 		 tests/machinery/test_browser.py && \
 		 $(OFFLINE) $(PYTEST) tests/machinery/test_grading.py \
-		 tests/machinery/test_kernels_compile.py" \
+		 tests/machinery/test_kernels_compile.py && \
+		 $(OFFLINE) $(PYTEST) -q tests/peers --ignore=tests/peers/test_flashinfer_sampling.py" \
 		"$(OFFLINE) $(PYTEST) tests/graded --impl solutions && \
 		 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail && \
-		 $(OFFLINE) $(PYTEST) tests/graded --mutants -q"
+		 $(OFFLINE) $(PYTEST) tests/graded --mutants -q && \
+		 $(OFFLINE) $(PYTEST) -q tests/peers/test_flashinfer_sampling.py"
+
+# Everything `make test` runs, then the tests marked slow (larger sizes of the peers' tests,
+# statistical tests repeated over many seeds).
+test-all: test
+	COURSE_TEST_THREADS=2 $(OFFLINE) $(PYTEST) --runslow -m slow tests/peers tests/machinery
 
 setup: $(STAMP)
 
