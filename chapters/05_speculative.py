@@ -269,8 +269,9 @@ plot_rejection_sampling(
 # that sum to 1 within $10^{-3}$, so $p = (0, 0.9995)$ and $q = (0.0005, 0.9995)$ are both
 # valid; draft 0 is always rejected ($p = 0$ there), and $\max(0, p - q)$ is zero everywhere.
 # $p \le q$ everywhere means the two are the same distribution up to rounding, so the rounding
-# caused the rejection: draw the token from $p$ itself (vLLM's sampler ends up there too).
-# `torch.multinomial` on a row of zeros raises instead.
+# caused the rejection: draw the token from $p$ itself. (`torch.multinomial` on a row of zeros
+# raises; serving engines differ here, and their tests only ask for a valid token:
+# `tests/peers/README.md` says what vLLM and FlashInfer return.)
 #
 # Common mistakes: keeping drafts after the first rejection; a bonus token after a rejection;
 # testing draft `i` against `target_probs[:, i + 1]` (`target_probs[:, i]` is the main
