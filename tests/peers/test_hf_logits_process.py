@@ -34,6 +34,7 @@ from solutions.sampling import (
     filter_top_p,
     sample_next_token,
 )
+from tests.graded._oracles import IN_PLACE, assert_untouched
 
 
 def uniform_scores(batch: int, length: int) -> torch.Tensor:
@@ -52,15 +53,6 @@ def assert_filtered_is_minus_inf(out: torch.Tensor, who: str) -> None:
     assert not bad.any(), (
         f"{who} returned NaN or +inf logits: a removed logit must be -inf, and a kept one its "
         "input value."
-    )
-
-
-def assert_untouched(tensor: torch.Tensor, before: torch.Tensor, who: str) -> None:
-    """HF's 'processor should not change logits in-place', made explicit: the input tensor
-    still holds what it held before the call."""
-    assert torch.equal(tensor, before), (
-        f"{who} changed its input logits in place: it must return a new tensor and leave the "
-        "caller's logits as they were."
     )
 
 
@@ -103,7 +95,7 @@ def test_temperature_sharpens_below_one_and_flattens_above():
         "apply_temperature at T = 1.3 returned its input unchanged: the logits must be divided "
         "by the temperature."
     )
-    assert_untouched(scores, before, "apply_temperature")
+    assert_untouched(scores, before, "apply_temperature", IN_PLACE)
 
 
 @pytest.mark.parametrize("temperature", [0.0, -0.5, math.nan])
@@ -143,7 +135,7 @@ def test_top_k_keeps_the_three_largest_of_each_row():
     assert torch.equal(out[kept], logits[kept]), (
         "filter_top_k changed a logit it kept: kept logits must pass through unchanged."
     )
-    assert_untouched(logits, before, "filter_top_k")
+    assert_untouched(logits, before, "filter_top_k", IN_PLACE)
 
 
 def test_top_k_never_filters_a_uniform_row():
@@ -218,7 +210,7 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
         msg="filter_top_p(top_p=0.8) should keep {0.5, 0.3} of the first row and {0.3, 0.3, "
         "0.25} of the second, with their logits unchanged, and set the others to -inf.",
     )
-    assert_untouched(dist, before, "filter_top_p")
+    assert_untouched(dist, before, "filter_top_p", IN_PLACE)
 
 
 def test_top_p_min_tokens_to_keep_on_extreme_logits():
