@@ -17,6 +17,7 @@ import torch
 import solutions.beams as beams_mod
 import solutions.sampling as sampling
 from tests.graded import test_03_sampling as graded
+from tests.graded._oracles import N_SAMPLES
 from tests.graded._stats import assert_samples_follow
 
 # --------------------------------------------------------------------------- bad arguments
@@ -299,7 +300,7 @@ def test_statistical_tests_pass_on_solutions_for_many_seeds(seed):
     """The chi-square checks of the graded tests, with fresh random draws for each seed."""
     logits = graded.crafted_logits(100 + seed)
     g = torch.Generator().manual_seed(seed)
-    n = graded.N_SAMPLES
+    n = N_SAMPLES
     batch = logits.expand(n, -1).clone()
     assert_samples_follow(sampling.sample_basic(batch, g), logits.softmax(-1), "basic")
     for temperature in (0.5, 2.0):
