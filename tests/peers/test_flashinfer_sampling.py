@@ -334,13 +334,19 @@ FILTER_VOCABS = [111, pytest.param(1000, marks=pytest.mark.slow)]
 @pytest.mark.parametrize("distribution", DISTRIBUTIONS)
 @pytest.mark.parametrize("vocab", FILTER_VOCABS)
 def test_top_p_frequencies(vocab, distribution, top_p):
-    logits = make_logits(distribution, (1, vocab), seeded())
-    probs = torch.softmax(logits, dim=-1)
-    kept = top_p_kept(probs, top_p)
+    probs = torch.softmax(make_logits(distribution, (1, vocab), seeded()), dim=-1)
+    assert_filtered_frequencies(
+        probs, top_p_kept(probs, top_p), f"top_p={top_p} ({distribution})", top_p=top_p, seed=2
+    )
+
+
+def assert_filtered_frequencies(probs, kept, what: str, **kwargs) -> None:
+    """FlashInfer's frequency tests of a filter: enough draws of the one row `probs` [1, V]
+    (`top_k_top_p_sample(..., **kwargs)`) stay in `kept` and follow `probs` renormalised
+    over it."""
     target = renormalised(probs, kept)[0]
     n = samples_needed(target)  # FlashInfer: 5,000,000 draws
-    samples = top_k_top_p_sample(tiled(probs, n), top_p=top_p, seed=2)
-    what = f"top_p={top_p} ({distribution})"
+    samples = top_k_top_p_sample(tiled(probs, n), **kwargs)
     assert_only_kept(samples, kept, what)
     assert_follows(samples, target, what)
 
@@ -394,15 +400,10 @@ def top_k_cases(vocabs):
     "vocab, k", top_k_cases([(111, ()), (1000, pytest.mark.slow)])
 )  # FlashInfer: 111, 32000, 128256; 1000 is slow here for the reason given for top-p
 def test_top_k_frequencies(vocab, k, distribution):
-    logits = make_logits(distribution, (1, vocab), seeded())
-    probs = torch.softmax(logits, dim=-1)
-    kept = top_k_kept(probs, k)
-    target = renormalised(probs, kept)[0]
-    n = samples_needed(target)  # FlashInfer: 5,000,000 draws
-    samples = top_k_top_p_sample(tiled(probs, n), top_k=k, seed=4)
-    what = f"top_k={k} ({distribution})"
-    assert_only_kept(samples, kept, what)
-    assert_follows(samples, target, what)
+    probs = torch.softmax(make_logits(distribution, (1, vocab), seeded()), dim=-1)
+    assert_filtered_frequencies(
+        probs, top_k_kept(probs, k), f"top_k={k} ({distribution})", top_k=k, seed=4
+    )
 
 
 @pytest.mark.parametrize("batch, vocab, k", mask_cases([10, 100, 500]))
