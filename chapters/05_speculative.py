@@ -22,7 +22,11 @@
 #   model's cache trimmed to what was accepted (the loop around it is given);
 # - `gumbel_sample`: sampling as an argmax of noisy logits, the Gumbel-max trick;
 # - `same_token_shared_gumbel`, `same_token_independent`, `same_token_rejection`: how often two
-#   distributions pick the same token, under three ways of sharing their randomness.
+#   distributions pick the same token, under three ways of sharing their randomness;
+# - `lookahead_layout`, `harvest`, `verify` and `lookahead_round`: lookahead decoding, where
+#   the main model guesses for itself: the attention mask of a pass that guesses and checks at
+#   once, the n-grams its guesses leave, their exact verification with shared noise, and the
+#   pass with its cache.
 #
 # Then you measure when all this pays, on this machine, and why the answer on a CPU differs
 # from the one on a GPU.
@@ -69,6 +73,7 @@ from utils.display import show_solution
 from utils.models import load_model
 from utils.plots import (
     plot_coupling,
+    plot_lookahead_mask,
     plot_rejection_sampling,
     plot_speculative_rounds,
     plot_speedup,
@@ -635,7 +640,7 @@ plot_speculative_rounds(rounds, k=4, title=f"Six rounds of k = 4 after {demo_pro
 
 # %% [markdown]
 # Both drafters on the same greedy texts. The n-gram drafter costs almost nothing per draft,
-# so even a low keep rate can pay; whether it does is section 6's question.
+# so even a low keep rate can pay; whether it does is section 7's question.
 
 # %%
 with torch.inference_mode():
@@ -842,7 +847,402 @@ plot_coupling(
 )
 
 # %% [markdown]
-# ## 6. When does it pay?
+# ## 6. Lookahead decoding: no drafter at all
+#
+# Every drafter so far is a second source of guesses: a smaller model, or the text's own
+# history. **Lookahead decoding** (Fu et al., ICML 2024) needs neither: the main model makes its
+# own guesses, in the same pass that checks them. It starts from an old idea.
+#
+# ### Jacobi iteration
+#
+# Greedy decoding solves $n$ equations, one per new position: $y_i = \arg\max p(\cdot \mid
+# \text{prompt}, y_1, \dots, y_{i-1})$. Solve them like a linear system by Jacobi's method:
+# guess all $n$ tokens, compute every right-hand side in ONE pass from the current guesses, make
+# those the new guesses, repeat until nothing changes. The fixed point is greedy decoding's
+# text (the first equation has no unknowns on its right, so $y_1$ is exact after one pass;
+# then $y_2$ reads an exact $y_1$; and so on), so $n$ passes always suffice. The question is
+# whether it is ever faster than that. `jacobi_step` is one pass (chapter 4's
+# `forward_with_cache` over `[last, guesses]`, the cache read and thrown away);
+# `jacobi_decode` iterates it.
+
+# %% tags=["source"]
+# solution: solutions.lookahead.jacobi_step
+# solution: solutions.lookahead.jacobi_decode
+
+# %% [markdown]
+# **Predict, then run.** Jacobi iteration for 10 tokens after a prompt. After each pass, how
+# many of the 10 guesses are already final (equal to the fixed point)? One more per pass, or
+# several at once?
+#
+# <details><summary>What to expect</summary>
+#
+# Usually one more per pass, now and then two. A guess is computed from the guesses before it:
+# while $y_{i-1}$ is wrong, $y_i$ is the model's prediction after a text that will not exist,
+# and it is right only by luck (a word that follows almost anything, a fixed phrase). So
+# correctness moves forward one position per pass, and Jacobi iteration costs as many passes as
+# greedy decoding, each over $n$ tokens. What it does produce, pass after pass, is a
+# *trajectory* per position: tokens the model wrote after plausible, nearly right texts.
+#
+# </details>
+
+# %%
+jacobi_prompt = tokenizer.encode("HAMLET.\nTo be, or not to be, that is the question")
+history = jacobi_decode(main, jacobi_prompt, 10)
+final = history[-1]
+for step, guesses in enumerate(history):
+    right = (guesses == final).int()
+    leading = int(right.cumprod(0).sum())
+    shown = tokenizer.decode(guesses.tolist()).replace("\n", "⏎")
+    print(f"pass {step:2}: {leading:2} final from the start, {int(right.sum()):2} right  {shown!r}")
+
+# %% [markdown]
+# ### The lookahead window, the n-gram pool and the verification branch
+#
+# Lookahead decoding keeps the trajectories and uses them. One pass of the main model holds
+# three things, after the cached text (everything but its newest token, `last`):
+#
+# - **`last`**, at offset 0.
+# - **The lookahead branch**: a window of $W$ columns and $N - 1$ levels of past guesses.
+#   Level $j$, column $i$ guesses the token at offset $i + j + 1$. Each level is one Jacobi
+#   iteration newer than the one below it and one position further on, so column $i$ read
+#   bottom-up is a run of $N - 1$ consecutive positions: a trajectory. The newest level's
+#   predictions become the next level; the oldest is dropped.
+# - **The verification branch**: up to $G$ candidate n-grams from the **pool** whose first
+#   token is `last`; their other $N - 1$ tokens sit at offsets $1, \dots, N - 1$.
+#
+# After the pass, each column's trajectory plus the token the pass just predicted after it is
+# an n-gram of $N$ consecutive positions, written by the model itself: it goes into the pool,
+# keyed on its first token. Candidates are checked exactly as drafts are: the main model's
+# prediction after `last`, then after each kept candidate token. With no draft model, no prompt
+# to copy from, lookahead decoding emits several tokens whenever a pooled n-gram was right.
+#
+# The attention mask makes one pass do all of it. Every token reads the cache and `last`. A
+# window token at level $j$, column $i$ reads level 0 in the columns before its own (offsets
+# $1, \dots, i$: the oldest guesses, one per position) and its own column up to itself
+# (offsets $i + 1, \dots, i + j + 1$: its trajectory). A candidate token reads its own
+# candidate up to itself. No token reads another branch: a window token that saw a candidate
+# would be computed from a text nobody wrote, and a candidate that saw the window would be
+# checked against the wrong text. Every token thus reads exactly one token per position before
+# it, a whole text, and the model cannot tell it is in a crowd. Chapter 4's
+# `forward_with_cache` takes this layout as `positions` (each token's position: the cache's
+# length plus its offset) and `allowed` (`[new, cached + new]`).
+#
+# ### Exercise: `lookahead_layout`
+#
+# `lookahead_layout(n_levels, window, n_candidates, ngram)` returns `offsets` `[new]` and
+# `allowed` `[new, new]` for the pass `[last, level 0, ..., level n_levels - 1, candidate 0,
+# ...]` (each level `window` tokens, each candidate `ngram - 1`). `at(level, column)` gives a
+# window token's index in the pass. Fill both tensors (the loops over levels, columns,
+# candidates and their tokens are fine: the pass has a few dozen tokens).
+#
+# Common mistakes: offsets off by one (level 0 starts at offset 1, right after `last`; each
+# level starts one further on); a window token that reads the candidates, or a candidate that
+# reads the window; a window token reading its own level's earlier columns instead of level
+# 0's (the newest level's guesses are not one text); forgetting that every token reads
+# `last`.
+#
+# The tests: offsets against the definition; no row reads another branch; every row reads
+# exactly one token at each offset up to its own, its own column included; and the real
+# model run with your layout gives every token HF's logits on the text its row reads.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Fill one row at a time. For each token, ask: which offset am I at, and which tokens make up
+# the text before me?
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# Column 0 of `allowed` is True everywhere. For the window, loop over levels and columns: the
+# offset is one more than the sum of the two; the row allows level 0 at every earlier column,
+# and the same column at every level up to and including its own. For the candidates, loop
+# over candidates and their tokens: the offset is one more than the token's index within its
+# candidate; the row allows the slice of the pass from the candidate's first token up to
+# itself.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("lookahead_layout")` in a new cell prints the
+# reference implementation. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="lookahead_layout"
+# solution: solutions.lookahead.lookahead_layout
+
+# %%
+check("lookahead_layout")
+
+# %% [markdown]
+# Your mask, drawn: $N = 4$, $W = 5$, three levels (a full window) and two candidates. Each row
+# is a token of the pass, each column a token it may read (the cached text, read by all, is
+# left out). Look for level 0's causal triangle, the diagonals of the columns' trajectories, and
+# the two small triangles of the candidates, alone in their corner.
+
+# %%
+offsets, allowed = lookahead_layout(3, 5, 2, 4)
+plot_lookahead_mask(offsets, allowed, n_levels=3, window=5, ngram=4)
+
+# %% [markdown]
+# ### Exercise: `harvest`
+#
+# After a pass with a full window (`n_levels = ngram - 1`), the newest level's predictions
+# `new` `[window]` complete one n-gram per column. `harvest(levels, new)` returns them as a list
+# of `(key, continuation)`: the key is the n-gram's first token, the continuation a tuple of
+# the other `ngram - 1`. The given `NgramPool` stores them by key (the newest first, at most
+# $G$ per key) and seeds itself with the prompt's own n-grams.
+#
+# Common mistakes: reading a level (a row) instead of a column; keying the n-gram on its last
+# token, or on the new one (the verification branch looks n-grams up by `last`, the token
+# *before* the guesses); leaving out `new`, or the oldest level.
+#
+# The tests: a window of known tokens, with 4-grams and with 2-grams.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Stack `new` under the levels: each column of the result, top to bottom, is one n-gram.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# Concatenate the levels and `new` (as one more level) along the level dimension and
+# transpose, so that each row is an n-gram; turn each row into its first token (an int) and a
+# tuple of the rest.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("harvest")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="lookahead_harvest"
+# solution: solutions.lookahead.harvest
+
+# %%
+check("lookahead_harvest")
+
+# %% tags=["source"]
+# solution: solutions.lookahead.NgramPool
+# solution: solutions.lookahead.gumbel_noise
+
+# %% [markdown]
+# ### Exercise: `verify`, exactly
+#
+# The pass gives the main model's logits after `last` (`first_logits`) and after every token
+# of every candidate (`candidate_logits[g, k]`: after candidate $g$'s tokens $0..k$). At
+# temperature 0 the rule is chapter 4's: keep each candidate's longest run that equals the
+# argmax, take the longest run, then the argmax after it.
+#
+# Sampling is the question the lookahead project's own discussion left open: can a pass with
+# several candidates keep the model's distribution? Section 4 answers it. Draw **one** vector
+# of Gumbel noise per position, $z_0, \dots, z_{N-1}$, shared by every candidate, and let each
+# candidate's pick at position $k$ be $\arg\max(\text{logits}_{g,k} / T + z_k)$. Keep each
+# candidate's run of picks equal to its own tokens; emit the longest run, then that candidate's
+# pick after it.
+#
+# **Why this is exact.** Candidates that agree on their first $k$ tokens read the same text,
+# so they have the same logits at position $k$, and with the same $z_k$ they make the same
+# pick: the emitted token at position $k$ is $\arg\max(\log p(\cdot \mid \text{text so far}) +
+# z_k)$ for the text emitted so far. That text was decided by $z_0, \dots, z_{k-1}$ and the
+# candidates, all independent of $z_k$; by the Gumbel-max trick the token follows
+# $p(\cdot \mid \text{text so far})$. The candidates only decide *how many* positions one pass
+# emits, never *which* token comes out. The noise of positions after the emitted ones is
+# thrown away unseen. (Multi-candidate rejection sampling, with the candidates as sure drafts,
+# keeps the same tokens with the same probabilities: a sure draft $c$ is kept with probability
+# $\min(1, p_c / 1) = p_c$.)
+#
+# Write the part of `verify` between the given lines: the picks `[n_cand, n + 1]`, each
+# candidate's run, the best candidate and its run.
+#
+# Common mistakes: noise drawn per candidate (`[n_cand, n + 1, d_vocab]`) instead of per
+# position (the end of this section measures what that does); the run counted as all the
+# matches rather than the leading ones; the temperature applied to the noise (it divides the
+# logits only); no generator.
+#
+# The tests: greedy on handmade logits (the longest argmax run, no candidate, a rejected
+# one); the generator; 6,000 draws of a handmade case where two candidates share their first
+# token: the first token follows $p$, and the second follows the model after the first
+# (chi-square).
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Everything is vectorised over candidates: the picks are one `argmax` over the vocabulary of a
+# `[n_cand, n + 1, d_vocab]` tensor, and the runs come from comparing the first $n$ picks with
+# the candidates.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# Without temperature the picks are the argmax of `logits`. With it, add to `logits / T` a
+# noise tensor of shape `[n + 1, d_vocab]` from `gumbel_noise` (it broadcasts over the
+# candidates) before the argmax. A candidate's run is the number of leading True in its row of
+# `picks[:, :n] == candidates`: a cumulative product of the row as integers, summed. The best
+# candidate is the argmax of the runs.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("verify")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="lookahead_verify"
+# solution: solutions.lookahead.verify
+
+# %%
+check("lookahead_verify")
+
+# %% tags=["source"]
+# solution: solutions.lookahead.verify_naive
+# solution: solutions.lookahead.LookaheadState
+
+# %% [markdown]
+# ### Exercise: `lookahead_round`
+#
+# One pass, all of it. The given lines look up the candidates for `last` in the pool, build the
+# layout and the pass `feed` (`last`, the window's levels, the candidates), and note `past`
+# (the cache's length) and `first` (the pass's index of the first candidate token). You write:
+#
+# 1. `allowed` `[new, past + new]`: the cached columns are readable by all, then your layout;
+#    one `forward_with_cache` with `positions=past + offsets`.
+# 2. `candidate_logits` `[n_cand, ngram - 1, d_vocab]` from the rows of the candidates; call
+#    `verifier` (it is `verify` unless the caller asks for the naive one).
+# 3. Trim the cache with `keep_only`: keep the cached text, `last`, and the kept run of the
+#    chosen candidate. Nothing of the window: its keys and values were computed from guesses.
+#
+# The given lines after yours advance the window (the newest level's argmax is the next level;
+# a full window is harvested into the pool and drops its oldest level) and return the emitted
+# tokens. `lookahead_generate` (given, after the exercise) runs rounds for each prompt.
+#
+# Common mistakes: keeping the window in the cache (the next pass then reads guesses as text);
+# keeping the run of candidate 0 instead of the chosen one; positions without `past`; a mask
+# without the cached columns (the pass forgets the prompt).
+#
+# The tests: at temperature 0, for four $(W, N, G)$ and prompts of 6, 18 and 20 tokens, the
+# tokens equal HF's greedy `generate`, in fewer passes than tokens; sampling, 1,200 copies of a
+# prompt whose last token starts two of its own 3-grams: the first and second new tokens follow
+# the main model (chi-square); the seed.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# This is `speculative_round` with the main model's pass built from a layout instead of
+# `[last, drafts]`, and one candidate's columns kept instead of the first $k + 1$.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# Concatenate a block of True `[new, past]` before the layout's `allowed`. The candidates' rows
+# of the logits start at `first`; reshape them to one row per candidate. For the cache, build a
+# bool mask over its columns: True for the first `past + 1`, True for the `run` columns that
+# start where the chosen candidate starts in the pass (after the cached ones); pass it to
+# `keep_only` with a batch dimension.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("lookahead_round")` in a new cell prints the
+# reference implementation. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="lookahead_round"
+# solution: solutions.lookahead.lookahead_round
+
+# %% tags=["source"]
+# solution: solutions.lookahead.start_lookahead
+# solution: solutions.lookahead.lookahead_generate
+
+# %%
+check("lookahead_round")
+
+# %% [markdown]
+# **Predict, then run.** Greedy text from the four prompts of section 3, by chapter 4's
+# generator and by lookahead decoding for a few $(W, N, G)$. Same texts? How many tokens per
+# main pass, compared with the n-gram drafter's?
+#
+# <details><summary>What to expect</summary>
+#
+# The same texts, token for token, for every setting. Tokens per pass grow with the window and
+# the number of candidates: more trajectories, more n-grams to try. Each pass is also much
+# wider ($1 + (N - 1)(W + G)$ tokens): whether that pays is section 7's question.
+#
+# </details>
+
+# %%
+with torch.inference_mode():
+    for window, ngram, guesses in [(5, 3, 5), (7, 4, 7), (10, 5, 10)]:
+        stats = SpeculativeStats()
+        texts = lookahead_generate(
+            main, tokenizer, demo_prompts, max_tokens_generated=n_new, window=window,
+            ngram=ngram, guesses=guesses, temperature=0.0, stats=stats,
+        )  # fmt: skip
+        width = 1 + (ngram - 1) * (window + guesses)
+        print(
+            f"W={window:2}, N={ngram}, G={guesses:2}: same texts {texts == plain}, tokens per "
+            f"main pass {stats.tokens_per_pass:.2f}, pass of up to {width} tokens"
+        )
+
+# %% [markdown]
+# ### Fresh noise per candidate: the bias, measured
+#
+# The first version one writes (the project's first sampling patch was close to it) checks each
+# candidate with its *own* noise and keeps the longest run: `verify_naive`. The prompt below
+# ends in " good", and its own 3-grams give two candidates that both start with " my". Let
+# $p$ be the model's probability of " my" after it. Exact verification emits " my" with
+# probability $p$. The naive one emits it when *either* check picks it: $1 - (1 - p)^2$.
+#
+# Section 5's couplings give the size of the gap. The two checks are two samplers of the same
+# distribution. With shared noise they always agree (`same_token_shared_gumbel(p, p)` = 1), so
+# they pick " my" together, with probability $p$; with independent noise both pick it with
+# probability $p^2$ only, and the naive verifier gains the difference,
+# $P(\text{either}) - p = p - p^2$: the mass where the two checks disagree and one of them says
+# " my". With $G$ candidates sharing a first token, $1 - (1 - p)^G$.
+#
+# **Predict, then run.** With $p$ printed below, how often will each verifier's first token be
+# " my" over many copies of the prompt?
+
+# %%
+naive_prompt = "GLOUCESTER.\nGood my lord, good my liege, good"
+naive_ids = tokenizer.encode(naive_prompt)
+my = tokenizer.encode(" my")[0]
+with torch.inference_mode():
+    p_my = float(main(torch.tensor([naive_ids]))[0, -1].softmax(-1)[my])
+n_copies = 300 if QUICK else 2000
+measured = {}
+with torch.inference_mode():
+    for name, verifier in [("exact", verify), ("naive", verify_naive)]:
+        rows = lookahead_generate(
+            main, tokenizer, [naive_prompt] * n_copies, max_tokens_generated=1, window=4,
+            ngram=3, guesses=4, temperature=1.0, seed=0, stop_at_eos=False, return_ids=True,
+            verifier=verifier,
+        )  # fmt: skip
+        measured[name] = sum(r[len(naive_ids)] == my for r in rows) / n_copies
+spread = 2 * math.sqrt(p_my * (1 - p_my) / n_copies)
+print(f"p(' my') = {p_my:.3f}; naive, predicted 1 - (1 - p)^2 = {1 - (1 - p_my) ** 2:.3f}")
+for name, value in measured.items():
+    print(f"{name:5} verifier: ' my' first in {value:.3f} of {n_copies} copies (± {spread:.3f})")
+
+# %% [markdown]
+# The naive verifier is biased exactly where two candidates share a token: towards text the
+# pool already holds, which at a temperature above 0 means towards repeating itself. Greedy,
+# both are the same (no noise to share). The shared-noise verifier costs nothing extra, and it
+# is the one `lookahead_generate` uses by default.
+#
+
+# %% [markdown]
+# ## 7. When does it pay?
 #
 # Say each draft is kept with probability $\alpha$, independently. A round emits
 # $1 + \alpha + \dots + \alpha^k$ tokens on average:

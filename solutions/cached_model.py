@@ -113,19 +113,53 @@ def positions_and_allowed(
     # END SOLUTION
 
 
+def explicit_layout(
+    model: DemoTransformer,
+    mask: Bool[Tensor, "batch all"],
+    n_new: int,
+    positions: Int[Tensor, "new"] | None,
+    allowed: Bool[Tensor, "new all"] | None,
+) -> tuple[Int[Tensor, "new"], Bool[Tensor, "new all"]]:
+    """Check a caller's own `positions` and `allowed` (chapter 5's lookahead decoding, where
+    the new tokens are not one sequence but several branches)."""
+    n_all = mask.shape[1]
+    if positions is None or allowed is None:
+        raise ValueError("give both positions [new] and allowed [new, past + new], or neither")
+    if not mask.all():
+        raise ValueError("positions and allowed cannot be combined with padding (attention_mask)")
+    if positions.shape != (n_new,) or positions.dtype != torch.long:
+        raise ValueError(f"positions must be a long tensor of shape ({n_new},), got "
+                         f"{positions.dtype} {tuple(positions.shape)}")  # fmt: skip
+    if bool((positions < 0).any()) or bool((positions >= model.cfg.n_ctx).any()):
+        raise ValueError(f"positions must lie in [0, n_ctx={model.cfg.n_ctx})")
+    if allowed.shape != (n_new, n_all) or allowed.dtype != torch.bool:
+        raise ValueError(f"allowed must be a bool tensor of shape ({n_new}, {n_all}) (new tokens, "
+                         f"cached + new), got {allowed.dtype} {tuple(allowed.shape)}")  # fmt: skip
+    own = allowed[:, n_all - n_new :].diagonal()
+    if not bool(own.all()):
+        raise ValueError("allowed must let every new token read its own key (its diagonal)")
+    return positions.to(mask.device), allowed.to(mask.device)
+
+
 def forward_with_cache(
     model: DemoTransformer,
     tokens: Int[Tensor, "batch new"],
     cache: KeyValueCache | None = None,
     attention_mask: Bool[Tensor, "batch new"] | None = None,
+    positions: Int[Tensor, "new"] | None = None,
+    allowed: Bool[Tensor, "new all"] | None = None,
 ) -> tuple[Float[Tensor, "batch new d_vocab"], KeyValueCache]:
     """Logits for the NEW tokens only, given the cache of everything before them, and the
     longer cache. `cache=None` starts from an empty cache: the logits are then those of
     `model(tokens)` (up to float rounding). `attention_mask` (False at left padding) lets the
-    rows of a batch hold prompts of different lengths."""
+    rows of a batch hold prompts of different lengths. Chapter 5's lookahead decoding passes
+    its own `positions` [new] and `allowed` [new, cached + new] (True where a new token may
+    read a key) instead of the causal ones."""
     cache, mask = start_forward(model, tokens, cache, attention_mask)
     n_new, n_all = tokens.shape[1], mask.shape[1]
-    if not mask.all():  # a left-padded batch: section 8's exercise
+    if positions is not None or allowed is not None:  # the caller's own layout
+        positions, allowed = explicit_layout(model, mask, n_new, positions, allowed)
+    elif not mask.all():  # a left-padded batch: section 8's exercise
         positions, allowed = positions_and_allowed(mask, n_new)
     else:  # no padding: `positions` [new] and `allowed` (changes 1 and 2 of section 5)
         # BEGIN SOLUTION

@@ -995,3 +995,65 @@ def plot_dual_pivot(probs: Float[Tensor, "d_vocab"], top_p: float, rounds: Seque
     fig.suptitle(f"Dual-pivot sampling, top-p = {top_p} (blue: the top-p set)", fontsize=10)
     fig.tight_layout()
     plt.show()
+
+
+def plot_lookahead_mask(
+    offsets: Int[Tensor, "new"],
+    allowed: Bool[Tensor, "new new"],
+    n_levels: int,
+    window: int,
+    ngram: int,
+    title: str = "",
+) -> None:
+    """The attention mask of one lookahead-decoding pass (the cached text, read by every token,
+    left out): row q is a token of the pass, a filled square at column k means q may read k.
+    The pass is `last`, then `n_levels` levels of `window` guesses, then candidates of
+    ngram - 1 tokens. Squares take the colour of the row's branch; each label is the token's
+    role and its offset after `last` (L1·3: level 1, offset 3; c0·2: candidate 0, offset 2)."""
+    for name, value, low in (("n_levels", n_levels, 1), ("window", window, 1), ("ngram", ngram, 2)):
+        if isinstance(value, bool) or not hasattr(value, "__index__") or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    offsets, allowed = torch.as_tensor(offsets), torch.as_tensor(allowed)
+    n = offsets.numel()
+    n_window = n_levels * window
+    if offsets.ndim != 1 or allowed.shape != (n, n) or (n - 1 - n_window) % (ngram - 1):
+        raise ValueError(
+            f"offsets must be [new] and allowed [new, new] for 1 + {n_levels} x {window} window "
+            f"tokens and whole candidates of {ngram - 1}; got {tuple(offsets.shape)} and "
+            f"{tuple(allowed.shape)}"
+        )
+    n_cand = (n - 1 - n_window) // (ngram - 1)
+    level_colours = plt.get_cmap("Oranges")(np.linspace(0.45, 0.85, n_levels))
+    cand_colours = plt.get_cmap("Blues")(np.linspace(0.5, 0.8, max(n_cand, 1)))
+    colours, labels = [np.array(plt.get_cmap("Greys")(0.6))], ["last"]
+    for q in range(1, n):
+        if q <= n_window:
+            j = (q - 1) // window
+            colours.append(level_colours[j])
+            labels.append(f"L{j}·{int(offsets[q])}")
+        else:
+            g = (q - 1 - n_window) // (ngram - 1)
+            colours.append(cand_colours[g])
+            labels.append(f"c{g}·{int(offsets[q])}")
+    image = np.ones((n, n, 4))
+    for q in range(n):
+        image[q, allowed[q].cpu().numpy().astype(bool)] = colours[q]
+    size = max(4.5, 0.28 * n + 1.5)
+    fig, ax = plt.subplots(figsize=(size, size), layout="constrained")
+    ax.imshow(image, interpolation="nearest")
+    ax.set_xticks(range(n), labels, rotation=90, fontsize=7)
+    ax.set_yticks(range(n), labels, fontsize=7)
+    ax.set_xticks(np.arange(-0.5, n, 1), minor=True)
+    ax.set_yticks(np.arange(-0.5, n, 1), minor=True)
+    ax.grid(which="minor", color="lightgrey", linewidth=0.5)
+    ax.tick_params(which="minor", length=0)
+    for edge in (0.5, n_window + 0.5):  # the borders between last, the window and candidates
+        ax.axhline(edge, color="black", linewidth=1)
+        ax.axvline(edge, color="black", linewidth=1)
+    ax.set_xlabel("may read (key)")
+    ax.set_ylabel("token of the pass (query)")
+    handles = [Patch(color=level_colours[j], label=f"window level {j}") for j in range(n_levels)]
+    handles += [Patch(color=cand_colours[0], label="candidates")] if n_cand else []
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    ax.set_title(title or f"Lookahead pass: W = {window}, N = {ngram}, {n_cand} candidates")
+    plt.show()

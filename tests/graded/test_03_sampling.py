@@ -29,15 +29,14 @@ from tests.graded._oracles import (
     BEAM_SCORE_ATOL,
     IN_PLACE,
     PROMPTS,
-    ROUNDED_TOP_P_CASES,
     assert_untouched,
     crafted_logits,
     draw,
-    exact_top_p_count,
     hf_beam_search,
     hf_greedy,
     hf_kept,
     hf_window_greedy,
+    rounded_top_p_cases_here,
 )
 from tests.graded._stats import assert_samples_follow
 from utils import grading
@@ -412,11 +411,10 @@ def test_filter_top_p_at_the_exact_boundary_matches_hf(impl):
 
 @pytest.mark.sample_top_p
 def test_filter_top_p_at_a_boundary_reached_through_rounding_matches_hf(impl):
-    for probs, top_p in ROUNDED_TOP_P_CASES:
+    for probs, top_p in rounded_top_p_cases_here():
         logits = torch.tensor(probs).log()
         got, kept, expected = top_p_against_hf(impl, logits, top_p, 1)
         n_kept, n_hf = int(kept.sum()), int(expected.sum())
-        assert n_hf == exact_top_p_count(logits, top_p), "test set-up: HF and exact sums differ"
         assert n_kept == n_hf, (
             f"probabilities {probs}, top_p={top_p}: the {n_hf} most likely reach {top_p} "
             f"exactly (HF keeps {n_hf}), you keep {n_kept}. "
