@@ -42,9 +42,18 @@ class Mutant:
 
 
 def _modules():
-    from tests.machinery.mutants import ch01, ch02, ch03, ch04, ch05, ch05_gumbel, ch06
+    from tests.machinery.mutants import (
+        ch01,
+        ch02,
+        ch03,
+        ch04,
+        ch05,
+        ch05_gumbel,
+        ch05_lookahead,
+        ch06,
+    )
 
-    return (ch01, ch02, ch03, ch04, ch05, ch05_gumbel, ch06)
+    return (ch01, ch02, ch03, ch04, ch05, ch05_gumbel, ch05_lookahead, ch06)
 
 
 @functools.cache
