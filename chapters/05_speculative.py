@@ -161,12 +161,12 @@ for name, m in [("main", main), ("draft", draft)]:
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - The draft: `torch.multinomial(draft_probs, 1, generator=generator)`, as an `int`.
-# - $u$: `torch.rand((), generator=generator)`; keep if `u * q[x] < p[x]`, and return
-#   `(x, True)`.
-# - Otherwise the residual `(p - q).clamp(min=0)`, divided by its sum, and one more
-#   `torch.multinomial`; return `(token, False)`.
-# - `acceptance_rate`: `torch.minimum(p, q)`, summed over `dim=-1`.
+# Draw the draft from $q$ with the generator, then one uniform number $u$. Compare $u$ times
+# the draft's probability under $q$ with its probability under $p$ (a product, so that no
+# division by zero can happen): below, the draft is kept. Otherwise take what $p$ has more of
+# than $q$, token by token (nothing where it has less), scale it to sum to one, and draw the
+# token from it. The acceptance rate is the mass the two distributions share: the smaller of
+# the two probabilities of each token, summed over the vocabulary.
 #
 # </details>
 #
@@ -300,16 +300,16 @@ plot_rejection_sampling(
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - `p = target_probs[:, :k].gather(-1, draft_tokens[..., None])[..., 0]`, the same for `q`
-#   from `draft_probs`: `[batch, k]`. Greedy: `best = target_probs.argmax(-1)`, and
-#   `keep = draft_tokens == best[:, :k]`.
-# - `accepted = keep.long().cumprod(dim=1).bool()`, `n = accepted.sum(dim=1)`.
-# - `rows = torch.arange(batch)`, `at = n.clamp(max=k - 1)`; the residual
-#   `(target_probs[rows, at] - draft_probs[rows, at]).clamp(min=0)`, normalised;
-#   `torch.where((n == k)[:, None], target_probs[:, k], residual)`; sample one token per row.
-#   Greedy: `best[rows, n]`.
-# - `tokens = torch.full((batch, k + 1), -1)`, then `tokens[:, :k] = torch.where(accepted,
-#   draft_tokens, -1)` and `tokens[rows, n] = next_token`.
+# - Pick out, for every row and draft position, the drafted token's probability under $p$
+#   and under $q$ (a gather along the vocabulary); draw one uniform per position and test as in
+#   section 1. Greedy: a draft passes when it is $p$'s argmax at its position.
+# - Only the leading run of passes counts: a running product of the passes along the positions
+#   gives the `accepted` mask, and its row sums the number kept.
+# - The token after the run: at the first rejected position, a draw from the residual of that
+#   position; when every draft passed, a draw from $p$ at the extra position $k$. (Pick each
+#   row's position with an index of rows and an index of positions.) Greedy: $p$'s argmax there.
+# - The output starts as -1 everywhere; the kept drafts go where `accepted` is True, and the
+#   new token right after them.
 #
 # </details>
 #
@@ -494,12 +494,13 @@ check("ngram_propose")
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - `keep = torch.cat([self.pending_mask, accepted[:, :k - 1]], dim=1) & ~done[:, None]`.
-# - `mask = self.cache.mask.clone(); mask[:, -self.fed:] &= keep`;
-#   `self.cache = self.cache.keep_only(mask)`.
-# - `all_kept = accepted.all(dim=1)`; `self.pending = torch.stack([drafts[:, -1], next_token],
-#   dim=1)`, `self.pending_mask = torch.stack([all_kept, torch.ones_like(all_kept)], dim=1)`,
-#   then `&= ~done[:, None]`; if `not all_kept.any()`, keep only the last column of both.
+# - The cache's last `self.fed` columns are what was fed this round: the pending tokens, then
+#   all drafts but the last. Keep a column if it was a real pending token or an accepted
+#   draft, and never in a finished row; hand that mask (the earlier columns unchanged) to
+#   `keep_only`.
+# - What to feed next round: the last draft when a row kept all of them (it was proposed, never
+#   fed), then the main model's token, which is always fed. Rows that kept everything need two
+#   pending columns, the others one; when no row kept everything, one column is enough.
 #
 # </details>
 #
@@ -562,11 +563,14 @@ check("model_drafter")
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - `feed = torch.cat([last[:, None], drafts], dim=1)`; `logits, cache =
-#   forward_with_cache(main, feed, cache)`: `[batch, k + 1, d_vocab]`.
-# - `torch.nn.functional.one_hot(drafts, d_vocab).float()` for sure guesses.
-# - `keep = torch.cat([ones [batch, 1], accepted], dim=1) & ~done[:, None]`;
-#   `mask = cache.mask.clone(); mask[:, -(k + 1):] &= keep; cache = cache.keep_only(mask)`.
+# - Put `last` in front of the drafts and run the main model once over the $k + 1$ columns,
+#   with its cache: position $i$'s logits are the distribution for draft $i + 1$, the last
+#   position's for the token after all of them.
+# - The target distributions are `sampling_probs` of those logits; a drafter that is sure of
+#   its guesses gives no `draft_probs`: build them as one-hot rows at the drafts.
+# - Of the last $k + 1$ cache columns, keep `last` (always) and the accepted drafts, and
+#   nothing in a finished row; the number of new tokens is the accepted count plus the main
+#   model's own token.
 #
 # </details>
 #
@@ -702,9 +706,10 @@ with torch.inference_mode():
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# Temperature 0: `logits.argmax(dim=-1)`. Otherwise `u = torch.rand(logits.shape,
-# generator=generator)`, clamped to at least `torch.finfo(u.dtype).tiny`;
-# `g = -torch.log(-torch.log(u))`; `(logits / temperature + g).argmax(dim=-1)`.
+# Temperature 0 needs no noise: the argmax. Otherwise draw one uniform number per logit with
+# the generator, keep it away from exactly zero (its logarithm would be infinite), turn it into
+# Gumbel noise with two logarithms and two minus signs, add it to the logits divided by the
+# temperature, and take the argmax over the vocabulary.
 #
 # </details>
 #
@@ -785,10 +790,11 @@ for T in [0.5, 1.0, 2.0]:
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# `both = (p > 0) & (q > 0)`; divide by `torch.where(both, p, 1.0)[..., :, None]` (and the same
-# for `q`) so that no division by 0 happens; `ratios = torch.maximum(p[..., None, :] / p_k,
-# q[..., None, :] / q_k)`; then `torch.where(both, 1 / ratios.sum(-1), 0.0).sum(-1)`. The other
-# two: `(p * q).sum(-1)` and `torch.minimum(p, q).sum(-1)`.
+# Mark the tokens possible under both distributions. For the ratios, divide by a copy of `p`
+# (and of `q`) where the impossible tokens are replaced by 1, so that no 0 / 0 appears; the
+# larger of the two ratio matrices, summed over $j$, is each $k$'s race weight; one over it is
+# $k$'s chance, counted only where $k$ is possible under both, then summed over $k$. The other
+# two are one line each: the products summed, and the minima summed.
 #
 # </details>
 #
@@ -1130,7 +1136,7 @@ check("lookahead_verify")
 #
 # The tests: at temperature 0, for four $(W, N, G)$ and prompts of 6, 18 and 20 tokens, the
 # tokens equal HF's greedy `generate`, in fewer passes than tokens; sampling, 1,200 copies of a
-# prompt whose last token starts two of its own 3-grams: the first and second new tokens follow
+# prompt whose last token starts three of its own 3-grams: the first and second new tokens follow
 # the main model (chi-square); the seed.
 #
 # <details><summary>Hint 1: a nudge</summary>
@@ -1199,26 +1205,28 @@ with torch.inference_mode():
 #
 # The first version one writes (the project's first sampling patch was close to it) checks each
 # candidate with its *own* noise and keeps the longest run: `verify_naive`. The prompt below
-# ends in " good", and its own 3-grams give two candidates that both start with " my". Let
-# $p$ be the model's probability of " my" after it. Exact verification emits " my" with
-# probability $p$. The naive one emits it when *either* check picks it: $1 - (1 - p)^2$.
+# ends in " is", and its own 3-grams give three candidates that all start with " the". Let
+# $p$ be the model's probability of " the" after it. Exact verification emits " the" with
+# probability $p$. The naive one emits it when *any* of the three checks picks it:
+# $1 - (1 - p)^3$.
 #
 # Section 5's couplings give the size of the gap. The two checks are two samplers of the same
 # distribution. With shared noise they always agree (`same_token_shared_gumbel(p, p)` = 1), so
-# they pick " my" together, with probability $p$; with independent noise both pick it with
-# probability $p^2$ only, and the naive verifier gains the difference,
-# $P(\text{either}) - p = p - p^2$: the mass where the two checks disagree and one of them says
-# " my". With $G$ candidates sharing a first token, $1 - (1 - p)^G$.
+# they pick " the" together, with probability $p$. With independent noise two checks agree
+# only with probability `same_token_independent(p, p)` $= \sum_k p_k^2$, and both pick " the"
+# with probability $p^2$: for two candidates the naive verifier gains
+# $P(\text{either}) - p = p - p^2$, the mass where the checks disagree and one of them says
+# " the". With $G$ candidates sharing a first token, $1 - (1 - p)^G$.
 #
 # **Predict, then run.** With $p$ printed below, how often will each verifier's first token be
-# " my" over many copies of the prompt?
+# " the" over many copies of the prompt?
 
 # %%
-naive_prompt = "GLOUCESTER.\nGood my lord, good my liege, good"
+naive_prompt = "CLOWN.\nWhat is the matter? What is the news? What is the reason? What is"
 naive_ids = tokenizer.encode(naive_prompt)
-my = tokenizer.encode(" my")[0]
+the = tokenizer.encode(" the")[0]
 with torch.inference_mode():
-    p_my = float(main(torch.tensor([naive_ids]))[0, -1].softmax(-1)[my])
+    p_the = float(main(torch.tensor([naive_ids]))[0, -1].softmax(-1)[the])
 n_copies = 300 if QUICK else 2000
 measured = {}
 with torch.inference_mode():
@@ -1228,14 +1236,14 @@ with torch.inference_mode():
             ngram=3, guesses=4, temperature=1.0, seed=0, stop_at_eos=False, return_ids=True,
             verifier=verifier,
         )  # fmt: skip
-        measured[name] = sum(r[len(naive_ids)] == my for r in rows) / n_copies
-spread = 2 * math.sqrt(p_my * (1 - p_my) / n_copies)
-print(f"p(' my') = {p_my:.3f}; naive, predicted 1 - (1 - p)^2 = {1 - (1 - p_my) ** 2:.3f}")
+        measured[name] = sum(r[len(naive_ids)] == the for r in rows) / n_copies
+spread = 2 * math.sqrt(p_the * (1 - p_the) / n_copies)
+print(f"p(' the') = {p_the:.3f}; naive, predicted 1 - (1 - p)^3 = {1 - (1 - p_the) ** 3:.3f}")
 for name, value in measured.items():
-    print(f"{name:5} verifier: ' my' first in {value:.3f} of {n_copies} copies (± {spread:.3f})")
+    print(f"{name:5} verifier: ' the' first in {value:.3f} of {n_copies} copies (± {spread:.3f})")
 
 # %% [markdown]
-# The naive verifier is biased exactly where two candidates share a token: towards text the
+# The naive verifier is biased exactly where candidates share a token: towards text the
 # pool already holds, which at a temperature above 0 means towards repeating itself. Greedy,
 # both are the same (no noise to share). The shared-noise verifier costs nothing extra, and it
 # is the one `lookahead_generate` uses by default.
@@ -1419,6 +1427,37 @@ plot_speedup(
 # No column was dropped, since row 0 needs all 5.
 #
 # </details>
+#
+# - Lookahead decoding keeps nothing of the window in the cache, not even a guess that turned
+#   out right. Why not keep the guesses that match the emitted text?
+#
+# <details><summary>Answer</summary>
+#
+# A window token's key and value were computed from the text its row of the mask let it read:
+# level 0's guesses and its own column, not the emitted text. Even when its own token is right,
+# the tokens it read may not be, and a later pass would read a key computed from a text that
+# never existed. The candidates' runs are different: a kept run read exactly `last` and the
+# run before it, which is the emitted text.
+#
+# </details>
+#
+# ## Further reading
+#
+# - Leviathan, Kalman and Matias, *Fast Inference from Transformers via Speculative Decoding*,
+#   ICML 2023 (arXiv:2211.17192); Chen et al., *Accelerating Large Language Model Decoding with
+#   Speculative Sampling*, 2023 (arXiv:2302.01318): the rejection sampler and its proof, and
+#   measured speed-ups for large models on accelerators.
+# - Fu, Bailis, Stoica and Zhang, *Break the Sequential Dependency of LLM Inference Using
+#   Lookahead Decoding*, ICML 2024 (arXiv:2402.02057), and its code,
+#   `github.com/hao-ai-lab/LookaheadDecoding` (pull request 6 is the sampling discussion this
+#   chapter settles by measurement).
+# - Santilli et al., *Accelerating Transformer Inference for Translation via Parallel
+#   Decoding*, ACL 2023 (arXiv:2305.10427): Jacobi decoding.
+# - Miao et al., *SpecInfer*, ASPLOS 2024 (arXiv:2305.09781): many candidates checked at once
+#   as a token tree, with multi-candidate rejection sampling.
+# - vLLM's rejection sampler (`vllm/v1/sample/rejection_sampler.py`) and its tests, ported in
+#   this repository's `tests/peers/`; prompt lookup decoding,
+#   `github.com/apoorvumang/prompt-lookup-decoding`.
 #
 # ## What's next
 #

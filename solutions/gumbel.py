@@ -42,11 +42,8 @@ def gumbel_sample(
 def same_token_shared_gumbel(
     p: Float[Tensor, "... d_vocab"], q: Float[Tensor, "... d_vocab"]
 ) -> Float[Tensor, "..."]:
-    """P(argmax(log p + G) == argmax(log q + G)) with the SAME noise G.
-
-    Both pick token k when G_k - G_j >= log(p_j / p_k) and >= log(q_j / q_k) for every j: k
-    wins one Gumbel race with weights r_j = max(p_j / p_k, q_j / q_k) (and r_k = 1), which
-    happens with probability 1 / sum_j r_j. Cost: a [d_vocab, d_vocab] matrix per row."""
+    """P(argmax(log p + G) == argmax(log q + G)) with the SAME noise G, exactly (the formula
+    is derived in the section above). Cost: a [d_vocab, d_vocab] matrix per row."""
     checks.probability_pair("p", p, "q", q)
     # BEGIN SOLUTION
     both = (p > 0) & (q > 0)  # log 0 = -inf never wins: k must be possible under p AND q

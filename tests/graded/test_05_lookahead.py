@@ -305,9 +305,10 @@ def test_greedy_lookahead_equals_greedy_generate(impl, shipped, hf_greedy_ids, c
 
 
 N_COPIES = 1_200
-SAMPLE_PROMPT = "GLOUCESTER.\nGood my lord, good my liege, good"
-"""Its last token, " good", starts two of its own 3-grams (" good my lord", " good my liege"):
-the first pass checks two candidates that share their first token."""
+SAMPLE_PROMPT = "CLOWN.\nWhat is the matter? What is the news? What is the reason? What is"
+"""Its last token, " is", starts three of its own 3-grams (" is the matter", " is the news",
+" is the reason"): the first pass checks three candidates that share their first token, which
+the model gives about 0.18 (fresh noise per candidate would emit it about 0.45 of the time)."""
 
 
 @pytest.mark.lookahead_round

@@ -87,11 +87,10 @@ def test_acceptance_rate_is_the_overlap(impl):
 @pytest.mark.parametrize("name", list(PAIRS))
 def test_one_token_follows_the_target(impl, name):
     # False failure for a correct implementation: 4 comparisons, at most 4 * ALPHA.
+    # The parts first (the kept rate, the kept tokens, the residual): each names its own
+    # mistake. The whole, the token following p, comes last.
     p, q, tokens, kept = run_one(impl, PAIRS[name])
     a = min_mass(p, q)
-    assert_samples_follow(
-        tokens, p, f"{name}: the token must follow p whatever q is (is the draft drawn from q?)"
-    )
     assert_rate(kept, a, f"{name}: the draft must be kept with probability sum min(p, q) = {a:.2f}")
     if 0 < a:
         assert_samples_follow(
@@ -105,8 +104,12 @@ def test_one_token_follows_the_target(impl, name):
             tokens[~kept],
             residual_of(p, q),
             f"{name}: after a rejection the token must follow max(0, p - q), renormalised (not "
-            "p itself: p would count the tokens the draft already covers twice)",
+            "p itself: p would count the tokens the draft already covers twice; not |p - q|: "
+            "that brings back the tokens q proposes more often than p wants)",
         )
+    assert_samples_follow(
+        tokens, p, f"{name}: the token must follow p whatever q is (is the draft drawn from q?)"
+    )
 
 
 # --------------------------------------------------------------------------- rejection_sample
