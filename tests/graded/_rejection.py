@@ -159,6 +159,11 @@ def forced_outcomes_give_the_layout(sample, device="cpu"):
     out, accepted = call_batch(sample, target, draft, drafts, seed=3, device=device)
     expected_out = [[1, 2, 3, 4], [1, 5, -1, -1], [0, -1, -1, -1]]
     expected_acc = [[True, True, True], [True, False, False], [False, False, False]]
+    assert accepted.tolist() != [[False] * k] * 3, (
+        "every draft was rejected, but row 0's are all certain (p = q = 1): is draft i tested "
+        "against target_probs[:, i + 1], the NEXT position? Position i's distribution is the one "
+        "draft i was drawn for (the last position, k, is only for the bonus token)"
+    )
     assert accepted.tolist() == expected_acc, (
         f"accepted should be {expected_acc}, got {accepted.tolist()}: True up to the first "
         "rejection only (row 2's second draft passes its own test, but comes after a rejection)"
@@ -258,6 +263,11 @@ def greedy_keeps_the_argmax_run(sample, device="cpu"):
         [b[2][0], -1, -1, -1],
         [b[3][0], b[3][1], b[3][2], -1],
     ]
+    assert int(accepted.sum()) > 0, (
+        f"greedy: no draft was kept, but rows 0, 1 and 3 draft the target's argmax (expected "
+        f"tokens {expected}). Is draft i compared with the argmax at position i + 1, the NEXT "
+        "position? Draft i is kept iff it is the argmax of target_probs[:, i]."
+    )
     assert out.tolist() == expected, (
         f"greedy: expected tokens {expected}, got {out.tolist()}. Keep a draft iff it is the "
         "target's argmax (and all before it were kept); the main model's token is the argmax "
