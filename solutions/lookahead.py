@@ -305,11 +305,14 @@ def lookahead_generate(
     checks.number("temperature", temperature, low=0.0)
     ids = [tokenizer.encode(p) for p in prompts]
     longest = max(map(len, ids))
-    if longest + max_tokens_generated + window + ngram > main.cfg.n_ctx:
+    # The last pass reads the cache (up to the prompt and max_tokens_generated - 1 tokens) and
+    # up to 1 + (ngram - 1) * (window + guesses) tokens of its own: all must fit in n_ctx.
+    widest = (ngram - 1) * (window + guesses)
+    if longest + max_tokens_generated + widest > main.cfg.n_ctx:
         raise ValueError(
             f"the longest prompt ({longest} tokens) plus max_tokens_generated="
-            f"{max_tokens_generated} plus window + ngram = {window + ngram} passes "
-            f"n_ctx={main.cfg.n_ctx}"
+            f"{max_tokens_generated} plus the widest pass's (ngram - 1) * (window + guesses) = "
+            f"{widest} tokens passes n_ctx={main.cfg.n_ctx}"
         )
     main.eval()
     stats = stats if stats is not None else SpeculativeStats()
@@ -321,10 +324,12 @@ def lookahead_generate(
         state = start_lookahead(main, prompt, window, ngram, guesses)
         text, new = list(prompt), []
         while len(new) < max_tokens_generated and not (stop_at_eos and eos in new):
+            window_tokens = state.levels.numel()  # the pass's lookahead branch
             emitted, n_checked = lookahead_round(
                 main, state, ngram, guesses, temperature, generator, verifier
             )
             stats.main_passes += 1
+            stats.fed += 1 + window_tokens + n_checked * (ngram - 1)
             stats.per_round.append(len(emitted))
             if n_checked:
                 stats.drafted += ngram - 1

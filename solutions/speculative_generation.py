@@ -33,6 +33,7 @@ class SpeculativeStats:
     tested: int = 0  # drafts the sampler tested: up to and including the first rejection
     accepted: int = 0
     per_round: list[int] = field(default_factory=list)  # new tokens of one row in one round
+    fed: int = 0  # tokens the main model's passes read, over all passes (its pass widths)
 
     @property
     def acceptance(self) -> float:
@@ -44,6 +45,11 @@ class SpeculativeStats:
     def tokens_per_pass(self) -> float:
         """New tokens per row per main-model pass (1 without speculation)."""
         return sum(self.per_round) / max(len(self.per_round), 1)
+
+    @property
+    def mean_width(self) -> float:
+        """Tokens per main-model pass, on average: what a pass costs depends on it."""
+        return self.fed / max(self.main_passes, 1)
 
     @property
     def passes_per_token(self) -> float:
@@ -220,6 +226,7 @@ def speculative_generate(
             main, cache, last, helper, k, sampling, generator, done
         )
         stats.main_passes += 1
+        stats.fed += k + 1
         for row in range(batch):
             if done[row]:
                 continue
