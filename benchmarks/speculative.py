@@ -1,39 +1,47 @@
-"""Speculative decoding's speed: chapter 5's `speculative_generate` against chapter 4's samplers.
+"""Speculative and lookahead decoding's speed: chapter 5's generators against chapter 4's.
 
     python benchmarks/speculative.py [--runs 3] [--ks 1,2,3,4,5,6] [--temperatures 0,0.7,1]
-                                     [--tokens 200] [--prompts 4] [--device cpu|cuda]
-                                     [--threads 1] [--load N] [--quick]
+                                     [--lookahead 5,3,5/7,4,7] [--tokens 150] [--prompts 2]
+                                     [--device cpu|cuda] [--threads 1] [--load N] [--quick]
 
-Prints one JSON object with four parts:
+Prints one JSON object:
 
-- `batch1`: for each temperature, drafter ("model": the shakespeare-draft model; "ngram":
-  prompt lookup) and k, the tokens/s of `speculative_generate` on each of the first `--prompts`
-  prompts in turn (batch 1), against chapter 4's `CachedTransformerSampler` at the same
-  temperature on the same prompts (greedy at T = 0). `speedup` is the median over runs of the
-  ratio within a run (both timed seconds apart, so a busy spell hits both). Also: main-model
-  passes per token, tokens per pass, alpha (the fraction of tested drafts kept: drafts after a
-  rejection are not tested), and at T = 0 whether the tokens are the baseline's (`identical`).
-- `batch4`: the first four prompts in one call at T = 0, against chapter 4's `generate_batch`.
-- `cost_model`: c (a drafted token's cost in main-model steps: the draft model's cached
-  one-token step over the main model's, both with a cache of `cache_len` positions; for the
-  ngram drafter, its `propose` call over k, `ngram_propose` inside) and v_k (a main-model pass
-  over k + 1 new tokens over a pass over 1). Each batch-1 configuration gets the predicted
-  speed-up (1 - alpha^(k+1)) / ((1 - alpha) (c k + v_k)), which assumes every draft is kept
-  with the same probability alpha, independently of the others, and that the baseline costs
-  one main-model step per token; `predicted_speedup_from_tpp` puts the measured tokens per
-  pass in place of the i.i.d. formula, and `round_cost_measured` (a round's seconds in
-  main-model steps) stands beside the modeled c k + v_k, to tell the assumptions apart.
+- `workloads`: for each of `utils/speed.py`'s three workloads (open-ended text, greedy text that
+  loops, an input-grounded task; `--prompts` prompts each, batch 1), what its greedy text is
+  like (`repeat_rate`: the fraction of new tokens that end a 4-gram seen before; `copy_rate`:
+  that end a 4-gram of the prompt), then for each temperature and method (drafter "model":
+  the shakespeare-draft model; "ngram": prompt lookup; "lookahead": lookahead decoding with
+  window W, n-gram N, G candidates) the tokens/s against chapter 4's `CachedTransformerSampler`
+  on the same prompts. `speedup` is the median over runs of the ratio within a run (both timed
+  seconds apart, so a busy spell hits both). Also: main-model passes per token, tokens per
+  pass, alpha (the fraction of tested drafts or candidate tokens kept), at T = 0 whether the
+  tokens are the baseline's (`identical`), and the cost model's prediction.
+- `batch4`: the first four prompts of the workloads in one call at T = 0, against chapter 4's
+  `generate_batch` (the drafters only: lookahead decoding runs one text at a time).
+- `cost_model`: the isolated timings (s1, a main-model step after 100 cached positions; c, the
+  draft model's step over s1; v, a main pass of n tokens over s1 after 40 and 160 cached
+  positions) and, per method and temperature, a round's cost measured inside real runs on a
+  calibration prompt that is none of the workloads': drafting, the main pass, and the fixed
+  rest f (the sampler, trimming caches, Python), in main steps. A configuration's prediction
+  is b * tokens_per_pass / round_cost, with b the baseline's measured cost per token and the
+  round cost rescaled (the pass, by v) to the workload's mean pass width and cached length;
+  `predicted_speedup_iid` uses the textbook (1 - alpha^(k+1)) / ((1 - alpha) (c k + v_k))
+  instead. `what_if`: the textbook formula at the model drafter's measured alpha with the
+  measured c, and with c = 0.05 and v = 1 (a large model and a small draft on a GPU).
 - `goals`: goal1, the best T = 0 configuration is >= 1.5 times as fast as the cached greedy
   sampler, with the same tokens; goal2, the model drafter's best k at T = 0 needs <= 0.5
-  main-model passes per token; goal3, the measured speed-ups lie within 15 % of the predicted
-  ones (the median relative error over configurations).
+  main-model passes per token; goal3, the measured speed-ups lie within 10 % of the
+  predicted ones (the median relative error over configurations); goal4, lookahead decoding
+  at T = 0 needs fewer main passes per token than the n-gram drafter on open-ended text (each
+  at its best setting); goal5, every T = 0 run gives the baseline's tokens.
 
 Every run generates `--tokens` new tokens per prompt (no stop at end-of-text), fewer if the
-longest prompt plus the tokens plus k + 1 would not fit the model's n_ctx. The default run takes
-about 8 minutes on a quiet 2-core CPU (11 with `--prompts 6`). `--quick` is a smoke test (k in
-{1, 3}, T = 0, one prompt, 40 tokens: 15 s). `--load N` starts N busy processes beside the
-benchmark (those of benchmarks/generate.py); `--threads T` sets PyTorch's intra-op threads
-(default 1: the ratios then do not depend on how busy the other core is).
+longest prompt plus the tokens plus the widest pass would not fit the model's n_ctx. The
+default run takes about 15 minutes on a quiet 2-core CPU. `--quick` is a smoke test (k in
+{1, 3}, T = 0, lookahead 5,3,5, one prompt per workload, 30 tokens, one run). `--load N` starts
+N busy processes beside the benchmark (those of benchmarks/generate.py); `--threads T` sets
+PyTorch's intra-op threads (default 1: the ratios then do not depend on how busy the other
+core is).
 """
 
 from __future__ import annotations
@@ -45,15 +53,14 @@ import platform
 import statistics
 import sys
 import time
-from functools import partial
 
 import torch
 
 from solutions.batched import generate_batch
-from solutions.cached_model import forward_with_cache
 from solutions.cached_sampling import CachedTransformerSampler
-from solutions.drafters import NgramDrafter
+from solutions.lookahead import lookahead_generate
 from solutions.speculative_generation import SpeculativeStats, speculative_generate
+from utils import speed
 from utils.models import load_model
 
 try:  # python -m benchmarks.speculative, from the repository root
@@ -61,18 +68,10 @@ try:  # python -m benchmarks.speculative, from the repository root
 except ModuleNotFoundError:  # python benchmarks/speculative.py: this folder is on sys.path
     from generate import load, timed
 
-PROMPTS = [
-    "HAMLET.\nTo be, or not to be,",
-    "ROMEO.\n",
-    "JULIET.\nO Romeo,",
-    "KING LEAR.\nBlow, winds,",
-    "PORTIA.\nThe quality of mercy",
-    "PROSPERO.\nWe are such stuff as dreams",
-]
 DRAFTERS = ("model", "ngram")
 BATCH = 4
 NGRAM = 2  # the ngram drafter's n
-CACHE_LEN = 100  # cached positions for the cost model's timings
+GPU_LIKE = {"c": 0.05, "v": 1.0}  # the what-if: a small draft for a large model on a GPU
 
 
 def progress(message: str) -> None:
@@ -85,56 +84,240 @@ def iid_tokens_per_pass(alpha: float, k: int) -> float:
     return sum(alpha**i for i in range(k + 1))
 
 
-def bench_batch1(main, draft, tokenizer, drafters, prompts, ks, temperatures, tokens, runs):
-    """Chapter 4's cached sampler and every (drafter, k), prompt after prompt, interleaved.
-    Returns, per temperature: each method's seconds per run (summed over the prompts), the
-    pooled statistics of each (drafter, k), and at T = 0 whether each one's tokens matched."""
-    sampler = CachedTransformerSampler(main, tokenizer)
-    device = next(main.parameters()).device
-    ids = [tokenizer.encode(p) for p in prompts]
-    configs = [(d, k) for d in drafters for k in ks]
+def config_name(method: str, setting) -> str:
+    return f"k={setting}" if method != "lookahead" else "W={},N={},G={}".format(*setting)
 
-    def method(name, prompt_index, temperature, seed, stats=None, n=tokens):
-        if name == "baseline":
-            return lambda: sampler.sample(
-                ids[prompt_index], n, temperature=temperature, seed=seed, stop_at_eos=False
-            ).tolist()
-        drafter, k = name
-        return lambda: speculative_generate(
-            main, draft, tokenizer, [prompts[prompt_index]], k=k, max_tokens_generated=n,
-            temperature=temperature, seed=seed, stop_at_eos=False, drafter=drafter,
-            ngram=NGRAM, stats=stats, return_ids=True,
-        )[0]  # fmt: skip
 
+class Methods:
+    """Every method as a call: `call(method, setting, prompt, temperature, seed, n, stats)`
+    returns the new token ids of one prompt (batch 1); "baseline" is chapter 4's sampler."""
+
+    def __init__(self, main, draft, tokenizer):
+        self.main, self.draft, self.tokenizer = main, draft, tokenizer
+        self.sampler = CachedTransformerSampler(main, tokenizer)
+
+    def call(self, method, setting, prompt, temperature, seed, n, stats=None):
+        ids = self.tokenizer.encode(prompt)
+        if method == "baseline":
+            out = self.sampler.sample(ids, n, temperature=temperature, seed=seed, stop_at_eos=False)
+            return out.tolist()[len(ids) :]
+        common = dict(max_tokens_generated=n, temperature=temperature, seed=seed,
+                      stop_at_eos=False, stats=stats, return_ids=True)  # fmt: skip
+        if method == "lookahead":
+            window, ngram, guesses = setting
+            out = lookahead_generate(self.main, self.tokenizer, [prompt], window=window,
+                                     ngram=ngram, guesses=guesses, **common)  # fmt: skip
+        else:
+            out = speculative_generate(
+                self.main, self.draft, self.tokenizer, [prompt], k=setting, drafter=method,
+                ngram=NGRAM, **common,
+            )  # fmt: skip
+        return list(out[0])[len(ids) :]
+
+
+def bench_workloads(methods: Methods, configs, workloads, temperatures, tokens, runs, device):
+    """Every workload's prompts, baseline and configurations interleaved (the order rotated),
+    `runs` times. Returns, per (workload, temperature): seconds per run of each name, pooled
+    statistics per configuration, and at T = 0 whether each one's tokens matched."""
     names = ["baseline", *configs]
     for temperature in temperatures:  # warm-up: one short call of each
         for name in names:
-            method(name, 0, temperature, 0, n=min(tokens, 20))()
-    results = {
-        t: {
-            "seconds": {name: [0.0] * runs for name in names},
-            "stats": {c: SpeculativeStats() for c in configs},
-            "identical": {c: True for c in configs},
-        }
-        for t in temperatures
-    }
+            method, setting = ("baseline", None) if name == "baseline" else name
+            methods.call(method, setting, speed.CALIBRATION_PROMPT, temperature, 0, 10)
+    results = {}
     for run in range(runs):
-        progress(f"batch 1: run {run + 1}/{runs}")
-        for temperature in temperatures:
-            result = results[temperature]
-            for i in range(len(prompts)):
-                shift = (run * len(prompts) + i) % len(names)
-                outputs = {}
-                for name in names[shift:] + names[:shift]:  # rotate the order
-                    stats = result["stats"].get(name)
-                    call = method(name, i, temperature, seed=1000 * run + i, stats=stats)
-                    seconds, outputs[name] = timed(call, device)
-                    result["seconds"][name][run] += seconds
-                if temperature == 0:
-                    for config in configs:
-                        same = outputs[config] == outputs["baseline"]
-                        result["identical"][config] &= same
+        progress(f"workloads: run {run + 1}/{runs}")
+        for workload, prompts in workloads.items():
+            for temperature in temperatures:
+                result = results.setdefault((workload, temperature), {
+                    "seconds": {name: [0.0] * runs for name in names},
+                    "stats": {c: SpeculativeStats() for c in configs},
+                    "identical": {c: True for c in configs},
+                })  # fmt: skip
+                for i, prompt in enumerate(prompts):
+                    shift = (run * len(prompts) + i) % len(names)
+                    outputs = {}
+                    for name in names[shift:] + names[:shift]:
+                        method, setting = ("baseline", None) if name == "baseline" else name
+                        stats = result["stats"].get(name)
+                        seed = 1000 * run + i
+                        args = (method, setting, prompt, temperature, seed, tokens, stats)
+                        call = lambda args=args: methods.call(*args)  # noqa: E731
+                        seconds, outputs[name] = timed(call, device)
+                        result["seconds"][name][run] += seconds
+                    if temperature == 0:
+                        for config in configs:
+                            result["identical"][config] &= outputs[config] == outputs["baseline"]
     return results
+
+
+def calibrate(methods: Methods, configs, temperatures, tokens, costs, repeats) -> dict:
+    """Per (configuration, temperature): a round's cost measured inside runs on the calibration
+    prompt (speed.round_costs), in main steps."""
+    calibrated = {}
+    for config in configs:
+        for temperature in temperatures:
+            method, setting = config
+
+            def run(stats, method=method, setting=setting, temperature=temperature):
+                methods.call(method, setting, speed.CALIBRATION_PROMPT, temperature, 0, tokens,
+                             stats)  # fmt: skip
+
+            calibrated[(config, temperature)] = speed.round_costs(
+                run, SpeculativeStats, methods.main, costs["s1"], repeats
+            )
+    return calibrated
+
+
+def text_shapes(methods: Methods, workloads, tokens) -> dict:
+    """Each workload's greedy text: how much it repeats itself, and copies its prompt."""
+    shapes = {}
+    for workload, prompts in workloads.items():
+        repeats, copies = [], []
+        for prompt in prompts:
+            ids = methods.tokenizer.encode(prompt)
+            new = methods.call("baseline", None, prompt, 0.0, 0, tokens)
+            repeats.append(speed.repeat_rate(ids + new, len(ids)))
+            copies.append(speed.copy_rate(ids + new, len(ids)))
+        shapes[workload] = {
+            "about": speed.WORKLOADS[workload]["about"],
+            "prompt_tokens": [len(methods.tokenizer.encode(p)) for p in prompts],
+            "greedy_repeat_rate": round(statistics.mean(repeats), 3),
+            "greedy_copy_rate": round(statistics.mean(copies), 3),
+        }
+    return shapes
+
+
+def report_workloads(results, calibrated, costs, configs, workloads, tokenizer, tokens, runs):
+    """Tokens/s, speed-ups, statistics and both predictions, per workload and temperature."""
+    s1 = costs["s1"]
+    report = {}
+    for (workload, temperature), result in results.items():
+        prompts = workloads[workload]
+        n_tokens = tokens * len(prompts)
+        base = result["seconds"]["baseline"]
+        b = statistics.median(base) / n_tokens / s1  # the baseline's token, in main steps
+        cache_len = statistics.mean(len(tokenizer.encode(p)) for p in prompts) + tokens / 2
+        part = {"baseline_tokens_per_s": round(n_tokens / statistics.median(base), 1),
+                "baseline_steps_per_token": round(b, 3)}  # fmt: skip
+        for config in configs:
+            method, setting = config
+            stats, seconds = result["stats"][config], result["seconds"][config]
+            cal = calibrated[(config, temperature)]
+            cal_len = len(tokenizer.encode(speed.CALIBRATION_PROMPT)) + cal["tokens"] / 2
+            cost = speed.predicted_round_cost(cal, costs, stats.mean_width, cache_len, cal_len)
+            predicted = speed.predicted_speedup(b, stats.tokens_per_pass, cost)
+            speedup = median_ratio(base, seconds)
+            row = {
+                "tokens_per_s": round(n_tokens / statistics.median(seconds), 1),
+                "speedup": round(speedup, 3),
+                "passes_per_token": round(stats.passes_per_token, 3),
+                "tokens_per_pass": round(stats.tokens_per_pass, 3),
+                "alpha": round(stats.acceptance, 3),
+                "mean_pass_width": round(stats.mean_width, 2),
+                "round_cost": round(cost, 3),
+                "predicted_speedup": round(predicted, 3),
+                "measured_over_predicted": round(speedup / predicted, 3),
+                "within_10pct": abs(speedup / predicted - 1) <= 0.10,
+            }
+            if method != "lookahead":
+                c = costs["c"] if method == "model" else costs["c_ngram"][setting]
+                v = speed.v_at(costs, setting + 1, speed.CACHE_LEN)
+                iid = iid_tokens_per_pass(min(stats.acceptance, 0.999), setting)
+                row["predicted_speedup_iid"] = round(iid / (c * setting + v), 3)
+            if temperature == 0:
+                row["identical"] = result["identical"][config]
+            part.setdefault(method, {})[config_name(method, setting)] = row
+        report.setdefault(workload, {})[f"T={temperature:g}"] = part
+    return report
+
+
+def what_if(report: dict, costs: dict, ks: list[int]) -> dict | None:
+    """The textbook formula at the model drafter's measured alpha (greedy, looping text; k = 4,
+    or the largest k below it that ran), with the measured c and v_k, and with a GPU-like pair
+    (c = 0.05, v_k = 1)."""
+    k = max([x for x in ks if x <= 4] or ks)
+    row = report.get("looping", {}).get("T=0", {}).get("model", {}).get(f"k={k}")
+    if row is None:
+        return None
+    alpha = min(row["alpha"], 0.999)
+    gain = iid_tokens_per_pass(alpha, k)
+    v = speed.v_at(costs, k + 1, speed.CACHE_LEN)
+    return {
+        "k": k,
+        "alpha": row["alpha"],
+        "measured_c_and_v": {
+            "c": round(costs["c"], 3),
+            "v_k": round(v, 3),
+            "speedup": round(gain / (costs["c"] * k + v), 3),
+        },  # fmt: skip
+        "gpu_like": {**GPU_LIKE, "speedup": round(gain / (GPU_LIKE["c"] * k + GPU_LIKE["v"]), 3)},
+    }
+
+
+def check_goals(report: dict) -> dict:
+    """The five goals, from the workloads' report."""
+    rows = [
+        {"workload": w, "greedy": t == "T=0", "method": m, "config": c, **row}
+        for w, by_t in report.items()
+        for t, part in by_t.items()
+        if t.startswith("T=")
+        for m, configs in part.items()
+        if isinstance(configs, dict)
+        for c, row in configs.items()
+    ]
+    greedy = [r for r in rows if r["greedy"]]
+    goals = {}
+    if greedy:
+        best = max(greedy, key=lambda r: r["speedup"])
+        goals["goal1"] = {
+            "passed": best["speedup"] >= 1.5 and best["identical"],
+            "target": ">= 1.5x the cached greedy sampler, same tokens",
+            "best": f"{best['method']} {best['config']} on {best['workload']} text",
+            "speedup": best["speedup"],
+        }
+        model = [r for r in greedy if r["method"] == "model"]
+        if model:
+            best = max(model, key=lambda r: r["speedup"])
+            goals["goal2"] = {
+                "passed": best["passes_per_token"] <= 0.5,
+                "target": "<= 0.5 main passes per token at the model drafter's best k",
+                "at": f"{best['config']} on {best['workload']} text",
+                "passes_per_token": best["passes_per_token"],
+            }
+    errors = [abs(r["measured_over_predicted"] - 1) for r in rows]
+    goals["goal3"] = {
+        "passed": statistics.median(errors) <= 0.10,
+        "target": "measured speed-up within 10 % of predicted (median over configurations)",
+        "median_relative_error": round(statistics.median(errors), 3),
+        "within_10pct": f"{sum(e <= 0.10 for e in errors)} of {len(errors)}",
+        "by_method": {
+            m: round(
+                statistics.median(
+                    abs(r["measured_over_predicted"] - 1) for r in rows if r["method"] == m
+                ),
+                3,
+            )  # fmt: skip
+            for m in sorted({r["method"] for r in rows})
+        },
+    }
+    open_greedy = [r for r in greedy if r["workload"] == "open-ended"]
+    look = [r["passes_per_token"] for r in open_greedy if r["method"] == "lookahead"]
+    ngram = [r["passes_per_token"] for r in open_greedy if r["method"] == "ngram"]
+    if look and ngram:
+        goals["goal4"] = {
+            "passed": min(look) < min(ngram),
+            "target": "lookahead at T = 0 needs fewer main passes per token than the n-gram "
+            "drafter on open-ended text (each at its best setting)",
+            "lookahead": min(look),
+            "ngram": min(ngram),
+        }
+    goals["goal5"] = {
+        "passed": all(r["identical"] for r in greedy),
+        "target": "every T = 0 run gives the baseline's tokens",
+        "identical": f"{sum(r['identical'] for r in greedy)} of {len(greedy)}",
+    }
+    return goals
 
 
 def bench_batch4(main, draft, tokenizer, drafters, prompts, ks, tokens, runs):
@@ -172,110 +355,6 @@ def bench_batch4(main, draft, tokenizer, drafters, prompts, ks, tokens, runs):
     return seconds, stats, identical
 
 
-@torch.inference_mode()
-def cost_model(main, draft, text, prompt_len, ks, reps):
-    """c and v_k from cached forward steps with a cache of CACHE_LEN positions (medians of
-    `reps` interleaved steps), and the ngram drafter's c per k from its `propose` calls over
-    every prefix of `text` (a greedy text) past the prompt."""
-    device = next(main.parameters()).device
-    context = torch.tensor([text[:CACHE_LEN]], device=device)
-    main_cache = forward_with_cache(main, context)[1]
-    draft_cache = forward_with_cache(draft, context)[1]
-    widths = {1, *(k + 1 for k in ks)}
-    feeds = {n: torch.tensor([text[CACHE_LEN : CACHE_LEN + n]], device=device) for n in widths}
-    steps = {("main", n): partial(forward_with_cache, main, feed, main_cache)
-             for n, feed in feeds.items()}  # fmt: skip
-    steps[("draft", 1)] = partial(forward_with_cache, draft, feeds[1], draft_cache)
-    seconds = {name: [] for name in steps}
-    for _ in range(reps + 5):  # the first 5: warm-up
-        for name, step in steps.items():
-            seconds[name].append(timed(step, device)[0])
-    step = {name: statistics.median(s[5:]) for name, s in seconds.items()}
-    main_step = step[("main", 1)]
-
-    # The ngram drafter: what a round's `propose` costs, averaged over the text's lengths.
-    drafter = NgramDrafter(NGRAM)
-    prefixes = [text[:n] for n in range(prompt_len, len(text) + 1)]
-    ngram_seconds = {}
-    for k in ks:
-        runs = []
-        for _ in range(5):
-            start = time.perf_counter()
-            for prefix in prefixes:
-                drafter.start([prefix])
-                drafter.propose(k)
-            runs.append((time.perf_counter() - start) / len(prefixes))
-        ngram_seconds[k] = statistics.median(runs)
-    return {
-        "main_step_s": main_step,
-        "draft_step_s": step[("draft", 1)],
-        "c_model": step[("draft", 1)] / main_step,
-        "v": {k: step[("main", k + 1)] / main_step for k in ks},
-        "ngram_s": ngram_seconds,
-        "c_ngram": {k: ngram_seconds[k] / k / main_step for k in ks},
-    }
-
-
-def ngram_works(main, tokenizer) -> str | None:
-    """None if the ngram drafter runs on the main model's device, else the error."""
-    try:
-        speculative_generate(
-            main, None, tokenizer, [PROMPTS[0]], k=2, max_tokens_generated=4, temperature=0.0,
-            stop_at_eos=False, drafter="ngram",
-        )  # fmt: skip
-    except RuntimeError as error:
-        return f"{type(error).__name__}: {error}"
-    return None
-
-
-def median_ratio(slow: list[float], fast: list[float]) -> float:
-    """The median over runs of slow / fast seconds: a speed-up measured within each run."""
-    return statistics.median(s / f for s, f in zip(slow, fast, strict=True))
-
-
-def report_batch1(single: dict, costs: dict, drafters, ks, n_tokens: int, runs: int) -> dict:
-    """Tokens/s, speed-ups, statistics and the cost model's predictions, per temperature."""
-    main_step = costs["main_step_s"]
-    batch1 = {}
-    for temperature, result in single.items():
-        base = result["seconds"]["baseline"]
-        base_per_token = statistics.median(base) / n_tokens
-        part = {
-            "baseline_tokens_per_s": round(1 / base_per_token, 1),
-            # The cost model counts one main-model step per baseline token: is it so?
-            "baseline_s_per_token_over_main_step": round(base_per_token / main_step, 3),
-        }
-        for drafter in drafters:
-            part[drafter] = {}
-            for k in ks:
-                stats, seconds = result["stats"][(drafter, k)], result["seconds"][(drafter, k)]
-                alpha = stats.acceptance
-                c = costs["c_model"] if drafter == "model" else costs["c_ngram"][k]
-                round_cost = c * k + costs["v"][k]  # in main-model steps
-                predicted = iid_tokens_per_pass(alpha, k) / round_cost
-                speedup = median_ratio(base, seconds)
-                row = {
-                    "tokens_per_s": round(n_tokens / statistics.median(seconds), 1),
-                    "speedup": round(speedup, 3),
-                    "passes_per_token": round(stats.passes_per_token, 3),
-                    "tokens_per_pass": round(stats.tokens_per_pass, 3),
-                    "alpha": round(alpha, 3),
-                    "predicted_speedup": round(predicted, 3),
-                    "predicted_speedup_from_tpp": round(stats.tokens_per_pass / round_cost, 3),
-                    "measured_over_predicted": round(speedup / predicted, 3),
-                    "within_15pct": abs(speedup / predicted - 1) <= 0.15,
-                    "round_cost_modeled": round(round_cost, 3),
-                    "round_cost_measured": round(
-                        statistics.median(seconds) / (stats.main_passes / runs) / main_step, 3
-                    ),
-                }
-                if temperature == 0:
-                    row["identical"] = result["identical"][(drafter, k)]
-                part[drafter][f"k={k}"] = row
-        batch1[f"T={temperature:g}"] = part
-    return batch1
-
-
 def report_batch4(seconds: dict, stats: dict, identical: dict, drafters, ks, n_tokens: int):
     """Tokens/s and speed-ups over `generate_batch`, with the statistics (alpha pooled over the
     rows, passes per token per row)."""
@@ -295,94 +374,88 @@ def report_batch4(seconds: dict, stats: dict, identical: dict, drafters, ks, n_t
     return batch4
 
 
-def check_goals(batch1: dict) -> dict:
-    """The three goals, from the batch-1 report."""
-    rows = [
-        {"drafter": drafter, "k": int(k[2:]), "greedy": temperature == "T=0", **row}
-        for temperature, part in batch1.items()
-        for drafter, configs in part.items()
-        if isinstance(configs, dict)
-        for k, row in configs.items()
-    ]
-    greedy = [r for r in rows if r["greedy"]]
-    goals = {}
-    if greedy:
-        best = max(greedy, key=lambda r: r["speedup"])
-        goals["goal1"] = {
-            "passed": best["speedup"] >= 1.5 and best["identical"],
-            "target": ">= 1.5x the cached greedy sampler, same tokens",
-            "best": f"{best['drafter']} k={best['k']}",
-            "speedup": best["speedup"],
-            "identical": best["identical"],
-        }
-        model = [r for r in greedy if r["drafter"] == "model"]
-        if model:
-            best = max(model, key=lambda r: r["speedup"])
-            goals["goal2"] = {
-                "passed": best["passes_per_token"] <= 0.5,
-                "target": "<= 0.5 main passes per token at the model drafter's best k",
-                "k": best["k"],
-                "passes_per_token": best["passes_per_token"],
-                "fewest_passes_per_token": min(r["passes_per_token"] for r in model),
-            }
-    errors = [abs(r["measured_over_predicted"] - 1) for r in rows]
-    goals["goal3"] = {
-        "passed": statistics.median(errors) <= 0.15,
-        "target": "measured speed-up within 15 % of predicted (median over configurations)",
-        "median_relative_error": round(statistics.median(errors), 3),
-        "within_15pct": f"{sum(e <= 0.15 for e in errors)} of {len(errors)}",
-    }
-    return goals
+def ngram_works(main, tokenizer) -> str | None:
+    """None if the ngram drafter runs on the main model's device, else the error."""
+    try:
+        speculative_generate(
+            main, None, tokenizer, [speed.CALIBRATION_PROMPT], k=2, max_tokens_generated=4,
+            temperature=0.0, stop_at_eos=False, drafter="ngram",
+        )  # fmt: skip
+    except RuntimeError as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def median_ratio(slow: list[float], fast: list[float]) -> float:
+    """The median over runs of slow / fast seconds: a speed-up measured within each run."""
+    return statistics.median(s / f for s, f in zip(slow, fast, strict=True))
 
 
 def benchmark(args, main, draft, tokenizer) -> dict:
-    prompts = PROMPTS[: args.prompts]
+    workloads = {w: spec["prompts"][: args.prompts] for w, spec in speed.WORKLOADS.items()}
     n_ctx = min(main.cfg.n_ctx, draft.cfg.n_ctx)
-    longest = max(len(tokenizer.encode(p)) for p in PROMPTS)
-    tokens = min(args.tokens, n_ctx - longest - max(args.ks) - 1)
+    everything = [p for ps in workloads.values() for p in ps] + [speed.CALIBRATION_PROMPT]
+    longest = max(len(tokenizer.encode(p)) for p in everything)
+    widest = max([k + 1 for k in args.ks] + [(n - 1) * (w + g) for w, n, g in args.lookahead])
+    tokens = min(args.tokens, n_ctx - longest - widest)
     if tokens < 1:
         raise SystemExit(f"no room: the longest prompt is {longest} tokens, n_ctx {n_ctx}")
     drafters, skipped = list(DRAFTERS), {}
     if (error := ngram_works(main, tokenizer)) is not None:
         drafters.remove("ngram")
         skipped["ngram"] = error
+    configs = [(d, k) for d in drafters for k in args.ks]
+    configs += [("lookahead", tuple(setting)) for setting in args.lookahead]
+    methods = Methods(main, draft, tokenizer)
 
     progress("cost model")
-    first = tokenizer.encode(PROMPTS[0])
-    greedy = CachedTransformerSampler(main, tokenizer).sample(
-        first, max(tokens, CACHE_LEN + max(args.ks) + 1), temperature=0.0, stop_at_eos=False
-    )
-    reps = 50 if args.quick else 200
-    costs = cost_model(main, draft, greedy.tolist(), len(first), args.ks, reps)
+    calibration = tokenizer.encode(speed.CALIBRATION_PROMPT)
+    text = methods.call("baseline", None, speed.CALIBRATION_PROMPT, 0.0, 0, 240)
+    text = calibration + text
+    widths = sorted({k + 1 for k in args.ks} | {1 + (n - 1) * (w + g) for w, n, g in
+                                                args.lookahead} | {2, 8, 16})  # fmt: skip
+    costs = speed.step_costs(main, draft, text, widths, reps=10 if args.quick else 30)
+    costs["c_ngram"] = {k: speed.ngram_cost(text, k, costs["s1"], NGRAM) for k in args.ks}
+    calibrated = calibrate(methods, configs, args.temperatures, tokens, costs,
+                           repeats=1 if args.quick else 3)  # fmt: skip
+    shapes = text_shapes(methods, workloads, tokens)
 
-    single = bench_batch1(
-        main, draft, tokenizer, drafters, prompts, args.ks, args.temperatures, tokens, args.runs
-    )
-    batch1 = report_batch1(single, costs, drafters, args.ks, len(prompts) * tokens, args.runs)
-    batched = bench_batch4(
-        main, draft, tokenizer, drafters, PROMPTS[:BATCH], args.ks, tokens, args.runs
-    )
-    batch4 = report_batch4(*batched, drafters, args.ks, BATCH * tokens)
+    results = bench_workloads(methods, configs, workloads, args.temperatures, tokens, args.runs,
+                              next(main.parameters()).device)  # fmt: skip
+    report = report_workloads(results, calibrated, costs, configs, workloads, tokenizer, tokens,
+                              args.runs)  # fmt: skip
+    for workload, shape in shapes.items():
+        report[workload] = {"text": shape, **report[workload]}
+    first4 = [p for ps in workloads.values() for p in ps][:BATCH]
+    batched = bench_batch4(main, draft, tokenizer, drafters, first4, args.ks, tokens, args.runs)
+    batch4 = report_batch4(*batched, drafters, args.ks, len(first4) * tokens)
 
-    costs = {
-        "cache_len": CACHE_LEN,
-        "main_step_ms": round(1e3 * costs["main_step_s"], 4),
-        "draft_step_ms": round(1e3 * costs["draft_step_s"], 4),
-        "c_model": round(costs["c_model"], 3),
-        "v": {f"k={k}": round(v, 3) for k, v in costs["v"].items()},
-        "ngram_propose_us": {f"k={k}": round(1e6 * t, 2) for k, t in costs["ngram_s"].items()},
+    cost_model = {
+        "cache_len": speed.CACHE_LEN,
+        "main_step_ms": round(1e3 * costs["s1"], 4),
+        "c_model": round(costs["c"], 3),
         "c_ngram": {f"k={k}": round(c, 4) for k, c in costs["c_ngram"].items()},
+        "v": {
+            f"cache={L}": {f"n={n}": round(x, 3) for n, x in v.items()}
+            for L, v in costs["v"].items()
+        },  # fmt: skip
+        "calibrated_round": {
+            f"{m} {config_name(m, s)} T={t:g}": {k: round(x, 3) for k, x in cal.items()}
+            for ((m, s), t), cal in calibrated.items()
+        },
     }
     return {
-        "prompts": len(prompts),
+        "prompts_per_workload": args.prompts,
         "new_tokens_per_prompt": tokens,
         "ks": args.ks,
+        "lookahead": [list(x) for x in args.lookahead],
         "temperatures": args.temperatures,
         "skipped": skipped,
-        "batch1": batch1,
-        f"batch{BATCH}": batch4,
-        "cost_model": costs,
-        "goals": check_goals(batch1),
+        "workloads": report,
+        f"batch{len(first4)}": batch4,
+        "cost_model": cost_model,
+        "what_if": what_if(report, costs, args.ks),
+        "goals": check_goals(report),
     }
 
 
@@ -393,26 +466,34 @@ def number_list(kind):
     return parse
 
 
+def lookahead_list(text: str) -> list[tuple[int, int, int]]:
+    """ "5,3,5/7,4,7" -> [(5, 3, 5), (7, 4, 7)]: (window, ngram, guesses) settings."""
+    settings = [tuple(int(x) for x in part.split(",")) for part in text.split("/") if part]
+    if not all(len(s) == 3 and s[0] >= 1 and s[1] >= 2 and s[2] >= 0 for s in settings):
+        raise argparse.ArgumentTypeError("W,N,G triples with W >= 1, N >= 2, G >= 0")
+    return settings
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--ks", type=number_list(int), default=[1, 2, 3, 4, 5, 6])
     parser.add_argument("--temperatures", type=number_list(float), default=[0.0, 0.7, 1.0])
-    parser.add_argument("--tokens", type=int, default=200, help="new tokens per prompt")
-    parser.add_argument(
-        "--prompts", type=int, default=4, help=f"batch-1 prompts (1 to {len(PROMPTS)})"
-    )
+    parser.add_argument("--lookahead", type=lookahead_list, default=[(5, 3, 5), (7, 4, 7)])
+    parser.add_argument("--tokens", type=int, default=150, help="new tokens per prompt")
+    parser.add_argument("--prompts", type=int, default=2, help="prompts per workload (1 or 2)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--load", type=int, default=0, help="busy processes beside the runs")
     parser.add_argument("--threads", type=int, default=1, help="PyTorch intra-op threads")
     parser.add_argument("--quick", action="store_true", help="a smoke test: k 1 and 3, T = 0")
     args = parser.parse_args()
     if args.quick:
-        args.ks, args.temperatures, args.tokens, args.prompts = [1, 3], [0.0], 40, 1
+        args.ks, args.temperatures, args.tokens, args.prompts = [1, 3], [0.0], 30, 1
+        args.lookahead, args.runs = [(5, 3, 5)], 1
     if args.runs < 1 or args.load < 0 or args.threads < 1 or args.tokens < 1:
         parser.error("--runs, --threads and --tokens must be >= 1, --load >= 0")
-    if not 1 <= args.prompts <= len(PROMPTS):
-        parser.error(f"--prompts: 1 to {len(PROMPTS)}")
+    if not 1 <= args.prompts <= 2:
+        parser.error("--prompts: 1 or 2")
     if not args.ks or not all(1 <= k <= 16 for k in args.ks):
         parser.error("--ks: k from 1 to 16")
     if not args.temperatures or any(t < 0 for t in args.temperatures):
@@ -439,7 +520,7 @@ def main() -> None:
         },
         "runs": args.runs,
     }
-    with load(args.load):
+    with load(args.load), torch.inference_mode():
         result.update(benchmark(args, main_model, draft_model, tokenizer))
     result["wall_s"] = round(time.perf_counter() - start, 1)
     print(json.dumps(result, indent=2))

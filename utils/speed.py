@@ -37,7 +37,7 @@ WORKLOADS: dict[str, dict] = {
             "ROMEO.\nBut soft, what light",
             "OTHELLO.\nIt is the cause, it is the cause, my soul.",
         ],
-        "about": "greedy text that falls into a loop of short lines (\"I am not so.\")",
+        "about": 'greedy text that falls into a loop of short lines ("I am not so.")',
     },
     "input-grounded": {
         "prompts": [
@@ -209,6 +209,8 @@ def predicted_round_cost(calibrated: dict, costs: dict, width: float, cache_len:
     return calibrated["drafting"] + calibrated["pass"] * scale + calibrated["f"]
 
 
-def predicted_speedup(baseline_steps_per_token: float, tokens_per_pass: float, cost: float) -> float:
+def predicted_speedup(
+    baseline_steps_per_token: float, tokens_per_pass: float, cost: float
+) -> float:
     """b * tokens per pass / round cost: the baseline's cost per token over the method's."""
     return baseline_steps_per_token * tokens_per_pass / cost

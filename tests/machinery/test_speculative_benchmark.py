@@ -1,0 +1,29 @@
+"""benchmarks/speculative.py runs (its --quick smoke test, about 10 s) and reports what it says
+it reports: every workload, method and goal, greedy runs identical to the baseline."""
+
+import json
+import subprocess
+import sys
+
+from utils import REPO_ROOT
+
+
+def test_quick_benchmark_reports_every_workload_method_and_goal():
+    run = subprocess.run(
+        [sys.executable, "benchmarks/speculative.py", "--quick"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout)
+    assert set(result["workloads"]) == {"open-ended", "looping", "input-grounded"}
+    for workload, report in result["workloads"].items():
+        assert 0 <= report["text"]["greedy_repeat_rate"] <= 1, workload
+        assert set(report["T=0"]) >= {"model", "ngram", "lookahead"}, workload
+        for method in ("model", "ngram", "lookahead"):
+            for config, row in report["T=0"][method].items():
+                assert row["identical"], f"{workload} {method} {config}: not the baseline's tokens"
+                assert row["speedup"] > 0 and row["predicted_speedup"] > 0
+    assert set(result["goals"]) == {"goal1", "goal2", "goal3", "goal4", "goal5"}
+    assert result["goals"]["goal5"]["passed"]
+    what_if = result["what_if"]
+    assert what_if["gpu_like"]["speedup"] > what_if["measured_c_and_v"]["speedup"]
