@@ -36,7 +36,7 @@
 # `generate` for greedy text, HF's draft model for the drafter's cache, numerical integrals
 # and simulations for the coupling formulas.
 #
-# **Time:** about 3–4 hours. **You need:** chapter 3's sampler (softmax, temperature, top-k,
+# **Time:** about 4–5 hours. **You need:** chapter 3's sampler (softmax, temperature, top-k,
 # top-p) and chapter 4's `forward_with_cache`. Both are imported from `solutions`.
 #
 # ## How this notebook works
@@ -853,6 +853,17 @@ plot_coupling(
 )
 
 # %% [markdown]
+# **What shared noise is for.** Rejection sampling is the best coupling, so why keep the
+# other? Because it needs $q$, a distribution for every draft, and one test per draft. When the
+# guesses are *sure* (an n-gram from a lookup, a candidate from a pool: $q$ one-hot), the two
+# keep a guess $c$ with the same probability, $p_c$, and shared noise needs no $q$ at all:
+# draw one Gumbel vector per position, take each position's argmax, and every guess that
+# matches it is kept. With many candidates at once that is one argmax for all of them, and the
+# candidates that agree so far automatically agree on the next pick. Section 6 verifies
+# lookahead decoding's candidates exactly this way. With a draft *model*, whose $q$ is spread
+# out, rejection sampling keeps more, as the plot shows.
+
+# %% [markdown]
 # ## 6. Lookahead decoding: no drafter at all
 #
 # Every drafter so far is a second source of guesses: a smaller model, or the text's own
@@ -1258,105 +1269,201 @@ for name, value in measured.items():
 # $$E[\text{tokens per round}] = \frac{1 - \alpha^{k+1}}{1 - \alpha}.$$
 #
 # A round costs $k$ drafter steps, each $c$ times a main-model step (one token, with a cache),
-# plus one main-model pass over $k + 1$ tokens, $v_k$ times a one-token step. The textbook
-# takes $v_k = 1$: on a GPU, a few more tokens in one pass cost almost nothing, because a
-# one-token step is bound by reading the weights, not by arithmetic. On a CPU the arithmetic
-# shows, and $v_k$ grows with $k$. Against one main-model step per token:
+# one main-model pass over $k + 1$ tokens, $v_k$ times a one-token step, and a **fixed cost**
+# $f$: everything a round does that is not a forward pass (the sampler, trimming the caches,
+# Python's bookkeeping). The textbook takes $v_k = 1$ and $f = 0$: on a GPU, a few more tokens
+# in one pass cost almost nothing, because a one-token step is bound by reading the weights,
+# not by arithmetic. Whether that holds on this machine, the cells below measure. Against a
+# baseline whose token costs $b$ main steps:
 #
-# $$\text{speed-up} = \frac{1 - \alpha^{k+1}}{(1 - \alpha)(c\,k + v_k)}.$$
+# $$\text{speed-up} = \frac{b\,(1 - \alpha^{k+1})}{(1 - \alpha)(c\,k + v_k + f)}.$$
+#
+# Lookahead decoding has no drafter ($c = 0$), a much wider pass ($v$ of
+# $1 + (N - 1)(W + G)$ tokens at most), and tokens per pass that only a run can tell.
 #
 # Larger $k$ means more tokens per round when guesses are good, and more wasted drafting when
-# they are not: the best $k$ balances $\alpha$ against $c$ and $v_k$. The cells below measure
-# all three on this machine, then the real speed-up of both drafters against chapter 4's cached
-# greedy sampler, and plot it next to the formula. (One thread, fastest of a few runs: see
-# chapter 4's section 9.)
+# they are not: the best $k$ balances $\alpha$ against $c$, $v_k$ and $f$. What text is being
+# written matters as much. The course times three kinds (`utils/speed.py`):
+#
+# - **open-ended** text: of the prompts tried, those whose greedy continuation repeats itself
+#   least (at a temperature above 0, no text here loops);
+# - **looping** greedy text: the small model often settles into a loop of short lines, and a
+#   loop is made of n-grams the text already holds, exactly what prompt lookup finds;
+# - an **input-grounded** task: a passage, then a cue to say it again. This is what prompt
+#   lookup was designed for (summaries, code edits, answers that quote their input): the text
+#   to write is in the prompt. Whether the model copies it is the question.
+#
+# All timings use one thread and the fastest of a few runs (see chapter 4's section 9).
 
 # %% tags=["demo"]
-from functools import partial
+import statistics
 
 from solutions.cached_sampling import CachedTransformerSampler
+from utils import speed
 from utils.timing import best_seconds, one_thread
 
+baseline = CachedTransformerSampler(main, tokenizer)
+shape_tokens = 40 if QUICK else 120
+with torch.inference_mode():
+    for workload, spec in speed.WORKLOADS.items():
+        prompt = spec["prompts"][0]
+        ids = tokenizer.encode(prompt)
+        new = baseline.sample(ids, shape_tokens, temperature=0.0, stop_at_eos=False).tolist()
+        text = tokenizer.decode(new[len(ids) :])
+        print(
+            f"{workload}: repeats itself {speed.repeat_rate(new, len(ids)):.0%}, copies its "
+            f"prompt {speed.copy_rate(new, len(ids)):.0%} (new tokens that end a 4-gram seen "
+            f"before / in the prompt)\n  {prompt[-40:]!r} -> {text[:110]!r}\n"
+        )
+
+# %% [markdown]
+# **Predict, then run.** The next cell measures $c$ and $v_k$ on this machine. Will $v_k$ stay
+# near 1, as on a GPU, or grow with $k$? Will the draft model, half the main model's layers and
+# two thirds of its width, cost half a step, or much less?
+
+# %% tags=["demo"]
 ks = [1, 4] if QUICK else [1, 2, 3, 4, 5, 6]
 repeats = 1 if QUICK else 3  # timed runs per measurement: the fastest counts
 n_time = 24 if QUICK else 150
-timing_prompt = demo_prompts[0]
-g = torch.Generator().manual_seed(0)
-context = torch.randint(0, main.cfg.d_vocab, (1, 100), generator=g)  # content is irrelevant
+look = (5, 3, 5)  # lookahead decoding's W, N, G
+look_width = 1 + (look[1] - 1) * (look[0] + look[2])
+calibration = tokenizer.encode(speed.CALIBRATION_PROMPT)
+with one_thread(), torch.inference_mode():
+    cal_text = baseline.sample(calibration, 240, temperature=0.0, stop_at_eos=False).tolist()
+    widths = sorted({k + 1 for k in ks} | {2, 8, 16, look_width})
+    costs = speed.step_costs(main, draft, cal_text, widths, reps=5 if QUICK else 20)
+    costs["c_ngram"] = {k: speed.ngram_cost(cal_text, k, costs["s1"]) for k in ks}
+v_k = {k: speed.v_at(costs, k + 1, speed.CACHE_LEN) for k in ks}
+print(f"main model, one cached step (s1): {1e3 * costs['s1']:.2f} ms")
+print(f"c: draft model {costs['c']:.2f}, n-gram lookup {costs['c_ngram'][ks[-1]]:.4f}")
+print("v_k:", {k: round(x, 2) for k, x in v_k.items()})
+print(f"v of lookahead's widest pass ({look_width} tokens): "
+      f"{speed.v_at(costs, look_width, speed.CACHE_LEN):.2f}")  # fmt: skip
 
-
-def step_seconds(model, n_tokens: int) -> float:
-    """One cached forward pass of `n_tokens` new tokens after 100 cached positions."""
-    with torch.inference_mode():
-        _, cache = forward_with_cache(model, context)
-        new = context[:, :n_tokens]
-        return best_seconds(lambda: forward_with_cache(model, new, cache), repeats + 2)
-
-
-with one_thread():
-    main_step = step_seconds(main, 1)
-    c_model = step_seconds(draft, 1) / main_step
-    v = {k: step_seconds(main, k + 1) / main_step for k in ks}
-    text_ids = tokenizer.encode(context_text) * 4
-    c_ngram = best_seconds(lambda: ngram_propose(text_ids, 4), repeats + 2) / 4 / main_step
-print(f"main model, one cached step: {1e3 * main_step:.2f} ms")
-print(f"c: draft model {c_model:.2f}, n-gram lookup {c_ngram:.3f}")
-print("v_k:", {k: round(x, 2) for k, x in v.items()})
+# %% [markdown]
+# Now the real thing, greedy, on the chapter's timing prompt (the looping kind): both drafters
+# for each $k$, and lookahead decoding, against chapter 4's cached sampler. Each prediction
+# uses the measured tokens per pass and a round's cost measured inside a real run on a
+# calibration prompt (`speed.round_costs`: the drafting, the main pass and the fixed rest $f$),
+# rescaled to this text's pass width and cache length. The dashed lines are the predictions.
 
 # %% tags=["demo"]
 greedy_kwargs = dict(temperature=0.0, stop_at_eos=False)
-baseline = CachedTransformerSampler(main, tokenizer)
-measured, predicted = {}, {}
+timing_prompt = demo_prompts[0]
+timing_ids = tokenizer.encode(timing_prompt)
+
+
+def run_method(method, setting, prompt, n, stats=None, temperature=0.0):
+    common = dict(max_tokens_generated=n, temperature=temperature, stop_at_eos=False,
+                  stats=stats, seed=0)  # fmt: skip
+    if method == "lookahead":
+        W, N, G = setting
+        return lookahead_generate(main, tokenizer, [prompt], window=W, ngram=N, guesses=G,
+                                  **common)  # fmt: skip
+    return speculative_generate(main, draft, tokenizer, [prompt], k=setting, drafter=method,
+                                **common)  # fmt: skip
+
+
+def time_method(method, setting, prompt, n, base_seconds, temperature=0.0):
+    """Measured and predicted speed-up of one configuration, and its statistics."""
+    stats = SpeculativeStats()
+    run_method(method, setting, prompt, n, stats, temperature)
+    seconds = best_seconds(lambda: run_method(method, setting, prompt, n, None, temperature),
+                           repeats)  # fmt: skip
+    calibrated = speed.round_costs(
+        lambda st: run_method(method, setting, speed.CALIBRATION_PROMPT, n, st, temperature),
+        SpeculativeStats, main, costs["s1"], repeats=1,
+    )  # fmt: skip
+    b = base_seconds / n / costs["s1"]
+    cache_len = len(tokenizer.encode(prompt)) + n / 2
+    cost = speed.predicted_round_cost(
+        calibrated, costs, stats.mean_width, cache_len, len(calibration) + n / 2
+    )
+    predicted = speed.predicted_speedup(b, stats.tokens_per_pass, cost)
+    return base_seconds / seconds, predicted, stats, calibrated
+
+
+measured, predicted, rounds = {}, {}, {}
 with one_thread(), torch.inference_mode():
-    base = best_seconds(lambda: baseline.sample(timing_prompt, n_time, **greedy_kwargs), repeats)
-    for name, c in [("model", c_model), ("ngram", c_ngram)]:
+    base = best_seconds(lambda: baseline.sample(timing_ids, n_time, **greedy_kwargs), repeats)
+    for name in ["model", "ngram"]:
         measured[name], predicted[name] = [], []
         for k in ks:
-            stats = SpeculativeStats()
-            speculative_generate(
-                main, draft, tokenizer, [timing_prompt], k=k, max_tokens_generated=n_time,
-                drafter=name, stats=stats, **greedy_kwargs,
-            )  # fmt: skip
-            a = min(stats.acceptance, 0.999)
-            run = partial(
-                speculative_generate, main, draft, tokenizer, [timing_prompt], k=k,
-                max_tokens_generated=n_time, drafter=name, **greedy_kwargs,
-            )  # fmt: skip
-            seconds = best_seconds(run, repeats)
-            measured[name].append(base / seconds)
-            predicted[name].append((1 - a ** (k + 1)) / ((1 - a) * (c * k + v[k])))
-            print(
-                f"{name:5} k={k}: alpha {a:.2f}, measured {base / seconds:.2f}x, "
-                f"predicted {predicted[name][-1]:.2f}x"
-            )
+            m, p, stats, calibrated = time_method(name, k, timing_prompt, n_time, base)
+            measured[name].append(m)
+            predicted[name].append(p)
+            rounds[(name, k)] = (stats, calibrated)
+            print(f"{name:5} k={k}: alpha {stats.acceptance:.2f}, tokens per pass "
+                  f"{stats.tokens_per_pass:.2f}, measured {m:.2f}x, predicted "
+                  f"{p:.2f}x")  # fmt: skip
+    m, p, stats, calibrated = time_method("lookahead", look, timing_prompt, n_time, base)
+    rounds[("lookahead", look)] = (stats, calibrated)
+    print(f"lookahead W,N,G={look}: tokens per pass {stats.tokens_per_pass:.2f}, measured "
+          f"{m:.2f}x, predicted {p:.2f}x")  # fmt: skip
+measured["lookahead"], predicted["lookahead"] = [m] * len(ks), [p] * len(ks)
 plot_speedup(
     ks,
-    {f"{n} drafter": m for n, m in measured.items()},
-    {f"{n} drafter": pr for n, pr in predicted.items()},
-    title=f"Greedy, {n_time} tokens, one thread: speculation against chapter 4's cached sampler",
+    {f"{n} drafter" if n != "lookahead" else "lookahead (no k)": v for n, v in measured.items()},
+    {f"{n} drafter" if n != "lookahead" else "lookahead (no k)": v for n, v in predicted.items()},
+    title=f"Greedy, {n_time} tokens, one thread: against chapter 4's cached sampler",
 )
 
 # %% [markdown]
-# Read the plot with the three numbers above. With the draft model, $c$ is far from 0: every
-# draft costs about half a main step, so a kept draft saves little and a rejected one wastes
-# a lot, and the curve flattens or falls as $k$ grows. The n-gram lookup costs almost nothing,
-# so its gain is set by $\alpha$ and $v_k$ alone; on text that repeats it wins, on fresh text
-# it barely breaks even, and at a temperature above 0 it almost never guesses right (the main
-# model's sample rarely repeats the text's history). On the course's 2-core CPU, over four
-# prompts of 200 tokens (`benchmarks/speculative.py`), the draft model keeps three drafts in
-# four and needs only 0.3 to 0.6 main passes per token, yet runs at 0.7 to 0.8 times the
-# cached sampler's speed; the n-gram lookup, greedy, gains about 10 % on average and about a
-# quarter on Hamlet's soliloquy, which repeats itself. On a CPU, a smaller model is
-# not much cheaper per token: much of a step is fixed cost (Python, one dispatch per
-# operation, the 4,096-token unembedding).
+# What your run says, in numbers: the next cell writes it out from the measurements above (the
+# timing prompt's greedy text, and a round's parts in main steps).
+
+# %% tags=["demo"]
+loop_line = tokenizer.decode(
+    baseline.sample(timing_ids, n_time, **greedy_kwargs).tolist()[len(timing_ids) :]
+).split("\n")
+top_line = max(set(loop_line) - {""}, key=loop_line.count)
+ratio = {name: (min(v), max(v)) for name, v in measured.items() if name != "lookahead"}
+errors = [  # every configuration once (lookahead's flat line is one)
+    abs(m / p - 1)
+    for name in ["model", "ngram"]
+    for m, p in zip(measured[name], predicted[name], strict=True)
+] + [abs(measured["lookahead"][0] / predicted["lookahead"][0] - 1)]
+k4 = 4  # in ks, quick or not
+stats4, cal4 = rounds[("model", k4)]
+alpha4 = min(stats4.acceptance, 0.999)
+gain = (1 - alpha4 ** (k4 + 1)) / (1 - alpha4)
+print(
+    f"On this machine the draft model ran at {ratio['model'][0]:.2f}-{ratio['model'][1]:.2f}x "
+    f"the cached sampler, the n-gram drafter at {ratio['ngram'][0]:.2f}-{ratio['ngram'][1]:.2f}x "
+    f"and lookahead decoding at {measured['lookahead'][0]:.2f}x. The timed text is a loop: "
+    f"{top_line!r} is {loop_line.count(top_line)} of its {len(loop_line)} lines, which is why "
+    f"prompt lookup finds its guesses there.\n"
+    f"A draft-model step costs c = {costs['c']:.2f} main steps; v_k went from "
+    f"{v_k[ks[0]]:.2f} (k = {ks[0]}) to {v_k[ks[-1]]:.2f} (k = {ks[-1]}); a round's fixed rest f "
+    f"was {cal4['f']:.2f} main steps with the draft model at k = {k4}. With f, the predictions "
+    f"missed the measurements by a median {statistics.median(errors):.0%}.\n"
+    f"What if: at the measured alpha = {stats4.acceptance:.2f} and k = {k4}, the textbook "
+    f"formula gives {gain / (costs['c'] * k4 + v_k[k4]):.2f}x with this machine's c and v_k, "
+    f"but {gain / (0.05 * k4 + 1):.2f}x with c = 0.05 and v_k = 1, a GPU-like pair."
+)
+
+# %% [markdown]
+# Read the plot with those sentences. With the draft model, $c$ is far from 0: every draft costs
+# a large part of a main step, so a kept draft saves little and a rejected one wastes a lot.
+# The n-gram lookup costs almost nothing, so its gain is set by $\alpha$, $v_k$ and $f$; it
+# wins only where the text repeats itself, and at a temperature above 0 it almost never
+# guesses right (the main model's sample rarely repeats the text's history). Lookahead decoding
+# emits more tokens per pass than the n-gram drafter on text that does not loop, but each pass
+# reads a few dozen tokens, and on a CPU that is arithmetic paid for in full ($v$ of the wide
+# pass). On a CPU, a smaller model is not much cheaper per token either: much of a step is
+# fixed cost (Python, one dispatch per operation, the 4,096-token unembedding).
 #
-# The gap between the formula and the measurement is what the formula leaves out: the
-# bookkeeping of a round (the sampler's checks, trimming the caches, Python per round), and
-# the fact that acceptances are not independent (easy stretches of text accept long runs,
-# hard ones none). On a GPU $v_k$ stays near 1 up to large $k$, and a drafter's step is cheap
-# next to a large model's: that is where speculative decoding earns its place in serving
-# engines.
-# `benchmarks/speculative.py` measures the same over more temperatures and batch sizes.
+# Where a real pair pays: a large model on a GPU reads billions of weights per step, so a step
+# over a few more tokens costs about the same ($v_k \approx 1$), and a draft with a small
+# fraction of its weights costs a small fraction of a step ($c$ of a few hundredths).
+# Leviathan et al. (2023) measured 2 to 3 times T5-XXL's speed with a T5-small draft on TPUs;
+# Chen et al. (2023) 2 to 2.5 times Chinchilla 70B's with a 4B draft; the lookahead paper
+# (Fu et al., 2024) up to 1.8 times on MT-Bench on one GPU, and nearly 4 times for code
+# completion with several GPUs, because there the wide pass is nearly free.
+#
+# `benchmarks/speculative.py` measures all of this over the three workloads, three
+# temperatures and every $k$. One run on the course's 2-core CPU is quoted in the README
+# ("Speed on a CPU"), with its machine: read it after your own.
 #
 # ## Check your understanding
 #
