@@ -1462,8 +1462,8 @@ print(
 # completion with several GPUs, because there the wide pass is nearly free.
 #
 # `benchmarks/speculative.py` measures all of this over the three workloads, three
-# temperatures and every $k$. One run on the course's 2-core CPU is quoted in the README
-# ("Speed on a CPU"), with its machine: read it after your own.
+# temperatures and every $k$. One run on the course's 2-core CPU is quoted in the README's
+# "Benchmarks" section, with its machine: read it after your own.
 #
 # ## Check your understanding
 #

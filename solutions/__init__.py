@@ -38,6 +38,7 @@ Chapter 5 speeds it up again without changing what it samples:
     drafters.py               who guesses: n-gram prompt lookup, a draft model with its cache
     speculative_generation.py the round, and speculative_generate
     gumbel.py                 the Gumbel-max trick; how often two samplers agree
+    lookahead.py              lookahead decoding: Jacobi iteration, the one-pass layout, n-grams
 
 Chapter 6's kernels live in solutions/kernels/; importing this package first decides how they
 run (triton_mode.py), before anything else can import Triton.
