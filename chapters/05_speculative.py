@@ -1372,7 +1372,7 @@ def time_method(method, setting, prompt, n, base_seconds, temperature=0.0):
                            repeats)  # fmt: skip
     calibrated = speed.round_costs(
         lambda st: run_method(method, setting, speed.CALIBRATION_PROMPT, n, st, temperature),
-        SpeculativeStats, main, costs["s1"], repeats=1,
+        SpeculativeStats, main, costs["s1"], repeats=1, namespace=globals(),
     )  # fmt: skip
     b = base_seconds / n / costs["s1"]
     cache_len = len(tokenizer.encode(prompt)) + n / 2

@@ -148,10 +148,11 @@ def v_at(costs: dict, width: float, cache_len: float) -> float:
 
 
 @contextmanager
-def model_clock(main) -> Iterator[dict[str, float]]:
+def model_clock(main, namespace: dict | None = None) -> Iterator[dict[str, float]]:
     """Within the block, the seconds the course's generators spend in the main model's forward
     passes ("main"), in other models' ("draft") and in the n-gram lookup ("lookup") add up in
-    the yielded dict."""
+    the yielded dict. A notebook's generators read `forward_with_cache` and `ngram_propose`
+    from the notebook's own globals: pass them as `namespace` to clock those too."""
     spent = {"main": 0.0, "draft": 0.0, "lookup": 0.0}
 
     def clocked(fn, kind=None):
@@ -168,26 +169,40 @@ def model_clock(main) -> Iterator[dict[str, float]]:
     originals = [(m, "forward_with_cache", m.forward_with_cache, None)
                  for m in (drafters, lookahead, speculative_generation)]  # fmt: skip
     originals.append((drafters, "ngram_propose", drafters.ngram_propose, "lookup"))
+    saved = {}
     try:
         for m, name, fn, kind in originals:
             setattr(m, name, clocked(fn, kind))
+        for name, kind in (("forward_with_cache", None), ("ngram_propose", "lookup")):
+            if namespace is not None and name in namespace:
+                saved[name] = namespace[name]
+                namespace[name] = clocked(saved[name], kind)
         yield spent
     finally:
         for m, name, fn, _ in originals:
             setattr(m, name, fn)
+        if namespace is not None:
+            namespace.update(saved)
 
 
-def round_costs(run: Callable[[object], object], stats_factory, main, s1: float, repeats=3) -> dict:
+def round_costs(
+    run: Callable[[object], object],
+    stats_factory,
+    main,
+    s1: float,
+    repeats: int = 3,
+    namespace: dict | None = None,
+) -> dict:
     """What a round costs, measured inside real runs, in main steps (medians of `repeats` runs
     after a warm-up): "drafting" (the draft model's passes, or the n-gram lookup), "pass" (the
     main model's pass), "f" (the rest: the sampler, trimming caches, Python); with the run's
     mean pass width and mean cached length, for scaling the pass to another text.
-    `run(stats)` generates once, counting into `stats`."""
+    `run(stats)` generates once, counting into `stats`; `namespace`: see `model_clock`."""
     run(stats_factory())
     parts = {"drafting": [], "pass": [], "f": []}
     for _ in range(repeats):
         stats = stats_factory()
-        with model_clock(main) as spent:
+        with model_clock(main, namespace) as spent:
             start = time.perf_counter()
             run(stats)
             total = time.perf_counter() - start
