@@ -1075,8 +1075,9 @@ check("lookahead_harvest")
 # keeps the same tokens with the same probabilities: a sure draft $c$ is kept with probability
 # $\min(1, p_c / 1) = p_c$.)
 #
-# Write the part of `verify` between the given lines: the picks `[n_cand, n + 1]`, each
-# candidate's run, the best candidate and its run.
+# Write the part of `verify` between the given lines: `picks` `[n_cand, n + 1]`, each
+# candidate's run, `best` (the chosen candidate's index) and `run` (its run's length), the names
+# the given `return` reads.
 #
 # Common mistakes: noise drawn per candidate (`[n_cand, n + 1, d_vocab]`) instead of per
 # position (the end of this section measures what that does); the run counted as all the
@@ -1133,7 +1134,9 @@ check("lookahead_verify")
 # 1. `allowed` `[new, past + new]`: the cached columns are readable by all, then your layout;
 #    one `forward_with_cache` with `positions=past + offsets`.
 # 2. `candidate_logits` `[n_cand, ngram - 1, d_vocab]` from the rows of the candidates; call
-#    `verifier` (it is `verify` unless the caller asks for the naive one).
+#    `verifier` (it is `verify` unless the caller asks for the naive one). The given lines
+#    after yours read `logits` (the pass's `[new, d_vocab]`, without the batch dimension) and
+#    `emitted`.
 # 3. Trim the cache with `keep_only`: keep the cached text, `last`, and the kept run of the
 #    chosen candidate. Nothing of the window: its keys and values were computed from guesses.
 #
