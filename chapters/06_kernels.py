@@ -93,11 +93,15 @@ print("tensors for the kernels live on:", DEVICE)
 # ## 1. Why sampling is memory-bound
 #
 # Count the bytes. One row of float32 probabilities over Llama 3's vocabulary is
-# $128{,}256 \times 4 \approx 0.5$ MB; a batch of 64 rows is 33 MB. An H100 moves about
-# 3 TB/s between its memory and its cores, and does about $5 \times 10^{13}$ float32 operations
-# per second: reading the batch once takes about 11 µs, while the arithmetic of a softmax over
-# it (a few operations per element) would take well under 1 µs. Whatever a sampler computes,
-# its time is the bytes it moves divided by the bandwidth.
+# $128{,}256 \times 4 \approx 0.5$ MB; a batch of 64 rows is 33 MB. An H100 SXM moves about
+# 3.35 TB/s between its memory and its cores, and its 132 SMs do about $6.7 \times 10^{13}$
+# float32 operations per second, a multiply-add counted as two (NVIDIA's figures for that card;
+# the PCIe card has 2.0 TB/s and $5.1 \times 10^{13}$). Reading the batch once takes about 10 µs.
+# A softmax over it needs a few ordinary operations per element (well under 1 µs) and one
+# `exp`, which runs on the special-function units: 16 per SM per clock against 128 for
+# ordinary float32 arithmetic, so the 8.2 million `exp`s take about 2 µs. Both stay under the
+# read: whatever a sampler computes, its time is the bytes it moves divided by the bandwidth,
+# as long as it computes little per byte.
 #
 # The PyTorch path moves many rows' worth. The cell below counts each step of sort-based top-p
 # sampling from logits (each step reads its input and writes its output; the sort reads and
@@ -306,8 +310,9 @@ check("gumbel_kernel")
 # such a row).
 #
 # Common mistakes: a prefix that restarts at each block (then a token in every block crosses
-# $u$ too early); `>=` instead of `>` (a token of probability 0 right after the crossing point
-# can be returned when $u$ is exactly a prefix sum); no fallback at the end of the row; and
+# $u$ too early); `>=` instead of `>` (when $u$ is exactly 0, a row that starts with tokens of
+# probability 0 returns the first of them: their running total, 0, already reaches $u$); no
+# fallback at the end of the row; and
 # leaving the loop with `break` once every row has its token. The interpreter runs that `break`
 # and a GPU compiler refuses it: the loop runs to its end, and the blocks after the crossing
 # are read and change nothing (`chosen` keeps its value).
@@ -385,7 +390,8 @@ check("inverse_transform")
 # (given) refuses top-k and top-p together, as chapter 3 does.
 #
 # Common mistakes: testing membership with $\ge$ (the token that crosses top-p is then never
-# kept); forgetting to scale $u$ by the mass above `low`; a row that stops early keeps drawing.
+# kept); forgetting to scale $u$ by the mass above `low`; forgetting `done`: a row that already
+# has its token keeps drawing in the later rounds and replaces it.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -435,13 +441,35 @@ plot_dual_pivot(demo_row, 0.3, rounds_demo)
 check("top_k_top_p")
 
 # %% [markdown]
-# How many rounds did it take? On a distribution like a language model's (a few likely tokens,
-# a long tail), top-p 0.9 over 5,000 rows:
+# **Predict, then run.** How many rounds does a row take? On a language model's own
+# distributions: the shipped model's next-token probabilities at every position of a passage
+# (a few likely tokens, a long tail of 4,096), each row repeated, about 5,000 rows in all;
+# top-p 0.9. Most rows in one round, or several?
+#
+# <details><summary>What to expect</summary>
+#
+# Round 1 draws from the whole row, and the draw lands in the top-p set with probability at
+# least 0.9: about nine rows in ten stop there. A row whose first draw falls in the tail has
+# its interval cut to (its pivot, 1] at once, so the second round draws only among tokens more
+# likely than the rejected one; few rows need more than three rounds. A kernel's time follows
+# its slowest row, though: the longest count below is the one a GPU waits for.
+#
+# </details>
 
 # %%
-g = torch.Generator().manual_seed(0)
-demo_logits = torch.randn(2_000, generator=g) * 3
-demo_probs = demo_logits.softmax(-1).expand(1_000 if QUICK else 5_000, -1).contiguous()
+from utils.models import load_model
+
+lm, lm_tokenizer = load_model("shakespeare")
+passage = lm_tokenizer.encode(
+    "MACBETH.\nTomorrow, and tomorrow, and tomorrow,\nCreeps in this petty pace from day to "
+    "day,\nTo the last syllable of recorded time;\nAnd all our yesterdays have lighted fools\n"
+    "The way to dusty death. Out, out, brief candle!"
+)
+with torch.inference_mode():
+    lm_probs = lm(torch.tensor([passage]))[0].softmax(-1)  # [positions, d_vocab]
+copies = -(-1_000 // len(passage)) if QUICK else -(-5_000 // len(passage))
+demo_probs = lm_probs.repeat(copies, 1).contiguous()
+print(f"{demo_probs.shape[0]} rows: {len(passage)} positions of the passage, {copies} copies each")
 tokens, rounds = top_k_top_p_sample(demo_probs.to(DEVICE), top_p=0.9, seed=0, return_rounds=True)
 counts = torch.bincount(rounds.cpu().long())
 for r, n in enumerate(counts.tolist()):
@@ -587,6 +615,20 @@ check("rejection_kernel")
 #
 # Without a GPU, `python benchmarks/kernels.py --device cpu --interpret --quick` runs the same
 # script through the interpreter on tiny shapes: a check that it works, not a measurement.
+# Interpreter timings say nothing about a GPU: the interpreter runs every program of the grid
+# one after another in NumPy on the CPU, so its times follow Python's overheads and the grid's
+# size, not bytes and bandwidth. Do not compare a kernel with PyTorch on a CPU run.
+#
+# ## Further reading
+#
+# - The Triton tutorials, above all "Fused Softmax" (one row per program, the row kept in
+#   registers: section 3's kernel) and "Matrix Multiplication" (tiles, `tl.dot`, grouped
+#   ordering: section 7's).
+# - FlashInfer's blog post on sorting-free sampling (December 2024, "Sorting-Free GPU Kernels
+#   for LLM Sampling"): rejection sampling with pivots for top-k and top-p, section 6's idea,
+#   and its sampling tests, ported in this repository's `tests/peers/`.
+# - vLLM's sampler (`vllm/v1/sample/`), its top-k / top-p paths and its rejection sampler for
+#   speculative decoding, section 8's contract.
 #
 # ## Check your understanding
 #
