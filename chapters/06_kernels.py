@@ -599,17 +599,20 @@ check("rejection_kernel")
 # ## 9. How fast, on a GPU
 #
 # `python benchmarks/kernels.py --plot latency.png` (on a machine with an NVIDIA GPU) times
-# every kernel against the PyTorch path doing the same job, for V in {50257, 128256} and batches
-# of 1 to 256, and against the memory limit: the bytes a kernel must read, divided by the
-# bandwidth of a large device-to-device copy measured in the same run. It prints one JSON object
+# every kernel against the PyTorch path doing the same job, on rows shaped like a language
+# model's (Zipf rows at V in {50257, 128256}, and the shipped model's own distributions) for
+# batches of 1 to 256, and against the memory limit: a plain read of the same tensor, timed the
+# same way in the same run, each call after the L2 cache is flushed. It prints one JSON object
 # (its docstring explains every field) and draws latency against batch size. What to look for:
 #
 # - `sample_from_probs` and `gumbel` should sit within a small factor of `floor_ms`, one read
 #   of the rows: there is nothing left to save but launch overhead. `torch.multinomial` is
 #   further off at large V.
 # - `top_p` against the sort: section 1 counted at least 14 rows' worth of traffic for the
-#   sort-based path; the kernel reads the row once, then twice per round, and `mean_rounds`
-#   says how many rounds the rows took.
+#   sort-based path; the kernel reads the row once, then twice per round, and `rounds` says how
+#   many rounds the rows took: the slowest row (`max`) sets the kernel's time.
+# - `tokens`: every timed call's tokens are checked (valid, in the kept set, and their mean
+#   probability against its expectation): a fast kernel that samples wrongly is not fast.
 # - `fused`: against the matmul alone (`x_matmul`, ideally close to 1) and against matmul +
 #   softmax + multinomial, which writes and reads `[B, V]` float32 logits three times more.
 #
