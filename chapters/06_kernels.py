@@ -187,6 +187,9 @@ print(grid, out_demo.tolist())
 #
 # ### Exercise: `softmax_kernel`
 #
+# *About 30 minutes (the first kernel: most of it is learning `tl.load`, masks and
+# `tl.program_id`).*
+#
 # Write the kernel that computes `softmax` of each row of `x` `[n_rows, n_cols]` into `out`
 # (same shape and dtype), in float32 whatever the input's dtype. A row may be longer than one
 # block, and may hold `-inf` (masked tokens, never the whole row).
@@ -242,6 +245,8 @@ check("softmax_kernel")
 #
 # ### Exercise: `gumbel_kernel`
 #
+# *About 30 minutes.*
+#
 # Chapter 5's `gumbel_sample` as a kernel: for each row, the argmax of
 # $\ell / T + G$ with $G = -\log(-\log u)$, $u$ uniform, one per logit. In one pass over the
 # row: each block's best score and its column, compared with the best so far. No softmax, no
@@ -294,6 +299,8 @@ check("gumbel_kernel")
 # ## 5. Sampling from probabilities by inverse transform
 #
 # ### Exercise: `inverse_transform_kernel`
+#
+# *About 45 minutes (the running prefix across blocks is the hard part).*
 #
 # Gumbel-max needs one random number per logit. Given probabilities, one per row is enough:
 # draw $u$ and return the first token whose cumulative probability exceeds it. `torch`'s way is
@@ -382,7 +389,27 @@ check("inverse_transform")
 # $2 + \lceil \log_2(1 / \text{gap}) \rceil$ rounds, and in float32 never more than about 150
 # however close the gap.
 #
+# Drawn round by round on one row of 200 tokens with top-p 0.3 (the rounds written plainly in
+# PyTorch by `dual_pivot_rounds`, for the picture; the tokens are drawn sorted only to be
+# readable). Watch the shaded interval: it always holds the threshold τ (the black line), and
+# its length, in the last panel, at least halves each round.
+
+# %%
+demo_row = (torch.randn(200, generator=torch.Generator().manual_seed(0)) * 1.5).softmax(-1)
+rounds_demo = dual_pivot_rounds(demo_row, 0.3, torch.Generator().manual_seed(2))
+plot_dual_pivot(demo_row, 0.3, rounds_demo)
+
+# %% [markdown]
+# Round 1 drew a token of the long tail (rank 57 of 200): rejected. Its second pivot, halfway
+# to `high` = 1, passes (nothing is that likely), so the interval becomes (pivot 0, pivot 1]:
+# every token at most as likely as the rejected one is out for good. Each later round draws
+# only among the tokens above `low` and shrinks the interval again, until a draw lands in the
+# top-p set and is returned. Had a second pivot failed, `low` would have jumped up to it.
+#
 # ### Exercise: `top_k_top_p_kernel`
+#
+# *About 90 minutes: the longest exercise of the course. Write the rounds with one pivot
+# first (section 6's rejection sampling), check them on a small row, then add the second.*
 #
 # The draw of each round is an inverse transform over $\{p > \text{low}\}$ (your kernel of
 # section 5, with the probabilities at or below `low` counted as 0 and $u$ scaled by the mass
@@ -415,21 +442,6 @@ check("inverse_transform")
 #
 # </details>
 
-# Drawn round by round on one row of 200 tokens with top-p 0.3 (the rounds written plainly in
-# PyTorch by `dual_pivot_rounds`, for the picture; the tokens are drawn sorted only to be
-# readable). Watch the shaded interval: it holds the threshold, and at least halves each round.
-
-# %%
-demo_row = (torch.randn(200, generator=torch.Generator().manual_seed(0)) * 1.5).softmax(-1)
-rounds_demo = dual_pivot_rounds(demo_row, 0.3, torch.Generator().manual_seed(2))
-plot_dual_pivot(demo_row, 0.3, rounds_demo)
-
-# %% [markdown]
-# Round 1 drew a token of the long tail (rank 57 of 200): rejected. Its second pivot, halfway
-# to `high` = 1, passes (nothing is that likely), so the interval becomes (pivot 0, pivot 1]:
-# every token at most as likely as the rejected one is out for good. Each later round draws
-# only among the tokens above `low` and shrinks the interval again, until a draw lands in the
-# top-p set and is returned. Had a second pivot failed, `low` would have jumped up to it.
 
 # %% tags=["exercise"] exercise="top_k_top_p"
 # solution: solutions.kernels.top_k_top_p.top_k_top_p_kernel
@@ -488,6 +500,8 @@ for r, n in enumerate(counts.tolist()):
 #
 # ### Exercise: `fused_matmul_kernel`
 #
+# *About 60 minutes.*
+#
 # A 2-D grid: `tl.program_id(0)` picks the tile of rows, `tl.program_id(1)` the vocabulary
 # tile. (Programs next to each other in the launch order then share a tile of `W_U`, which
 # stays in the GPU's L2 cache between them.) Loop over `d_model` in blocks of `BLOCK_D`,
@@ -545,6 +559,8 @@ check("fused_matmul")
 # ## 8. The speculative rejection sampler as one kernel
 #
 # ### Exercise: `rejection_kernel`
+#
+# *About 60 minutes.*
 #
 # Chapter 5's `rejection_sample` (same arguments, same `[batch, k + 1]` layout with -1 padding
 # and the bonus token), as one kernel. Three small `@triton.jit` helpers are given just above

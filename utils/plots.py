@@ -967,33 +967,52 @@ def dual_pivot_rounds(
 
 
 def plot_dual_pivot(probs: Float[Tensor, "d_vocab"], top_p: float, rounds: Sequence[Mapping]):
-    """One panel per round: the probabilities sorted from most to least likely (for the eye
-    only: the kernel never sorts), the top-p set in colour, the candidates p > low shaded, the
-    drawn token and the two pivots as lines."""
+    """One panel per round, then the interval's length round by round. Each round panel: the
+    probabilities sorted from most to least likely (for the eye only: the kernel never sorts),
+    the top-p set in blue, the threshold tau (the least likely kept probability) as a black
+    line, the round's interval (low, high] shaded, the drawn token and the two pivots as
+    lines. The last panel plots high - low on a linear axis: it at least halves each round."""
     probs = probs.double() / probs.sum()
     order = probs.argsort(descending=True)
     sorted_p = probs[order]
     before = sorted_p.cumsum(0) - sorted_p
     in_set = before < top_p
+    tau = float(sorted_p[in_set].min())
     rank = {int(t): i for i, t in enumerate(order)}
-    fig, axes = plt.subplots(
-        1, len(rounds), figsize=(3.2 * len(rounds), 3), sharey=True, squeeze=False
-    )
+    n = len(rounds)
+    fig, axes = plt.subplots(1, n + 1, figsize=(3.1 * n + 2.6, 3.4), squeeze=False,
+                             gridspec_kw={"width_ratios": [3] * n + [2]})  # fmt: skip
     x = np.arange(1, len(sorted_p) + 1)  # ranks, on a log axis: the few likely tokens matter
-    for i, (ax, r) in enumerate(zip(axes[0], rounds, strict=True)):
-        colors = np.where(in_set.numpy(), "tab:blue", "lightgray")
+    colors = np.where(in_set.numpy(), "tab:blue", "lightgray")
+    for i, (ax, r) in enumerate(zip(axes[0][:n], rounds, strict=True)):
         ax.bar(x, sorted_p.numpy(), width=0.8, color=colors)
-        ax.axhspan(r["low"], r["high"], color="tab:orange", alpha=0.12, label="(low, high]")
-        ax.axhline(r["pivot0"], color="tab:red", lw=1, label="pivot 0 = p(drawn)")
-        ax.axhline(r["pivot1"], color="tab:purple", lw=1, ls="--", label="pivot 1")
+        ax.axhspan(max(r["low"], 1e-12), r["high"], color="tab:orange", alpha=0.15)
+        ax.axhline(tau, color="black", lw=1.2)
+        ax.axhline(r["pivot0"], color="tab:red", lw=1)
+        ax.axhline(r["pivot1"], color="tab:purple", lw=1, ls="--")
         ax.plot(rank[r["token"]] + 1, r["pivot0"], "v", color="tab:red", ms=8)
         verdict = "kept" if r["kept"] else "rejected"
-        ax.set_title(f"round {i + 1}: drew rank {rank[r['token']] + 1}, {verdict}", fontsize=9)
-        ax.set(xscale="log", yscale="log", xlabel="rank of the token (most likely: 1)")
+        ax.set_title(f"round {i + 1}: (low, high] = ({r['low']:.3g}, {r['high']:.3g}]\n"
+                     f"drew rank {rank[r['token']] + 1}: {verdict}", fontsize=8)  # fmt: skip
+        ax.set(xscale="log", yscale="log", xlabel="rank (most likely: 1)",
+               ylim=(0.5 * float(sorted_p[sorted_p > 0].min()), 1.5))  # fmt: skip
     axes[0][0].set_ylabel("probability")
-    axes[0][-1].legend(fontsize=7, loc="upper right")
-    fig.suptitle(f"Dual-pivot sampling, top-p = {top_p} (blue: the top-p set)", fontsize=10)
-    fig.tight_layout()
+    widths = [r["high"] - r["low"] for r in rounds]
+    ax = axes[0][n]
+    ax.plot(range(1, n + 1), widths, "o-", color="tab:orange")
+    ax.set(xlabel="round", ylabel="high - low", ylim=(0, 1.05), xticks=range(1, n + 1),
+           title="the interval, round by round")  # fmt: skip
+    ax.title.set_fontsize(8)
+    handles = [
+        Patch(color="tab:blue", label="top-p set"),
+        Line2D([], [], color="black", lw=1.2, label="τ: least likely kept"),
+        Patch(color="tab:orange", alpha=0.3, label="(low, high]: holds τ"),
+        Line2D([], [], color="tab:red", lw=1, marker="v", label="pivot 0 = p(drawn)"),
+        Line2D([], [], color="tab:purple", lw=1, ls="--", label="pivot 1 = (pivot 0 + high) / 2"),
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=7, frameon=False)
+    fig.suptitle(f"Dual-pivot sampling, top-p = {top_p}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     plt.show()
 
 

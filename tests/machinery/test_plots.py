@@ -494,5 +494,7 @@ def test_dual_pivot_rounds_halve_the_interval_and_keep_a_top_p_token():
             assert a["low"] < threshold <= a["high"] and b["low"] < threshold <= b["high"]
     plot_dual_pivot(probs, 0.3, rounds)
     fig = plt.gcf()
-    assert len(fig.axes) == len(rounds)
+    assert len(fig.axes) == len(rounds) + 1  # a panel per round, then the interval's length
+    widths = fig.axes[-1].lines[0].get_ydata()
+    assert list(widths) == [r["high"] - r["low"] for r in rounds]
     assert "top-p = 0.3" in fig._suptitle.get_text()
