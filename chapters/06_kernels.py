@@ -18,6 +18,8 @@
 #   made inside the kernel;
 # - `inverse_transform_kernel`: sampling from probabilities with one uniform per row and a
 #   prefix sum carried from block to block, no sort;
+# - `top_p_one_pivot`: the idea first, in plain PyTorch on one row: top-p by rejection with one
+#   pivot;
 # - `top_k_top_p_kernel`: exact top-k and top-p sampling without sorting, by FlashInfer's
 #   dual-pivot rejection sampling;
 # - `fused_matmul_kernel`: the unembedding's matrix product and Gumbel-max sampling in one
@@ -378,6 +380,53 @@ check("inverse_transform")
 # to $\{x : p_x > p_j\}$. That set still contains the whole kept set, so an accepted draw is
 # still exact.
 #
+# ### Exercise: `top_p_one_pivot` (a stepping stone, in PyTorch)
+#
+# *About 20 minutes.*
+#
+# Before the kernel, the idea alone, on one row, in plain PyTorch: `top_p_one_pivot(probs,
+# top_p, generator)` returns a token of the top-p set and the number of rounds it took. Each
+# round: draw $j$ from `probs` restricted to $p > \text{low}$ (`torch.multinomial` accepts
+# weights that do not sum to 1); keep $j$ if the tokens strictly more likely hold less than
+# top-p; otherwise set `low` to $p_j$. The kernel later does the same per row, with a second
+# pivot and without a Python loop.
+#
+# Common mistakes: `<=` for `<` (a token whose more likely tokens hold exactly top-p is out);
+# summing the tokens at least as likely as $j$ (itself included); drawing from the whole row
+# every round (still exact, but a row then needs many more rounds: the test counts them);
+# forgetting the generator.
+#
+# The tests: 4,000 draws each at top-p 0.6 and 0.9 on a row of ten: the tokens follow HF's
+# top-p set, and the rounds follow their exact distribution, computed in the test from the
+# definition; a boundary reached exactly (powers of two); the generator.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# `torch.where(probs > low, probs, 0.0)` is the row a round draws from.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# Count the round, draw one token from the restricted row with the generator, sum the
+# probabilities greater than the drawn token's; if that sum is below top-p, return the token
+# and the count, else move `low` up to the drawn token's probability and go round again.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# `show_solution("top_p_one_pivot")`.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="one_pivot"
+# solution: solutions.kernels.top_k_top_p.top_p_one_pivot
+
+# %%
+check("one_pivot")
+
+# %% [markdown]
 # **Dual pivots.** With one pivot a skewed row can take many rounds. The second pivot bounds
 # them: keep an interval $(\text{low}, \text{high}]$ known to contain $\tau$. Each round draws
 # $j$ from $\{p > \text{low}\}$ and, in the same pass over the row, tests two pivots, $p_j$

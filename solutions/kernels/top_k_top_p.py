@@ -36,6 +36,31 @@ from solutions.sampling import check_sampling_args
 MAX_ROUNDS = 256
 
 
+def top_p_one_pivot(
+    probs: Float[Tensor, "d_vocab"], top_p: float, generator: torch.Generator | None = None
+) -> tuple[int, int]:
+    """The idea in PyTorch, for one row (summing to 1), with one pivot: a token of the top-p set,
+    renormalised, and the number of rounds it took. Each round draws j from p restricted to
+    {p > low} and keeps it if the tokens strictly more likely than j hold less than top_p;
+    otherwise every token at most as likely as j is out: low = p_j."""
+    if top_p is None:
+        raise ValueError("top_p must be a number in (0, 1], got None")
+    check_sampling_args(top_p=top_p)
+    if not isinstance(probs, Tensor) or probs.ndim != 1 or not probs.is_floating_point():
+        raise ValueError("probs must be a floating tensor of shape [d_vocab]")
+    low, rounds = 0.0, 0
+    while True:
+        # BEGIN SOLUTION
+        rounds += 1
+        candidates = torch.where(probs > low, probs, 0.0)  # the kept set is always inside
+        token = int(torch.multinomial(candidates, 1, generator=generator))
+        pivot = probs[token]
+        if float(probs[probs > pivot].sum()) < top_p:  # strictly more likely: less than top_p
+            return token, rounds
+        low = float(pivot)
+        # END SOLUTION
+
+
 @triton.jit
 def top_k_top_p_kernel(
     probs_ptr,

@@ -365,6 +365,93 @@ def test_inverse_transform_compiles_for_a_gpu(impl):
     assert_compiles_for_a_gpu(impl.inverse_transform_kernel, "inverse_transform")
 
 
+# --------------------------------------------------------------------------- one_pivot
+
+PIVOT_LOGITS = torch.tensor([2.1, 0.3, 1.4, -0.8, 0.9, -1.6, 0.0, 1.7, -0.3, 0.5])
+"""Ten distinct probabilities, none at a top-p boundary used below."""
+
+
+def pivot_draws(impl, probs, top_p, n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    before = probs.clone()
+    out = [impl.top_p_one_pivot(probs, top_p, g) for _ in range(n)]
+    assert torch.equal(probs, before), "top_p_one_pivot must not change probs"
+    tokens = torch.tensor([int(t) for t, _ in out])
+    rounds = torch.tensor([int(r) for _, r in out])
+    return tokens, rounds
+
+
+def exact_rounds(probs: torch.Tensor, top_p: float, most: int = 40) -> torch.Tensor:
+    """P(rounds = r), r = 0..most, from the definition: draw j from p over {p > low}; keep j if
+    the strictly more likely tokens hold less than top_p, else low = p_j and draw again."""
+    p = probs.double()
+    memo: dict[float, torch.Tensor] = {}
+
+    def dist(low: float) -> torch.Tensor:
+        if low not in memo:
+            out = torch.zeros(most + 1, dtype=torch.float64)
+            candidates = (p > low).nonzero()[:, 0].tolist()
+            mass = float(p[p > low].sum())
+            for j in candidates:
+                w = float(p[j]) / mass
+                if float(p[p > p[j]].sum()) < top_p:
+                    out[1] += w
+                else:
+                    out[1:] += w * dist(float(p[j]))[:-1]
+            memo[low] = out
+        return memo[low]
+
+    return dist(0.0)
+
+
+@pytest.mark.one_pivot
+@pytest.mark.parametrize("top_p", [0.6, 0.9])
+def test_one_pivot_tokens_follow_the_top_p_set(impl, top_p):
+    # False failure: 2 comparisons per case, at most 2 * ALPHA. The kept set is HF's.
+    probs = PIVOT_LOGITS.softmax(-1)
+    kept = hf_kept(TopPLogitsWarper(top_p=top_p), PIVOT_LOGITS[None])[0]
+    tokens, rounds = pivot_draws(impl, probs, top_p, 4_000)
+    assert_samples_follow(
+        tokens,
+        probs * kept,
+        f"top_p={top_p}: the token must follow p on the top-p set, renormalised. A draw is kept "
+        "iff the tokens STRICTLY more likely hold LESS than top_p",
+    )
+    assert_samples_follow(
+        rounds,
+        exact_rounds(probs, top_p),
+        f"top_p={top_p}: the number of rounds must follow its exact distribution. Does each "
+        "round draw only among the tokens more likely than `low` (p > low), and does a "
+        "rejected draw raise `low` to its own probability? Is `rounds` counted from 1?",
+    )
+
+
+@pytest.mark.one_pivot
+def test_one_pivot_at_an_exact_boundary(impl):
+    # False failure: ALPHA. 0.5 + 0.25 reach top_p 0.75 exactly (powers of two): token 2 (0.125)
+    # has 0.75 above it and is out; only tokens 0 and 1 are kept.
+    probs = torch.tensor([0.5, 0.25, 0.125, 0.125])
+    tokens, _ = pivot_draws(impl, probs, 0.75, 2_000, seed=3)
+    assert_samples_follow(
+        tokens,
+        torch.tensor([0.5, 0.25, 0.0, 0.0]),
+        "top_p=0.75 on [0.5, 0.25, 0.125, 0.125]: the two most likely already hold 0.75, so "
+        "token 2 is out (`<`, not `<=`)",
+    )
+
+
+@pytest.mark.one_pivot
+def test_one_pivot_uses_the_generator(impl):
+    probs = PIVOT_LOGITS.softmax(-1)
+    runs = [pivot_draws(impl, probs, 0.6, 50, seed=s)[0] for s in (1, 1, 2)]
+    torch.manual_seed(7)
+    again = pivot_draws(impl, probs, 0.6, 50, seed=1)[0]
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], again), (
+        "the same generator must give the same tokens: draw with generator=generator"
+    )
+    assert not torch.equal(runs[0], runs[2]), "different seeds must give different tokens"
+
+
 # --------------------------------------------------------------------------- top_k_top_p
 
 

@@ -351,4 +351,41 @@ MUTANTS: list[Mutant] = [
         "no bonus column: when all k are kept, the last draft is overwritten",
         name="no-bonus-column",
     ),
+    # one_pivot (the stepping stone, in PyTorch)
+    Mutant(
+        "one_pivot",
+        "if float(probs[probs > pivot].sum()) < top_p:",
+        "if float(probs[probs > pivot].sum()) <= top_p:",
+        "`<=` for `<`: a token whose more likely tokens hold exactly top-p is kept",
+    ),
+    Mutant(
+        "one_pivot",
+        "if float(probs[probs > pivot].sum()) < top_p:",
+        "if float(probs[probs >= pivot].sum()) < top_p:",
+        "sums the tokens at least as likely as the draw, itself included",
+    ),
+    Mutant(
+        "one_pivot",
+        "candidates = torch.where(probs > low, probs, 0.0)",
+        "candidates = probs",
+        "draws from the whole row every round: exact, but many more rounds",
+    ),
+    Mutant(
+        "one_pivot",
+        "\n        low = float(pivot)",
+        "",
+        "never raises low after a rejection",
+    ),
+    Mutant(
+        "one_pivot",
+        "token = int(torch.multinomial(candidates, 1, generator=generator))",
+        "token = int(torch.multinomial(candidates, 1))",
+        "draws without the generator",
+    ),
+    Mutant(
+        "one_pivot",
+        "        rounds += 1\n",
+        "",
+        "never counts its rounds",
+    ),
 ]
