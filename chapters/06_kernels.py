@@ -310,37 +310,49 @@ check("gumbel_kernel")
 # prefix instead. Each block's `tl.cumsum` plus the total of the blocks before it is the true
 # prefix; the first column where it exceeds $u$ is the token, and later blocks change nothing.
 #
+# A scan is the costly part: every thread of the program takes part in a prefix sum across
+# all of them (compiled for an H100, a block of 4,096 with `tl.cumsum` runs about 720
+# instructions and 8 barriers; `python benchmarks/sass.py` shows it). But a row crosses $u$ in
+# one block only. So sum each block first (`tl.sum`, about a third of that), and scan a block
+# only when some row's running total passes $u$ inside it: a scalar `if` on
+# `tl.max(crossing)`, which a GPU compiler turns into a branch the whole program takes or
+# skips. A row of 128,256 tokens in blocks of 4,096 then scans one block of 32.
+#
 # The rounding edge: the row's probabilities, summed in float32, can add up to a little less
 # than 1, and $u$ can exceed all of them. Then return the **last token of positive
-# probability** (never a token of probability 0, never an index past the row). A row with no
-# positive probability at all (all zeros, or NaN: the softmax of a row of `-inf` logits) has no
-# token to give: leave it at -1, and the given wrapper refuses it with a `ValueError` naming
-# the row. The same holds for the top-k / top-p kernel below (which must not spend a round on
-# such a row).
+# probability** (never a token of probability 0, never an index past the row): remember the
+# start of the last block with any mass, and after the loop, only if some row has no token,
+# read that block again and take its last positive column. A row with no positive probability
+# at all (all zeros, or NaN: the softmax of a row of `-inf` logits) has no token to give: leave
+# it at -1, and the given wrapper refuses it with a `ValueError` naming the row. The same holds
+# for the top-k / top-p kernel below (which must not spend a round on such a row).
 #
 # Common mistakes: a prefix that restarts at each block (then a token in every block crosses
-# $u$ too early); `>=` instead of `>` (when $u$ is exactly 0, a row that starts with tokens of
-# probability 0 returns the first of them: their running total, 0, already reaches $u$); no
-# fallback at the end of the row; and
+# $u$ too early); deciding to scan a block from the total *before* it (the crossing block is
+# then skipped and the next one scanned); `>=` instead of `>` (when $u$ is exactly 0, a row
+# that starts with tokens of probability 0 returns the first of them: their running total, 0,
+# already reaches $u$); a fallback that takes the last column whatever its probability; and
 # leaving the loop with `break` once every row has its token. The interpreter runs that `break`
 # and a GPU compiler refuses it: the loop runs to its end, and the blocks after the crossing
-# are read and change nothing (`chosen` keeps its value).
+# are read and only summed.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
-# Per row, carry the prefix total so far and the chosen column (start it at "none", e.g. -1).
-# A column is chosen in the first block where some prefix exceeds $u$, and only if none was
-# chosen before.
+# Per row, carry the running total and the chosen column (start it at "none", e.g. -1). A
+# block needs scanning for a row when that row has no token yet and its total *after* the
+# block exceeds $u$.
 #
 # </details>
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - `prefix = total[:, None] + tl.cumsum(p, axis=1)`; `crossed = (prefix > u[:, None]) & mask`.
-# - The first crossing column of the block: the minimum of `tl.where(crossed, cols, BIG)` over
-#   the block.
-# - Also keep the last column with `p > 0` (a maximum of `tl.where(p > 0, cols, -1)`) for the
-#   fallback.
+# In each block: load it, sum each row, and work out which rows cross inside it. If any does,
+# add the running total to the block's cumulative sums, look for the first column whose prefix
+# exceeds $u$ and whose probability is positive (a minimum over the block of the column, or a
+# large number where it does not qualify), and keep it for rows that had no token. Either way
+# note whether the block had mass and add its sum to the total. After the loop, if any row
+# still has no token, reload the last block with mass and take its largest column of positive
+# probability.
 #
 # </details>
 #

@@ -1,10 +1,14 @@
 """Sampling from probabilities by inverse transform: one uniform per row, no sort, one read.
 
 The token is the first column whose prefix sum exceeds u. A program walks its rows block by
-block: tl.cumsum gives the prefixes inside the block, and the total of the blocks before is
-carried in a register, so the true prefix is never written anywhere. The row is read once; the
-output is one integer per row. torch.multinomial's path writes a cumulative row to memory and
-reads it back.
+block, carrying the running total in a register: the true prefix is never written anywhere.
+A row crosses u in one block only, so each block is first only summed (cheap), and scanned
+with tl.cumsum (a prefix sum across the program's threads, the costly part) only when some
+row's running total passes u inside it. Compiled for an H100 (benchmarks/sass.py), a block
+that is only summed runs about 230 instructions and 2 barriers, a scanned one about 690 and 6
+(with tl.cumsum on every block: 720 and 8).
+The row is read once; the output is one integer per row. torch.multinomial's path writes a
+cumulative row to memory and reads it back.
 """
 
 import torch
@@ -38,26 +42,35 @@ def inverse_transform_kernel(
     u = tl.rand(seed, rows)
     total = tl.zeros((BLOCK_B,), tl.float32)  # the prefix sum at the end of the last block
     chosen = tl.full((BLOCK_B,), -1, tl.int32)
-    last_possible = tl.full((BLOCK_B,), -1, tl.int32)
+    last_block = tl.full((BLOCK_B,), -1, tl.int32)  # start of the last block with any mass
     for start in range(0, n_cols, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
         mask = row_ok[:, None] & (cols < n_cols)[None, :]
         p = tl.load(probs_ptr + rows.to(tl.int64)[:, None] * n_cols + cols[None, :], mask=mask)
         p = tl.where(mask, p.to(tl.float32), 0.0)
-        prefix = total[:, None] + tl.cumsum(p, axis=1)
-        # A column of probability 0 adds nothing to the prefix, so it cannot be the first to
-        # exceed u; `p > 0` says so outright, whatever the rounding.
-        crossed = (prefix > u[:, None]) & (p > 0)
-        first = tl.min(tl.where(crossed, cols[None, :], n_cols), axis=1)
-        chosen = tl.where((chosen < 0) & (first < n_cols), first, chosen)
-        last_possible = tl.maximum(
-            last_possible, tl.max(tl.where(p > 0, cols[None, :], -1), axis=1)
-        )
-        # The prefix only grows, so its max is its last value: the carry agrees with the
-        # prefixes just compared (a separate tl.sum could round differently).
-        total = tl.max(prefix, axis=1)
-    # Rounding's fallback; still -1 if no column has p > 0 (zeros or NaN: the wrapper refuses).
-    chosen = tl.where(chosen < 0, last_possible, chosen)
+        block_total = tl.sum(p, axis=1)
+        # A row crosses u in one block only: every other block gives just its sum. The prefix
+        # sum (the costly part: a scan across the program's threads) runs only on a block where
+        # some row's running total passes u.
+        crossing = (chosen < 0) & (total + block_total > u)
+        if tl.max(crossing.to(tl.int32), axis=0) > 0:
+            prefix = total[:, None] + tl.cumsum(p, axis=1)
+            # A column of probability 0 adds nothing to the prefix, so it cannot be the first
+            # to exceed u; `p > 0` says so outright, whatever the rounding.
+            crossed = (prefix > u[:, None]) & (p > 0)
+            first = tl.min(tl.where(crossed, cols[None, :], n_cols), axis=1)
+            chosen = tl.where((chosen < 0) & (first < n_cols), first, chosen)
+        last_block = tl.where(block_total > 0, start, last_block)
+        total += block_total
+    # Rounding's fallback (u above every prefix: a row summing to a little under 1): the last
+    # column of positive probability, read again from the last block that had any. Still -1
+    # for a row of zeros or NaN (the wrapper refuses it). Rare: most programs skip this.
+    if tl.min(tl.where(row_ok, chosen, 0), axis=0) < 0:
+        cols = tl.maximum(last_block, 0)[:, None] + tl.arange(0, BLOCK_V)[None, :]
+        mask = (row_ok & (last_block >= 0))[:, None] & (cols < n_cols)
+        p = tl.load(probs_ptr + rows.to(tl.int64)[:, None] * n_cols + cols, mask=mask, other=0.0)
+        last_possible = tl.max(tl.where(mask & (p > 0), cols, -1), axis=1)
+        chosen = tl.where(chosen < 0, last_possible, chosen)
     tl.store(out_ptr + rows, chosen.to(tl.int64), mask=row_ok)
     # END SOLUTION
 

@@ -115,6 +115,20 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "inverse_transform",
+        "crossing = (chosen < 0) & (total + block_total > u)",
+        "crossing = (chosen < 0) & (total > u)",
+        "a block is scanned only after the running total has passed u: one block too late",
+        name="scan-a-block-late",
+    ),
+    Mutant(
+        "inverse_transform",
+        "        total += block_total\n",
+        "",
+        "the running total is never carried from block to block",
+        name="total-not-carried",
+    ),
+    Mutant(
+        "inverse_transform",
         "chosen = tl.where(chosen < 0, last_possible, chosen)",
         "chosen = tl.where(chosen < 0, n_cols - 1, chosen)",
         "rounding's fallback is the last column, whatever its probability",
@@ -122,17 +136,18 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "inverse_transform",
-        "    chosen = tl.where(chosen < 0, last_possible, chosen)\n",
+        "\n        chosen = tl.where(chosen < 0, last_possible, chosen)",
         "",
         "no fallback when rounding leaves u above every prefix: -1 comes out",
         name="no-fallback",
     ),
     Mutant(
         "inverse_transform",
-        "last_possible = tl.full((BLOCK_B,), -1, tl.int32)",
-        "last_possible = tl.zeros((BLOCK_B,), tl.int32)",
-        "the last possible column starts at 0: a row of zeros or NaN returns token 0",
-        name="empty-row-token-0",
+        "last_possible = tl.max(tl.where(mask & (p > 0), cols, -1), axis=1)",
+        "last_possible = tl.max(tl.where(mask, cols, -1), axis=1)",
+        "the fallback takes the last column of the block, whatever its probability: a row of "
+        "zeros returns a token",
+        name="fallback-ignores-p",
     ),
     Mutant(
         "inverse_transform",
@@ -157,10 +172,10 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "inverse_transform",
-        "        chosen = tl.where((chosen < 0) & (first < n_cols), first, chosen)\n",
-        "        chosen = tl.where((chosen < 0) & (first < n_cols), first, chosen)\n"
-        "        if tl.min(tl.where(row_ok, chosen, 0), axis=0) >= 0:\n"
-        "            break  # every row has its token: the blocks after it change nothing\n",
+        "            chosen = tl.where((chosen < 0) & (first < n_cols), first, chosen)\n",
+        "            chosen = tl.where((chosen < 0) & (first < n_cols), first, chosen)\n"
+        "            if tl.min(tl.where(row_ok, chosen, 0), axis=0) >= 0:\n"
+        "                break  # every row has its token: the blocks after it change nothing\n",
         "the loop left with `break` once every row has its token: right under the "
         "interpreter, refused by a GPU compiler",
         name="break-when-all-found",
