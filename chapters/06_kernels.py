@@ -693,8 +693,30 @@ check("rejection_kernel")
 # - `fused`: against the matmul alone (`x_matmul`, ideally close to 1) and against matmul +
 #   softmax + multinomial, which writes and reads `[B, V]` float32 logits three times more.
 #
-# Without a GPU, `python benchmarks/kernels.py --device cpu --interpret --quick` runs the same
-# script through the interpreter on tiny shapes: a check that it works, not a measurement.
+# Without a GPU there is still something to read: what the GPU would run. `python
+# benchmarks/sass.py` compiles every kernel for an H100 as a real launch compiles it (the
+# wrappers' block sizes, the 16-byte alignment hints Triton's launcher gives) and disassembles
+# the machine code with the tools Triton ships. Compiled, not timed, per block of the main loop
+# (one run of that script; your Triton version may differ a little):
+#
+# | kernel (block) | instructions | barriers | loads | registers |
+# |---|---|---|---|---|
+# | softmax (4,096) | 409 | 0 | 16-byte | 56 |
+# | Gumbel, sampling (2,048) | 1,834 | 5 | 16-byte | 80 |
+# | Gumbel, greedy (2,048) | 244 | 5 | 16-byte | 39 |
+# | inverse transform, summed block (4,096) | 228 | 2 | 16-byte | 99 |
+# | inverse transform, scanned block (4,096) | 689 | 6 | 16-byte | 99 |
+# | fused matmul + sample, bf16 (64 x 128 x 64 tile) | 125, 4 `wgmma` | 2 | async copies | 255 |
+#
+# Read it as section 1 taught: a memory-bound kernel must keep enough bytes in flight, and
+# every instruction between two loads delays the next. Gumbel sampling spends about 115
+# instructions per element making its random numbers (`tl.rand` runs the whole Philox
+# generator for each element) and taking two accurate logarithms: arithmetic, not bytes. The
+# inverse transform's summed blocks are a third of its scanned ones: the reason section 5
+# scans only where a row crosses $u$.
+#
+# Without a GPU, `python benchmarks/kernels.py --device cpu --interpret --quick` runs the
+# benchmark through the interpreter on tiny shapes: a check that it works, not a measurement.
 # Interpreter timings say nothing about a GPU: the interpreter runs every program of the grid
 # one after another in NumPy on the CPU, so its times follow Python's overheads and the grid's
 # size, not bytes and bandwidth. Do not compare a kernel with PyTorch on a CPU run.
