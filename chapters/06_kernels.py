@@ -474,8 +474,11 @@ plot_dual_pivot(demo_row, 0.3, rounds_demo)
 #
 # The draw of each round is an inverse transform over $\{p > \text{low}\}$ (your kernel of
 # section 5, with the probabilities at or below `low` counted as 0 and $u$ scaled by the mass
-# above `low`); the second pass counts and sums the tokens above each pivot. The wrapper
-# (given) refuses top-k and top-p together, as chapter 3 does.
+# above `low`); the second pass counts and sums the tokens above each pivot. No pass only to
+# sum the row: the first round's mass is 1 (the row sums to 1 up to rounding), and the row's
+# total, which top-p's test needs, is where the first draw's running prefix ends. A row with no
+# candidate at all in its first draw (zeros, or NaN) stops there, with token -1 and 0 rounds.
+# The wrapper (given) refuses top-k and top-p together, as chapter 3 does.
 #
 # Common mistakes: testing membership with $\ge$ (the token that crosses top-p is then never
 # kept); forgetting to scale $u$ by the mass above `low`; forgetting `done`: a row that already

@@ -87,22 +87,16 @@ def top_k_top_p_kernel(
     row_base = rows.to(tl.int64) * n_cols
     row_start = row_base[:, None]
 
-    # The row's total (1 up to rounding): the first round's candidates are all of {p > 0}.
-    total = tl.zeros((BLOCK_B,), tl.float32)
-    for start in range(0, n_cols, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
-        mask = row_ok[:, None] & (cols < n_cols)[None, :]
-        p = tl.load(probs_ptr + row_start + cols[None, :], mask=mask, other=0.0)
-        total += tl.sum(p.to(tl.float32), axis=1)
-
     low = tl.zeros((BLOCK_B,), tl.float32)  # candidates: p > low
     high = tl.full((BLOCK_B,), 1.0, tl.float32)  # tau <= high
-    mass = total  # the mass of the candidates
+    # The mass of the candidates: the whole row's, 1 up to rounding, in the first round (no pass
+    # just to sum the row: the first draw's running prefix ends at its total, as FlashInfer
+    # takes it).
+    mass = tl.full((BLOCK_B,), 1.0, tl.float32)
+    total = tl.full((BLOCK_B,), 1.0, tl.float32)
     token = tl.full((BLOCK_B,), -1, tl.int32)
     rounds = tl.zeros((BLOCK_B,), tl.int32)
-    # A row with nothing to sample (all zeros, or NaN: NaN > 0 is false) stops before its first
-    # round, with token -1 (the wrapper refuses it): no round could ever accept there.
-    done = ~row_ok | ~(total > 0)
+    done = ~row_ok
     i = 0
     while tl.sum((~done).to(tl.int32), axis=0) > 0:
         # Draw j from p restricted to {p > low}: inverse transform, u scaled by their mass.
@@ -123,6 +117,11 @@ def top_k_top_p_kernel(
             )
             prefix_end = tl.max(prefix, axis=1)
         j = tl.where(j < 0, last_candidate, j)  # rounding left u above every prefix
+        if i == 0:  # the first draw's candidates are the whole row: its prefix ends at the total
+            total = prefix_end
+        # A row with nothing to sample (all zeros, or NaN: NaN > 0 is false) has no candidate:
+        # it stops with token -1 and 0 rounds (the wrapper refuses it).
+        done = done | (j < 0)
         p_j = tl.load(probs_ptr + row_base + j, mask=row_ok & (j >= 0), other=0.0)
         pivot0 = p_j.to(tl.float32)
         pivot1 = (pivot0 + high) * 0.5
