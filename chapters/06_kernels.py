@@ -255,14 +255,22 @@ check("softmax_kernel")
 # probabilities, no normalisation: the noise does it all. Temperature 0 is the plain argmax
 # (a `tl.constexpr` flag: no noise, no division).
 #
-# The random numbers are made in the kernel: `u = tl.rand(seed, row * n_cols + cols)`. Guard
-# $u = 0$ (`tl.rand` can return it, and $\log 0 = -\infty$).
+# The noise is made in the kernel, by the given `gumbel_noise(seed, rows, start, n_cols,
+# BLOCK_B, BLOCK_V)` (the cell below): $G$ for the block of columns from `start`, each
+# (row, column) from its own counter of a counter-based generator, so a seed reproduces a run
+# and rows are independent. Two things in it are worth reading. It asks the generator for
+# four numbers per call (`tl.randint4x`): `tl.rand` runs the whole generator for every element
+# and keeps one of its four outputs, and compiled for an H100 that choice alone is a quarter
+# of the kernel's instructions (`benchmarks/sass.py`, section 9). And it computes
+# $-\log u$ from $v = 1 - u$, whose smallest values a float32 holds finely: the largest noise
+# values, the ones that decide a row of 128,256 logits, come from $u$ near 1, where
+# `-tl.log(-tl.log(u))` with a float32 $u$ stops at about 16.6.
 #
 # Common mistakes: the temperature applied to the noise too, $(\ell + G) / T$ (the argmax then
-# ignores $T$: chapter 5's bug); an offset without the row (every row gets the same noise, and
-# the same token), or `row + column` (row $r + 1$ then reuses row $r$'s noise one column over:
-# each row looks right alone, and neighbours are not independent, which the tests check on
-# pairs of rows); the block's argmax returned without adding the block's start column; at
+# ignores $T$: chapter 5's bug); the noise subtracted ($-G$ is not Gumbel noise); the noise of
+# the wrong rows (every row then gets the same noise, and the same token) or of the wrong block
+# (`start` 0: every block of a row reuses the first block's noise, and the tests check rows
+# of several blocks); the block's argmax returned without adding the block's start column; at
 # temperature 0, a later block that replaces a tied best (`>=`): ties go to the lowest column,
 # as `torch.argmax` does.
 #
@@ -275,7 +283,8 @@ check("softmax_kernel")
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - Scores of a block: `x / T - tl.log(-tl.log(u))`, with masked columns at `-inf`.
+# - Scores of a block: the logits times `inv_temperature`, plus the block's noise from
+#   `gumbel_noise`, with masked columns at `-inf`.
 # - `block_best = tl.max(scores, axis=1)`, `block_col = start + tl.argmax(scores, axis=1)`.
 # - `better = block_best > best`; `best = tl.where(better, block_best, best)`, the same for the
 #   column. Store the column as int64.
@@ -287,6 +296,9 @@ check("softmax_kernel")
 # `show_solution("gumbel_kernel")`.
 #
 # </details>
+
+# %% tags=["source"]
+# solution: solutions.kernels.gumbel.gumbel_noise
 
 # %% tags=["exercise"] exercise="gumbel_kernel"
 # solution: solutions.kernels.gumbel.gumbel_kernel
@@ -705,16 +717,16 @@ check("rejection_kernel")
 # | kernel (block) | instructions | barriers | loads | registers |
 # |---|---|---|---|---|
 # | softmax (4,096) | 409 | 0 | 16-byte | 56 |
-# | Gumbel, sampling (2,048) | 1,834 | 5 | 16-byte | 80 |
+# | Gumbel, sampling (2,048) | 1,376 (1,834 with `tl.rand`) | 5 | 16-byte | 40 (80) |
 # | Gumbel, greedy (2,048) | 244 | 5 | 16-byte | 39 |
 # | inverse transform, summed block (4,096) | 228 | 2 | 16-byte | 99 |
 # | inverse transform, scanned block (4,096) | 689 | 6 | 16-byte | 99 |
 # | fused matmul + sample, bf16 (64 x 128 x 64 tile) | 125, 4 `wgmma` | 2 | async copies | 255 |
 #
 # Read it as section 1 taught: a memory-bound kernel must keep enough bytes in flight, and
-# every instruction between two loads delays the next. Gumbel sampling spends about 115
-# instructions per element making its random numbers (`tl.rand` runs the whole Philox
-# generator for each element) and taking two accurate logarithms: arithmetic, not bytes. The
+# every instruction between two loads delays the next. Gumbel sampling spends about 86
+# instructions per element (115 when `tl.rand` ran the whole Philox generator for each one),
+# most of them in two accurate logarithms: arithmetic, not bytes, on a GPU too. The
 # inverse transform's summed blocks are a third of its scanned ones: the reason section 5
 # scans only where a row crosses $u$.
 #

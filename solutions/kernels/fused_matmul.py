@@ -2,8 +2,8 @@
 without ever writing the [batch, d_vocab] logits to memory.
 
 Each program computes one [BLOCK_B, BLOCK_V] tile of logits in registers (tl.dot over d_model
-in blocks of BLOCK_D, accumulated in float32), adds the Gumbel noise of gumbel.py (the same
-offsets row * V + column), and writes only each row's best score and column of the tile: two
+in blocks of BLOCK_D, accumulated in float32), adds Gumbel noise (tl.rand at the offsets
+row * V + column), and writes only each row's best score and column of the tile: two
 numbers per row per tile instead of BLOCK_V. A reduction over the tiles, d_vocab / BLOCK_V
 numbers per row, picks the token. The kernel reads W_U once per tile of rows, as the matmul
 alone does, so it costs about what the matmul costs.

@@ -224,21 +224,33 @@ def test_gumbel_kernel_ties_at_zero_temperature_go_to_the_first_column(impl):
 
 @pytest.mark.gumbel_kernel
 def test_gumbel_kernel_rows_are_independent_and_seeded(impl):
-    # False failure: ALPHA for the pairs, (sum p^2)^200 < 1e-30 for two seeds agreeing.
+    # False failure: 2 * ALPHA (each row alone, then the pairs); (sum p^2)^200 < 1e-30 for two
+    # seeds agreeing.
     logits = torch.tensor([0.0, 0.4, -0.3])
     probs = logits.double().softmax(-1)
     samples = gumbel_draw(impl, logits, N_ROWS, 1.0, seed=3)
+    same = float((samples[0::2] == samples[1::2]).double().mean())
+    assert same < 0.9, (  # independent rows agree with probability sum p^2 = 0.35
+        f"gumbel_sample: neighbouring rows drew the same token {same:.0%} of the time: every row "
+        "gets the same noise. Each row needs its own: gumbel_noise with the program's `rows`"
+    )
+    assert_samples_follow(
+        samples,
+        probs,
+        "gumbel_sample: each row's token must follow softmax(logits). Is the noise ADDED to the "
+        "logits (times inv_temperature): argmax(x / T + G)?",
+    )
     pairs = samples[0::2] * 3 + samples[1::2]  # the tokens of rows 2i and 2i + 1, jointly
     assert_samples_follow(
         pairs,
         torch.outer(probs, probs).flatten(),
-        "gumbel_sample: the tokens of neighbouring rows must be independent. Is the offset "
-        "given to tl.rand unique for every (row, column), e.g. row * V + column?",
+        "gumbel_sample: the tokens of neighbouring rows must be independent. Does each row get "
+        "its own noise (gumbel_noise with the program's `rows`, not one row's for all)?",
     )
     again = gumbel_draw(impl, logits, 200, 1.0, seed=3)
     other = gumbel_draw(impl, logits, 200, 1.0, seed=4)
     assert torch.equal(again, samples[:200]), (
-        "the same seed must give the same tokens: the noise must come from tl.rand(seed, ...)"
+        "the same seed must give the same tokens: the noise must come from gumbel_noise(seed, ...)"
     )
     assert not torch.equal(again, other), "different seeds must give different tokens"
 
