@@ -33,7 +33,8 @@ Interpreter timings say nothing about a GPU. Progress goes to stderr. Prints one
   residual at the first rejection); both wrappers also check every probability first
   (chapter 5's contract: all 2k + 1 rows read, one sync), so x_floor counts that.
 - `fused`: for each (V, D) and B, bf16 hidden [B, D] (standard normal) and W_U [V, D]
-  (normal / sqrt(D)): `fused_matmul_sample` against the matmul alone (h @ W_U.T, bf16) and
+  (normal / sqrt(D)); float16 below compute capability 8.0 (a T4; `fused_dtype` says which):
+  `fused_matmul_sample` against the matmul alone (h @ W_U.T, same dtype) and
   against matmul + float32 softmax + multinomial. `speedup_vs_torch` = the latter's ms / the
   kernel's, `x_matmul` = kernel ms / matmul ms; the floor is a read of W_U. One read of a
   128256 x 4096 bf16 W_U takes at least 348 us at 3.0 TB/s: with matmul + softmax +
@@ -333,7 +334,10 @@ def run(args, torch) -> dict:
         )
 
     fused = []
-    dtype = torch.bfloat16
+    # bfloat16 as serving engines use it; below sm_80 (a T4) float16: Turing's tensor cores,
+    # which cuBLAS uses, take no bfloat16 (Triton's tl.dot uses none there: sass.py --arch 75).
+    old_gpu = cuda and torch.cuda.get_device_capability() < (8, 0)
+    dtype = torch.float16 if old_gpu else torch.bfloat16
     for v, d in args.fused:
         w = (torch.randn(v, d, generator=g, device=device) / d**0.5).to(dtype)
         floor = read_ms(w)
@@ -363,6 +367,7 @@ def run(args, torch) -> dict:
     result = {
         "environment": {
             "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+            "compute_capability": list(torch.cuda.get_device_capability()) if cuda else None,
             "python": platform.python_version(),
             "torch": torch.__version__,
             "cuda": torch.version.cuda if cuda else None,

@@ -1,6 +1,9 @@
 """Chapter 6's kernels compiled for an H100 (sm_90) here, without a GPU: their machine code.
 
-    python benchmarks/sass.py [--kernel inverse_transform ...]
+    python benchmarks/sass.py [--kernel inverse_transform ...] [--arch 90]
+
+`--arch` names another GPU generation by its compute capability: 75 (T4), 80 (A100), 89 (L4),
+90 (H100, the default).
 
 Compiled, not timed: what the GPU would run, read from Triton's own toolchain (the cubin it
 builds, disassembled by the `cuobjdump` it ships). Each kernel is compiled as a real launch
@@ -14,7 +17,8 @@ Prints one JSON object, per kernel and branch:
   these kernels is the loop over the row's blocks: its `instructions`, `barriers` (BAR.SYNC:
   every thread of the program waits), `global_loads` by width (LDG.E.128 moves 16 bytes per
   thread, LDG.E 4), `special_function` ops (MUFU: exp, log, reciprocal...), `wgmma`
-  (Hopper's tensor-core matrix products, HGMMA in SASS), and the largest forward branch inside
+  (Hopper's tensor-core matrix products, HGMMA in SASS), `mma` (Ampere's, HMMA), `ffma` (fused
+  multiply-adds on the ordinary float32 units), and the largest forward branch inside
   it: `skippable_instructions` (an `if` a block can skip) and `path_around_it`, the
   instructions and barriers of a block that skips it.
 
@@ -91,6 +95,8 @@ def loop_stats(code: list[tuple[int, str, str]]) -> dict:
         "global_loads": dict(sorted(loads.items())),
         "special_function": sum(op.startswith("MUFU") for _, op, _ in body),
         "wgmma": sum(op.startswith("HGMMA") for _, op, _ in body),
+        "mma": sum(op.startswith("HMMA") for _, op, _ in body),
+        "ffma": sum(op.startswith("FFMA") for _, op, _ in body),
         "skippable_instructions": len(body) - len(around),
         "path_around_it": {
             "instructions": len(around),
@@ -108,14 +114,15 @@ def usage_of(text: str) -> dict:
     }
 
 
-def compile_launch(launch, branch: dict, module_prefix: str = "solutions.kernels"):
+def compile_launch(launch, branch: dict, module_prefix: str = "solutions.kernels", arch: int = 90):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
 
     from tests.graded import _compile
 
-    target = GPUTarget(*_compile.TARGET)
+    kind, _, warp = _compile.TARGET
+    target = GPUTarget(kind, arch, warp)
     backend = make_backend(target)
     module = importlib.import_module(f"{module_prefix}.{launch.module}")
     fn = _compile._jit_function(getattr(module, launch.kernel))
@@ -125,17 +132,20 @@ def compile_launch(launch, branch: dict, module_prefix: str = "solutions.kernels
     return triton.compile(source, target=target, options=options.__dict__)
 
 
-def report(names: list[str] | None = None) -> dict:
+NAMES = {75: "T4", 80: "A100", 86: "RTX 30", 89: "L4", 90: "H100"}
+
+
+def report(names: list[str] | None = None, arch: int = 90) -> dict:
     from tests.graded import _compile
 
-    out = {"target": "sm_90 (H100)", "kernels": {}}
+    out = {"target": f"sm_{arch} ({NAMES.get(arch, 'a GPU')})", "kernels": {}}
     for name, launches in _compile.LAUNCHES.items():
         if names and name not in names:
             continue
         rows = []
         for launch in launches:
             for branch in launch.branches:
-                compiled = compile_launch(launch, branch)
+                compiled = compile_launch(launch, branch, arch=arch)
                 code, usage = disassemble(compiled.asm["cubin"])
                 rows.append({
                     "constexprs": branch,
@@ -151,8 +161,9 @@ def report(names: list[str] | None = None) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", action="append", help="a key of LAUNCHES (default: all)")
+    parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 75 or 80")
     args = parser.parse_args()
-    print(json.dumps(report(args.kernel), indent=2))
+    print(json.dumps(report(args.kernel, args.arch), indent=2))
 
 
 if __name__ == "__main__":

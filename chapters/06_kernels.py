@@ -30,7 +30,9 @@
 # Triton's **interpreter** runs the same kernel source on the CPU (numpy standing in for the
 # GPU), which is how this notebook and its tests run on any Linux machine: slowly, so the
 # shapes here are small, but computing what the GPU version computes. Triton is not
-# available on macOS or Windows; there this chapter cannot run.
+# available on macOS or Windows; there this chapter cannot run. No NVIDIA GPU at hand? Google
+# Colab lends one: the README's "On Google Colab" says how, and section 9 what each of its GPUs
+# runs.
 #
 # **What the interpreter runs and a GPU refuses.** The interpreter runs your kernel as Python,
 # so it also runs Python that Triton's compiler rejects: `break` or `continue` in a loop, a
@@ -729,6 +731,29 @@ check("rejection_kernel")
 # most of them in two accurate logarithms: arithmetic, not bytes, on a GPU too. The
 # inverse transform's summed blocks are a third of its scanned ones: the reason section 5
 # scans only where a row crosses $u$.
+#
+# **On Colab.** Which GPUs Colab offers depends on the plan and changes over time (the course
+# cannot check it; *Runtime > Change runtime type* lists them); `!nvidia-smi` in a cell names
+# the one you got. What matters here is its compute capability, and what Triton compiles for it
+# can be read without one: `python benchmarks/sass.py --kernel fused_matmul --arch 75`.
+#
+# - **T4** (compute capability 7.5, the free plan's; 320 GB/s, 40 SMs, 4 MB of L2): every
+#   kernel compiles and samples exactly, and the sampling kernels are still memory-bound, only
+#   about ten times slower than on an H100 (a [64, 128256] float32 batch takes about 100 µs to
+#   read). But Triton uses tensor cores from compute capability 8.0 on: on a T4 the fused
+#   kernel's `tl.dot` compiles to ordinary float32 multiply-adds (4,096 `FFMA` per thread per
+#   tile step of the bf16 launch, no tensor-core instruction), while cuBLAS multiplies on the
+#   T4's tensor cores. So on a T4 expect `fused` to lose to the matmul by a wide margin: correct,
+#   and slow. The benchmark times the fused kernel in float16 there (`fused_dtype`): the T4's
+#   tensor cores multiply float16, not bfloat16.
+# - **L4** (8.9; 300 GB/s, 58 SMs, 48 MB of L2) and **A100** (8.0; 1.6 to 2.0 TB/s, 108 SMs,
+#   40 MB of L2): `tl.dot` runs on the tensor cores (`mma`: HMMA instructions, 64 per tile
+#   step; an H100 issues 4 `wgmma` instead), with asynchronous copies. All of the benchmark
+#   applies, and the goals, set for an H100, are ratios, so they carry over roughly: a slower
+#   memory makes every floor longer together.
+#
+# On any of them, look first at `x_floor` (how far each kernel is from one read of its rows) and
+# `rounds`, then at the ratios against PyTorch; the absolute microseconds say which card you got.
 #
 # Without a GPU, `python benchmarks/kernels.py --device cpu --interpret --quick` runs the
 # benchmark through the interpreter on tiny shapes: a check that it works, not a measurement.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import nbformat
 
-from utils import NOTEBOOKS_DIR, REPO_ROOT
+from utils import NOTEBOOKS_DIR, REPO_ROOT, colab
 from utils.chapters import SOLUTION_PREFIX, chapter_names, object_source, read_chapter, strip_fences
 
 KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
@@ -57,8 +57,20 @@ def build_notebook(chapter: str, teacher: bool = False) -> nbformat.NotebookNode
             new = nbformat.v4.new_raw_cell(text, metadata=metadata)
         new.id = cell_id(chapter, i)
         nb.cells.append(new)
+    nb.cells.insert(0, colab_cell(chapter, colab.cells_digest(nb.cells)))
     nbformat.validate(nb)
     return nb
+
+
+def colab_cell(chapter: str, digest: str) -> nbformat.NotebookNode:
+    """The first cell: on Google Colab it installs the course (utils/colab.py); Colab shows only
+    its title (cellView form) and JupyterLab folds its code away (source_hidden)."""
+    cell = nbformat.v4.new_code_cell(
+        colab.cell_source(f"notebooks/{chapter}.ipynb", digest),  # in the repository, always
+        metadata={"cellView": "form", "jupyter": {"source_hidden": True}, "tags": ["colab"]},
+    )
+    cell.id = f"{chapter[:2]}-{colab.CELL_ID_SUFFIX}"
+    return cell
 
 
 def cell_id(chapter: str, index: int) -> str:
@@ -67,7 +79,8 @@ def cell_id(chapter: str, index: int) -> str:
 
 def pristine_cell_ids(chapter: str) -> set[str]:
     """The ids of the cells a fresh build has: any other cell is one the learner added."""
-    return {cell_id(chapter, i) for i in range(len(read_chapter(chapter).notebook.cells))}
+    cells = range(len(read_chapter(chapter).notebook.cells))
+    return {cell_id(chapter, i) for i in cells} | {f"{chapter[:2]}-{colab.CELL_ID_SUFFIX}"}
 
 
 def notebook_text(nb: nbformat.NotebookNode) -> str:
