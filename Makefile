@@ -27,9 +27,13 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	COURSE_TEST_THREADS=2 $(PYTEST) tests/machinery --ignore=tests/machinery/test_notebooks_run.py \
-		--ignore=tests/machinery/test_grading.py --ignore=tests/machinery/test_kernels_compile.py \
-		--ignore=tests/machinery/test_browser.py --ignore=tests/machinery/test_colab_setup.py
+	@echo "The machinery's own tests; beside them, online (pip needs the package registry), a"
+	@echo "notebook's Colab cell installs the course into a fresh virtual environment."
+	$(LANES) "COURSE_TEST_THREADS=2 $(PYTEST) tests/machinery \
+		 --ignore=tests/machinery/test_notebooks_run.py --ignore=tests/machinery/test_grading.py \
+		 --ignore=tests/machinery/test_kernels_compile.py --ignore=tests/machinery/test_browser.py \
+		 --ignore=tests/machinery/test_colab_setup.py" \
+		"$(PYTEST) tests/machinery/test_colab_setup.py"
 	$(BIN)/course corpus
 	@echo "Offline from here on, in two lanes: every chapter's notebook in a kernel started from a"
 	@echo "learner's environment (teacher builds: every check passes; blank builds: every check"
@@ -39,15 +43,12 @@ test: $(STAMP)
 	@echo "graded test must FAIL (inverted: a pass there means it does not), then the learner-style"
 	@echo "mutants (tests/machinery/mutants/), each of which must fail a test of its exercise."
 	@echo "The peers' own tests (tests/peers/: HF, vLLM, FlashInfer) on the solutions, one in each lane."
-	@echo "First in the second lane, online (pip needs the package registry): a notebook's Colab cell"
-	@echo "installs the course into a fresh virtual environment from a local clone."
 	$(LANES) "$(OFFLINE) $(PYTEST) -rs tests/machinery/test_notebooks_run.py \
 		 tests/machinery/test_browser.py && \
 		 $(OFFLINE) $(PYTEST) tests/machinery/test_grading.py \
 		 tests/machinery/test_kernels_compile.py && \
 		 $(OFFLINE) $(PYTEST) -q tests/peers --ignore=tests/peers/test_flashinfer_sampling.py" \
-		"$(PYTEST) tests/machinery/test_colab_setup.py && \
-		 $(OFFLINE) $(PYTEST) tests/graded --impl solutions && \
+		"$(OFFLINE) $(PYTEST) tests/graded --impl solutions && \
 		 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail && \
 		 $(OFFLINE) $(PYTEST) tests/graded --mutants -q && \
 		 $(OFFLINE) $(PYTEST) -q tests/peers/test_flashinfer_sampling.py"

@@ -78,6 +78,7 @@ from solutions.kernels.runtime import (  # noqa: E402
     kernel_tensor,
     next_power_of_2,
     refuse_empty_rows,
+    row_block,
     rows_per_program,
     seed_value,
 )
@@ -325,12 +326,13 @@ check("gumbel_kernel")
 # prefix; the first column where it exceeds $u$ is the token, and later blocks change nothing.
 #
 # A scan is the costly part: every thread of the program takes part in a prefix sum across
-# all of them (compiled for an H100, a block of 4,096 with `tl.cumsum` runs about 720
-# instructions and 8 barriers; `python benchmarks/sass.py` shows it). But a row crosses $u$ in
-# one block only. So sum each block first (`tl.sum`, about a third of that), and scan a block
-# only when some row's running total passes $u$ inside it: a scalar `if` on
-# `tl.max(crossing)`, which a GPU compiler turns into a branch the whole program takes or
-# skips. A row of 128,256 tokens in blocks of 4,096 then scans one block of 32.
+# all of them (compiled for an H100, a block of 16,384 columns spread over 16 warps runs about
+# 1,070 instructions per thread and 6 barriers when it scans; `python benchmarks/sass.py`
+# shows it). But a row crosses $u$ in one block only. So sum each block first (`tl.sum`: about
+# 210 instructions and 2 barriers), and scan a block only when some row's running total passes
+# $u$ inside it: a scalar `if` on `tl.max(crossing)`, which a GPU compiler turns into a branch
+# the whole program takes or skips. A row of 128,256 tokens in blocks of 16,384 then scans one
+# block of 8.
 #
 # The rounding edge: the row's probabilities, summed in float32, can add up to a little less
 # than 1, and $u$ can exceed all of them. Then return the **last token of positive
@@ -716,20 +718,31 @@ check("rejection_kernel")
 # the machine code with the tools Triton ships. Compiled, not timed, per block of the main loop
 # (one run of that script; your Triton version may differ a little):
 #
-# | kernel (block) | instructions | barriers | loads | registers |
+# | kernel (block, warps) | instructions per thread | barriers | loads | registers |
 # |---|---|---|---|---|
-# | softmax (4,096) | 409 | 0 | 16-byte | 56 |
-# | Gumbel, sampling (2,048) | 1,376 (1,834 with `tl.rand`) | 5 | 16-byte | 40 (80) |
-# | Gumbel, greedy (2,048) | 244 | 5 | 16-byte | 39 |
-# | inverse transform, summed block (4,096) | 228 | 2 | 16-byte | 99 |
-# | inverse transform, scanned block (4,096) | 689 | 6 | 16-byte | 99 |
-# | fused matmul + sample, bf16 (64 x 128 x 64 tile) | 125, 4 `wgmma` | 2 | async copies | 255 |
+# | softmax, bf16 (16,384, 16) | 414 | 0 | 16-byte | 64 |
+# | Gumbel, sampling (16,384, 16) | 2,804: 88 per column | 5 | 16-byte | 70 |
+# | Gumbel, greedy (16,384, 16) | 429 | 5 | 16-byte | 70 |
+# | inverse transform, summed block (16,384, 16) | 213 | 2 | 16-byte | 128 |
+# | inverse transform, scanned block (16,384, 16) | 1,070 | 6 | 16-byte | 128 |
+# | fused matmul + sample, bf16 (64 x 128 x 64 tile, 4) | 125, 4 `wgmma` | 2 | async copies | 255 |
 #
-# Read it as section 1 taught: a memory-bound kernel must keep enough bytes in flight, and
-# every instruction between two loads delays the next. Gumbel sampling spends about 86
-# instructions per element (115 when `tl.rand` ran the whole Philox generator for each one),
-# most of them in two accurate logarithms: arithmetic, not bytes, on a GPU too. The
-# inverse transform's summed blocks are a third of its scanned ones: the reason section 5
+# Read it as section 1 taught. A memory-bound kernel must keep enough bytes in flight: memory
+# stays busy only with bandwidth x latency on the way, on an H100 about 3.35 TB/s x 0.6 µs,
+# some 2 MB. A program issues every load of a block before it uses any, so a block is what one
+# row has in flight: 16,384 float32 are 64 KB, and 64 rows keep 4 MB in flight. Blocks of
+# 4,096 on 4 warps, as these kernels first had, kept 1 MB: by this count, half the bandwidth.
+# So the wrappers take blocks of up to 16,384 columns, 32 per thread (16 warps; top-k / top-p,
+# which keeps more per column, 8,192 on 8: `runtime.row_block`), and the compiled code shows
+# the cost: no spilled register, and per column about the same work as before. Below about 32
+# rows even that is not enough: splitting a row across programs would be the next step.
+#
+# Gumbel sampling is another matter: 88 instructions per column, most of them the random
+# number generator and two accurate logarithms. An H100 issues about $10^{12}$ warp
+# instructions a second (132 SMs x 4 schedulers x 1.98 GHz), so 64 rows of 128,256 (the 64 SMs
+# the rows occupy) take about 45 µs, over four times the read: arithmetic, not bytes, on a GPU
+# too.
+# The inverse transform's summed blocks are a fifth of its scanned ones: the reason section 5
 # scans only where a row crosses $u$.
 #
 # **On Colab.** Which GPUs Colab offers depends on the plan and changes over time (the course

@@ -17,9 +17,8 @@ from torch import Tensor
 
 from solutions import checks
 from solutions.kernels.runtime import (
-    INTERPRET,
     kernel_tensor,
-    next_power_of_2,
+    row_block,
     rows_per_program,
     seed_value,
 )
@@ -96,7 +95,7 @@ def gumbel_sample(
     if n_rows * n_cols >= 2**31:
         raise ValueError(f"logits has {n_rows * n_cols} elements; at most 2**31 - 1 (offsets)")
     out = torch.empty(n_rows, dtype=torch.int64, device=logits.device)
-    block_v = max(4, min(next_power_of_2(n_cols), 1024 if INTERPRET else 2048))  # 4 per call
+    block_v, warps = row_block(max(n_cols, 4), gpu_block=16384)  # 4 uniforms per call
     block_b = rows_per_program(n_rows, block_v)
     gumbel_kernel[(triton.cdiv(n_rows, block_b),)](
         logits,
@@ -108,5 +107,6 @@ def gumbel_sample(
         GREEDY=temperature == 0,
         BLOCK_B=block_b,
         BLOCK_V=block_v,
+        num_warps=warps,
     )
     return out

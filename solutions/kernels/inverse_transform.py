@@ -18,10 +18,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from solutions.kernels.runtime import (
-    INTERPRET,
     kernel_tensor,
-    next_power_of_2,
     refuse_empty_rows,
+    row_block,
     rows_per_program,
     seed_value,
 )
@@ -83,9 +82,9 @@ def sample_from_probs(probs: Float[Tensor, "batch d_vocab"], seed: int = 0) -> I
     probs = kernel_tensor("probs [batch, d_vocab]", probs, ndim=2)
     n_rows, n_cols = probs.shape
     out = torch.empty(n_rows, dtype=torch.int64, device=probs.device)
-    block_v = min(next_power_of_2(n_cols), 1024 if INTERPRET else 4096)
+    block_v, warps = row_block(n_cols, gpu_block=16384)  # 64 KB of a row in flight
     block_b = rows_per_program(n_rows, block_v)
     inverse_transform_kernel[(triton.cdiv(n_rows, block_b),)](
-        probs, out, n_rows, n_cols, seed, BLOCK_B=block_b, BLOCK_V=block_v
+        probs, out, n_rows, n_cols, seed, BLOCK_B=block_b, BLOCK_V=block_v, num_warps=warps
     )
     return refuse_empty_rows(out, probs, "probs")

@@ -12,7 +12,7 @@ import triton.language as tl
 from jaxtyping import Float
 from torch import Tensor
 
-from solutions.kernels.runtime import INTERPRET, kernel_tensor, next_power_of_2, rows_per_program
+from solutions.kernels.runtime import kernel_tensor, row_block, rows_per_program
 
 
 @triton.jit
@@ -58,10 +58,10 @@ def softmax(x: Float[Tensor, "batch n"]) -> Float[Tensor, "batch n"]:
     x = kernel_tensor("x [batch, n]", x, ndim=2)
     out = torch.empty_like(x)
     n_rows, n_cols = x.shape
-    # A GPU reads a block of 1024-4096 columns per step; the interpreter prefers fewer, wider
-    # operations over many rows, so its blocks hold BLOCK_B x BLOCK_V elements in all.
-    block_v = min(next_power_of_2(n_cols), 1024 if INTERPRET else 4096)
+    # A GPU reads a block of up to 16,384 columns per step, one row per program; the interpreter
+    # prefers fewer, wider operations over many rows, so its blocks hold BLOCK_B x BLOCK_V.
+    block_v, warps = row_block(n_cols, gpu_block=16384)
     block_b = rows_per_program(n_rows, block_v)
     grid = (triton.cdiv(n_rows, block_b),)
-    softmax_kernel[grid](x, out, n_rows, n_cols, BLOCK_B=block_b, BLOCK_V=block_v)
+    softmax_kernel[grid](x, out, n_rows, n_cols, BLOCK_B=block_b, BLOCK_V=block_v, num_warps=warps)
     return out

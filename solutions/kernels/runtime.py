@@ -47,6 +47,26 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+def row_block(n_cols: int, gpu_block: int) -> tuple[int, int]:
+    """(BLOCK_V, num_warps) for a kernel that walks each row in blocks of BLOCK_V columns.
+
+    The interpreter: at most 1024 columns (it runs many rows per program instead; num_warps
+    means nothing to it). A GPU: up to `gpu_block` columns, 32 per thread (num_warps =
+    BLOCK_V / 1024, from 4 to 16). A program issues all of a block's loads before it uses any,
+    so its block is the bytes it keeps in flight, and memory stays busy only with bandwidth x
+    latency in flight (Little's law): on an H100 about 3.35 TB/s x 0.6 us, 2 MB, or 32 KB for
+    each of 64 rows. A block of 4,096 float32 holds 16 KB; one of 16,384, 64 KB."""
+    if INTERPRET:
+        return min(next_power_of_2(n_cols), 1024), 4
+    return gpu_row_block(n_cols, gpu_block)
+
+
+def gpu_row_block(n_cols: int, gpu_block: int) -> tuple[int, int]:
+    """row_block's choice on a GPU (the compile tests launch what a GPU launches)."""
+    block = min(next_power_of_2(n_cols), gpu_block)
+    return block, max(4, min(16, block // 1024))
+
+
 def rows_per_program(n_rows: int, row_block: int) -> int:
     """BLOCK_B, the rows each program handles. The interpreter's cost is per program and per
     block operation, not per element: it wants few programs with many rows each (capped so a

@@ -24,10 +24,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from solutions.kernels.runtime import (
-    INTERPRET,
     kernel_tensor,
-    next_power_of_2,
     refuse_empty_rows,
+    row_block,
     rows_per_program,
     seed_value,
 )
@@ -189,7 +188,7 @@ def top_k_top_p_sample(
         raise ValueError(f"probs has {n_rows} rows; at most {2**31 // MAX_ROUNDS - 1}")
     out = torch.empty(n_rows, dtype=torch.int64, device=probs.device)
     rounds = torch.empty(n_rows, dtype=torch.int32, device=probs.device)
-    block_v = min(next_power_of_2(n_cols), 1024 if INTERPRET else 4096)
+    block_v, warps = row_block(n_cols, gpu_block=8192)  # more state per column: 8,192
     block_b = rows_per_program(n_rows, block_v)
     top_k_top_p_kernel[(triton.cdiv(n_rows, block_b),)](
         probs,
@@ -204,6 +203,7 @@ def top_k_top_p_sample(
         MAX_ROUNDS=MAX_ROUNDS,
         BLOCK_B=block_b,
         BLOCK_V=block_v,
+        num_warps=warps,
     )
     refuse_empty_rows(out, probs, "probs")
     return (out, rounds) if return_rounds else out

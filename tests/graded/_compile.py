@@ -99,26 +99,38 @@ def _fused(dtype: str, n_rows: int, greedy: tuple[bool, ...]) -> Launch:
     )  # fmt: skip
 
 
-# One GPU program per row (BLOCK_B = 1) and blocks of 2048 or 4096 columns: what the wrappers
-# choose without the interpreter (solutions/kernels/runtime.py, rows_per_program).
+# One GPU program per row (BLOCK_B = 1), blocks and warps as the wrappers choose them without
+# the interpreter (solutions/kernels/runtime.py: rows_per_program, row_block): up to 16,384
+# columns (8,192 for top-k / top-p), 32 per thread; the rejection kernel 4,096 with 4 warps.
+# (runtime imports Triton in a mode of its own, so its formula is repeated here;
+# tests/machinery/test_kernels_compile.py checks that the two agree.)
+def _rows(block_cap: int, **constexprs) -> tuple[dict, dict]:
+    block = min(1 << (V - 1).bit_length(), block_cap)
+    warps = max(4, min(16, block // 1024))
+    return {"BLOCK_B": 1, "BLOCK_V": block, **constexprs}, {"num_warps": warps}
+
+
+_SOFTMAX, _SOFTMAX_OPTIONS = _rows(16384)
+_GUMBEL = tuple(_rows(16384, GREEDY=g)[0] for g in (False, True))
+_WIDE = _rows(16384)[1]
+_TOP = tuple(_rows(8192, MODE=m, MAX_ROUNDS=256)[0] for m in (0, 1, 2))
+_TOP_OPTIONS = _rows(8192)[1]
+
 LAUNCHES: dict[str, tuple[Launch, ...]] = {
     "softmax_kernel": (
-        Launch("row_softmax", "softmax_kernel", ("*bf16", "*bf16", B, V),
-               ({"BLOCK_B": 1, "BLOCK_V": 4096},)),
+        Launch("row_softmax", "softmax_kernel", ("*bf16", "*bf16", B, V), (_SOFTMAX,),
+               _SOFTMAX_OPTIONS),
     ),
     "gumbel_kernel": (
-        Launch("gumbel", "gumbel_kernel", ("*fp32", "*i64", B, V, 1.25, SEED),
-               tuple({"GREEDY": g, "BLOCK_B": 1, "BLOCK_V": 2048} for g in (False, True))),
+        Launch("gumbel", "gumbel_kernel", ("*fp32", "*i64", B, V, 1.25, SEED), _GUMBEL, _WIDE),
     ),
     "inverse_transform": (
         Launch("inverse_transform", "inverse_transform_kernel", ("*fp32", "*i64", B, V, SEED),
-               ({"BLOCK_B": 1, "BLOCK_V": 4096},)),
+               (_rows(16384)[0],), _WIDE),
     ),
     "top_k_top_p": (
         Launch("top_k_top_p", "top_k_top_p_kernel",
-               ("*fp32", "*i64", "*i32", B, V, 50, 0.9, SEED),
-               tuple({"MODE": m, "MAX_ROUNDS": 256, "BLOCK_B": 1, "BLOCK_V": 4096}
-                     for m in (0, 1, 2))),
+               ("*fp32", "*i64", "*i32", B, V, 50, 0.9, SEED), _TOP, _TOP_OPTIONS),
     ),
     # bfloat16 (tensor cores) sampling and greedy for a batch of 64, where the accumulator's
     # precision is checked; float32 ("ieee" dot products, slow to compile for 64 rows) greedy

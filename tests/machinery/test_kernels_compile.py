@@ -75,3 +75,43 @@ def test_an_accumulator_rounded_to_16_bits_fails_here(tmp_path):
     launch = Launch(**{**launch.__dict__, "branches": (launch.branches[-1],)})  # greedy only
     failures = run_compiler([Job("planted_fused", "fused_matmul_kernel", launch, str(tmp_path))])
     assert failures and "rounded to 16 bits" in failures[0].error, failures
+
+
+def test_the_compiled_launches_are_the_wrappers_own(monkeypatch):
+    # tests/graded/_compile.py repeats runtime.row_block's GPU choice (it cannot import the
+    # runtime in its compiler child): the blocks and warps it compiles must be the ones each
+    # wrapper asks row_block for, which the wrappers are called here to find out.
+    import torch
+
+    import solutions.kernels as k
+    from solutions.kernels import runtime
+    from tests.graded._compile import V
+
+    asked = {}
+
+    def spy(name):
+        def row_block(n_cols, gpu_block):
+            asked[name] = gpu_block
+            return runtime.row_block(n_cols, gpu_block)
+
+        return row_block
+
+    wrappers = {
+        "softmax_kernel": ("row_softmax", lambda: k.softmax(torch.rand(2, 8))),
+        "gumbel_kernel": ("gumbel", lambda: k.gumbel_sample(torch.rand(2, 8), 1.0, 0)),
+        "inverse_transform": (
+            "inverse_transform",
+            lambda: k.sample_from_probs(torch.ones(2, 8) / 8),
+        ),
+        "top_k_top_p": (
+            "top_k_top_p",
+            lambda: k.top_k_top_p_sample(torch.ones(2, 8) / 8, top_p=0.9),
+        ),
+    }
+    for name, (module, call) in wrappers.items():
+        monkeypatch.setattr(f"solutions.kernels.{module}.row_block", spy(name))
+        call()
+        block, warps = runtime.gpu_row_block(V, asked[name])
+        for launch in LAUNCHES[name]:
+            assert launch.options == {"num_warps": warps}, (name, launch.options)
+            assert {b["BLOCK_V"] for b in launch.branches} == {block}, (name, launch.branches)
