@@ -113,6 +113,8 @@ def export_html(notebook: Path, out_dir: Path) -> Path:
     if not notebook.is_file():
         raise ValueError(f"notebook must be an existing .ipynb file, got {str(notebook)!r}")
     nb = nbformat.read(notebook, as_version=4)
+    # The first cell only installs the course on Colab (utils/colab.py): not part of the work.
+    nb.cells = [c for c in nb.cells if "colab" not in c.metadata.get("tags", [])]
     widgets_as_text(nb)
     exporter = HTMLExporter(mathjax_url=MATHJAX_URL, raw_template=TEMPLATE)
     exporter.register_preprocessor(CoalesceStreamsPreprocessor(enabled=True), enabled=True)

@@ -157,3 +157,12 @@ def test_mathjax_finds_its_font_beside_the_page(exported):
         woff = re.sub("-i", "-I", woff, count=1).replace("-Bold-", "-Bold", 1)
         woff += "" if "-" in woff else "-Regular"
         assert (mathjax / "fonts/HTML-CSS" / font / "woff" / f"{woff}.woff").is_file(), woff
+
+
+def test_the_colab_cell_is_left_out(tmp_path):
+    from utils.build import build_notebook
+
+    path = tmp_path / "01_transformer.ipynb"
+    nbformat.write(build_notebook("01_transformer"), path)
+    html = export_html(path, tmp_path / "out").read_text(encoding="utf-8")
+    assert "Chapter 1" in html and "setup_course" not in html
