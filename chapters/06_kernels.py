@@ -586,8 +586,11 @@ for r, n in enumerate(counts.tolist()):
 # tile. (Programs next to each other in the launch order then share a tile of `W_U`, which
 # stays in the GPU's L2 cache between them.) Loop over `d_model` in blocks of `BLOCK_D`,
 # accumulating `tl.dot(h_block, tl.trans(w_block))` in float32. Then the same scores as in
-# `gumbel_kernel`, with the same offsets `row * V + column`, and the tile's best per row into
-# `score[row, tile]` and `col[row, tile]`. The wrapper (given) picks each row's best tile.
+# `gumbel_kernel`: `gumbel_noise(seed, rows, tile * BLOCK_V, V, BLOCK_B, BLOCK_V)` gives this
+# tile's columns the very numbers `gumbel_kernel` adds to the same (row, column), so the two
+# kernels draw the same token from the same logits and seed (up to the rounding of the
+# product). The tile's best per row goes into `score[row, tile]` and `col[row, tile]`; the
+# wrapper (given) picks each row's best tile.
 #
 # One difference between the interpreter and a GPU shows here: the interpreter holds bfloat16
 # values as raw 16-bit integers, and its `tl.dot` would multiply those. The wrapper sets the
@@ -615,7 +618,8 @@ for r, n in enumerate(counts.tolist()):
 #
 # - `acc = tl.zeros((BLOCK_B, BLOCK_V), tl.float32)`; for each `d` block, load `h[rows, d]`
 #   and `W[cols, d]` (masked), `acc += tl.dot(h, tl.trans(w))`.
-# - Scores: `acc / T + G`, `-inf` where `cols >= V`; `tl.max` and `tl.argmax` along axis 1.
+# - Scores: the accumulator over the temperature plus this tile's noise, `-inf` where the
+#   column is past the vocabulary; then the best score and its column along axis 1.
 #
 # </details>
 #
@@ -725,7 +729,7 @@ check("rejection_kernel")
 # | Gumbel, greedy (16,384, 16) | 429 | 5 | 16-byte | 70 |
 # | inverse transform, summed block (16,384, 16) | 213 | 2 | 16-byte | 128 |
 # | inverse transform, scanned block (16,384, 16) | 1,070 | 6 | 16-byte | 128 |
-# | fused matmul + sample, bf16 (64 x 128 x 64 tile, 4) | 125, 4 `wgmma` | 2 | async copies | 255 |
+# | fused matmul + sample, bf16 (64 x 128 x 64 tile, 4) | 125, 4 `wgmma` | 2 | async copies | 240 |
 #
 # Read it as section 1 taught. A memory-bound kernel must keep enough bytes in flight: memory
 # stays busy only with bandwidth x latency on the way, on an H100 about 3.35 TB/s x 0.6 µs,
@@ -742,8 +746,11 @@ check("rejection_kernel")
 # instructions a second (132 SMs x 4 schedulers x 1.98 GHz), so 64 rows of 128,256 (the 64 SMs
 # the rows occupy) take about 45 µs, over four times the read: arithmetic, not bytes, on a GPU
 # too.
-# The inverse transform's summed blocks are a fifth of its scanned ones: the reason section 5
-# scans only where a row crosses $u$.
+# The fused kernel pays for the same noise once per tile, after its loop: 4,728 instructions
+# per thread for a 64 x 128 tile (7,128 - 872 = 6,256 when `tl.rand` ran the whole generator for
+# each logit), about 60 % of the 64 loop steps a d_model of 4,096 takes and three times the 12
+# steps of GPT-2's 768. The inverse transform's summed blocks are a fifth of its scanned ones:
+# the reason section 5 scans only where a row crosses $u$.
 #
 # **On Colab.** Which GPUs Colab offers depends on the plan and changes over time (the course
 # cannot check it; *Runtime > Change runtime type* lists them); `!nvidia-smi` in a cell names

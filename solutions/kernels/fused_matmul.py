@@ -2,8 +2,9 @@
 without ever writing the [batch, d_vocab] logits to memory.
 
 Each program computes one [BLOCK_B, BLOCK_V] tile of logits in registers (tl.dot over d_model
-in blocks of BLOCK_D, accumulated in float32), adds Gumbel noise (tl.rand at the offsets
-row * V + column), and writes only each row's best score and column of the tile: two
+in blocks of BLOCK_D, accumulated in float32), adds Gumbel noise (gumbel_noise: the numbers
+gumbel_kernel adds at the same row and column, so both kernels draw the same token from the
+same logits and seed), and writes only each row's best score and column of the tile: two
 numbers per row per tile instead of BLOCK_V. A reduction over the tiles, d_vocab / BLOCK_V
 numbers per row, picks the token. The kernel reads W_U once per tile of rows, as the matmul
 alone does, so it costs about what the matmul costs.
@@ -16,6 +17,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from solutions import checks
+from solutions.kernels.gumbel import gumbel_noise
 from solutions.kernels.runtime import INTERPRET, kernel_tensor, next_power_of_2, seed_value
 
 
@@ -39,11 +41,12 @@ def fused_matmul_kernel(
 ):
     """For rows tile tl.program_id(0) and vocabulary tile t = tl.program_id(1): the logits
     h[rows] @ w[cols].T (h contiguous [n_rows, d_model], w contiguous [n_vocab, d_model]), each
-    times inv_temperature plus G = -log(-log(tl.rand(seed, row * n_vocab + col))) (no noise
-    when GREEDY); stores each row's best score in score[row, t] and its column in col[row, t]
-    (both contiguous [n_rows, n_tiles]). UPCAST: convert the loaded blocks to float32 before
-    tl.dot (Triton's interpreter holds bfloat16 as raw 16-bit integers, and its tl.dot would
-    multiply those; a GPU multiplies bfloat16 directly, on its tensor cores)."""
+    times inv_temperature plus the Gumbel noise gumbel_noise(seed, rows, t * BLOCK_V, n_vocab,
+    BLOCK_B, BLOCK_V) (no noise when GREEDY); stores each row's best score in score[row, t] and
+    its column in col[row, t] (both contiguous [n_rows, n_tiles]). UPCAST: convert the loaded
+    blocks to float32 before tl.dot (Triton's interpreter holds bfloat16 as raw 16-bit integers,
+    and its tl.dot would multiply those; a GPU multiplies bfloat16 directly, on its tensor
+    cores)."""
     # BEGIN SOLUTION
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     tile = tl.program_id(1)
@@ -73,9 +76,9 @@ def fused_matmul_kernel(
     if GREEDY:
         scores = acc
     else:
-        offsets = rows[:, None] * n_vocab + cols[None, :]
-        u = tl.maximum(tl.rand(seed, offsets), 1.1754944e-38)  # smallest normal float32
-        scores = acc * inv_temperature - tl.log(-tl.log(u))
+        # The noise gumbel_kernel adds to logit (row, column): the same generator calls.
+        noise = gumbel_noise(seed, rows, tile * BLOCK_V, n_vocab, BLOCK_B, BLOCK_V)
+        scores = acc * inv_temperature + noise
     scores = tl.where(col_ok[None, :], scores, float("-inf"))  # columns past the vocabulary
     best = tl.max(scores, axis=1)
     best_col = tile * BLOCK_V + tl.argmax(scores, axis=1)

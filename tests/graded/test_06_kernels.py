@@ -789,7 +789,7 @@ def test_fused_is_seeded(impl):
 @pytest.mark.fused_matmul
 def test_fused_rows_are_independent(impl):
     # False failure: ALPHA. 4,096 copies of one row over 200 tokens (four vocabulary tiles):
-    # every (row, column) needs its own noise, at offset row * V + column.
+    # every (row, column) needs its own noise: the row and the tile's start reach gumbel_noise.
     logits = torch.full((200,), -8.0)
     logits[[3, 70, 71, 150]] = torch.tensor([0.5, 0.0, 0.3, -0.2])
     h, w = hidden_and_weights(logits[None], d_model=16, seed=96)

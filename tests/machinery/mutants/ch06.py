@@ -248,10 +248,17 @@ MUTANTS: list[Mutant] = [
     # fused_matmul
     Mutant(
         "fused_matmul",
-        "scores = acc * inv_temperature - tl.log(-tl.log(u))",
-        "scores = (acc - tl.log(-tl.log(u))) * inv_temperature",
+        "scores = acc * inv_temperature + noise",
+        "scores = (acc + noise) * inv_temperature",
         "the temperature divides the noisy logits: (x + G) / T samples at T = 1",
         name="temperature-after-noise",
+    ),
+    Mutant(
+        "fused_matmul",
+        "scores = acc * inv_temperature + noise",
+        "scores = acc * inv_temperature - noise",
+        "the noise subtracted: -G is not Gumbel noise, and the draws follow another law",
+        name="noise-subtracted",
     ),
     Mutant(
         "fused_matmul",
@@ -298,17 +305,17 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "fused_matmul",
-        "offsets = rows[:, None] * n_vocab + cols[None, :]",
-        "offsets = rows[:, None] + cols[None, :]",
-        "the random offset row + column: row r + 1 gets row r's noise one column over",
-        name="offset-row-plus-column",
+        "gumbel_noise(seed, rows, tile * BLOCK_V, n_vocab, BLOCK_B, BLOCK_V)",
+        "gumbel_noise(seed, rows * 0, tile * BLOCK_V, n_vocab, BLOCK_B, BLOCK_V)",
+        "the noise of row 0 for every row: all rows draw the same token",
+        name="noise-without-row",
     ),
     Mutant(
         "fused_matmul",
-        "offsets = rows[:, None] * n_vocab + cols[None, :]",
-        "offsets = 0 * rows[:, None] + cols[None, :]",
-        "the random offset forgets the row: every row gets the same noise",
-        name="offset-without-row",
+        "gumbel_noise(seed, rows, tile * BLOCK_V, n_vocab, BLOCK_B, BLOCK_V)",
+        "gumbel_noise(seed, rows, 0, n_vocab, BLOCK_B, BLOCK_V)",
+        "the noise of the first tile's columns in every tile: column c and c + BLOCK_V share it",
+        name="noise-without-tile-start",
     ),
     # rejection_kernel
     Mutant(
