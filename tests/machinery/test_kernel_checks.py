@@ -65,3 +65,18 @@ def test_rows_with_nothing_to_sample_stop_before_their_first_round(top_k, top_p)
     assert out[[1, 2]].tolist() == [-1, -1], "a row with nothing to sample keeps token -1"
     assert rounds[[1, 2]].tolist() == [0, 0], f"rounds {rounds.tolist()}: bad rows must not spin"
     assert bool((out[[0, 3]] >= 0).all()) and bool((rounds[[0, 3]] >= 1).all())
+
+
+@pytest.mark.parametrize("temperature", [0.8, 1.0])
+def test_the_fused_kernel_draws_what_the_gumbel_kernel_draws_from_the_product(temperature):
+    # Chapter 6 says so: both add gumbel_noise's numbers at the same (row, column), so from the
+    # same logits and seed they pick the same token (300 columns: three fused tiles under the
+    # interpreter, the last partial; rows of one call, so rows differ in their noise too).
+    g = torch.Generator().manual_seed(11)
+    h = torch.randn(64, 32, generator=g)
+    w = torch.randn(300, 32, generator=g) / 2
+    fused = fused_matmul_sample(h.to(DEVICE), w.to(DEVICE), temperature, seed=21)
+    plain = gumbel_sample((h @ w.T).to(DEVICE), temperature, seed=21)
+    assert torch.equal(fused.cpu(), plain.cpu()), (fused != plain).nonzero()
+    other = gumbel_sample((h @ w.T).to(DEVICE), temperature, seed=22)
+    assert not torch.equal(fused.cpu(), other.cpu())  # the agreement is the noise's, not chance
