@@ -739,7 +739,9 @@ check("rejection_kernel")
 # So the wrappers take blocks of up to 16,384 columns, 32 per thread (16 warps; top-k / top-p,
 # which keeps more per column, 8,192 on 8: `runtime.row_block`), and the compiled code shows
 # the cost: no spilled register, and per column about the same work as before. Below about 32
-# rows even that is not enough: splitting a row across programs would be the next step.
+# rows even that is not enough: splitting a row across programs would be the next step. (The
+# inverse transform's summed blocks are a fifth of its scanned ones: the reason section 5 scans
+# only where a row crosses $u$.)
 #
 # Gumbel sampling is another matter: 88 instructions per column, most of them the random
 # number generator and two accurate logarithms. An H100 issues about $10^{12}$ warp
@@ -749,8 +751,7 @@ check("rejection_kernel")
 # The fused kernel pays for the same noise once per tile, after its loop: 4,728 instructions
 # per thread for a 64 x 128 tile (7,128 - 872 = 6,256 when `tl.rand` ran the whole generator for
 # each logit), about 60 % of the 64 loop steps a d_model of 4,096 takes and three times the 12
-# steps of GPT-2's 768. The inverse transform's summed blocks are a fifth of its scanned ones:
-# the reason section 5 scans only where a row crosses $u$.
+# steps of GPT-2's 768.
 #
 # **On Colab.** Which GPUs Colab offers depends on the plan and changes over time (the course
 # cannot check it; *Runtime > Change runtime type* lists them); `!nvidia-smi` in a cell names
