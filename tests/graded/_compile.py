@@ -104,33 +104,33 @@ def _fused(dtype: str, n_rows: int, greedy: tuple[bool, ...]) -> Launch:
 # columns (8,192 for top-k / top-p), 32 per thread; the rejection kernel 4,096 with 4 warps.
 # (runtime imports Triton in a mode of its own, so its formula is repeated here;
 # tests/machinery/test_kernels_compile.py checks that the two agree.)
-def _rows(block_cap: int, **constexprs) -> tuple[dict, dict]:
+def _rows(block_cap: int) -> tuple[dict, dict]:
+    """(constexprs, options) of a one-row launch whose blocks hold up to `block_cap` columns."""
     block = min(1 << (V - 1).bit_length(), block_cap)
     warps = max(4, min(16, block // 1024))
-    return {"BLOCK_B": 1, "BLOCK_V": block, **constexprs}, {"num_warps": warps}
+    return {"BLOCK_B": 1, "BLOCK_V": block}, {"num_warps": warps}
 
 
-_SOFTMAX, _SOFTMAX_OPTIONS = _rows(16384)
-_GUMBEL = tuple(_rows(16384, GREEDY=g)[0] for g in (False, True))
-_WIDE = _rows(16384)[1]
-_TOP = tuple(_rows(8192, MODE=m, MAX_ROUNDS=256)[0] for m in (0, 1, 2))
-_TOP_OPTIONS = _rows(8192)[1]
+_WIDE, _WIDE_OPTIONS = _rows(16384)
+_TOP, _TOP_OPTIONS = _rows(8192)
 
 LAUNCHES: dict[str, tuple[Launch, ...]] = {
     "softmax_kernel": (
-        Launch("row_softmax", "softmax_kernel", ("*bf16", "*bf16", B, V), (_SOFTMAX,),
-               _SOFTMAX_OPTIONS),
+        Launch("row_softmax", "softmax_kernel", ("*bf16", "*bf16", B, V), (_WIDE,),
+               _WIDE_OPTIONS),
     ),
     "gumbel_kernel": (
-        Launch("gumbel", "gumbel_kernel", ("*fp32", "*i64", B, V, 1.25, SEED), _GUMBEL, _WIDE),
+        Launch("gumbel", "gumbel_kernel", ("*fp32", "*i64", B, V, 1.25, SEED),
+               tuple({"GREEDY": g, **_WIDE} for g in (False, True)), _WIDE_OPTIONS),
     ),
     "inverse_transform": (
         Launch("inverse_transform", "inverse_transform_kernel", ("*fp32", "*i64", B, V, SEED),
-               (_rows(16384)[0],), _WIDE),
+               (_WIDE,), _WIDE_OPTIONS),
     ),
     "top_k_top_p": (
         Launch("top_k_top_p", "top_k_top_p_kernel",
-               ("*fp32", "*i64", "*i32", B, V, 50, 0.9, SEED), _TOP, _TOP_OPTIONS),
+               ("*fp32", "*i64", "*i32", B, V, 50, 0.9, SEED),
+               tuple({"MODE": m, "MAX_ROUNDS": 256, **_TOP} for m in (0, 1, 2)), _TOP_OPTIONS),
     ),
     # bfloat16 (tensor cores) sampling and greedy for a batch of 64, where the accumulator's
     # precision is checked; float32 ("ieee" dot products, slow to compile for 64 rows) greedy

@@ -106,6 +106,15 @@ def hf_window_greedy(
 N_SAMPLES = 20_000  # per distribution: enough to expose a temperature off by 20%
 
 
+def first_difference(got, expected) -> int:
+    """Where two sequences (token ids, texts) first differ; the shorter one's length when it is a
+    prefix of the other."""
+    return next(
+        (i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b),
+        min(len(got), len(expected)),
+    )
+
+
 def crafted_logits(seed: int = 0, d_vocab: int = 24) -> torch.Tensor:
     """A logit vector with a spread of probabilities, from near 0.3 to near 0."""
     g = torch.Generator().manual_seed(seed)

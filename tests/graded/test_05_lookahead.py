@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.graded._oracles import BATCH_PROMPTS, hf_greedy
+from tests.graded._oracles import BATCH_PROMPTS, first_difference, hf_greedy
 from tests.graded._stats import assert_samples_follow
 
 CHAPTER = "05_speculative"
@@ -286,10 +286,7 @@ def test_greedy_lookahead_equals_greedy_generate(impl, shipped, hf_greedy_ids, c
     for r, (ids, expected) in enumerate(zip(got, hf_greedy_ids, strict=True)):
         ids = list(ids)
         if ids != expected:
-            common = next(
-                (i for i, (a, b) in enumerate(zip(ids, expected, strict=False)) if a != b),
-                min(len(ids), len(expected)),
-            )
+            common = first_difference(ids, expected)
             pytest.fail(
                 f"W={window}, N={ngram}, G={guesses}, prompt {r}: at temperature 0 lookahead "
                 f"decoding must give greedy generate's tokens exactly. They differ at token "

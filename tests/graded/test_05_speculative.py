@@ -17,7 +17,7 @@ import torch
 from transformers import TopPLogitsWarper
 
 from tests.graded import _rejection as rejection
-from tests.graded._oracles import BATCH_PROMPTS, hf_greedy, hf_kept
+from tests.graded._oracles import BATCH_PROMPTS, first_difference, hf_greedy, hf_kept
 from tests.graded._rejection import (
     OVERLAP,
     PAIRS,
@@ -278,10 +278,7 @@ def test_greedy_speculation_equals_greedy_generate(
         for r, text in zip(rows, got, strict=True):
             expected = hf_greedy_texts[r]
             if text != expected:
-                common = next(
-                    (i for i, (a, b) in enumerate(zip(text, expected, strict=False)) if a != b),
-                    min(len(text), len(expected)),
-                )
+                common = first_difference(text, expected)
                 pytest.fail(
                     f"{drafter} drafter, k={k}, batch of {len(rows)}, prompt {r}: at temperature "
                     f"0 speculation must give greedy generate's text exactly. It differs after "
