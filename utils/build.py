@@ -2,7 +2,11 @@
 
     stub build     exercise cells hold the solution source with each fenced region replaced
                    by `raise NotImplementedError()` -> notebooks/NN_name.ipynb (committed)
-    teacher build  exercise cells hold the whole solution (used by CI to run each chapter)
+    teacher build  exercise cells hold the whole solution (used by CI to run each chapter),
+                   and the cells tagged "claim" stay in: each asserts that a number the prose
+                   quotes is what the cells above it computed, so a retrained model or changed
+                   code fails make test instead of leaving the text wrong. The learner's build
+                   leaves them out (cell ids keep the chapter's numbering).
 
 The output is byte-for-byte deterministic: fixed cell ids, no outputs, fixed metadata.
 """
@@ -48,6 +52,8 @@ def build_notebook(chapter: str, teacher: bool = False) -> nbformat.NotebookNode
             new = nbformat.v4.new_markdown_cell(text, metadata=metadata)
         elif cell.cell_type == "code":
             tags = metadata.get("tags", [])
+            if "claim" in tags and not teacher:
+                continue
             if "exercise" in tags:
                 text = _exercise_source(text, stub=not teacher)
             elif "source" in tags:  # given code: always whole

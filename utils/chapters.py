@@ -8,6 +8,9 @@ A chapter is a sequence of cells. Three kinds matter to the machinery:
     # %% tags=["source"]                      given code, shown whole from solutions/
     # solution: solutions.train.train         (no exercise); also run when grading
     # %% tags=["demo"]                        a timing or long demo: grading never runs it
+    # %% tags=["claim"]                       asserts that the prose's numbers are what the
+                                              cells above computed: in the teacher build only
+                                              (make test runs it), left out of the learner's
     # %%                                      anything else: demos, plots, check() calls
 """
 

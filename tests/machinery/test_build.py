@@ -52,6 +52,24 @@ def test_stub_cells_hide_the_solution_and_teacher_cells_keep_it(chapter):
         assert len(teacher[name]) > len(source)
 
 
+def _claim_sources(nb):
+    return [c.source for c in nb.cells if "claim" in c.metadata.get("tags", [])]
+
+
+@pytest.mark.parametrize("chapter", chapter_names())
+def test_claim_cells_run_in_the_teacher_build_only(chapter):
+    """A claim cell asserts a number the prose quotes; make test runs it (teacher build) and the
+    learner never sees it. Every chapter quotes numbers its cells compute, so each has one."""
+    chapter_claims = [
+        c.source for c in read_chapter(chapter).notebook.cells
+        if "claim" in c.metadata.get("tags", [])
+    ]  # fmt: skip
+    assert chapter_claims, f"{chapter} has no claim cell"
+    assert all("assert " in source for source in chapter_claims)
+    assert _claim_sources(build_notebook(chapter, teacher=True)) == chapter_claims
+    assert _claim_sources(build_notebook(chapter)) == []
+
+
 def test_stub_out_keeps_everything_outside_the_fence():
     source = (
         "def f(x):\n"
