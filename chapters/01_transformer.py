@@ -4,20 +4,25 @@
 # In this chapter you write a GPT-2 style transformer, `DemoTransformer`, one layer at a time:
 # token and position embeddings, LayerNorm, causal multi-head attention, the MLP, the
 # transformer block, the unembedding, and finally the whole model. When you are done, your
-# model produces **the same logits** as two independent implementations of GPT-2 (Hugging Face
-# `transformers` and `transformer-lens`) when it is given the same weights.
+# model produces **the same logits**, up to float32 rounding, as Hugging Face's
+# `GPT2LMHeadModel` when it is given the same weights. Along the way you compare each layer with
+# the same HF model's intermediate activations, which `transformer-lens` records: its bridge runs
+# HF's own modules with hooks attached, so it is one reference seen layer by layer, not a second
+# implementation.
 #
 # Nothing here is magic, and nothing is hidden behind `nn.Linear` or
-# `nn.MultiheadAttention`: every multiplication is one you write. By the end you should be able
-# to draw the model from memory and say what shape every tensor has at every step.
+# `nn.MultiheadAttention`: every matrix product is one you write. By the end you should be able
+# to draw the model from memory and say what shape every tensor has at every step. What the
+# chapter says about GPT-2 and the libraries it uses names its sources at the end.
 #
 # **Time:** about 3–4 hours. **You need:** PyTorch tensors, broadcasting and `nn.Module`.
 # Knowing `einops` helps; there is a short refresher below.
 #
 # ## How this notebook works
 #
-# - Each **exercise cell** already contains a class (or function) with its `__init__` written
-#   for you. Wherever you see `raise NotImplementedError()`, replace it with your code.
+# - Each **exercise cell** already contains a function or a class, with everything but your
+#   part written for you (a class's `__init__` included). Wherever you see
+#   `raise NotImplementedError()`, replace it with your code.
 #   Keep the parameter names as they are: the reference weights are loaded by name.
 # - Run the exercise cell, then the cell below it, `check("layernorm")` for example. It runs the
 #   graded tests for that exercise against what this notebook defines *right now* and prints
@@ -50,10 +55,11 @@ from utils.display import show_solution
 # %% [markdown]
 # ## The reference model
 #
-# To know that your code is right we compare it with a reference: a GPT-2 checkpoint loaded
-# three ways. `reference.hf_model` is the Hugging Face `GPT2LMHeadModel`; `reference.bridge`
-# wraps the same model in `transformer-lens`, which lets us read every intermediate
-# activation; `reference.params` holds its weights under the names *your* modules use.
+# To know that your code is right we compare it with a reference: one GPT-2 checkpoint, loaded
+# once and seen three ways. `reference.hf_model` is the Hugging Face `GPT2LMHeadModel`;
+# `reference.bridge` wraps that same model in `transformer-lens`, which lets us read every
+# intermediate activation; `reference.params` holds its weights under the names *your* modules
+# use.
 #
 # **About this model.** It is not OpenAI's GPT-2 but the course's own: a small model with
 # GPT-2's architecture (4 layers, a residual stream 192 wide, a context of 256 tokens, a
@@ -79,23 +85,27 @@ print(cfg)
 # a sequence of ids and, at every position, outputs a score for every token in the vocabulary:
 # how likely that token is to come *next*.
 #
-# GPT-2 uses **byte-level BPE** (byte-pair encoding):
+# GPT-2 uses **byte-level BPE** (byte-pair encoding), and so does the course's tokenizer:
 #
 # - The vocabulary starts with the 256 possible bytes, so *any* string can be encoded: there
 #   is no "unknown word".
 # - Training repeatedly finds the most frequent pair of adjacent tokens in a corpus and merges
-#   it into a new token. GPT-2 did this 50,000 times, which gives 256 + 50,000 + 1 special
-#   token = 50,257 tokens. Frequent words end up as a single token; rare words are spelled
-#   from several pieces.
-# - Before merging, text is split into words that **carry their leading space**. So `" model"`
-#   and `"model"` are different tokens, and so are `" Model"` and `"Model"`.
+#   it into a new token. GPT-2's tokenizer holds 50,000 merges: 256 bytes + 50,000 merges + 1
+#   special token = 50,257 tokens. Frequent words end up as a single token; rare words are
+#   spelled from several pieces.
+# - Before merging, text is split into words that **carry their leading space**, so a word is
+#   encoded differently with and without a space in front of it. In GPT-2's vocabulary
+#   `"Hello"` and `" Hello"` are two different tokens (ids 15496 and 18435). In ours, `"the"`
+#   and `" the"` are two different tokens (`the` and `Ġthe`), and a word our vocabulary lacks
+#   is spelled from pieces whose first one carries the space: `" model"` is `Ġmod` + `el`,
+#   while `"model"` is `m` + `od` + `el`. Capitals make a difference too.
 #
 # Inside the vocabulary, bytes that are awkward to print are shown as stand-in characters:
 # a space is `Ġ`, a newline is `Ċ`. `tokenizer.convert_ids_to_tokens` shows you these raw
 # vocabulary entries; `tokenizer.decode` turns ids back into real text.
 #
-# Our tokenizer learnt about 3,800 merges from Shakespeare's plays (GPT-2's learnt 50,000
-# from web text), so common words of the plays are single tokens and modern words break into
+# Our tokenizer learnt about 3,800 merges from the plays the model was trained on (GPT-2's
+# learnt 50,000), so common words of the plays are single tokens and modern words break into
 # pieces. Run the cell and look at how the words break.
 
 # %%
@@ -105,13 +115,30 @@ print("ids:           ", ids)
 print("vocab entries: ", tokenizer.convert_ids_to_tokens(ids))
 print("decoded:       ", repr(tokenizer.decode(ids)))
 print()
-for word in ["model", " model", "Model", " Model", "\n"]:
+for word in ["the", " the", "model", " model", "Model", " Model", "\n"]:
     print(f"{word!r:10} -> {tokenizer.convert_ids_to_tokens(tokenizer.encode(word))}")
+
+# %% tags=["claim"]
+assert {
+    w: tokenizer.convert_ids_to_tokens(tokenizer.encode(w))
+    for w in ["the", " the", "model", " model", "\n"]
+} == {
+    "the": ["the"],
+    " the": ["Ġthe"],
+    "model": ["m", "od", "el"],
+    " model": ["Ġmod", "el"],
+    "\n": ["Ċ"],
+}, "section 1 quotes these splits: re-run the cell above and fix the prose"
+assert len(tokenizer) == 4096 and round(len(tokenizer) - 256 - 1, -2) == 3800, (
+    "section 1 says about 3,800 merges (4,096 tokens = 256 bytes + merges + <|endoftext|>)"
+)
 
 # %% [markdown]
 # There is one **special token**, `<|endoftext|>`. It marks the boundary between documents
-# during training, and GPT-2 also uses it as a "beginning of sequence" token: we will usually
-# put it in front of a prompt, so that the first real token has something before it. Plain
+# during training (the course's training text puts one after every play). It also serves as
+# a "beginning of sequence" token: GPT-2's tokenizer names it both `eos_token` and `bos_token`,
+# and so does ours, and OpenAI's GPT-2 code starts its unconditional samples from it. We will
+# usually put it in front of a prompt, so that the first real token has something before it.
 # `tokenizer.encode(text, add_special_tokens=False)` never adds it.
 
 # %%
@@ -139,8 +166,9 @@ print(tokenizer.eos_token, "has id", tokenizer.eos_token_id)
 # <details><summary>Hint 2: the approach</summary>
 #
 # First the ids: `tokenizer.encode(text, add_special_tokens=False)`, a list of ints. Then turn
-# each id into its text *on its own*. `tokenizer.decode` takes a **list** of ids, even when you
-# want one token only. `convert_ids_to_tokens` is not the answer: it returns the raw `Ġ` forms.
+# each id into its text *on its own*. `tokenizer.decode` turns a list of ids into one string
+# (in HF transformers 5.24 a single int works too). `convert_ids_to_tokens` is not the answer:
+# it returns the raw `Ġ` forms.
 # The result is a plain Python list of strings, one per id.
 #
 # </details>
@@ -153,8 +181,8 @@ print(tokenizer.eos_token, "has id", tokenizer.eos_token_id)
 # </details>
 #
 # *Aside.* Decoding token by token only rebuilds the text when no token boundary falls inside
-# a character. An emoji is 4 bytes in UTF-8 and may be split over several tokens, and each
-# piece decodes to `�` on its own. The tests use plain ASCII text.
+# a character. An emoji such as 😀 is 4 bytes in UTF-8 and may be split over several tokens,
+# and each piece decodes to `�` on its own. The tests use plain ASCII text.
 
 # %% tags=["exercise"] exercise="token_strings"
 # solution: solutions.tokens.token_strings
@@ -225,9 +253,9 @@ plot_transformer_diagram(n_layers=2)
 # The names of modules and parameters follow `transformer-lens`: `embed.W_E`,
 # `blocks.0.ln1.w`, `blocks.0.attn.W_Q`, `blocks.1.mlp.b_out`, `unembed.W_U`... Because your
 # modules use the same names and shapes, copying the reference weights into your model is a
-# loop over `named_parameters()` (that is all `load_weights` does). Here are the reference
-# weights: those outside the blocks, and one block's (every block has the same names and
-# shapes, under `blocks.0.` to `blocks.3.`).
+# loop over `named_parameters()` (that is what `load_weights` does, after checking that every
+# name and shape matches). Here are the reference weights: those outside the blocks, and one
+# block's (every block has the same names and shapes, under `blocks.0.` to `blocks.3.`).
 
 # %%
 for name, param in reference.params.items():
@@ -298,7 +326,7 @@ print(einops.repeat(torch.arange(4), "d -> batch d", batch=2))
 # ## 3. LayerNorm
 #
 # Every layer reads the residual stream through a **LayerNorm**. The stream is a running sum,
-# so its scale drifts from position to position and grows with depth; LayerNorm hands each
+# so its size differs from position to position and from layer to layer; LayerNorm hands each
 # layer a vector of a predictable size. For each position separately, it
 #
 # 1. subtracts the mean of the vector's `d_model` entries,
@@ -493,11 +521,12 @@ print("max |ours - reference| =", diff)
 #
 # ### Why divide by $\sqrt{d_{\text{head}}}$?
 #
-# A dot product of two vectors with `d_head` independent entries of variance 1 is a sum of
-# `d_head` terms, so its variance is `d_head`. Unscaled, the scores of a wide head would be
-# large, the softmax would put almost all its weight on one key, and its gradients would
-# vanish. Dividing by $\sqrt{d_{\text{head}}}$ brings the variance back to about 1 whatever
-# the head width. Divide by the square root, not by `d_head` itself.
+# Take a query and a key whose `d_head` entries are all independent, each with mean 0 and
+# variance 1. Their dot product is a sum of `d_head` terms of variance 1, so its variance is
+# `d_head` (the argument of the Transformer paper, Vaswani et al. 2017). Unscaled, the scores
+# of a wide head would be large, the softmax would put almost all its weight on one key, and
+# its gradients would vanish. Dividing by $\sqrt{d_{\text{head}}}$ brings the variance back to
+# about 1 whatever the head width. Divide by the square root, not by `d_head` itself.
 #
 # ### The causal mask
 #
@@ -513,11 +542,14 @@ print("max |ours - reference| =", diff)
 #   `torch.triu(..., diagonal=1)`, the `diagonal=1` is what keeps the diagonal unmasked.
 # - Apply the mask **before** the softmax, to the scores, not to the pattern.
 #
-# What the tests check: `apply_causal_mask` returns a new tensor of the same shape
-# (`masked_fill`, not the in-place `masked_fill_`), leaves every score on and below the
-# diagonal unchanged and sets every score above it to `self.IGNORE`. `forward` matches the
-# reference's attention output with all four biases, and changing the input at position 4
-# changes no earlier output but does change position 4's own.
+# What the tests check: `apply_causal_mask` returns a new tensor of the same shape and leaves
+# its input unchanged (`masked_fill`, not the in-place `masked_fill_`), leaves every score on
+# and below the diagonal unchanged and sets every score above it to a large negative number
+# (`self.IGNORE` is one). `forward` matches the reference's attention output on block 0's
+# weights and biases, and changing the input at position 4 changes no earlier output but does
+# change position 4's own. (No test can catch a forgotten `b_K`: it adds $q_i \cdot b_K$ to
+# every score of row $i$, the same amount for every key, and a softmax ignores that. The
+# other three biases change the output.)
 #
 # Write `apply_causal_mask` first (it is short), then `forward`, which calls it.
 #
@@ -584,12 +616,14 @@ check("attention")
 # largest weight above it). Every row sums to 1: that is the softmax. The first row has only one
 # key to choose from, so all its weight, 1.0, is on `<|endoftext|>`.
 #
-# The rest is what this head learnt, and it is striking: almost every query puts nearly all its
-# weight (0.95 on average) on the very first token, `<|endoftext|>`, whatever the text. Such an
-# "attention sink" is common in trained transformers: a head that has nothing useful to read at
-# a position parks its attention on a token that is always there, and its output there is close
-# to a constant. Layer 0, head 0 is the opposite: it spreads each row fairly evenly over
-# everything the query can see, a running average of the text so far.
+# The rest is what this head learnt, and on this prompt it is striking: almost every query
+# puts nearly all its weight on the very first token, `<|endoftext|>` (the cell prints the
+# average weight on it). Such an "attention sink" is common in trained transformers (Xiao et
+# al. 2023): a head that has nothing useful to read at a position parks its attention on a
+# token that is always there, and its output there is close to a constant. Layer 0, head 0 is
+# close to the opposite: after the first few queries it spreads each row fairly evenly over
+# everything the query can see (no key gets much more than a quarter of a row), nearly a
+# running average of the text so far.
 #
 # </details>
 
@@ -602,13 +636,20 @@ print("largest weight above the diagonal:", pattern.triu(1).max().item())
 print(f"mean weight on the first token: {pattern[:, 0].mean():.2f}")
 plot_attention(pattern, reference.bridge.to_str_tokens(tokens), "Layer 3, head 0")
 
+# %% tags=["claim"]
+assert pattern.triu(1).max() == 0 and pattern[0, 0] == 1, "section 5: masked cells and first row"
+assert pattern[:, 0].mean() > 0.9, "section 5 says nearly all the weight is on the first token"
+assert cache["blocks.0.attn.hook_pattern"][0, 0, 5:].max() < 0.3, (
+    "section 5 says layer 0, head 0 spreads its rows (after the first few) fairly evenly"
+)
+
 # %% [markdown]
 # ## 6. The MLP
 #
 # After attention has moved information between positions, the **MLP** processes each
 # position on its own: the same two-layer network, applied to every residual vector. It holds
 # about two thirds of GPT-2's non-embedding parameters, and much of what a trained model
-# "knows" seems to be stored in it.
+# "knows" seems to be stored in it (Geva et al. 2021; Meng et al. 2022).
 #
 # $$\text{MLP}(x) = \operatorname{GELU}(x W_{\text{in}} + b_{\text{in}})\, W_{\text{out}}
 #   + b_{\text{out}}$$
@@ -719,13 +760,14 @@ check("block")
 # `W_U` of shape `[d_model, d_vocab]`. A softmax over the logits gives the model's probability
 # for each possible next token.
 #
-# GPT-2 has no unembedding bias; `transformer-lens` keeps a `b_U` anyway (zeros for GPT-2, an
-# ordinary trainable parameter) so that every layer has a weight and a bias, and so do we. Add
-# it anyway: a module should compute what its parameters say, whatever values they happen to
-# hold.
-# (GPT-2 also *ties* `W_U` to `W_E`: its unembedding is the transpose of its embedding. Our
-# module keeps them as two parameters and `load_weights` simply copies whatever the checkpoint
-# holds.)
+# GPT-2 has no unembedding bias, but `transformer-lens` gives the unembedding a `b_U` anyway:
+# the `HookedTransformer` of its earlier versions as a trainable parameter that starts at zero,
+# the 4.3 bridge used here as a fixed zero vector for GPT-2. Our `Unembed` has one too, an
+# ordinary parameter, and the reference's is all zeros. Add it anyway: a module should compute
+# what its parameters say, whatever values they happen to hold.
+# (GPT-2 also *ties* `W_U` to `W_E`: its unembedding is the transpose of its embedding, and so
+# is the course model's. Our module keeps them as two parameters and `load_weights` simply
+# copies whatever the checkpoint holds.)
 #
 # ## 9. The whole model
 #
@@ -789,7 +831,8 @@ check("transformer")
 # ## 10. Putting it together
 #
 # You have written GPT-2. Let's load the reference weights into it and compare it, end to end,
-# with both reference implementations. Run this once your `DemoTransformer` passes.
+# with the reference, read both ways: through the `transformer-lens` bridge and straight from
+# the Hugging Face model. Run this once your `DemoTransformer` passes.
 
 # %%
 demo = load_weights(DemoTransformer(cfg), reference.params).eval()
@@ -803,10 +846,21 @@ print("logits shape:", tuple(demo_logits.shape))
 print("max |ours - transformer-lens| =", (demo_logits - bridge_logits).abs().max().item())
 print("max |ours - Hugging Face|     =", (demo_logits - hf_logits).abs().max().item())
 
+# %% tags=["claim"]
+assert torch.equal(bridge_logits, hf_logits), "section 10 says the bridge's logits are HF's"
+assert (demo_logits - hf_logits).abs().max() < 1e-4, "section 10 says differences around 1e-5"
+assert 10 < hf_logits.abs().max() < 100, "section 10 says the logits reach into the tens"
+assert not reference.params["unembed.b_U"].any(), "section 8 says the reference's b_U is zero"
+assert torch.equal(reference.params["unembed.W_U"], reference.params["embed.W_E"].T), (
+    "section 8 says the course model ties W_U to W_E"
+)
+
 # %% [markdown]
-# Differences of around $10^{-5}$ are floating-point rounding: the libraries add and multiply
-# in a different order, and float32 keeps about 7 significant digits of logits that reach tens.
-# Your model computes the same function.
+# The two lines print the same number: the bridge runs HF's own modules, so its logits are
+# HF's, bit for bit. Differences of around $10^{-5}$ between yours and theirs are
+# floating-point rounding: your code and HF's add and multiply in a different order, and
+# float32 keeps about 7 significant digits of logits that reach into the tens. Your model
+# computes the same function.
 #
 # The logits at the **last** position are the model's guess for the token that comes after
 # the prompt. Here are its five favourites for a line of *Macbeth*, a play the model never
@@ -832,6 +886,17 @@ for name, param in demo.named_parameters():
 for part, n in counts.items():
     print(f"{part:10} {n:>10,}")
 print(f"{'total':10} {sum(counts.values()):>10,}")
+
+# %% tags=["claim"]
+with torch.device("meta"):  # GPT-2 small's shapes, without its memory
+    sizes = {n: p.numel() for n, p in DemoTransformer(Config()).named_parameters()}
+untied = sum(sizes.values())
+tied = sum(n for name, n in sizes.items() if not name.startswith("unembed."))  # as in HF
+mlp_share = sum(n for name, n in sizes.items() if ".mlp." in name) / sum(
+    n for name, n in sizes.items() if name.startswith("blocks.")
+)
+assert round(untied / 1e6) == 163 and round(tied / 1e6) == 124, "section 10: 163M and 124M"
+assert abs(mlp_share - 2 / 3) < 0.01, "section 6: the MLPs hold about two thirds"
 
 # %% [markdown]
 # For comparison, GPT-2 small (`Config()`) has about 124 million parameters when `W_U` shares
@@ -906,7 +971,49 @@ print(f"{'total':10} {sum(counts.values()):>10,}")
 # ## What's next
 #
 # Your `DemoTransformer` computes exactly what GPT-2's architecture computes, and with the
-# course's weights it writes something like Shakespeare. In **chapter 2** you find out where
-# those weights come from: you train a model built from these same parts on Shakespeare,
-# minimising the cross-entropy of its next-token predictions.
+# course's weights it writes something like Shakespeare (`models/shakespeare/README.md` shows
+# two continuations). In **chapter 2** you find out where those weights come from: you train a
+# model built from these same parts on Shakespeare, minimising the cross-entropy of its
+# next-token predictions.
 # In **chapter 3** you sample from it, turning logits into text one token at a time.
+#
+# ## Sources
+#
+# What this chapter says about other systems, and where to check it:
+#
+# - **GPT-2**: Radford et al. 2019, *Language Models are Unsupervised Multitask Learners*
+#   (section 2.2: byte-level BPE on a base vocabulary of 256 bytes; section 2.3: LayerNorm at
+#   the input of each sub-block, one more after the last block, 50,257 tokens, 1,024 positions).
+#   OpenAI's code, [github.com/openai/gpt-2](https://github.com/openai/gpt-2):
+#   `src/model.py` (commit `122c55a`) has the tanh GELU, the LayerNorm (biased variance, ε
+#   inside the square root), the pre-LN block, the learned positions and the logits computed
+#   with the token embedding; `src/encoder.py` (commit `1b8a018`) has the pattern that cuts
+#   text into words that keep their leading space; `src/generate_unconditional_samples.py`
+#   (commit `1d8a942`) starts its samples from `<|endoftext|>`.
+# - **GPT-2's vocabulary**: `tiktoken_ext/openai_public.py` in
+#   [openai/tiktoken](https://github.com/openai/tiktoken) (commit `1f098ca`) gives GPT-2
+#   50,257 ids with `<|endoftext|>` at 50,256, so 50,256 = 256 bytes + 50,000 merges. The ids
+#   of `"Hello"` and `" Hello"` are in the docstring of `GPT2Tokenizer`,
+#   `transformers/models/gpt2/tokenization_gpt2.py` (HF transformers 5.24), which also names
+#   `<|endoftext|>` the default `bos_token` and `eos_token`.
+# - **Hugging Face's GPT-2** (transformers 5.24), `transformers/models/gpt2/modeling_gpt2.py`:
+#   `GPT2Attention` merges the heads and applies one `c_proj` matrix; `GPT2LMHeadModel` ties
+#   `lm_head.weight` to `transformer.wte.weight`. `tokenizer.decode` (in
+#   `tokenization_utils_base.py`) takes an int, a list of ids or a batch of lists.
+# - **transformer-lens 4.3**: `model_bridge/generalized_components/unembedding.py` gives a
+#   bias-free unembedding a fixed zero `b_U` (a buffer, not a parameter). The trainable one of
+#   the earlier `HookedTransformer` (not in 4.3) is in `transformer_lens/components/unembed.py`
+#   of [TransformerLensOrg/TransformerLens](https://github.com/TransformerLensOrg/TransformerLens),
+#   for example at commit `0c7bbc4`.
+# - **Scaled dot-product attention**: Vaswani et al. 2017, *Attention Is All You Need*,
+#   section 3.2.1 and its footnote on the variance of $q \cdot k$.
+# - **Position without positional embeddings**: Haviv et al. 2022, *Transformer Language
+#   Models without Positional Encodings Still Learn Positional Information* (Findings of
+#   EMNLP), who conjecture that causal attention lets a model count the tokens before it.
+# - **Heads worth studying**: Wang et al. 2022, *Interpretability in the Wild: a Circuit for
+#   Indirect Object Identification in GPT-2 small* (previous-token and duplicate-token heads);
+#   Olsson et al. 2022, *In-context Learning and Induction Heads*.
+# - **Attention sinks**: Xiao et al. 2023, *Efficient Streaming Language Models with Attention
+#   Sinks* (arXiv 2309.17453).
+# - **What the MLPs store**: Geva et al. 2021, *Transformer Feed-Forward Layers Are Key-Value
+#   Memories*; Meng et al. 2022, *Locating and Editing Factual Associations in GPT*.

@@ -13,8 +13,9 @@ class Unembed(nn.Module):
         self.cfg = cfg
         self.W_U = nn.Parameter(torch.empty((cfg.d_model, cfg.d_vocab)))
         nn.init.normal_(self.W_U, std=cfg.init_range)
-        # GPT-2 has no unembedding bias; transformer-lens keeps one (zeros for GPT-2, trained
-        # like any other parameter) so that every layer has a weight and a bias.
+        # GPT-2 has no unembedding bias. The reference's weights (transformer-lens names) carry
+        # a `b_U` of zeros, so this module has one too: it loads as zeros and, being an
+        # ordinary parameter here, training may move it.
         self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab))
 
     def forward(

@@ -1,5 +1,6 @@
-"""Chapter 1: DemoTransformer, graded against transformer-lens 4 and HF GPT-2 on one set of
-weights, plus tests aimed at the classic mistakes."""
+"""Chapter 1: DemoTransformer, graded against HF's GPT-2 on the shipped weights, read through
+transformer-lens 4's bridge (which runs HF's own modules, so its activations are HF's), plus
+tests aimed at the classic mistakes."""
 
 from __future__ import annotations
 
