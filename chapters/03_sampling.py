@@ -25,10 +25,10 @@
 # follow the few most likely *sequences* and keep the best, with `banned_ngram_tokens` to stop
 # it from repeating itself.
 #
-# Each of them is checked against an implementation nobody in this course wrote: Hugging Face
-# `transformers` (its `generate` method and the small "logits processor" classes it uses
-# internally) and, for anything random, the exact probabilities, by drawing thousands of
-# samples and testing whether their frequencies fit.
+# Each of them is checked against something the course's own code did not compute: exact
+# formulas for the deterministic pieces, Hugging Face `transformers` (its `generate` method and
+# the small "logits processor" classes it uses internally) and, for anything random, the exact
+# probabilities, by drawing thousands of samples and testing whether their frequencies fit.
 #
 # The model you sample from is the course's shipped Shakespeare model, `models/shakespeare`:
 # a 4-layer GPT-2-style model trained with the chapter-2 code on 34 of Shakespeare's plays.
@@ -44,20 +44,23 @@
 #
 # As in the chapters before: fill in each **exercise cell** where it says
 # `raise NotImplementedError()`, run it, then run the `check("...")` cell below it, which runs
-# the graded tests for that exercise on what your notebook defines *right now* (one check comes
-# a little later than its exercise; the text says why). From a terminal,
+# the graded tests for that exercise on what your notebook defines *right now*. From a terminal,
 # `pytest -m sample_top_p` and `course grade 3` grade your saved notebook;
 # `show_solution("filter_top_p")` prints the reference when you are truly stuck (try for a
 # while with hints 1 and 2 first); `course reset 03` gives you a fresh notebook and keeps a
 # backup of yours.
 #
-# One cell holds **given code**, `sample_next_token`, which strings your functions together in
-# the right order. Read it and run it: the sampling loop calls it.
+# Some cells hold **given code**, which you read and run but do not write: `sample_next_token`,
+# which strings your sampling functions together in the right order (the sampling loop calls
+# it), and the base classes and start functions that check arguments and keep the books for the
+# sampler and for beam search. Exercise cells hold a few given lines too, around the part you
+# write.
 #
-# Every function in this chapter takes a **batch** of logits, `[batch, d_vocab]`, one row per
-# sequence, and works on each row independently. That costs a little thought now and pays off
-# three times: the tests draw 20,000 samples in one call, the plots below draw thousands at a
-# time, and in chapter 4 you generate text for many prompts at once with the same functions.
+# Every sampling function in this chapter takes a **batch** of logits, `[batch, d_vocab]`, one
+# row per sequence, and works on each row independently. That costs a little thought now and
+# pays off three times: the tests draw 20,000 samples in one call, the plots below draw
+# thousands at a time, and in chapter 4 you generate text for many prompts at once with the
+# same functions.
 #
 # Run the setup cell below first.
 
@@ -79,10 +82,9 @@ from utils.check import check
 from utils.display import show_solution
 
 # %% [markdown]
-# The course's CI runs this notebook from top to bottom on a small machine with
-# `COURSE_QUICK=1`: the demos then draw fewer samples and write shorter texts, so that the whole
-# notebook takes well under a minute. On your machine `QUICK` is `False`. You never need to
-# change it.
+# The course's own tests (`make test`) run this notebook from top to bottom with
+# `COURSE_QUICK=1`: the demos then draw fewer samples and write shorter texts, so that the run
+# stays short. On your machine `QUICK` is `False`. You never need to change it.
 
 # %%
 QUICK = os.environ.get("COURSE_QUICK") == "1"  # CI runs this notebook with small sizes
@@ -92,8 +94,9 @@ print("quick run (CI):", QUICK)
 # ## The model
 #
 # `load_model` returns the model in evaluation mode and its tokenizer (the 4,096-token BPE
-# vocabulary trained in chapter 2). Its context window, `n_ctx`, is 256 tokens: it cannot read
-# more than that at once, which will matter when the text we generate grows longer.
+# vocabulary of chapter 2, trained on the training plays). Its context window, `n_ctx`, is 256
+# tokens: it cannot read more than that at once, which will matter when the text we generate
+# grows longer.
 
 # %%
 from utils.models import load_model
@@ -184,6 +187,10 @@ print("softmax unchanged by +100:", torch.allclose((logits + 100).softmax(-1), p
 print("0.1 ** 500 in float32:    ", (torch.tensor(0.1) ** 500).item())
 print("500 * log(0.1):           ", 500 * math.log(0.1))
 
+# %% tags=["claim"]
+assert round(500 * math.log(0.1), 1) == -1151.3, "section 1 says the 500 logs sum to -1151.3"
+assert round(math.log10(2.0**-149)) == -45, "section 1: the smallest float32 is about 1e-45"
+
 # %% [markdown]
 # Logits, log-probs and probabilities put the tokens in the same order: both maps are
 # increasing. So "the most likely token" is the argmax of any of the three.
@@ -230,9 +237,11 @@ print("500 * log(0.1):           ", 500 * math.log(0.1))
 # $-\infty$ and its term to 0; a term with $z_j = z_{\max}$ stays exactly 1. So in the limit all
 # the probability sits on the argmax (split evenly if several tokens tie for first): sampling at
 # a temperature close to 0 *is* greedy search. At $T = 0$ itself the division is undefined, so
-# our sampler (like OpenAI's API) reads `temperature=0` as a request for greedy search and never
-# divides by it. HF's `generate` spells the same request `do_sample=False`, and refuses a
-# temperature of 0 with a message that points there.
+# our sampler reads `temperature=0` as a request for greedy search and never divides by it, as
+# vLLM does (its `SamplingParams`: "Zero means greedy sampling"). HF's `generate` spells the same
+# request `do_sample=False`: asked to sample (`do_sample=True`) at `temperature=0.0`, it raises
+# a `ValueError` that points there, and without sampling it ignores the temperature
+# (`TemperatureLogitsWarper`, HF transformers 5.24).
 #
 # ### Exercise: `greedy_search` and `apply_temperature`
 #
@@ -332,6 +341,16 @@ tails = [f"{1 - by_temperature[T][top8].sum().item():.2%}" for T in temperatures
 table.add_row("outside the top 8", *tails)
 Console().print(table)
 
+# %% tags=["claim"]
+assert tokenizer.decode(top8[:1]) == " lord", "section 3 says the favourite is ' lord'"
+assert round(by_temperature[1.0][top8[0]].item(), 1) == 0.6, "section 3: about 60% at T = 1"
+assert by_temperature[0.5][top8[0]] > 0.99, "section 3: over 99% at T = 0.5"
+assert entropy_bits(by_temperature[0.5]) < 0.1, "section 3: almost 0 bits at T = 0.5"
+assert round(by_temperature[2.0][top8[0]].item(), 2) == 0.04, "section 3: about 4% at T = 2"
+assert round(entropy_bits(by_temperature[1.0])) == 4, "section 3: about 4 bits at T = 1"
+assert entropy_bits(by_temperature[2.0]) > 10, "section 3: over 10 bits at T = 2"
+assert 1 - by_temperature[2.0][top8].sum() > 0.9, "section 3: over 90% outside the top 8"
+
 # %% [markdown]
 # And the same distributions drawn: every token of the vocabulary, sorted from the most likely,
 # with both axes on a log scale so that the tail shows. Temperature bends the curve around the
@@ -359,9 +378,17 @@ plot_temperature_curves(by_temperature)
 # differences of logits matter, this is a multiplicative discount of the probability: a token
 # seen $c$ times has its probability, relative to an unseen token, multiplied by $e^{-\alpha c}$.
 # A negative $\alpha$ *rewards* repetition, which is occasionally useful and usually a bad idea.
-# (This additive penalty is the one OpenAI's API calls `frequency_penalty`. HF's
-# `repetition_penalty` is a different rule, which scales the logit of every token already seen
-# by a factor regardless of how often it occurs. Nothing here uses it.)
+#
+# OpenAI's API and vLLM have a `frequency_penalty` with the same formula but a different count:
+# theirs counts only the tokens generated so far, ours counts the prompt's tokens too. OpenAI's
+# documentation defines the count as how often the token "was sampled prior to the current
+# position", and vLLM, which follows that definition, subtracts the penalty times the counts of
+# the *output* tokens alone (the prompt's tokens feed only its `repetition_penalty`). So a
+# prompt that uses "lord" three times costs "lord" $3\alpha$ here and nothing there, until the
+# model writes it. HF has no frequency penalty; its `repetition_penalty` is another rule, which
+# divides a positive logit by the penalty (and multiplies a negative one) once for every token
+# already in the sequence, prompt included, however often it occurs. Nothing here uses it.
+# Sources are listed at the end of the chapter.
 #
 # ### Exercise: `apply_frequency_penalty`
 #
@@ -453,6 +480,10 @@ show_top(
     by=rep_logits[0],
 )
 
+# %% tags=["claim"]
+assert counts[rep_logits.argmax()] == 3, "section 4: the favourite is a token used three times"
+assert round(math.exp(-3), 2) == 0.05, "section 4: e^-3 is about 5%"
+
 # %% [markdown]
 # ## 5. Sampling from the distribution
 #
@@ -484,11 +515,12 @@ show_top(
 # The tests draw 20,000 tokens from a small crafted distribution, with one banned token of logit
 # $-\infty$, and compare the counts with the exact probabilities by a chi-square test. A correct
 # sampler fails such a test with a probability of $10^{-5}$, which the test states; a sampler
-# that is off by a few percent on a likely token fails it almost surely. They also check that
-# the same seed gives the same samples and different seeds do not; that shifting every logit
-# by +1000 or −1000 changes nothing (softmax does not mind, but `exp` overflows to inf or
-# underflows to 0); that a batch of one row gives a tensor of shape `[1]` (`squeeze()` without
-# a dimension gives a 0-d tensor); and that the logits you are given are left unchanged.
+# that gives the likeliest token three percentage points too much fails it almost surely. They
+# also check that the same seed gives the same samples and different seeds do not; that
+# shifting every logit by +1000 or −1000 changes nothing (softmax does not mind, but `exp`
+# overflows to inf or underflows to 0); that a batch of one row gives a tensor of shape `[1]`
+# (`squeeze()` without a dimension gives a 0-d tensor); and that the logits you are given are
+# left unchanged.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -554,22 +586,27 @@ basic_probs = dist_logits[0].softmax(-1)
 samples = draw(sample_basic, dist_logits, N)
 title = f"sample_basic after {dist_prompt!r}"
 plot_sample_frequencies(samples, basic_probs, title, tokenizer, rank_by=basic_probs)
+print(f"probability outside the 15 tokens shown: {1 - basic_probs.topk(15).values.sum():.0%}")
+
+# %% tags=["claim"]
+assert round(20_000 * cfg.d_vocab * 4 / 1e6, -1) == 330, "section 5: 330 MB per copy"
 
 # %% [markdown]
 # The bars should sit on the dots, give or take the noise of a finite sample: a frequency
 # estimated from $N$ draws is off by about $\sqrt{p(1-p)/N}$, one *standard error*, and among
 # 15 tokens the largest gap is typically one to three of them. A gap of ten would be a bug.
 #
-# Note how much of the probability lies *outside* the 15 tokens drawn here: the tail. At
-# temperature 1 the model draws from it all the time, and the tail is where the model is least
-# reliable: each of those tokens is individually unlikely, and many are unlikely for good
-# reason. The next two methods cut the tail off.
+# Note how much of the probability lies *outside* the 15 tokens shown (the cell prints it): the
+# tail. At temperature 1 the model draws from it all the time, and the tail is where the model
+# is least reliable: each of those tokens is individually unlikely, and many are unlikely for
+# good reason. The next two methods cut the tail off.
 #
 # ## 6. Top-k sampling
 #
 # **Top-k** sampling keeps the $k$ most likely tokens, sets every other logit to $-\infty$, and
 # samples from what is left. The softmax renormalises the survivors automatically: their
-# probabilities keep their ratios and now sum to 1. Typical values are $k$ = 40 or 50. $k = 1$
+# probabilities keep their ratios and now sum to 1. A common value is $k = 50$, the default of
+# HF's `generate` when it samples (HF transformers 5.24). $k = 1$
 # is greedy search again, except at an exact tie for first place: greedy takes the lowest id,
 # while top-k keeps every token tied with the $k$-th (our rule below) and samples among them.
 #
@@ -667,7 +704,7 @@ plot_sample_frequencies(
 # Case of Neural Text Degeneration*), keeps the **smallest set of most likely tokens whose
 # probabilities add up to at least $p$**, and samples from that set, renormalised. With
 # `top_p=0.9`: when the model is sure, one or two tokens already make 90% and the nucleus is
-# tiny; when it is unsure, the nucleus holds hundreds of tokens.
+# tiny; when it is unsure, the nucleus can hold a hundred tokens or more.
 #
 # Work through an example: four tokens with probabilities 0.5, 0.3, 0.15, 0.05, already sorted.
 # The running totals are 0.5, 0.8, 0.95, 1.0.
@@ -685,15 +722,20 @@ plot_sample_frequencies(
 # next one is not. That is the "exclusive" running total: the cumulative sum one place back
 # (the total of the tokens before it), 0 for the first token.
 #
-# Here is the rule on the model's distribution after `"ROMEO.\nI"`: the bars are the most
+# Here is the rule on the model's distribution after `"ROMEO.\nI"`: the bars are the 20 most
 # likely tokens in order, the line their running total, the dashed line `top_p = 0.9`. Blue
-# tokens are kept, grey ones removed; the blue token under the point where the line crosses
-# 0.9 is the one that takes the total over it.
+# tokens are kept, grey ones removed; where the line crosses 0.9 inside the figure, the blue
+# token under the crossing is the one that takes the total over it, and a dotted line marks the
+# cut. After this prompt the model hesitates: the 20 tokens drawn hold well under 0.9, so every
+# bar is blue, and the title and the printed line say how many tokens the nucleus holds in all.
 
 # %%
 from utils.plots import plot_top_p_cut
 
 plot_top_p_cut(dist_logits[0].softmax(-1), 0.9, tokenizer)
+
+# %% tags=["claim"]
+assert dist_logits[0].softmax(-1).topk(20).values.sum() < 0.8, "section 7: 20 tokens, under 0.9"
 
 # %% [markdown]
 # **`min_tokens_to_keep`**: never keep fewer than this many tokens, whatever `top_p` says (HF's
@@ -733,10 +775,12 @@ plot_top_p_cut(dist_logits[0].softmax(-1), 0.9, tokenizer)
 # exact, and `top_p` is set exactly on one of them (two tokens of 1/2 with `top_p=0.5`: HF
 # keeps one). Then the line reached *through* rounding: HF's own test case (0.3, 0.1, 0.1, 0.5
 # with `top_p = 0.8`, where HF keeps two tokens) and seven more like it, each checked first
-# against the sums done exactly in float64. They also run 40 random cases with many spreads,
-# `top_p` values and `min_tokens_to_keep`, plus the cases of the table (with 0.49, 0.81 and
-# 0.96), `top_p` of 0 and 1, and a distribution with almost all its mass on one token; then
-# 20,000 samples at `top_p` 0.5 and 0.9, and the generator and batch-of-one checks of top-k.
+# against the sums done exactly in float64 (a case where HF's float32 sum lands on the other
+# side of the line on your CPU is left out, two at most). They also run 40 random cases with
+# many spreads, `top_p` values and `min_tokens_to_keep`, plus the cases of the table (with
+# 0.49, 0.81 and 0.96), `top_p` of 0 and 1, and a distribution with almost all its mass on one
+# token; then 20,000 samples at `top_p` 0.5 and 0.9, and the generator and batch-of-one checks
+# of top-k.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -791,7 +835,7 @@ check("sample_top_p")
 # <details><summary>What to expect</summary>
 #
 # The example prints 1, 1, 3 and 4 kept tokens, as in the table above. After `"ROMEO.\nI"` the
-# favourite has only about 10%: the nucleus holds about 10 tokens at 0.5, over a hundred at 0.9
+# favourite has only about 11%: the nucleus holds about 10 tokens at 0.5, over a hundred at 0.9
 # and over a thousand at 0.99. At the end of Macbeth's line the line break alone has about 90%:
 # the nucleus is that single token up to `top_p=0.9`, then jumps to about 20 tokens at 0.95 and
 # a few hundred at 0.99, once it has to cover part of the remaining 10%. A fixed $k$ could not
@@ -814,25 +858,53 @@ plot_sample_frequencies(samples, top_p_probs, title, tokenizer, rank_by=basic_pr
 sure_prompt = "MACBETH.\nIs this a dagger which I see before me,"
 with torch.inference_mode():
     sure_logits = model(torch.tensor([tokenizer.encode(sure_prompt)]))[:, -1]
-print(f"{sure_prompt!r} -> {tokenizer.decode(sure_logits.argmax(-1))!r}", end=" ")
-print(f"with probability {sure_logits.softmax(-1).max().item():.0%}")
+for name, lg in [(dist_prompt, dist_logits), (sure_prompt, sure_logits)]:
+    print(f"{name!r} -> {tokenizer.decode(lg.argmax(-1))!r}", end=" ")
+    print(f"with probability {lg.softmax(-1).max().item():.0%}")
 table = Table(title="tokens in the nucleus")
 table.add_column("top_p", justify="right")
 table.add_column(f"after {dist_prompt!r}", justify="right")
 table.add_column("at the end of Macbeth's line", justify="right")
+nucleus = {}  # top_p -> [size after dist_prompt, size after sure_prompt]
 for top_p in [0.5, 0.8, 0.9, 0.95, 0.99]:
-    sizes = [
+    nucleus[top_p] = [
         torch.isfinite(filter_top_p(lg, top_p)).sum().item() for lg in (dist_logits, sure_logits)
     ]
-    table.add_row(str(top_p), *[str(size) for size in sizes])
+    table.add_row(str(top_p), *[str(size) for size in nucleus[top_p]])
 Console().print(table)
+
+# %% tags=["claim"]
+assert [1, 1, 3, 4] == [
+    torch.isfinite(filter_top_p(example, p)).sum().item() for p in [0.49, 0.5, 0.81, 0.96]
+], "section 7's table and 'What to expect': 1, 1, 3 and 4 kept tokens"
+assert round(dist_logits.softmax(-1).max().item(), 2) == 0.11, "the favourite after ROMEO: 11%"
+assert tokenizer.decode(sure_logits.argmax(-1)) == "\n", "Macbeth's line ends with a line break"
+assert round(sure_logits.softmax(-1).max().item(), 1) == 0.9, "the line break has about 90%"
+assert 5 <= nucleus[0.5][0] <= 15, "'What to expect': about 10 tokens at 0.5"
+assert 100 < nucleus[0.9][0] < 1000 and nucleus[0.99][0] > 1000, "over 100 at 0.9, 1000 at 0.99"
+assert nucleus[0.5][1] == nucleus[0.8][1] == nucleus[0.9][1] == 1, "one token up to 0.9"
+assert 10 <= nucleus[0.95][1] <= 30, "'What to expect': about 20 tokens at 0.95"
+assert 100 <= nucleus[0.99][1] < 1000, "'What to expect': a few hundred at 0.99"
+# The float32 numbers of section 7's "Common mistakes" (probabilities 0.5, 0.3, 0.1, 0.1):
+assert "0.50000000 0.30000001 0.09999999 0.09999999" == " ".join(
+    f"{x:.8f}" for x in torch.tensor([0.5, 0.3, 0.1, 0.1]).log().softmax(-1).tolist()
+), "section 7's float32 probabilities"
+assert "0.50000000 0.80000001 0.89999998 1.00000000" == " ".join(
+    f"{x:.8f}" for x in torch.tensor([0.5, 0.3, 0.1, 0.1]).log().softmax(-1).cumsum(-1).tolist()
+), "section 7's float32 running totals"
+assert ["0.79999995"] == [  # the third token's running total minus its probability
+    f"{(probs.cumsum(-1)[2] - probs[2]).item():.8f}"
+    for probs in [torch.tensor([0.5, 0.3, 0.1, 0.1]).log().softmax(-1)]
+], "section 7: in float32, 0.89999998 - 0.09999999 rounds to 0.79999995"
 
 # %% [markdown]
 # ## 8. Putting the pieces together: `sample_next_token`
 #
 # Here is the given function that turns one batch of logits into one batch of next tokens,
 # with everything above as options. Read it before you go on: the sampling loop you write next
-# calls it. The order of the steps is HF's:
+# calls it. The order of the steps is that of HF's `generate`, which applies its penalties
+# before the temperature and the temperature before top-k and top-p (`_get_logits_processor` in
+# `transformers/generation/utils.py`, HF transformers 5.24):
 #
 # 1. **The frequency penalty** first, on the raw logits. Order matters. Applied first, the
 #    penalty is divided by the temperature like every other logit difference: a penalty of
@@ -846,7 +918,7 @@ Console().print(table)
 #    a high temperature the probabilities are flatter, and `top_p=0.9` keeps more tokens.
 #
 # Top-k and top-p together are refused here to keep the behaviour obvious (HF would apply both,
-# one after the other). `top_k=0` or `None` and `top_p=1.0` or `None` switch them off, as in HF.
+# top-k first). `top_k=0` or `None` and `top_p=1.0` or `None` switch them off, as in HF.
 # Everything is checked first, with an error message that says what is wrong: a typo such as
 # `temperature=-1` or `top_p=90` should fail loudly, not produce strange text.
 
@@ -883,7 +955,8 @@ Console().print(table)
 #   text is longer than that, feed it the **most recent** `n_ctx` tokens,
 #   `input_ids[-self.cfg.n_ctx:]`. Crop what the model *reads*, never what you *return*: the
 #   output keeps every token. The model takes `[batch, posn]`, with a batch of 1 here:
-#   `tensor[None]` adds it. This method is the only step chapter 4's faster sampler changes.
+#   `tensor[None]` adds it. Chapter 4's faster sampler replaces this method (with one that
+#   keeps a cache) and keeps your loop.
 # - **The loop in `sample`**, for at most `max_tokens_generated` steps: `self.next_logits`,
 #   then a token from `self.sample_next_token`, which takes `input_ids [batch, seq]` (again
 #   `[None]`) and `logits [batch, d_vocab]`.
@@ -978,8 +1051,9 @@ text = sampler.sample(demo_prompt, n_tokens, verbose=True, seed=1, temperature=0
 #
 # - **Greedy** soon repeats itself: the same line, or the same few words, round and round.
 #   Once a loop has started, each repetition makes the next one more likely.
-# - **Low temperature** behaves much like greedy; **high temperature** draws more and more from
-#   the tail, and words, grammar and finally spelling fall apart.
+# - **Low temperature** draws mostly the model's favourite tokens, but it still draws at random:
+#   one draw other than the favourite and the text leaves greedy's path. **High temperature**
+#   draws more and more from the tail, and words, grammar and finally spelling fall apart.
 # - **Top-k and top-p** at temperature 1 keep the variety of sampling but avoid the worst draws
 #   from the tail. Small `k` or small `top_p` drift back towards greedy.
 # - **The frequency penalty** breaks greedy's loops, at the cost of steering away from words
@@ -1030,7 +1104,8 @@ Console().print(table)
 # greedy suits tasks with one right answer (code, arithmetic, extracting a fact); creative text
 # wants variety, and top-p around 0.9, sometimes with a slight penalty, is a common default.
 # Try your own prompts and settings: a speaker's name in capitals, a full stop and a line break
-# is how every speech in the training data begins.
+# is how most speeches in the training data begin (a few plays, *Hamlet* among them, give a
+# short form instead: `Hor.`).
 #
 # ## 10. Beam search
 #
@@ -1187,8 +1262,8 @@ for n in [1, 2, 3]:
 #
 # The tests run `generate` on three beams with `k=4`, with and without a 2-gram ban, and
 # compare the tokens and scores with log-softmax of HF's logits (and HF's n-gram processor);
-# and check `filter` on the example above; `generate` and `filter` must leave the beams they are
-# called on unchanged.
+# and check `filter` on the example above with one more EOS beam, at -4.0; `generate` and
+# `filter` must leave the beams they are called on unchanged.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -1242,7 +1317,7 @@ for n in [1, 2, 3]:
 check("beams")
 
 # %% [markdown]
-# One step of beam search by hand: start from the prompt as a single beam of score 0, expand it
+# Two steps of beam search by hand: start from the prompt as a single beam of score 0, expand it
 # into its 4 best continuations, expand each of those into 4 more, and keep the best 3.
 
 # %%
@@ -1416,6 +1491,13 @@ for name, score, tokens in rows:
 Console().print(table)
 print("1 beam == greedy:", rows[1][2].tolist() == greedy_tokens.tolist())
 
+# %% tags=["claim"]
+assert rows[1][2].tolist() == greedy_tokens.tolist(), "section 10: one beam gives greedy's text"
+assert all(
+    abs(score - continuation_logprob(tokens, len(compare_ids))) < 2e-3
+    for _, score, tokens in rows[1:]
+), "section 10: the recomputed scores are beam search's"
+
 # %% [markdown]
 # A wider beam usually finds a higher score (scores are negative: closer to 0 is more likely),
 # but it is not guaranteed to: it keeps more candidates, yet it can still drop a path that a
@@ -1524,6 +1606,15 @@ for rank, ((score, tokens), (hf_score, hf_tokens)) in enumerate(zip(ours, theirs
     same = str(tokens.tolist() == hf_tokens.tolist())
     table.add_row(str(rank), f"{score:.4f}", f"{hf_score:.4f}", same)
 Console().print(table)
+
+# %% tags=["claim"]
+assert all(
+    t.tolist() == hf_t.tolist() and abs(s - hf_s) < 2e-3
+    for (s, t), (hf_s, hf_t) in zip(ours, theirs, strict=True)
+), "section 11: the beam search is HF's, sequence for sequence and score for score"
+assert sampler.sample(compare_ids, n_new, temperature=0.0).tolist() == hf_greedy(
+    hf_model, compare_ids, n_new
+), "section 11: the greedy generation is HF's"
 
 # %% [markdown]
 # ## Check your understanding
@@ -1642,7 +1733,9 @@ Console().print(table)
 # running beam could still become scores at most the best running score, which is already no
 # better than the worst of the `num_beams` finished sequences. None of them could enter the set
 # of the `num_beams` best, so stopping gives up nothing. (The argument needs plain sums: with a
-# length penalty, a longer text can score higher, and HF bounds it differently.)
+# length penalty, a longer text can score higher, and HF's `early_stopping=False` then
+# estimates the best reachable score with a heuristic, which its own docstring says may be
+# wrong.)
 #
 # </details>
 #
@@ -1670,7 +1763,15 @@ Console().print(table)
 # cache, the same text needs a prefill of 50 positions and 99 single ones: 149.
 #
 # </details>
-#
+
+# %% tags=["claim"]
+assert 0.4 * 0.9 > 0.5 * 0.3 and round(0.4 * 0.9, 2) == 0.36, "section 10: 0.36 beats 0.15"
+assert round(10 * math.log10(4096)) == 36, "section 10: 4096^10 is about 10^36"
+assert round(3 ** (1 / 3), 2) == 1.44, "check your understanding: 3^(1/3) is about 1.44"
+assert round(math.sqrt(0.3 * 0.7 / 100), 3) == 0.046, "check your understanding: about 0.046"
+assert sum(range(50, 150)) == 9950, "check your understanding: 9,950 positions"
+
+# %% [markdown]
 # ## What's next
 #
 # The last question is chapter 4's starting point. Your loop runs the model over the whole
@@ -1679,3 +1780,27 @@ Console().print(table)
 # keys and values that attention computed for earlier positions, a **KV cache**, so that each
 # step processes one token; then you generate for many prompts at once, which is where the
 # batched functions of this chapter pay off, and you measure the speed against HF's `generate`.
+#
+# ## Sources
+#
+# - Top-p sampling: A. Holtzman, J. Buys, L. Du, M. Forbes, Y. Choi, *The Curious Case of Neural
+#   Text Degeneration*, 2019, arXiv:1904.09751 (ICLR 2020).
+# - Hugging Face `transformers` 5.24.0 (the version this course installs):
+#   `transformers/generation/logits_process.py` for `TemperatureLogitsWarper` (the
+#   `temperature=0.0` error), `RepetitionPenaltyLogitsProcessor`, `TopKLogitsWarper`,
+#   `TopPLogitsWarper` and `NoRepeatNGramLogitsProcessor`; `transformers/generation/utils.py`
+#   for the order of the processors (`_get_logits_processor`) and beam search (`_beam_search`:
+#   processors applied to the log-softmax, `2 * num_beams` candidates per step with one
+#   end-of-text id, the `length_penalty` division); `GenerationConfig` for the defaults
+#   (`top_k=50`, `length_penalty=1.0`, `early_stopping=False`).
+# - OpenAI's frequency and presence penalties: the "parameter details" of the OpenAI API
+#   documentation (`https://platform.openai.com/docs/api-reference/parameter-details`, the page
+#   vLLM's code cites), where the count is how often the token "was sampled prior to the current
+#   position".
+# - vLLM (`vllm-project/vllm`, main branch): `apply_penalties` in
+#   `vllm/model_executor/layers/utils.py` at commit `00358600ed52` (`logits -=
+#   frequency_penalties * output_bin_counts`; the prompt's tokens feed only the repetition
+#   penalty), and `SamplingParams` in `vllm/sampling_params.py` at commit `00388f6573cc`
+#   (frequency penalty: "based on their frequency in the generated text so far"; temperature:
+#   "Zero means greedy sampling"). The penalties came in with pull request #95 (May 2023),
+#   "following the definition in OpenAI API reference".
