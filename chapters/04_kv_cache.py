@@ -19,14 +19,18 @@
 #   values;
 # - `forward_with_cache`: the whole model on the new tokens, returning their logits and a
 #   longer cache;
-# - `CachedTransformerSampler.sample`: chapter 3's sampler with a cache, and what to do when
-#   the text outgrows the model's context window;
+# - `CachedTransformerSampler.next_logits`: chapter 3's sampler with a cache, and what to do
+#   when the text outgrows the model's context window;
 # - `CachedBeams.generate`: chapter 3's beam search with a cache that follows the beams;
-# - `left_pad`, `positions_and_allowed` and `generate_batch`: many prompts of different
+# - `left_pad`, `positions_and_allowed` and `generate_batch_tokens`: many prompts of different
 #   lengths, padded, and generated together.
 #
-# One piece is **given**: `KeyValueCache`, the container that holds the cached tensors. At the
-# end you time all of it against the uncached loop and against Hugging Face's `generate`.
+# Some pieces are **given**, each in a cell of its own: `KeyValueCache`, the container that
+# holds the cached tensors; `start_forward`, which checks `forward_with_cache`'s arguments; and
+# `generate_batch`, the wrapper around your batched loop. Some exercise cells hold given code
+# around your part too, such as `CachedTransformerSampler.sample`. At the end you time the cached
+# sampler and batched generation against chapter 3's uncached loop; a benchmark script
+# (section 9) also compares them with Hugging Face's `generate`.
 #
 # As before, nothing is checked against the course's own code alone: your attention against
 # the activations of the transformer-lens reference model, your forward pass against HF's
@@ -75,9 +79,9 @@ from utils.check import check
 from utils.display import show_solution
 
 # %% [markdown]
-# The course's CI runs this notebook from top to bottom on a small machine with
-# `COURSE_QUICK=1`: the demos and timings then generate only a few tokens, so that the whole
-# notebook runs in about a minute. On your machine `QUICK` is `False`. You never need to change
+# The course's own tests (`make test`, which CI runs) execute this notebook from top to bottom
+# with `COURSE_QUICK=1`: the demos and timings then generate only a few tokens, so that the run
+# stays short on a small machine. On your machine `QUICK` is `False`. You never need to change
 # it.
 
 # %%
@@ -102,6 +106,10 @@ cfg = model.cfg
 print(f"{cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads of d_head {cfg.d_head}")
 print(f"n_ctx {cfg.n_ctx}, d_vocab {cfg.d_vocab}")
 
+# %% tags=["claim"]
+shape = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.n_ctx, cfg.d_vocab)
+assert shape == (4, 192, 6, 32, 256, 4096), "'The model' quotes the shipped model's shape"
+
 # %% [markdown]
 # ## 1. What a step recomputes, and what to keep
 #
@@ -119,6 +127,9 @@ with torch.inference_mode():
 change = (longer[:, :-1] - shorter).abs().max().item()
 print(f"{shorter.shape[1]} positions, then {longer.shape[1]}")
 print(f"largest change of the logits at the first {shorter.shape[1]} positions: {change:.1e}")
+
+# %% tags=["claim"]
+assert change < 1e-4, "section 1 says the shared positions' logits change by rounding only"
 
 # %% [markdown]
 # The difference is zero, or a rounding error in the last digits of a float32 (matrix products
@@ -155,7 +166,8 @@ print(f"largest change of the logits at the first {shorter.shape[1]} positions: 
 #    reading the texts back.
 # 5. Either works. The course returns a new cache and leaves the old one valid: beams may
 #    share one, and going back costs nothing. The price is a copy per step; HF's
-#    `StaticCache` writes in place into a buffer of `n_ctx` positions instead.
+#    `StaticCache` instead writes in place into a buffer of `max_cache_len` positions, which
+#    `generate` sizes from the generation's `max_length` (section 2 gives the source).
 #
 # </details>
 #
@@ -231,12 +243,19 @@ for name, c, params in [("shakespeare", cfg, n_params), ("GPT-2 small", gpt2_sma
     )
 Console().print(table)
 
+# %% tags=["claim"]
+assert cache_bytes(gpt2_small, gpt2_small.n_ctx) == 72 * 2**20, "the prose says 72 MiB"
+assert 8 * cache_bytes(gpt2_small, gpt2_small.n_ctx) > 124e6 * 4, "batch of 8 > the weights"
+assert round(n_params * 4 / 2**20) == 13, "section 9 says the weights are 13 MiB"
+assert cache_bytes(gpt2_small, 1024, 2) == 36 * 2**20, "check your understanding: 36 MiB"
+
 # %% [markdown]
 # For our small model the cache is tiny. For GPT-2 small a full context costs 72 MiB per
 # sequence, and a batch of 8 long texts already needs more memory for the cache than for the
 # weights. For large models with long contexts, the cache, not the weights, is what limits the
-# batch size; that is why serving systems store it in 16 or 8 bits, share keys and values
-# between heads (multi-query and grouped-query attention), and allocate it in pages.
+# batch size. That is why newer models share keys and values between heads (multi-query and
+# grouped-query attention), and why serving systems store the cache in 16 or even 8 bits and
+# allocate it in pages (vLLM's PagedAttention); the further reading at the end gives sources.
 #
 # ### What it saves in computation
 #
@@ -274,6 +293,11 @@ for t in [0, 15, 63, 255]:
     table.add_row(str(t), f"{full / 1e6:,.1f} M", f"{cached / 1e6:,.1f} M", f"{full / cached:.0f}x")
 Console().print(table)
 
+# %% tags=["claim"]
+assert round(step_flops(cfg, 255, False) / step_flops(cfg, 255, True), -1) == 240, "about 240"
+assert round(step_flops(cfg, 255, False) / 1e9, 1) == 1.4, "sections 9, 10: 1.4 billion"
+assert round(step_flops(cfg, 255, True) / 1e6) == 6, "section 9: about 6 million"
+
 # %% [markdown]
 # At the end of the context, a cached step does about 240 times less arithmetic. Keep that
 # number in mind: the measured speed-up at the end of this chapter is much smaller, and the
@@ -299,9 +323,9 @@ Console().print(table)
 #   compacted. Chapter 5 uses it to forget the guesses its main model rejected; not needed here.
 # - `check_next(cfg, tokens)`: raises a `ValueError` with a clear message when `tokens` cannot
 #   be the next tokens of these sequences. `forward_with_cache` calls it first. It catches a
-#   cache made by another model, a batch of the wrong size, a text that would grow past
-#   `n_ctx`, and the most common slip of all: feeding the whole text again instead of only the
-#   new tokens.
+#   cache made for a model of another shape (layers, heads, `d_head`, `n_ctx`), a batch of the
+#   wrong size, a text that would grow past `n_ctx`, and the most common slip of all: feeding
+#   the whole text again instead of only the new tokens.
 #
 # **The layout, heads first.** Chapter 1's attention worked with `[batch, posn, n_heads,
 # d_head]`. The cache puts the heads before the positions: `[batch, n_heads, pos, d_head]`.
@@ -315,8 +339,12 @@ Console().print(table)
 # beams can share one cache) and going back free (keep the old cache). The price is a copy:
 # each step concatenates the new keys and values onto the old ones, which copies the whole
 # cache. That costs about as much memory traffic as attention, which reads the whole cache
-# anyway, so for us it is fine; HF's default cache also concatenates, and its `StaticCache`
-# preallocates `n_ctx` positions and writes into them instead.
+# anyway, so for us it is fine. HF does both (transformers 5.24, `cache_utils.py`): its default
+# cache, `DynamicCache`, also concatenates (`torch.cat` in `DynamicLayer.update`), while its
+# `StaticCache` preallocates `[batch, n_heads, max_cache_len, d_head]` tensors and writes the
+# new positions into them in place (`index_copy_` in `StaticLayer.update`). When `generate`
+# makes a static cache it sets `max_cache_len` to the generation's `max_length` minus one
+# (`generation/utils.py`): the last token generated is never fed back.
 
 # %% tags=["source"]
 # solution: solutions.kv_cache.KeyValueCache
@@ -447,8 +475,9 @@ plot_masks(
 # 3. **Attend**: `F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)` computes
 #    $\operatorname{softmax}\left(q k^T / \sqrt{d_\text{head}}\right) v$ for every head, with a
 #    score of $-\infty$ wherever `allowed` is `False`. That is chapter 1's attention (scores,
-#    mask, softmax, weighted sum of the values) in one call, fused, with the same
-#    $1/\sqrt{d_\text{head}}$ scale; on a GPU it runs memory-efficient kernels. Its output is
+#    mask, softmax, weighted sum of the values) in one call, with the same
+#    $1/\sqrt{d_\text{head}}$ scale; on a GPU it may pick a fused kernel (FlashAttention-2 or
+#    memory-efficient attention, says PyTorch's documentation of the function). Its output is
 #    `z` `[batch, n_heads, new, d_head]`. Note the convention: for PyTorch, a boolean mask is
 #    `True` where attention is **allowed**, the opposite of `causal_mask`.
 # 4. **Project out**: each head writes through its own `W_O` `[n_heads, d_head, d_model]` and
@@ -462,7 +491,8 @@ plot_masks(
 # concatenating along the wrong dimension; returning only the new keys and values;
 # passing `causal_mask(...)` itself as `attn_mask`, which allows exactly what should be
 # hidden; and `is_causal=True` in `F.scaled_dot_product_attention`: with fewer queries than
-# keys PyTorch aligns that mask to the **top left**, so one new query sees only key 0.
+# keys PyTorch aligns that mask to the **top left** (the function's documentation builds it as
+# `torch.ones(L, S).tril()`), so one new query sees only key 0.
 #
 # The tests take the reference model's activations on a prompt (transformer-lens's
 # `ln1.hook_out`, `attn.hook_k`, `attn.hook_v` and `hook_attn_out`), split the prompt into
@@ -507,7 +537,7 @@ check("attention_with_cache")
 
 # %% [markdown]
 # With an empty cache and the causal mask, your function is chapter 1's attention; with the
-# first 5 positions cached, the other positions come out the same.
+# first 5 positions cached, the other positions come out the same (up to float32 rounding).
 
 # %%
 attn, ln1 = model.blocks[0].attn, model.blocks[0].ln1
@@ -522,6 +552,9 @@ with torch.inference_mode():
     )
 print("empty cache, whole prompt:", (whole - expected).abs().max().item())
 print("5 positions cached, the rest:", (rest - expected[:, 5:]).abs().max().item())
+
+# %% tags=["claim"]
+assert (whole - expected).abs().max() < 1e-5 and (rest - expected[:, 5:]).abs().max() < 1e-5
 
 # %% [markdown]
 # ## 5. The forward pass with a cache
@@ -562,22 +595,23 @@ print("5 positions cached, the rest:", (rest - expected[:, 5:]).abs().max().item
 #
 # The function has two slots. The first computes `positions` and `allowed` (changes 1 and 2);
 # the second runs the model (change 3). The given `start_forward` (the cell before yours)
-# checks every argument and returns `mask` `[batch, all]`, `True` at every real token, cached
-# or new. It is all `True` here. A batch of prompts of different lengths has padding, where it
-# is `False`; the given branch hands that case to `positions_and_allowed`, an exercise of
-# section 8, where batching needs it. Until then it stays unimplemented, and the tests of this
-# section use no padding.
+# checks every argument and returns the cache to extend (an empty one for `cache=None`) and
+# `mask` `[batch, all]`, `True` at every real token, cached or new. It is all `True` here. A
+# batch of prompts of different lengths has padding, where it is `False`; the given branch
+# hands that case to `positions_and_allowed`, an exercise of section 8, where batching needs
+# it. Until then it stays unimplemented, and the tests of this section use no padding.
 #
-# Common mistakes: positions from 0 at every step (a sneaky bug: the first new token is often
-# still the right one, and then the text falls apart); giving `attention_with_cache` the raw
+# Common mistakes: positions from 0 at every step (a sneaky bug: the first new token is still
+# right, since it comes from the prefill, whose positions do start at 0; many later ones are
+# right too, and then the text falls apart); giving `attention_with_cache` the raw
 # residual stream instead of `block.ln1(residual)`; feeding the MLP the residual stream from
 # before the attention was added; no mask for a chunk of several new tokens (a prefill then
 # reads the future); a mask per layer instead of one.
 #
 # The tests compare your logits with the uncached model in float64 (a copy of the model in
-# double precision, where a correct cache agrees to about $10^{-12}$, and the bound is
-# $10^{-5}$) for a prefill followed by single steps and for chunks of mixed sizes, and with
-# HF's `GPT2LMHeadModel` for a prefill of 10 tokens and single steps.
+# double precision, where a correct cache's rounding errors lie many orders of magnitude below
+# the bound of $10^{-5}$) for a prefill followed by single steps and for chunks of mixed sizes,
+# and with HF's `GPT2LMHeadModel` for a prefill of 10 tokens and single steps.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -710,8 +744,10 @@ for name, mistake in mistakes.items():
 #
 # (Models with relative positions, such as rotary embeddings, have the same problem in a
 # milder form: the positions are fine after a slide, but the cached keys and values above
-# layer 0 still carry what their tokens read from the dropped one. Some long-context systems
-# keep the stale cache anyway and accept the approximation.)
+# layer 0 still carry what their tokens read from the dropped one. Some long-context methods
+# keep the stale cache anyway and accept the approximation: StreamingLLM, for one, keeps the
+# cached keys and values of the first few tokens and of the most recent ones, without
+# recomputing them; see the further reading.)
 #
 # Common mistakes: passing the whole text to `forward_with_cache` at every step (the cache
 # rejects it with a clear message) or forgetting the batch dimension; a prefill of a long
@@ -769,10 +805,10 @@ check("cached_sample")
 #
 # The same text (`same text: True`): the cache changes how the logits are computed, not what
 # they are (up to rounding in the last digits), and under the same seed every draw is the same.
-# But the speed-up is far smaller than the arithmetic suggests: a few times, not hundreds (about
-# 3 to 5 times on a laptop-class CPU; your numbers will differ). Most of these steps are far
-# from the end of the context, where the saving is smaller, and a step of this small model is
-# mostly fixed costs that the cache does not remove: section 9 measures where the time goes.
+# But the speed-up is far smaller than the arithmetic suggests: several times, not hundreds (the
+# cell prints what your machine does). Most of these steps are far from the end of the context,
+# where the saving is smaller, and much of a step of this small model is fixed costs that the
+# cache does not remove: section 9 measures where the time goes.
 #
 # </details>
 
@@ -789,6 +825,9 @@ for name, sampler in [("uncached", uncached_sampler), ("cached", cached_sampler)
     print(f"{name:9} {n_tokens / times[name]:6.0f} tokens/s")
 print("same text:", texts["uncached"] == texts["cached"])
 print(texts["cached"])
+
+# %% tags=["claim"]
+assert texts["uncached"] == texts["cached"], "'What to expect' says the same text"
 
 # %% [markdown]
 # Now past the context window. We first let the model write a text that almost fills it, then
@@ -822,11 +861,18 @@ for name, run in runs.items():
     table.add_row(name, f"{n_more / seconds:.0f}", str(same))
 Console().print(table)
 
+# %% tags=["claim"]
+assert torch.equal(outputs["cached, window_shift=1"], outputs["chapter 3, uncached"]), (
+    "section 6 says window_shift=1 gives exactly chapter 3's tokens"
+)
+
 # %% [markdown]
-# With `window_shift=1` the cache buys nothing once the text is past `n_ctx`: every step is a
-# rebuild, a full forward pass, as in chapter 3. With 32 most steps are cheap again. Whether
-# its tokens differ from the exact ones depends on the text: the model reads at least 225
-# tokens, and often that is enough context to choose the same token.
+# With `window_shift=1` the cache buys almost nothing once the text is past `n_ctx`: every step
+# is a rebuild, a full forward pass of `n_ctx` tokens, as in chapter 3 (the table may still show
+# it somewhat faster: the few steps before the cache fills are cheap, and `forward_with_cache`'s
+# full pass is not the same code as chapter 3's `model(tokens)`). With 32 most steps are cheap
+# again. Whether its tokens differ from the exact ones depends on the text: the model reads at
+# least 225 tokens, and often that is enough context to choose the same token.
 #
 # ## 7. Beam search with a cache
 #
@@ -876,7 +922,8 @@ Console().print(table)
 #
 # HF's `generate` does the same bookkeeping: after each beam step it reorders every layer's
 # cached keys and values by the indices of the beams it kept (`cache.reorder_cache(beam_idx)`,
-# an `index_select` along the batch dimension).
+# an `index_select` along the batch dimension; transformers 5.24, `generation/utils.py` and
+# `CacheLayerMixin.reorder_cache` in `cache_utils.py`).
 #
 # Common mistakes: `repeat(k)` instead of `repeat_interleave(k)` (the parents then cycle
 # through the beams, which is not the order `top_continuations` uses); forgetting to gather,
@@ -943,14 +990,17 @@ print("same sequences:", same)
 for score, tokens in results["cached"]:
     print(f"{score:8.3f}  {tokenizer.decode(tokens[len(tokenizer.encode(beam_prompt)) :])!r}")
 
+# %% tags=["claim"]
+assert same, "section 7 says cached and uncached beam search find the same sequences"
+
 # %% [markdown]
 # ## 8. Many prompts at once
 #
 # A cached step for one sequence is a tiny amount of work: one row through each matrix. Much
 # of its time goes to fixed costs, Python and the dispatch of each operation, and to reading
-# the weights from memory. Eight rows through the same matrices share those costs, so they take
-# far less than eight times as long as one. So the next step is to generate for many prompts at
-# once: one forward pass per step for the whole batch.
+# the weights from memory. Eight rows through the same matrices share those costs, so they
+# should take far less than eight times as long as one (section 9 measures it). So the next
+# step is to generate for many prompts at once: one forward pass per step for the whole batch.
 #
 # Prompts have different lengths, and a tensor needs rows of equal length, so the short
 # prompts are **padded**. The question is on which side.
@@ -968,7 +1018,9 @@ for score, tokens in results["cached"]:
 # new column, for every row at once. With right padding, each row's last token sits in a
 # different column: you would have to gather each row's logits from its own column and write
 # each new token into its own column, leaving holes in the cache. HF asks for the same when
-# you generate for a batch: a tokenizer with `padding_side="left"`.
+# you generate for a batch: when `generate` detects right padding in a decoder-only model, it
+# warns and asks for a tokenizer with `padding_side='left'` (transformers 5.24,
+# `generation/utils.py`).
 #
 # Two exercises make padding work: `left_pad` builds the padded batch and its mask, and
 # `positions_and_allowed` makes each row compute what its prompt computes alone. Padding uses
@@ -985,8 +1037,8 @@ for score, tokens in results["cached"]:
 # `tokens[row, -0:]`, which is the **whole** row, not an empty slice.
 #
 # The test compares your tokens and mask with HF's tokenizer with `padding_side="left"`,
-# padding with id 1000 (neither 0 nor end-of-text), on five prompts of different lengths, one
-# of them empty; the mask must be a bool tensor.
+# padding with id 1000 (neither 0 nor end-of-text), on five prompts of 18, 6, 18, 1 and 0
+# tokens (one of them empty); the mask must be a bool tensor.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -1055,9 +1107,8 @@ print(pad_mask)
 #
 # One trap remains. A padding *query* in column 0 has no real key before it, so with padding
 # hidden it sees no key at all: its row of scores is all $-\infty$. Chapter 1's softmax turns
-# such a row into `0/0 = NaN`. (What `F.scaled_dot_product_attention` returns for such a row
-# depends on the PyTorch version and on which of its kernels runs: some return zeros, others
-# NaN, and HF carries a workaround for it.)
+# such a row into `0/0 = NaN`. (`F.scaled_dot_product_attention` returns zeros for such a row
+# since PyTorch 2.5, pytorch/pytorch pull request 131863; older versions returned NaN.)
 # You might think a NaN there harmless, since nobody uses the output at a padding position.
 # But NaN spreads. It enters the residual stream at that position, the next layer computes a
 # NaN key and value from it, and a real query's weighted sum of values includes
@@ -1074,13 +1125,14 @@ print(pad_mask)
 # column 0; forgetting the causal part once padding is handled.
 #
 # The tests compare your positions at real tokens with HF's convention (`mask.cumsum(-1) - 1`,
-# what its GPT-2 uses in `generate`) and your `allowed` with the rule written out as a loop,
-# for a prefill and for one and three new tokens after a padded cache; then, through your
-# `forward_with_cache`, a left-padded batch of three prompts (padded with id 1000, neither 0
-# nor end-of-text) and one step after it against HF run on each prompt alone. At the padding
-# positions, the logits and cached keys and values must be finite and equal what the padding
-# token computes alone at position 0 (HF on that one token): that is what a padding query
-# computes when it sees its own key, and only it.
+# what `generate` computes for GPT-2, with padding set to 0: transformers 5.24,
+# `_prepare_position_ids_for_generation` in `generation/utils.py`) and your `allowed` with the
+# rule written out as a loop, for a prefill and for one and three new tokens after a padded
+# cache; then, through your `forward_with_cache`, a left-padded batch of three prompts (padded
+# with id 1000, neither 0 nor end-of-text) and one step after it against HF run on each prompt
+# alone. At the padding positions, the logits and cached keys and values must be finite and
+# equal what the padding token computes alone at position 0 (HF on that one token): that is
+# what a padding query computes when it sees its own key, and only it.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -1137,6 +1189,9 @@ plot_masks(
     "Left padding: dark where a query may not look",
 )
 
+# %% tags=["claim"]
+assert pad_positions.tolist() == [[0, 1, 2], [0, 0, 0], [0, 0, 1]], "'What to expect' above"
+
 # %% [markdown]
 # ### Exercise: `generate_batch`
 #
@@ -1191,13 +1246,13 @@ plot_masks(
 # the same seed gives the same sampled texts whatever torch's global random state, and that
 # different seeds give different ones; draw the first token of 400 rows with
 # `temperature=0.8, top_k=40` and compare the frequencies with HF's probabilities (a chi-square
-# test that a correct implementation fails with probability 2·10⁻⁵); compare a greedy run with
-# a frequency penalty with chapter 3's sampler on each prompt alone (which catches a penalty on
-# padding); and, with a crafted model whose end-of-text is 5 nats more likely, so that rows end
-# at different steps: that each text equals HF's on its prompt alone, ending after its own
-# end-of-text; that with `stop_at_eos=False` every row writes all its tokens; and that your
-# `generate_batch_tokens` returns a cache in which a finished row holds only padding after its
-# end-of-text (the end-of-text id, with the mask `False`).
+# test that a correct implementation fails with probability at most 2·10⁻⁵); compare a greedy
+# run with a frequency penalty with chapter 3's sampler on each prompt alone (which catches a
+# penalty on padding); and, with a crafted model whose end-of-text is 5 nats more likely, so
+# that rows end at different steps: that each text equals HF's on its prompt alone, ending
+# after its own end-of-text; that with `stop_at_eos=False` every row writes all its tokens; and
+# that your `generate_batch_tokens` returns a cache in which a finished row holds only padding
+# after its end-of-text (the end-of-text id, with the mask `False`).
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -1267,20 +1322,24 @@ print("same as one at a time:", batched == alone)
 for text in batched:
     print(repr(text))
 
+# %% tags=["claim"]
+assert batched == alone, "'What to expect' says greedy batched text equals one at a time"
+
 # %% [markdown]
 # ## 9. How fast is it?
 #
 # Time to measure. The cells below use the reference implementations from `solutions`, under
 # other names, so that the numbers do not depend on your code being right (or fast). Every
-# method writes the same number of new tokens greedily, without stopping at the end of text,
-# so all of them do the same work.
+# method writes the same number of new tokens per prompt greedily, without stopping at the end
+# of text, so all of them do the same work per prompt.
 #
 # Two precautions make the numbers hold up on a busy machine. Each time is the **fastest of
 # three runs**: other programs can only add time, so the minimum is the closest to what the
-# code itself costs. And the timings run on **one thread**: this model's operations are too
-# small to gain from a second thread, and when other programs keep the cores busy, every
-# parallel operation waits for its slowest thread (several times slower in our benchmark).
-# Both live in `utils/timing.py`: `one_thread()` and `best_seconds(run)`.
+# code itself costs. And the timings run on **one thread**: this model's operations are small,
+# so a second thread has little to split, and when other programs keep the cores busy, a
+# parallel operation waits for its slowest thread. (`python benchmarks/generate.py --load 2`,
+# with and without `--threads 1`, measures what that costs on your machine.) Both precautions
+# live in `utils/timing.py`: `one_thread()` and `best_seconds(run)`.
 
 # %% tags=["demo"]
 from functools import partial
@@ -1362,7 +1421,17 @@ ax.set_ylim(bottom=0)
 ax.legend()
 plt.show()
 last = positions[-1]
-print(f"at t = {last}: {uncached_ms[-1]:.1f} ms without cache, {cached_ms[-1]:.1f} ms with")
+fewer = step_flops(cfg, last, cached=False) / step_flops(cfg, last, cached=True)
+print(
+    f"at t = {last}: {uncached_ms[-1]:.1f} ms without cache, {cached_ms[-1]:.2f} ms with: "
+    f"{uncached_ms[-1] / cached_ms[-1]:.0f} times faster, for {fewer:.0f} times fewer operations"
+)
+rate = step_flops(cfg, last, cached=False) / (uncached_ms[-1] / 1e3)  # operations per second
+arithmetic_ms = 1e3 * step_flops(cfg, last, cached=True) / rate
+print(
+    f"the uncached step computed {rate / 1e9:.0f} billion operations per second; at that rate the "
+    f"cached step's arithmetic takes {arithmetic_ms:.2f} ms of its {cached_ms[-1]:.2f} ms"
+)
 
 # %% [markdown]
 # Without a cache, the time of a step grows with the position: the model processes more and
@@ -1370,48 +1439,41 @@ print(f"at t = {last}: {uncached_ms[-1]:.1f} ms without cache, {cached_ms[-1]:.1
 # square of its length. With a cache, the step time is almost flat: one token through the
 # layers, plus attention over the cache, which grows with $t$ but is small at this size.
 #
-# Compare the ratio at the last position with the 240 times fewer operations computed in
-# section 1. The measured ratio is much smaller. A cached step of this model is about 6 million
-# operations. At the rate this CPU reaches on the uncached step (divide its 1.4 billion
-# operations by its time), that is a tenth of a millisecond of arithmetic or so, yet the step
-# takes a few milliseconds. Most of that is fixed cost: a Python call for each of the
-# operations of the forward pass (about 220 for this model), PyTorch dispatching each one and
-# allocating its result, and reading the weights (13 MB) from memory. The cache removes the
-# arithmetic; the fixed costs stay. That is also why batching pays: 8 rows share the same fixed
-# costs.
+# The first line compares the speed-up you measured with the ratio of operations from
+# section 1. If yours is far below it, the second line says why: a cached step of this model is
+# about 6 million operations, and at the rate your CPU reached on the uncached step (its 1.4
+# billion operations divided by its time) they take only part of the cached step's time. Most
+# of the rest is fixed cost: a Python call for each operation of the forward pass (about 200
+# PyTorch operations for this model), PyTorch dispatching each one and allocating its result,
+# and reading the weights (13 MiB) from memory. The cache removes arithmetic; the fixed costs
+# stay. That is also why batching pays: 8 rows share the same fixed costs.
 #
 # **The careful benchmark.** These timings come from a few runs each, on whatever else your
 # machine is doing. `python benchmarks/generate.py` (from the repository's root, in the course
-# environment) measures more carefully: it interleaves the methods over several runs, reports
-# medians, checks that all of them produce the same tokens, and compares with HF's `generate`
-# (with its own cache), for one prompt and a batch of 8, printing JSON. On a 2-core CPU, one
-# run (medians of 5) gave:
-#
-# | method | tokens/s |
-# |---|---|
-# | uncached, batch 1 | 60 |
-# | cached, batch 1 | 320 (5.4 times uncached) |
-# | HF `generate`, batch 1 | 235 (cached is 1.36 times HF) |
-# | batched, batch 8 | 1093 |
-# | HF `generate`, batch 8 | 1126 (batched is 0.97 times HF) |
-#
-# These numbers come from one noisy machine; yours will differ, and even the ratios move from
-# run to run. What should hold: the cache is several times faster than chapter 3 at batch 1,
-# batching multiplies the throughput again, and both are in the same range as HF's `generate`.
+# environment) measures more carefully: it interleaves the methods over several runs (5 by
+# default), reports medians and per-run ratios as JSON, reports whether all of them wrote the
+# same tokens, and adds HF's `GPT2LMHeadModel.generate` (with its own cache) on the same
+# weights, for one prompt and for a batch of 8, each writing new tokens up to the end of the
+# context. Unlike the cells above, it uses PyTorch's default number of threads unless you pass
+# `--threads 1`. The README's benchmark section records runs of it, with the machine and the
+# options of each. Your numbers will differ, and even the ratios move from run to run.
 
 # %% [markdown]
-# ## 10. Why a GPU gains less from the cache
+# ## 10. Why a GPU should gain less from the cache (reasoning, not a measurement)
 #
-# Run the same comparison on a GPU (`python benchmarks/generate.py --device cuda`) and the
-# speed-up of the cache is much smaller than on a CPU. The arithmetic saved is the same; what
-# changes is that arithmetic was never the bottleneck. A GPU does tens of teraflops: the 1.4
-# billion operations of an uncached step at position 255 take it well under a millisecond of
-# pure compute, and matrix products of 1 row and of 256 rows both finish in a few microseconds.
-# What a step of a small model costs on a GPU is the **launch** of each of its kernels, several
-# microseconds each, plus the Python and PyTorch overhead of issuing them from the CPU, and
-# that is the same for 1 position as for 256. Recomputing the whole context is almost free
-# there; on a CPU, the work really does grow with the number of positions. For a small model
-# on a GPU, the cache mostly saves work the GPU had to spare.
+# No GPU has run this course's timings yet, so this section is an argument, not a result:
+# `python benchmarks/generate.py --device cuda` measures it where a GPU is at hand.
+#
+# The arithmetic the cache saves is the same on a GPU; what changes is what that arithmetic
+# costs. A data-centre GPU is rated at tens of trillions of float32 operations per second
+# (67 trillion for NVIDIA's H100 SXM, by its datasheet): at that rate the 1.4 billion operations
+# of an uncached step at position 255 would take some tens of microseconds. But a step of this
+# model is a kernel launch for most of its 200 or so operations, each launch costing a few
+# microseconds of CPU and driver time (NVIDIA's "Getting Started with CUDA Graphs"), on top of
+# Python's and PyTorch's cost of issuing it, and those costs are the same for 1 position as for
+# 256. So the fixed costs should weigh even more than on a CPU, and the cache should save a
+# smaller share of a step's time: for a small model on a GPU, it mostly saves work the GPU had
+# to spare.
 #
 # The cache matters on a GPU too, for large models and long texts, where the arithmetic of
 # recomputing the context is real. There the limit of a cached step becomes **memory
@@ -1469,13 +1531,14 @@ print(f"at t = {last}: {uncached_ms[-1]:.1f} ms without cache, {cached_ms[-1]:.1
 #
 # <details><summary>Answer</summary>
 #
-# Not at first, which is what makes the bug dangerous. Much of what decides the next token
-# sits in the cached keys and values of the prompt, which are right, so the first new token is
-# often the one the correct model picks. But every new token is embedded as if it stood at
-# position 0, and its logits are far off (on one prompt, our model's distribution moves by a
-# KL divergence of about 1 nat). Within a few dozen tokens the text falls into loops and made-up
-# words. A few right tokens prove little: that is why the tests compare logits at every
-# position.
+# Not at first, which is what makes the bug dangerous. The first new token comes from the
+# prefill, whose positions do start at 0, so it is the correct model's. After that, much of
+# what decides the next token sits in the cached keys and values of the prompt, which are
+# right, so many later tokens are still the ones the correct model would pick. But every new
+# token is embedded as if it stood at position 0, and its logits are off, by a lot at some
+# steps. The text drifts: in greedy runs of our model on a few prompts with this bug, it fell
+# into loops and made-up words within a few dozen tokens. A few right tokens prove little: that
+# is why the tests compare logits at every position.
 #
 # </details>
 #
@@ -1484,11 +1547,11 @@ print(f"at t = {last}: {uncached_ms[-1]:.1f} ms without cache, {cached_ms[-1]:.1
 # <details><summary>Answer</summary>
 #
 # Otherwise a padding query with no real key before it sees no key at all, and a softmax over
-# a row of $-\infty$ is NaN (what PyTorch's fused attention returns for such a row depends on
-# its version and kernel; a hand-written softmax gives NaN). The NaN enters the residual stream
-# at that position, becomes a NaN key and value in the next layer, and reaches real positions
-# as `0 * NaN = NaN` in their weighted sums of values, although their weight on the padding
-# is 0.
+# a row of $-\infty$ is NaN (a hand-written softmax gives NaN; `F.scaled_dot_product_attention`
+# returns zeros for such a row since PyTorch 2.5, but older versions gave NaN). The NaN enters
+# the residual stream at that position, becomes a NaN key and value in the next layer, and
+# reaches real positions as `0 * NaN = NaN` in their weighted sums of values, although their
+# weight on the padding is 0.
 #
 # </details>
 #
@@ -1526,17 +1589,40 @@ print(f"at t = {last}: {uncached_ms[-1]:.1f} ms without cache, {cached_ms[-1]:.1
 # </details>
 #
 # - The cache cuts the arithmetic of a step at position 255 by about 240 times. Why is the
-#   measured speed-up much smaller, and smaller still on a GPU?
+#   measured speed-up much smaller, and why should it be smaller still on a GPU?
 #
 # <details><summary>Answer</summary>
 #
-# A step of a small model is dominated by fixed costs: Python, dispatching and launching each
+# Much of a step of a small model is fixed costs: Python, dispatching and launching each
 # operation, reading the weights. The cache removes arithmetic, not those. On a GPU the
-# arithmetic was almost free to begin with, so even less is saved.
+# arithmetic is cheap to begin with and each kernel launch adds a fixed cost, so the cache
+# should save an even smaller share (section 10's reasoning; no GPU has measured it here).
 #
 # </details>
 
 # %% [markdown]
+# ## Further reading
+#
+# - Hugging Face transformers 5.24, `src/transformers/cache_utils.py`: `DynamicLayer.update`
+#   (`torch.cat`), `StaticLayer` (preallocated `[batch, heads, max_cache_len, head_dim]`
+#   tensors, `index_copy_`), `CacheLayerMixin.reorder_cache` (`index_select`); and
+#   `src/transformers/generation/utils.py`: the static cache's size (`max_length - 1`), the
+#   position ids of a padded batch (`_prepare_position_ids_for_generation`), the right-padding
+#   warning, and the cache reordered after each beam-search step.
+# - PyTorch's documentation of `torch.nn.functional.scaled_dot_product_attention`: the boolean
+#   mask's convention, `is_causal`'s top-left mask, the fused kernels; pytorch/pytorch pull
+#   request 131863: zeros, not NaN, for a fully masked row (PyTorch 2.5).
+# - Shazeer, *Fast Transformer Decoding: One Write-Head is All You Need*, 2019
+#   (arXiv:1911.02150): multi-query attention. Ainslie et al., *GQA: Training Generalized
+#   Multi-Query Transformer Models from Multi-Head Checkpoints*, 2023 (arXiv:2305.13245).
+# - Kwon et al., *Efficient Memory Management for Large Language Model Serving with
+#   PagedAttention*, SOSP 2023 (arXiv:2309.06180): the cache as what limits the batch, and
+#   paged allocation (vLLM); vLLM's documentation, "Quantized KV Cache": an FP8 cache.
+# - Xiao et al., *Efficient Streaming Language Models with Attention Sinks*, ICLR 2024
+#   (arXiv:2309.17453): StreamingLLM, a sliding window that keeps the stale cache.
+# - NVIDIA, "Getting Started with CUDA Graphs" (developer.nvidia.com/blog/cuda-graphs): launch
+#   overhead and CUDA graphs; NVIDIA's H100 datasheet: 67 teraFLOPS in float32 (SXM).
+#
 # ## What's next
 #
 # Each cached step still produces one token for one full pass through the model. In
@@ -1544,6 +1630,6 @@ print(f"at t = {last}: {uncached_ms[-1]:.1f} ms without cache, {cached_ms[-1]:.1
 # 2 layers, the same tokenizer) guesses several tokens cheaply, one cached step each, and the
 # main model checks all the guesses in **one** forward pass: `forward_with_cache` on a chunk of
 # several new tokens after its cache. Both models keep a cache, and where the main model
-# rejects a guess, both must go back to the cache from before it, which immutable caches make
-# easy. Done right, the text follows exactly the main model's distribution, in fewer main-model
-# passes.
+# rejects a guess, both must forget it: `keep_only` (section 2) turns the rejected positions
+# into padding. Done right, the text follows exactly the main model's distribution, in fewer
+# main-model passes.

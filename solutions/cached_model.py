@@ -2,7 +2,7 @@
 
 These functions read the weights of the chapter-1 modules (`model.blocks[i].attn.W_Q`, ...), so
 they work on any DemoTransformer, including one loaded with `load_model`. With an empty cache
-they compute exactly what `model(tokens)` computes.
+they compute what `model(tokens)` computes, up to float rounding.
 """
 
 import torch

@@ -2,7 +2,7 @@
 `generate`, HF's tokenizer padding and logits warpers (exact probabilities for sampled batches),
 and (for sampling under a seed) chapter 3's uncached sampler, itself graded against HF.
 
-"Equal to the uncached model" is checked in float64, where rounding is ~1e-12 and a bound of
+"Equal to the uncached model" is checked in float64, where rounding is ~1e-14 and a bound of
 1e-5 leaves no room for a real mistake; against HF (float32) the bound is 1e-4 as in chapter 1.
 """
 
