@@ -1,7 +1,8 @@
 """Speculative and lookahead decoding's speed: chapter 5's generators against chapter 4's.
 
     python benchmarks/speculative.py [--runs 3] [--ks 1,2,3,4,5,6] [--temperatures 0,0.7,1]
-                                     [--lookahead 5,3,5/7,4,7] [--tokens 150] [--prompts 2]
+                                     [--lookahead 5,3,5/5,3,5,p/7,4,7,p] [--tokens 150]
+                                     [--prompts 2]
                                      [--device cpu|cuda] [--threads 1] [--load N] [--quick]
 
 Prints one JSON object:
@@ -11,7 +12,8 @@ Prints one JSON object:
   like (`repeat_rate`: the fraction of new tokens that end a 4-gram seen before; `copy_rate`:
   that end a 4-gram of the prompt), then for each temperature and method (drafter "model":
   the shakespeare-draft model; "ngram": prompt lookup; "lookahead": lookahead decoding with
-  window W, n-gram N, G candidates) the tokens/s against chapter 4's `CachedTransformerSampler`
+  window W, n-gram N, G candidates, and with ",p" `pool_from_prompt=True`: the text's own
+  n-grams in its pool too) the tokens/s against chapter 4's `CachedTransformerSampler`
   on the same prompts. `speedup` is the median over runs of the ratio within a run (both timed
   seconds apart, so a busy spell hits both). Also: main-model passes per token, tokens per
   pass, alpha (the fraction of tested drafts or candidate tokens kept), at T = 0 whether the
@@ -37,11 +39,11 @@ Prints one JSON object:
 
 Every run generates `--tokens` new tokens per prompt (no stop at end-of-text), fewer if the
 longest prompt plus the tokens plus the widest pass would not fit the model's n_ctx. The
-default run takes about 15 minutes on a quiet 2-core CPU. `--quick` is a smoke test (k in
-{1, 3}, T = 0, lookahead 5,3,5, one prompt per workload, 30 tokens, one run). `--load N` starts
-N busy processes beside the benchmark (those of benchmarks/generate.py); `--threads T` sets
-PyTorch's intra-op threads (default 1: the ratios then do not depend on how busy the other
-core is).
+default run takes minutes (the README quotes one run's time). `--quick` is a smoke test (k in
+{1, 3}, T = 0, lookahead 5,3,5 and 5,3,5,p, one prompt per workload, 30 tokens, one run).
+`--load N` starts N busy processes beside the benchmark (those of benchmarks/generate.py);
+`--threads T` sets PyTorch's intra-op threads (default 1: the ratios then do not depend on how
+busy the other core is).
 """
 
 from __future__ import annotations
@@ -85,7 +87,9 @@ def iid_tokens_per_pass(alpha: float, k: int) -> float:
 
 
 def config_name(method: str, setting) -> str:
-    return f"k={setting}" if method != "lookahead" else "W={},N={},G={}".format(*setting)
+    if method != "lookahead":
+        return f"k={setting}"
+    return "W={},N={},G={}".format(*setting[:3]) + (",pool_from_prompt" if setting[3] else "")
 
 
 class Methods:
@@ -104,9 +108,10 @@ class Methods:
         common = dict(max_tokens_generated=n, temperature=temperature, seed=seed,
                       stop_at_eos=False, stats=stats, return_ids=True)  # fmt: skip
         if method == "lookahead":
-            window, ngram, guesses = setting
+            window, ngram, guesses, pool_from_prompt = setting
             out = lookahead_generate(self.main, self.tokenizer, [prompt], window=window,
-                                     ngram=ngram, guesses=guesses, **common)  # fmt: skip
+                                     ngram=ngram, guesses=guesses,
+                                     pool_from_prompt=pool_from_prompt, **common)  # fmt: skip
         else:
             out = speculative_generate(
                 self.main, self.draft, self.tokenizer, [prompt], k=setting, drafter=method,
@@ -396,7 +401,7 @@ def benchmark(args, main, draft, tokenizer) -> dict:
     n_ctx = min(main.cfg.n_ctx, draft.cfg.n_ctx)
     everything = [p for ps in workloads.values() for p in ps] + [speed.CALIBRATION_PROMPT]
     longest = max(len(tokenizer.encode(p)) for p in everything)
-    widest = max([k + 1 for k in args.ks] + [(n - 1) * (w + g) for w, n, g in args.lookahead])
+    widest = max([k + 1 for k in args.ks] + [(n - 1) * (w + g) for w, n, g, _ in args.lookahead])
     tokens = min(args.tokens, n_ctx - longest - widest)
     if tokens < 1:
         raise SystemExit(f"no room: the longest prompt is {longest} tokens, n_ctx {n_ctx}")
@@ -412,7 +417,7 @@ def benchmark(args, main, draft, tokenizer) -> dict:
     calibration = tokenizer.encode(speed.CALIBRATION_PROMPT)
     text = methods.call("baseline", None, speed.CALIBRATION_PROMPT, 0.0, 0, 240)
     text = calibration + text
-    widths = sorted({k + 1 for k in args.ks} | {1 + (n - 1) * (w + g) for w, n, g in
+    widths = sorted({k + 1 for k in args.ks} | {1 + (n - 1) * (w + g) for w, n, g, _ in
                                                 args.lookahead} | {2, 8, 16})  # fmt: skip
     costs = speed.step_costs(main, draft, text, widths, reps=10 if args.quick else 30)
     costs["c_ngram"] = {k: speed.ngram_cost(text, k, costs["s1"], NGRAM) for k in args.ks}
@@ -466,11 +471,22 @@ def number_list(kind):
     return parse
 
 
-def lookahead_list(text: str) -> list[tuple[int, int, int]]:
-    """ "5,3,5/7,4,7" -> [(5, 3, 5), (7, 4, 7)]: (window, ngram, guesses) settings."""
-    settings = [tuple(int(x) for x in part.split(",")) for part in text.split("/") if part]
-    if not all(len(s) == 3 and s[0] >= 1 and s[1] >= 2 and s[2] >= 0 for s in settings):
-        raise argparse.ArgumentTypeError("W,N,G triples with W >= 1, N >= 2, G >= 0")
+def lookahead_list(text: str) -> list[tuple[int, int, int, bool]]:
+    """ "5,3,5/7,4,7,p" -> [(5, 3, 5, False), (7, 4, 7, True)]: (window, ngram, guesses,
+    pool_from_prompt) settings; a trailing ",p" turns pool_from_prompt on."""
+    settings = []
+    for part in filter(None, text.split("/")):
+        fields = part.split(",")
+        pool = fields[-1].strip() == "p"
+        try:
+            numbers = tuple(int(x) for x in fields[: -1 if pool else None])
+        except ValueError:
+            numbers = ()
+        if len(numbers) != 3 or numbers[0] < 1 or numbers[1] < 2 or numbers[2] < 0:
+            raise argparse.ArgumentTypeError(
+                "W,N,G triples (optionally W,N,G,p) with W >= 1, N >= 2, G >= 0"
+            )
+        settings.append((*numbers, pool))
     return settings
 
 
@@ -479,7 +495,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--ks", type=number_list(int), default=[1, 2, 3, 4, 5, 6])
     parser.add_argument("--temperatures", type=number_list(float), default=[0.0, 0.7, 1.0])
-    parser.add_argument("--lookahead", type=lookahead_list, default=[(5, 3, 5), (7, 4, 7)])
+    parser.add_argument(
+        "--lookahead",
+        type=lookahead_list,
+        default=[(5, 3, 5, False), (5, 3, 5, True), (7, 4, 7, True)],
+    )
     parser.add_argument("--tokens", type=int, default=150, help="new tokens per prompt")
     parser.add_argument("--prompts", type=int, default=2, help="prompts per workload (1 or 2)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -489,7 +509,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.ks, args.temperatures, args.tokens, args.prompts = [1, 3], [0.0], 30, 1
-        args.lookahead, args.runs = [(5, 3, 5)], 1
+        args.lookahead, args.runs = [(5, 3, 5, False), (5, 3, 5, True)], 1
     if args.runs < 1 or args.load < 0 or args.threads < 1 or args.tokens < 1:
         parser.error("--runs, --threads and --tokens must be >= 1, --load >= 0")
     if not 1 <= args.prompts <= 2:

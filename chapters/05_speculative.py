@@ -7,15 +7,15 @@
 # next $k$ tokens, the main model scores all of them in one cached pass of $k + 1$ positions,
 # and a **rejection sampler** decides how many of the guesses to keep. Whatever the drafter
 # guesses, the text that comes out is distributed exactly as if the main model had sampled
-# every token itself. Serving engines (vLLM, TensorRT-LLM, HF's assisted generation) all ship
-# it.
+# every token itself. The serving engines vLLM and TensorRT-LLM ship it, and so does HF
+# `transformers` as "assisted generation" (sources under Further reading).
 #
 # What you write:
 #
 # - `rejection_sample_one` and `acceptance_rate`: rejection sampling for one distribution,
 #   and the probability that it keeps the draft;
-# - `rejection_sample`: the same for a batch of rows and $k$ positions at once, in the layout
-#   serving engines use;
+# - `rejection_sample`: the same for a batch of rows and $k$ positions at once: vLLM's layout
+#   of the output tokens (padded with $-1$), and a mask of the accepted drafts;
 # - `ngram_propose` and `ModelDrafter.accept`: two drafters, a lookup in the text so far and a
 #   small model whose cache forgets the rejected guesses;
 # - `speculative_round`: one round of draft, verify and decide for a batch, with the main
@@ -28,8 +28,8 @@
 #   once, the n-grams its guesses leave, their exact verification with shared noise, and the
 #   pass with its cache.
 #
-# Then you measure when all this pays, on this machine, and why the answer on a CPU differs
-# from the one on a GPU.
+# Then you measure when all this pays, on this machine, and see why the answer would differ on
+# a GPU.
 #
 # As before, the ground truth comes from outside the course's code: exact probabilities (every
 # sampler is checked with chi-square tests of stated false-failure probability), HF's
@@ -88,8 +88,9 @@ print("quick run (CI):", QUICK)
 #
 # The course ships two models trained on the same Shakespeare text with the same tokenizer:
 # the **main** model of chapters 3 and 4 (4 layers, `d_model` 192) and a **draft** model
-# (2 layers, `d_model` 128), about half as costly per token on a CPU. Speculative decoding needs
-# exactly this: a small model that agrees with the big one often, and costs much less.
+# (2 layers, `d_model` 128), with about a third of the main model's multiply-adds per token.
+# Speculative decoding needs a small model that agrees with the big one often and costs much
+# less per token; how much less this one costs on a CPU, section 7 measures.
 
 # %%
 MODEL = "shakespeare"  # "mine": chapter 2's model (the draft must share its tokenizer)
@@ -99,6 +100,16 @@ for name, m in [("main", main), ("draft", draft)]:
     n_params = sum(p.numel() for p in m.parameters())
     size = f"{m.cfg.n_layers} layers, d_model {m.cfg.d_model}"
     print(f"{name:5}: {size}, {n_params / 1e6:.2f} M parameters")
+
+# %% tags=["claim"]
+assert (main.cfg.n_layers, main.cfg.d_model, draft.cfg.n_layers, draft.cfg.d_model) == (
+    4, 192, 2, 128), "the prose gives the two models' layers and d_model: fix it"  # fmt: skip
+_mult = [sum(p.numel() for p in m.parameters() if p.dim() >= 2) - m.embed.W_E.numel()
+         - m.pos_embed.W_pos.numel() for m in (main, draft)]  # fmt: skip
+assert 0.3 < _mult[1] / _mult[0] < 0.4, "the prose says 'about a third of the multiply-adds'"
+assert draft.cfg.d_vocab == 4096 and draft.unembed.W_U.numel() / _mult[1] > 0.5, (
+    "section 7 says the unembedding onto 4,096 tokens is more than half the draft's"
+)
 
 # %% [markdown]
 # ## 1. Rejection sampling, one distribution
@@ -211,6 +222,9 @@ plot_rejection_sampling(
     p_demo, q_demo, demo_tokens, labels=list("abcdef"), title="Rejection sampling: the output is p"
 )
 
+# %% tags=["claim"]
+assert abs(alpha_demo - 0.5) < 1e-6, "'What to expect' says alpha = 0.5 for this pair"
+
 # %% [markdown]
 # ## 2. The batched sampler
 #
@@ -231,10 +245,12 @@ plot_rejection_sampling(
 # So a round emits between 1 and $k + 1$ tokens, never 0: even when every guess is wrong, the
 # main model's pass produced one token, as an ordinary step would.
 #
-# Serving engines do this for a whole batch at once, without a Python loop, and return it in a
-# fixed layout (vLLM's): per row, `accepted` `[batch, k]` is `True` up to the first rejection
-# only, and `tokens` `[batch, k + 1]` holds the accepted drafts, then the recovered or bonus
-# token, then `-1`:
+# Serving engines do this for a whole batch at once, without a Python loop. vLLM's sampler
+# (`vllm/v1/sample/rejection_sampler.py`) returns one tensor of token ids, `[batch, k + 1]`:
+# per row the accepted drafts, then the recovered or bonus token, then `-1` (its
+# `PLACEHOLDER_TOKEN_ID`). The course's sampler returns those `tokens` and, as its own
+# convention, `accepted` `[batch, k]`, `True` up to the first rejection only (vLLM leaves the
+# caller to count the tokens that are not `-1`):
 #
 # ```
 #   drafts          kept?             accepted        tokens
@@ -251,7 +267,8 @@ plot_rejection_sampling(
 # takes `target_probs` `[batch, k + 1, d_vocab]`, `draft_probs` `[batch, k, d_vocab]` and
 # `draft_tokens` `[batch, k]`, and returns `(tokens, accepted)` as above. The given
 # `check_rejection_args` (in the cell before) checks the shapes, that every row is a
-# probability distribution, that the ids are in range and that no draft token has $q = 0$.
+# probability distribution, that the ids are in range and, when sampling, that no draft token
+# has $q = 0$.
 #
 # With `greedy=True` (what temperature 0 uses) there is no randomness: a draft is kept if it
 # is the target's argmax at its position, and the recovered or bonus token is the target's
@@ -275,7 +292,7 @@ plot_rejection_sampling(
 # valid; draft 0 is always rejected ($p = 0$ there), and $\max(0, p - q)$ is zero everywhere.
 # $p \le q$ everywhere means the two are the same distribution up to rounding, so the rounding
 # caused the rejection: draw the token from $p$ itself. (`torch.multinomial` on a row of zeros
-# raises; serving engines differ here, and their tests only ask for a valid token:
+# raises. Serving engines differ here, and their tests do not check the token's distribution:
 # `tests/peers/README.md` says what vLLM and FlashInfer return.)
 #
 # Common mistakes: keeping drafts after the first rejection; a bonus token after a rejection;
@@ -285,8 +302,9 @@ plot_rejection_sampling(
 #
 # The tests: for $k = 1, \dots, 4$ and 20,000 rows (two halves with different distributions
 # at each position), the token at every position a row reaches follows $p$ of that position,
-# bonus included; the keep rates follow $\sum \min(p, q)$ and the recovered tokens the
-# residual (chi-square, at most $10^{-4}$ false failures per test); the layout is checked on
+# bonus included; for $k = 2$ and 4, the keep rates follow $\sum \min(p, q)$ and the recovered
+# tokens the residual (chi-square, at most $10^{-4}$ false failures per test); rows and
+# positions draw independently; the layout is checked on
 # every row, and exactly on inputs where every outcome is forced; a residual of zero mass;
 # greedy mode on rows that fail at the first, second and last draft; the generator.
 #
@@ -373,7 +391,7 @@ print("tokens:\n", demo_out)
 # the next tokens count real tokens only (chapter 4's `positions_and_allowed`), so a row never
 # notices the drafts it rejected. The alternative, rolling every row back to the shortest one
 # and re-feeding what the others had accepted, costs a pass per round; trimming by mask costs a
-# gather.
+# sort and a gather.
 #
 # Only a row's *last* positions may be forgotten this way (the keys and values of a later
 # position were computed with the earlier ones in view), and rejected drafts are always last.
@@ -381,15 +399,16 @@ print("tokens:\n", demo_out)
 # %% [markdown]
 # ### A drafter that costs nothing: n-gram prompt lookup
 #
-# A draft model costs about half a main-model step per token, here. Text often repeats itself:
-# names, stage directions, refrains, code. **Prompt lookup** drafts with no model at all: find
-# the most recent earlier place where the text's last $n$ tokens occurred, and propose the $k$
-# tokens that followed them there.
+# A draft model costs half a main-model step or more per token on a CPU (section 7 measures
+# it). Text often repeats itself: names, stage directions, refrains, code. **Prompt lookup**
+# drafts with no model at all: find the most recent earlier place where the text's last $n$
+# tokens occurred, and propose the $k$ tokens that followed them there. With the course's
+# tokenizer and $n = 2$, $k = 3$:
 #
 # ```
-#   text:    ... [Enter ROMEO and JULIET.] ... [Enter ROMEO
-#   last 2:  "[Enter", " ROMEO"; earlier they were followed by " and", " JULIET", ".]"
-#   drafts:  " and", " JULIET", ".]"
+#   text:    What is the news? What is the reason? What is
+#   last 2:  " What", " is"; most recently they were followed by " the", " reason", "?"
+#   drafts:  " the", " reason", "?"
 # ```
 #
 # **Why a sure guess stays exact.** The lookup's proposal is not drawn from a distribution: it
@@ -399,8 +418,9 @@ print("tokens:\n", demo_out)
 # with probability $p(x)$, and any other $y$ with probability $(1 - p(x)) \cdot p(y) /
 # (1 - p(x)) = p(y)$. Exact again, and $\alpha = p(x)$: the lookup pays when the main model
 # agrees with the text's history. The batched sampler needs $k$ drafts in every row, so where
-# the lookup finds fewer, the given `NgramDrafter` fills up with the row's last token (a guess
-# like any other: exact, rarely right).
+# the lookup finds fewer, the given `NgramDrafter` fills up with the last token it proposed, or
+# with the text's last token when it found nothing (a guess like any other: exact, rarely
+# right).
 #
 # #### Exercise: `ngram_propose`
 #
@@ -446,6 +466,13 @@ print("tokens:\n", demo_out)
 
 # %%
 check("ngram_propose")
+
+# %% tags=["claim"]
+_ids = tokenizer.encode("What is the news? What is the reason? What is")
+assert [tokenizer.decode([t]) for t in _ids[-2:]] == [" What", " is"], "the lookup example"
+assert [tokenizer.decode([t]) for t in ngram_propose(_ids, 3, 2)] == [" the", " reason", "?"], (
+    "the prompt-lookup example in section 3 no longer matches the tokenizer: fix the prose"
+)
 
 # %% [markdown]
 # ### The draft model
@@ -673,8 +700,8 @@ with torch.inference_mode():
 # $i$ beats every other works out to $e^{z_i/T} / \sum_j e^{z_j/T}$ (the same calculation shows
 # that exponential races, "who arrives first", pick $i$ with probability proportional to its
 # rate). No softmax, no cumulative sum, no sort: one pass over the logits with an argmax. That
-# is why chapter 6's GPU kernels sample this way, fused into the matrix product that makes the
-# logits, without ever holding a whole row of probabilities.
+# is why chapter 6 has a Gumbel-max kernel, and a kernel that samples inside the matrix product
+# that makes the logits, without ever holding a whole row of probabilities.
 #
 # **Temperature goes on the logits, not on the noise.** The classic bug is
 # $\arg\max_i (z_i + G_i) / T$: dividing everything by $T > 0$ never changes an argmax, so that
@@ -728,7 +755,7 @@ check("gumbel_sample")
 
 # %% [markdown]
 # The bug, side by side with the right form: the probability of the most likely token after a
-# prompt, at three temperatures, estimated from 5,000 draws each.
+# prompt, at three temperatures, estimated from 5,000 draws each (1,000 in a quick run).
 
 # %%
 with torch.inference_mode():
@@ -759,8 +786,9 @@ for T in [0.5, 1.0, 2.0]:
 #   $\max(p_j / p_k, q_j / q_k)$, which $k$ wins with probability
 #   $1 / \sum_j \max(p_j / p_k, q_j / q_k)$. So
 #   $P(x = y) = \sum_k 1 / \sum_j \max(p_j / p_k,\, q_j / q_k)$ (over the $k$ where both are
-#   positive). Lookahead decoding uses this: the same noise makes a guess and a check agree
-#   more often than independent draws, with no rejection step.
+#   positive). It is always at least $\sum_k p_k q_k$ and at most $\sum_k \min(p_k, q_k)$;
+#   section 6 uses shared noise to check lookahead decoding's guesses, for a reason the end of
+#   this section gives.
 # - **Rejection sampling** (section 1): $P(x = y) = \sum_k \min(p_k, q_k)$. No coupling can do
 #   better: $x = y = k$ needs both $P(x = k) = p_k$ and $P(y = k) = q_k$, so it has probability
 #   at most $\min(p_k, q_k)$.
@@ -854,21 +882,23 @@ plot_coupling(
 
 # %% [markdown]
 # **What shared noise is for.** Rejection sampling is the best coupling, so why keep the
-# other? Because it needs $q$, a distribution for every draft, and one test per draft. When the
-# guesses are *sure* (an n-gram from a lookup, a candidate from a pool: $q$ one-hot), the two
-# keep a guess $c$ with the same probability, $p_c$, and shared noise needs no $q$ at all:
-# draw one Gumbel vector per position, take each position's argmax, and every guess that
-# matches it is kept. With many candidates at once that is one argmax for all of them, and the
-# candidates that agree so far automatically agree on the next pick. Section 6 verifies
-# lookahead decoding's candidates exactly this way. With a draft *model*, whose $q$ is spread
-# out, rejection sampling keeps more, as the plot shows.
+# other? Not to agree more often: when the guesses are *sure* (an n-gram from a lookup, a
+# candidate from a pool: $q$ one-hot at the guess $c$), both keep $c$ with probability $p_c$,
+# exactly. They differ in the work when several sure guesses compete for one position.
+# Rejection sampling tests them one after another, each against what the rejections before it
+# left of $p$ (section 6 spells this out). Shared noise draws one Gumbel vector per position
+# and takes one argmax per candidate: a guess is kept when it matches its pick, and
+# candidates that agree so far read the same text, so they make the same next pick
+# automatically. Section 6 verifies lookahead decoding's candidates this way. With a draft
+# *model*, whose $q$ is spread out, rejection sampling keeps more, as the plot shows.
 
 # %% [markdown]
 # ## 6. Lookahead decoding: no drafter at all
 #
 # Every drafter so far is a second source of guesses: a smaller model, or the text's own
 # history. **Lookahead decoding** (Fu et al., ICML 2024) needs neither: the main model makes its
-# own guesses, in the same pass that checks them. It starts from an old idea.
+# own guesses, in the same pass that checks them (it can use the text's history too, as an
+# option: the end of this section measures what that adds). It starts from an old idea.
 #
 # ### Jacobi iteration
 #
@@ -896,9 +926,9 @@ plot_coupling(
 # Usually one more per pass, now and then two. A guess is computed from the guesses before it:
 # while $y_{i-1}$ is wrong, $y_i$ is the model's prediction after a text that will not exist,
 # and it is right only by luck (a word that follows almost anything, a fixed phrase). So
-# correctness moves forward one position per pass, and Jacobi iteration costs as many passes as
-# greedy decoding, each over $n$ tokens. What it does produce, pass after pass, is a
-# *trajectory* per position: tokens the model wrote after plausible, nearly right texts.
+# correctness moves forward about one position per pass, and Jacobi iteration costs about as
+# many passes as greedy decoding, each over $n$ tokens. What it does produce, pass after pass,
+# is a *trajectory* per position: tokens the model wrote after plausible, nearly right texts.
 #
 # </details>
 
@@ -929,9 +959,11 @@ for step, guesses in enumerate(history):
 #
 # After the pass, each column's trajectory plus the token the pass just predicted after it is
 # an n-gram of $N$ consecutive positions, written by the model itself: it goes into the pool,
-# keyed on its first token. Candidates are checked exactly as drafts are: the main model's
-# prediction after `last`, then after each kept candidate token. With no draft model, no prompt
-# to copy from, lookahead decoding emits several tokens whenever a pooled n-gram was right.
+# keyed on its first token. Candidates are checked like drafts: against the main model's
+# prediction after `last`, then after each kept candidate token. With no draft model and
+# nothing copied from the text, lookahead decoding emits several tokens whenever a pooled
+# n-gram was right. (The pool can also take the text's own n-grams, prompt lookup's idea:
+# `pool_from_prompt=True`, measured at the end of this section.)
 #
 # The attention mask makes one pass do all of it. Every token reads the cache and `last`. A
 # window token at level $j$, column $i$ reads level 0 in the columns before its own (offsets
@@ -1010,7 +1042,8 @@ plot_lookahead_mask(offsets, allowed, n_levels=3, window=5, ngram=4)
 # `new` `[window]` complete one n-gram per column. `harvest(levels, new)` returns them as a list
 # of `(key, continuation)`: the key is the n-gram's first token, the continuation a tuple of
 # the other `ngram - 1`. The given `NgramPool` stores them by key (the newest first, at most
-# $G$ per key) and seeds itself with the prompt's own n-grams.
+# $G$ per key); with `pool_from_prompt=True`, the given code also adds the text's own n-grams
+# (the prompt's, then those the emitted tokens complete).
 #
 # Common mistakes: reading a level (a row) instead of a column; keying the n-gram on its last
 # token, or on the new one (the verification branch looks n-grams up by `last`, the token
@@ -1054,15 +1087,21 @@ check("lookahead_harvest")
 #
 # The pass gives the main model's logits after `last` (`first_logits`) and after every token
 # of every candidate (`candidate_logits[g, k]`: after candidate $g$'s tokens $0..k$). At
-# temperature 0 the rule is chapter 4's: keep each candidate's longest run that equals the
-# argmax, take the longest run, then the argmax after it.
+# temperature 0 the rule is section 2's greedy mode, for each candidate: keep its leading run of
+# tokens that equal the argmax, take the candidate with the longest run, then the argmax after
+# it.
 #
-# Sampling is the question the lookahead project's own discussion left open: can a pass with
-# several candidates keep the model's distribution? Section 4 answers it. Draw **one** vector
-# of Gumbel noise per position, $z_0, \dots, z_{N-1}$, shared by every candidate, and let each
-# candidate's pick at position $k$ be $\arg\max(\text{logits}_{g,k} / T + z_k)$. Keep each
-# candidate's run of picks equal to its own tokens; emit the longest run, then that candidate's
-# pick after it.
+# Sampling needs care: can a pass that checks several candidates keep the model's
+# distribution? The lookahead project's pull request 6 (closed unmerged) discussed Gumbel noise
+# for it; the released code samples with SpecInfer's multi-candidate rejection sampling
+# (`lade/decoding.py`, `jacobi_sample_multilevel`, at commit `eed010da` of
+# `github.com/hao-ai-lab/LookaheadDecoding`). This course uses an equivalent rule built on
+# section 4 (the same distribution of the emitted tokens, and of their number per pass), which
+# needs one argmax per candidate and position and no loop over the candidates.
+# Draw **one** vector of Gumbel noise per position, $z_0, \dots, z_{N-1}$, shared by every
+# candidate, and let each candidate's pick at position $k$ be
+# $\arg\max(\text{logits}_{g,k} / T + z_k)$. Keep each candidate's run of picks equal to its
+# own tokens; emit the longest run, then that candidate's pick after it.
 #
 # **Why this is exact.** Candidates that agree on their first $k$ tokens read the same text,
 # so they have the same logits at position $k$, and with the same $z_k$ they make the same
@@ -1071,9 +1110,16 @@ check("lookahead_harvest")
 # candidates, all independent of $z_k$; by the Gumbel-max trick the token follows
 # $p(\cdot \mid \text{text so far})$. The candidates only decide *how many* positions one pass
 # emits, never *which* token comes out. The noise of positions after the emitted ones is
-# thrown away unseen. (Multi-candidate rejection sampling, with the candidates as sure drafts,
-# keeps the same tokens with the same probabilities: a sure draft $c$ is kept with probability
-# $\min(1, p_c / 1) = p_c$.)
+# thrown away unseen.
+#
+# **The rejection rule, for comparison** (SpecInfer's, as `lade` runs it). At each position,
+# the candidates still in the running are tested one after another: candidate $c$'s token $t$
+# is kept with probability $r(t)$, where $r$ starts as $p$ and, after each rejected token, loses
+# that token and is renormalised (section 1's residual, with sure drafts). A kept token leaves
+# in the running only the candidates with that token, and the next position starts again from
+# $p$ after it; when every test fails, the token is drawn from the last $r$. Each emitted token
+# follows $p$ given the text before it, as with shared noise. The end of this section checks
+# both rules on a small case.
 #
 # Write the part of `verify` between the given lines: `picks` `[n_cand, n + 1]`, each
 # candidate's run, `best` (the chosen candidate's index) and `run` (its run's length), the names
@@ -1148,10 +1194,13 @@ check("lookahead_verify")
 # keeping the run of candidate 0 instead of the chosen one; positions without `past`; a mask
 # without the cached columns (the pass forgets the prompt).
 #
-# The tests: at temperature 0, for four $(W, N, G)$ and prompts of 6, 18 and 20 tokens, the
-# tokens equal HF's greedy `generate`, in fewer passes than tokens; sampling, 1,200 copies of a
-# prompt whose last token starts three of its own 3-grams: the first and second new tokens follow
-# the main model (chi-square); the seed.
+# The tests: at temperature 0, for four $(W, N, G)$, with and without `pool_from_prompt`, and
+# prompts of 6, 18 and 20 tokens, the tokens equal HF's greedy `generate`, in fewer passes than
+# tokens; greedy, the first pass keeps the longest run of the prompt's n-grams that greedy
+# decoding confirms (with `pool_from_prompt`) or none (without); sampling, 1,200 copies of a
+# prompt whose last token starts three of its own 3-grams (with `pool_from_prompt`, so that the
+# first pass checks them): the first and second new tokens follow the main model (chi-square);
+# the seed.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -1194,9 +1243,10 @@ check("lookahead_round")
 #
 # <details><summary>What to expect</summary>
 #
-# The same texts, token for token, for every setting. Tokens per pass grow with the window and
-# the number of candidates: more trajectories, more n-grams to try. Each pass is also much
-# wider ($1 + (N - 1)(W + G)$ tokens): whether that pays is section 7's question.
+# The same texts, token for token, for every setting. Tokens per pass grow with the setting
+# (a wider window, longer n-grams, more candidates): more trajectories, more n-grams to try.
+# Each pass is also much wider (up to $1 + (N - 1)(W + G)$ tokens): whether that pays is
+# section 7's question.
 #
 # </details>
 
@@ -1215,22 +1265,124 @@ with torch.inference_mode():
         )
 
 # %% [markdown]
-# ### Fresh noise per candidate: the bias, measured
+# **The pool, with and without the text.** By default the pool holds only n-grams the
+# lookahead branch wrote, as in the original implementation (there `POOL_FROM_PROMPT` is off
+# unless set: `lade/decoding.py` at commit `eed010da`, although the repository's `minimal.py`
+# example sets it). `pool_from_prompt=True` also puts the text's own n-grams into the pool: the
+# prompt's before the first pass, then those that each pass's emitted tokens complete, which
+# is prompt lookup inside lookahead decoding. The next cell counts tokens per pass, greedy,
+# both ways, on the three kinds of text that section 7 times, with the n-gram drafter of
+# section 3 ($k = 4$) beside them.
+
+# %%
+from utils import speed
+
+pool_tokens = 40 if QUICK else 120
+with torch.inference_mode():
+    for workload, spec in speed.WORKLOADS.items():
+        prompts = spec["prompts"][:1] if QUICK else spec["prompts"]
+        per_pass = {}
+        for pool_from_prompt in [False, True]:
+            stats = SpeculativeStats()
+            lookahead_generate(
+                main, tokenizer, prompts, max_tokens_generated=pool_tokens, window=5, ngram=3,
+                guesses=5, temperature=0.0, stop_at_eos=False, stats=stats,
+                pool_from_prompt=pool_from_prompt,
+            )  # fmt: skip
+            per_pass[pool_from_prompt] = stats.tokens_per_pass
+        stats = SpeculativeStats()
+        speculative_generate(
+            main, draft, tokenizer, prompts, k=4, max_tokens_generated=pool_tokens,
+            temperature=0.0, stop_at_eos=False, drafter="ngram", stats=stats,
+        )  # fmt: skip
+        print(
+            f"{workload:14} tokens per pass: lookahead (5, 3, 5) {per_pass[False]:.2f}, with "
+            f"pool_from_prompt {per_pass[True]:.2f}; n-gram drafter {stats.tokens_per_pass:.2f}"
+        )
+
+# %% [markdown]
+# ### Fresh noise per candidate: the bias
 #
-# The first version one writes (the project's first sampling patch was close to it) checks each
-# candidate with its *own* noise and keeps the longest run: `verify_naive`. The prompt below
-# ends in " is", and its own 3-grams give three candidates that all start with " the". Let
-# $p$ be the model's probability of " the" after it. Exact verification emits " the" with
-# probability $p$. The naive one emits it when *any* of the three checks picks it:
-# $1 - (1 - p)^3$.
+# The first version one writes checks each candidate with its *own* noise and keeps the
+# longest run: `verify_naive`. It is biased.
 #
-# Section 5's couplings give the size of the gap. The two checks are two samplers of the same
-# distribution. With shared noise they always agree (`same_token_shared_gumbel(p, p)` = 1), so
-# they pick " the" together, with probability $p$. With independent noise two checks agree
-# only with probability `same_token_independent(p, p)` $= \sum_k p_k^2$, and both pick " the"
-# with probability $p^2$: for two candidates the naive verifier gains
-# $P(\text{either}) - p = p - p^2$, the mass where the checks disagree and one of them says
-# " the". With $G$ candidates sharing a first token, $1 - (1 - p)^G$.
+# **Why.** Look at the first position, and let each candidate's check be a fresh draw
+# $x_g \sim p$ that confirms candidate $g$ when $x_g$ is its token $c_g$. One candidate alone is
+# exact: $c_0$ comes out with probability $p(c_0)$, and when it does not, the draw $x_0$ that
+# rejected it is a sample of $p$ without $c_0$, section 1's residual, and that is what comes
+# out. A second candidate breaks this. After candidate 0's rejection the position should be
+# one draw of the residual; instead candidate 1 gets a fresh draw of its own from the whole of
+# $p$, and only when that fails too does $x_0$ come out. Candidate 1's token has two chances,
+# its own draw and $x_0$, where it should have one. So independent checks are biased whenever
+# two or more candidates are checked, whatever their tokens: a failed check hands the position
+# to another candidate's fresh draw. (With longer candidates it gets worse: the longest run
+# wins, so another candidate's draws can even overrule a check that succeeded.)
+#
+# An example: $p = (0.3, 0.3, 0.2, 0.1, 0.1)$ on the tokens A to E, and two one-token
+# candidates, A then B. A still comes out with probability 0.3 (its check comes first). B
+# comes out when $x_0 \ne A$ and $x_1 = B$, or when $x_0 = B$ and $x_1 \ne B$:
+# $0.7 \cdot 0.3 + 0.3 \cdot 0.7 = 0.42$ instead of 0.3; C, D and E lose what B gains
+# (0.14, 0.07 and 0.07 instead of 0.2, 0.1 and 0.1). When the candidates share their first
+# token $c$, it comes out when any of the $G$ checks picks it: $1 - (1 - p_c)^G$ instead of
+# $p_c$.
+#
+# The exact rules spend one draw per position on all the candidates: shared noise (one argmax,
+# one pick), or the rejection rule above (A is kept with probability 0.3; after its rejection, B
+# with probability $0.3 / 0.7$, what is left of $p$; after both, a draw from C, D and E). The
+# next cell computes the three rules exactly on this example, and draws from `verify` and
+# `verify_naive`.
+
+# %%
+p_toy = torch.tensor([0.3, 0.3, 0.2, 0.1, 0.1])  # tokens A, B, C, D, E
+A, B = 0, 1  # candidate 0 is (A,), candidate 1 is (B,)
+# Fresh noise: two independent draws. Candidate 0 is kept if x0 = A, else candidate 1 if
+# x1 = B; else the run is empty and the model's own pick for candidate 0, x0, comes out.
+naive_exact = torch.zeros(5)
+for x0 in range(5):
+    for x1 in range(5):
+        token = A if x0 == A else B if x1 == B else x0
+        naive_exact[token] += p_toy[x0] * p_toy[x1]
+# The rejection rule: test A, then B against what is left of p, then draw from the rest.
+rejection_exact, residual, left = torch.zeros(5), p_toy.clone(), 1.0
+for c in (A, B):
+    rejection_exact[c] += left * residual[c]
+    left *= 1 - float(residual[c])
+    residual[c] = 0
+    residual /= residual.sum()
+rejection_exact += left * residual
+# The two verifiers on the same case (the logits after the candidates do not matter here).
+n_toy = 4_000 if QUICK else 40_000
+toy_logits, toy_candidates = p_toy.log(), torch.tensor([[A], [B]])
+g = torch.Generator().manual_seed(0)
+drawn = {}
+for name, verifier in [("verify", verify), ("verify_naive", verify_naive)]:
+    firsts = [verifier(toy_logits, toy_logits.expand(2, 1, 5), toy_candidates, 1.0, g)[0][0]
+              for _ in range(n_toy)]  # fmt: skip
+    drawn[name] = torch.bincount(torch.tensor(firsts), minlength=5) / n_toy
+print("first token:                     A      B      C      D      E")
+for name, row in [
+    ("p", p_toy),
+    ("fresh noise, exactly", naive_exact),
+    ("rejection rule, exactly", rejection_exact),
+    (f"verify, {n_toy} draws", drawn["verify"]),
+    (f"verify_naive, {n_toy} draws", drawn["verify_naive"]),
+]:
+    print(f"{name:28}" + "".join(f"{float(x):7.3f}" for x in row))
+
+# %% tags=["claim"]
+assert torch.allclose(naive_exact, torch.tensor([0.3, 0.42, 0.14, 0.07, 0.07])), "see prose"
+assert torch.allclose(rejection_exact, p_toy), "the rejection rule must give p exactly"
+
+# %% [markdown]
+# Now on the shipped model. The prompt below ends in " is", and with `pool_from_prompt=True`
+# its own 3-grams give three candidates that all start with " the". Let $p$ be the model's
+# probability of " the" after it. Exact verification emits " the" with probability $p$; the
+# naive one whenever any of the three checks picks it, $1 - (1 - p)^3$. In section 5's terms,
+# the checks are samplers of the same $p$: shared noise couples them completely
+# (`same_token_shared_gumbel(p, p)` = 1, one draw), while independent checks are separate
+# draws. With two of them, " the" comes out with probability $1 - (1 - p)^2 = p + (1 - p)\,p$:
+# the gain $(1 - p)\,p$ is the chance that the first check fails and the second, fresh one
+# picks " the".
 #
 # **Predict, then run.** With $p$ printed below, how often will each verifier's first token be
 # " the" over many copies of the prompt?
@@ -1248,7 +1400,7 @@ with torch.inference_mode():
         rows = lookahead_generate(
             main, tokenizer, [naive_prompt] * n_copies, max_tokens_generated=1, window=4,
             ngram=3, guesses=4, temperature=1.0, seed=0, stop_at_eos=False, return_ids=True,
-            verifier=verifier,
+            verifier=verifier, pool_from_prompt=True,
         )  # fmt: skip
         measured[name] = sum(r[len(naive_ids)] == the for r in rows) / n_copies
 spread = 2 * math.sqrt(p_the * (1 - p_the) / n_copies)
@@ -1256,12 +1408,17 @@ print(f"p(' the') = {p_the:.3f}; naive, predicted 1 - (1 - p)^3 = {1 - (1 - p_th
 for name, value in measured.items():
     print(f"{name:5} verifier: ' the' first in {value:.3f} of {n_copies} copies (± {spread:.3f})")
 
+# %% tags=["claim"]
+_grams = {tuple(naive_ids[i + 1 : i + 3]) for i in range(len(naive_ids) - 2)
+          if naive_ids[i] == naive_ids[-1]}  # fmt: skip
+assert len(_grams) == 3 and {g[0] for g in _grams} == {the}, "three 3-grams after ' is', ' the'"
+
 # %% [markdown]
-# The naive verifier is biased exactly where candidates share a token: towards text the
-# pool already holds, which at a temperature above 0 means towards repeating itself. Greedy,
-# both are the same (no noise to share). The shared-noise verifier costs nothing extra, and it
-# is the one `lookahead_generate` uses by default.
-#
+# The naive verifier is biased towards whatever the candidates propose: the model's own
+# guesses, and with `pool_from_prompt` the text's n-grams, so at a temperature above 0 towards
+# repeating the text. Greedy, both verifiers are the same (no noise to share). The exact one
+# draws less noise than the naive one (one vector per position, not one per candidate and
+# position), and it is the one `lookahead_generate` uses by default.
 
 # %% [markdown]
 # ## 7. When does it pay?
@@ -1289,7 +1446,8 @@ for name, value in measured.items():
 # written matters as much. The course times three kinds (`utils/speed.py`):
 #
 # - **open-ended** text: of the prompts tried, those whose greedy continuation repeats itself
-#   least (at a temperature above 0, no text here loops);
+#   least (sampled at a temperature above 0, the texts here hardly repeat themselves: the last
+#   timing cell prints how much);
 # - **looping** greedy text: the small model often settles into a loop of short lines, and a
 #   loop is made of n-grams the text already holds, exactly what prompt lookup finds;
 # - an **input-grounded** task: a passage, then a cue to say it again. This is what prompt
@@ -1345,7 +1503,8 @@ print(f"v of lookahead's widest pass ({look_width} tokens): "
 
 # %% [markdown]
 # Now the real thing, greedy, on the chapter's timing prompt (the looping kind): both drafters
-# for each $k$, and lookahead decoding, against chapter 4's cached sampler. Each prediction
+# for each $k$, and lookahead decoding with and without `pool_from_prompt`, against chapter
+# 4's cached sampler. Each prediction
 # uses the measured tokens per pass and a round's cost measured inside a real run on a
 # calibration prompt (`speed.round_costs`: the drafting, the main pass and the fixed rest $f$),
 # rescaled to this text's pass width and cache length. The dashed lines are the predictions.
@@ -1360,9 +1519,9 @@ def run_method(method, setting, prompt, n, stats=None, temperature=0.0):
     common = dict(max_tokens_generated=n, temperature=temperature, stop_at_eos=False,
                   stats=stats, seed=0)  # fmt: skip
     if method == "lookahead":
-        W, N, G = setting
+        W, N, G, pool_from_prompt = setting
         return lookahead_generate(main, tokenizer, [prompt], window=W, ngram=N, guesses=G,
-                                  **common)  # fmt: skip
+                                  pool_from_prompt=pool_from_prompt, **common)  # fmt: skip
     return speculative_generate(main, draft, tokenizer, [prompt], k=setting, drafter=method,
                                 **common)  # fmt: skip
 
@@ -1399,15 +1558,20 @@ with one_thread(), torch.inference_mode():
             print(f"{name:5} k={k}: alpha {stats.acceptance:.2f}, tokens per pass "
                   f"{stats.tokens_per_pass:.2f}, measured {m:.2f}x, predicted "
                   f"{p:.2f}x")  # fmt: skip
-    m, p, stats, calibrated = time_method("lookahead", look, timing_prompt, n_time, base)
-    rounds[("lookahead", look)] = (stats, calibrated)
-    print(f"lookahead W,N,G={look}: tokens per pass {stats.tokens_per_pass:.2f}, measured "
-          f"{m:.2f}x, predicted {p:.2f}x")  # fmt: skip
-measured["lookahead"], predicted["lookahead"] = [m] * len(ks), [p] * len(ks)
+    for pool_from_prompt in [False, True]:
+        name = "lookahead + text" if pool_from_prompt else "lookahead"
+        setting = (*look, pool_from_prompt)
+        m, p, stats, calibrated = time_method("lookahead", setting, timing_prompt, n_time, base)
+        measured[name], predicted[name] = [m] * len(ks), [p] * len(ks)  # no k: flat lines
+        rounds[(name, look)] = (stats, calibrated)
+        print(f"{name} W,N,G={look}: tokens per pass {stats.tokens_per_pass:.2f}, measured "
+              f"{m:.2f}x, predicted {p:.2f}x")  # fmt: skip
+labels = {"model": "model drafter", "ngram": "ngram drafter", "lookahead": "lookahead (no k)",
+          "lookahead + text": "lookahead, pool_from_prompt (no k)"}  # fmt: skip
 plot_speedup(
     ks,
-    {f"{n} drafter" if n != "lookahead" else "lookahead (no k)": v for n, v in measured.items()},
-    {f"{n} drafter" if n != "lookahead" else "lookahead (no k)": v for n, v in predicted.items()},
+    {labels[n]: v for n, v in measured.items()},
+    {labels[n]: v for n, v in predicted.items()},
     title=f"Greedy, {n_time} tokens, one thread: against chapter 4's cached sampler",
 )
 
@@ -1420,12 +1584,12 @@ loop_line = tokenizer.decode(
     baseline.sample(timing_ids, n_time, **greedy_kwargs).tolist()[len(timing_ids) :]
 ).split("\n")
 top_line = max(set(loop_line) - {""}, key=loop_line.count)
-ratio = {name: (min(v), max(v)) for name, v in measured.items() if name != "lookahead"}
-errors = [  # every configuration once (lookahead's flat line is one)
+ratio = {name: (min(measured[name]), max(measured[name])) for name in ["model", "ngram"]}
+errors = [  # every configuration once (each lookahead line is one)
     abs(m / p - 1)
     for name in ["model", "ngram"]
     for m, p in zip(measured[name], predicted[name], strict=True)
-] + [abs(measured["lookahead"][0] / predicted["lookahead"][0] - 1)]
+] + [abs(measured[n][0] / predicted[n][0] - 1) for n in ["lookahead", "lookahead + text"]]
 k4 = 4  # in ks, quick or not
 stats4, cal4 = rounds[("model", k4)]
 alpha4 = min(stats4.acceptance, 0.999)
@@ -1433,7 +1597,8 @@ gain = (1 - alpha4 ** (k4 + 1)) / (1 - alpha4)
 print(
     f"On this machine the draft model ran at {ratio['model'][0]:.2f}-{ratio['model'][1]:.2f}x "
     f"the cached sampler, the n-gram drafter at {ratio['ngram'][0]:.2f}-{ratio['ngram'][1]:.2f}x "
-    f"and lookahead decoding at {measured['lookahead'][0]:.2f}x. The timed text is a loop: "
+    f"and lookahead decoding at {measured['lookahead'][0]:.2f}x "
+    f"({measured['lookahead + text'][0]:.2f}x with pool_from_prompt). The timed text is a loop: "
     f"{top_line!r} is {loop_line.count(top_line)} of its {len(loop_line)} lines, which is why "
     f"prompt lookup finds its guesses there.\n"
     f"A draft-model step costs c = {costs['c']:.2f} main steps; v_k went from "
@@ -1446,23 +1611,58 @@ print(
 )
 
 # %% [markdown]
+# **At a temperature above 0.** The same timing prompt at $T = 0.7$: the drafters at $k = 4$ and
+# lookahead decoding both ways, against the cached sampler at the same temperature (each
+# method's text is its own sample, fixed by its seed). **Predict, then run:** which method's
+# guesses suffer most once the text is sampled?
+#
+# <details><summary>What to expect</summary>
+#
+# The n-gram drafter's: its guesses come from the text's history, and a sampled text rarely
+# repeats it, so its $\alpha$ falls close to 0. The draft model's guesses are samples
+# of a $q$ close to $p$, kept with probability $\sum \min(p, q)$ (section 5's plot), which need
+# not fall. Lookahead decoding's guesses are greedy n-grams, each token kept with probability
+# $p$ of that token: less than 1 once the model samples.
+#
+# </details>
+
+# %% tags=["demo"]
+T_sampled = 0.7
+sampled_kwargs = dict(temperature=T_sampled, stop_at_eos=False, seed=0)
+with one_thread(), torch.inference_mode():
+    sampled = baseline.sample(timing_ids, n_time, **sampled_kwargs).tolist()
+    print(f"T = {T_sampled}: {speed.repeat_rate(sampled, len(timing_ids)):.0%} of the cached "
+          "sampler's new tokens end a 4-gram seen before (greedy, the text loops)")  # fmt: skip
+    base_sampled = best_seconds(lambda: baseline.sample(timing_ids, n_time, **sampled_kwargs),
+                                repeats)  # fmt: skip
+    for name, setting in [("model", 4), ("ngram", 4), ("lookahead", (*look, False)),
+                          ("lookahead", (*look, True))]:  # fmt: skip
+        m, p, stats, _ = time_method(name, setting, timing_prompt, n_time, base_sampled, T_sampled)
+        print(f"{name:9} {setting}: alpha {stats.acceptance:.2f}, tokens per pass "
+              f"{stats.tokens_per_pass:.2f}, measured {m:.2f}x, predicted {p:.2f}x")  # fmt: skip
+
+# %% [markdown]
 # Read the plot with those sentences. With the draft model, $c$ is far from 0: every draft costs
 # a large part of a main step, so a kept draft saves little and a rejected one wastes a lot.
 # The n-gram lookup costs almost nothing, so its gain is set by $\alpha$, $v_k$ and $f$; it
-# wins only where the text repeats itself, and at a temperature above 0 it almost never
-# guesses right (the main model's sample rarely repeats the text's history). Lookahead decoding
-# emits more tokens per pass than the n-gram drafter on text that does not loop, but each pass
-# reads a few dozen tokens, and on a CPU that is arithmetic paid for in full ($v$ of the wide
-# pass). On a CPU, a smaller model is not much cheaper per token either: much of a step is
-# fixed cost (Python, one dispatch per operation, the 4,096-token unembedding).
+# gains where the text repeats itself, and at a temperature above 0 its $\alpha$ falls (the
+# last cell): the main model's sample rarely repeats the text's history. Lookahead decoding
+# guesses with the model itself (section 6's last cell compares its tokens per pass with the
+# n-gram drafter's on all three kinds of text), but each pass reads a few dozen tokens, and on
+# a CPU that is arithmetic paid for in full ($v$ of the wide pass). A smaller model also saves
+# less on a CPU than its size suggests: the draft model does about a third of the main model's
+# multiply-adds per token (more than half of its own are the unembedding onto 4,096 tokens);
+# compare that with the $c$ printed above. The rest of a step is fixed cost: Python, and one
+# dispatch per operation.
 #
-# Where a real pair pays: a large model on a GPU reads billions of weights per step, so a step
-# over a few more tokens costs about the same ($v_k \approx 1$), and a draft with a small
-# fraction of its weights costs a small fraction of a step ($c$ of a few hundredths).
-# Leviathan et al. (2023) measured 2 to 3 times T5-XXL's speed with a T5-small draft on TPUs;
-# Chen et al. (2023) 2 to 2.5 times Chinchilla 70B's with a 4B draft; the lookahead paper
-# (Fu et al., 2024) up to 1.8 times on MT-Bench on one GPU, and nearly 4 times for code
-# completion with several GPUs, because there the wide pass is nearly free.
+# Where a real pair pays (reasoning: no GPU has run this chapter): a large model on a GPU reads
+# billions of weights per step, so a step over a few more tokens costs about the same
+# ($v_k \approx 1$), and a draft with a small fraction of its weights costs a small fraction of
+# a step ($c$ of a few hundredths). What the papers measured: Leviathan et al. (2023) 2 to 3
+# times T5-XXL's speed (batch 1, one TPU-v4; T5-small was among their drafts); Chen et al.
+# (2023) 2 to 2.5 times Chinchilla 70B's with a 4B draft, in a distributed setup; the lookahead
+# paper (Fu et al., 2024) up to 1.8 times on MT-Bench, and up to 4 times for code completion
+# with its pass spread over several GPUs. (The speed-ups are from each paper's abstract.)
 #
 # `benchmarks/speculative.py` measures all of this over the three workloads, three
 # temperatures and every $k$. One run on the course's 2-core CPU is quoted in the README's
@@ -1497,8 +1697,8 @@ print(
 # <details><summary>Answer</summary>
 #
 # The output is still distributed exactly as the main model's sampling (the proof of section
-# 1 holds for any $q$). Nearly every draft is rejected, each round emits one token (the
-# recovered one), and the drafting time is wasted: slower than no speculation.
+# 1 holds for any $q$). Nearly every draft is rejected, nearly every round emits one token
+# (the recovered one), and the drafting time is wasted: slower than no speculation.
 #
 # </details>
 #
@@ -1511,7 +1711,9 @@ print(
 # otherwise, so every emitted token is the main model's argmax given the text before it. In
 # practice a pass over $k + 1$ tokens adds up its floating-point sums in a different order than
 # a one-token step; at an exact or near tie of the top two logits, the argmax can flip. HF's
-# assisted generation has the same caveat.
+# test of assisted generation against greedy search allows for this: it accepts different
+# tokens where the scores up to the first mismatch are nearly equal
+# (`_check_similar_generate_outputs`, `tests/generation/test_utils.py` at commit `cf63921b`).
 #
 # </details>
 #
@@ -1532,9 +1734,10 @@ print(
 # <details><summary>Answer</summary>
 #
 # Before: both rows have 5 new columns (`last` and 4 drafts); row 0's are all real, row 1's
-# only the first. After: row 1's 4 rejected columns become padding and move to the left of
-# the row; row 0 is 4 columns longer than row 1, and row 1 has 4 more columns of left padding.
-# No column was dropped, since row 0 needs all 5.
+# only the first. After: row 0 is unchanged; row 1's 4 rejected columns become padding and its
+# real positions move 4 columns to the right, so row 1 has 4 more columns of left padding than
+# before. Only columns that are padding in every row are dropped: none of the 5 new ones (row 0
+# needs them all), and at the left only as many as both rows now pad.
 #
 # </details>
 #
@@ -1559,19 +1762,27 @@ print(
 #   measured speed-ups for large models on accelerators.
 # - Fu, Bailis, Stoica and Zhang, *Break the Sequential Dependency of LLM Inference Using
 #   Lookahead Decoding*, ICML 2024 (arXiv:2402.02057), and its code,
-#   `github.com/hao-ai-lab/LookaheadDecoding` (pull request 6 is the sampling discussion this
-#   chapter settles by measurement).
+#   `github.com/hao-ai-lab/LookaheadDecoding`, read at commit `eed010da` (main, March 2025):
+#   `lade/decoding.py`'s `jacobi_sample_multilevel` samples with SpecInfer-style rejection
+#   sampling ("algorithm modified from specinfer"), and `POOL_FROM_PROMPT` (off unless
+#   `lade.config_lade` sets it) puts the text's n-grams in the pool. Its pull request 6, closed
+#   unmerged, is the discussion of Gumbel noise for sampling; section 5's shared-noise formula
+#   is worked out there.
 # - Santilli et al., *Accelerating Transformer Inference for Translation via Parallel
 #   Decoding*, ACL 2023 (arXiv:2305.10427): Jacobi decoding.
 # - Miao et al., *SpecInfer*, ASPLOS 2024 (arXiv:2305.09781): many candidates checked at once
 #   as a token tree, with multi-candidate rejection sampling.
-# - vLLM's rejection sampler (`vllm/v1/sample/rejection_sampler.py`) and its tests, ported in
-#   this repository's `tests/peers/`; prompt lookup decoding,
-#   `github.com/apoorvumang/prompt-lookup-decoding`.
+# - vLLM's rejection sampler, `vllm/v1/sample/rejection_sampler.py` (read at commit
+#   `0097a7bb`: it returns `output_token_ids` `[batch, max_spec_len + 1]`, padded with
+#   `PLACEHOLDER_TOKEN_ID = -1`), and its tests, ported in this repository's `tests/peers/`;
+#   prompt lookup decoding, `github.com/apoorvumang/prompt-lookup-decoding`.
+# - Speculative decoding in serving and libraries: TensorRT-LLM's "Speculative Sampling" page
+#   (`nvidia.github.io/TensorRT-LLM/advanced/speculative-decoding.html`), HF `transformers`'
+#   "Assisted decoding" guide (`huggingface.co/docs/transformers/assisted_decoding`).
 #
 # ## What's next
 #
 # Chapter 6 writes the sampling steps of chapters 3 and 5 as GPU kernels in Triton: Gumbel-max
 # sampling fused into the unembedding's matrix product (no row of probabilities ever stored),
 # top-k and top-p without sorting, and this chapter's rejection sampler, each checked against
-# the PyTorch code you wrote here.
+# exact probabilities and against the PyTorch versions of chapters 3 and 5.

@@ -258,11 +258,16 @@ def lookahead_round(
 
 
 def start_lookahead(
-    main: nn.Module, prompt: list[int], window: int, ngram: int, guesses: int
+    main: nn.Module,
+    prompt: list[int],
+    window: int,
+    ngram: int,
+    guesses: int,
+    pool_from_prompt: bool = False,
 ) -> LookaheadState:
     """The state before the first pass: the prompt but its last token cached, a window of one
-    level of prompt tokens (any start will do: it only decides which n-grams come first), the
-    prompt's own n-grams in the pool."""
+    level of prompt tokens (any start will do: it only decides which n-grams come first), and
+    an empty pool, or with `pool_from_prompt` one that holds the prompt's own n-grams."""
     device = next(main.parameters()).device
     cache = KeyValueCache.new_empty(main.cfg, 1, device, main.embed.W_E.dtype)
     if len(prompt) > 1:
@@ -271,7 +276,8 @@ def start_lookahead(
     picks = torch.randint(len(prompt), (window,), generator=torch.Generator().manual_seed(0))
     levels = torch.tensor(prompt)[picks][None]  # [1, window]
     pool = NgramPool(ngram, guesses)
-    pool.add_text(prompt)
+    if pool_from_prompt:
+        pool.add_text(prompt)
     return LookaheadState(cache=cache, last=prompt[-1], levels=levels, pool=pool)
 
 
@@ -290,19 +296,28 @@ def lookahead_generate(
     stats: SpeculativeStats | None = None,
     return_ids: bool = False,
     verifier=verify,
+    pool_from_prompt: bool = False,
 ) -> list[str] | list[list[int]]:
     """Continue every prompt (one at a time) with lookahead decoding: each prompt and its
     continuation, up to its first end-of-text with `stop_at_eos`, as `speculative_generate`
     gives them. `window` W columns, n-grams of `ngram` N tokens (the window keeps N - 1
     levels), up to `guesses` G candidates checked per pass. Pass a `SpeculativeStats` to count
     main-model passes (`drafted` / `accepted` count candidate tokens); `return_ids` gives token
-    ids. `verifier=verify_naive` runs the biased variant (for measuring it)."""
+    ids. `verifier=verify_naive` runs the biased variant (for measuring it).
+
+    The pool holds the n-grams the lookahead branch wrote. `pool_from_prompt=True` also puts in
+    the text's own n-grams: the prompt's before the first pass, then those that each pass's
+    emitted tokens complete (prompt lookup's idea, inside lookahead decoding). Off by default,
+    as `POOL_FROM_PROMPT` is in the original implementation (hao-ai-lab/LookaheadDecoding,
+    `lade/decoding.py`), where the same switch covers both."""
     checks.prompt_texts(prompts)
     checks.integer("max_tokens_generated", max_tokens_generated, low=0)
     checks.integer("window", window, low=1, high=64)
     checks.integer("ngram", ngram, low=2, high=16)
     checks.integer("guesses", guesses, low=0, high=64)
     checks.number("temperature", temperature, low=0.0)
+    if not isinstance(pool_from_prompt, bool):
+        raise ValueError(f"pool_from_prompt must be True or False, got {pool_from_prompt!r}")
     ids = [tokenizer.encode(p) for p in prompts]
     longest = max(map(len, ids))
     # The last pass reads the cache (up to the prompt and max_tokens_generated - 1 tokens) and
@@ -321,7 +336,7 @@ def lookahead_generate(
     eos = tokenizer.eos_token_id
     out = []
     for prompt in ids:
-        state = start_lookahead(main, prompt, window, ngram, guesses)
+        state = start_lookahead(main, prompt, window, ngram, guesses, pool_from_prompt)
         text, new = list(prompt), []
         while len(new) < max_tokens_generated and not (stop_at_eos and eos in new):
             window_tokens = state.levels.numel()  # the pass's lookahead branch
@@ -335,7 +350,8 @@ def lookahead_generate(
                 stats.drafted += ngram - 1
                 stats.tested += min(len(emitted), ngram - 1)
                 stats.accepted += len(emitted) - 1
-            state.pool.add_text(text + emitted, start=max(len(text) - ngram + 1, 0))
+            if pool_from_prompt:  # the n-grams that end in the emitted tokens
+                state.pool.add_text(text + emitted, start=max(len(text) - ngram + 1, 0))
             text += emitted
             new += emitted
         if stop_at_eos and eos in new:

@@ -2,10 +2,11 @@
 pass, and a rejection sampler decides which to keep, so that what comes out is distributed
 exactly as if the main model had sampled every token itself.
 
-The batched sampler uses the layout of serving engines (vLLM's rejection sampler): per row,
-`accepted` is True up to the first rejection only; `tokens` holds the accepted draft tokens,
-then one token from the main model (the *recovered* token at the first rejection, or the
-*bonus* token when all k were accepted), then -1.
+The batched sampler's `tokens` has the layout of vLLM's rejection sampler
+(vllm/v1/sample/rejection_sampler.py, which returns only this tensor): per row the accepted
+draft tokens, then one token from the main model (the *recovered* token at the first
+rejection, or the *bonus* token when all k were accepted), then -1. The course also returns
+`accepted`, True up to the first rejection only (its own convention).
 """
 
 import torch

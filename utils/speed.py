@@ -51,8 +51,8 @@ WORKLOADS: dict[str, dict] = {
         "about": "a passage, then a cue to say it again: the text to write is in the prompt",
     },
 }
-"""Three kinds of text. Greedy text from the shipped model loops on most prompts; at a
-temperature above 0 none of them loops."""
+"""Three kinds of text. Greedy text from the shipped model loops on most prompts; sampled at a
+temperature above 0, the text of these prompts hardly repeats itself (`repeat_rate`)."""
 
 CALIBRATION_PROMPT = "MACBETH.\nIs this a dagger which I see before me,"
 CACHE_LEN = 100  # cached positions behind the timed steps

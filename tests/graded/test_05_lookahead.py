@@ -272,23 +272,27 @@ def hf_greedy_ids(hf, shipped):
 
 
 @pytest.mark.lookahead_round
+@pytest.mark.parametrize("pool_from_prompt", [False, True], ids=["window-pool", "text-pool"])
 @pytest.mark.parametrize("config", [(5, 3, 5), (3, 2, 3), (6, 4, 4), (2, 3, 1)],
                          ids=lambda c: "W{}-N{}-G{}".format(*c))  # fmt: skip
-def test_greedy_lookahead_equals_greedy_generate(impl, shipped, hf_greedy_ids, config):
+def test_greedy_lookahead_equals_greedy_generate(
+    impl, shipped, hf_greedy_ids, config, pool_from_prompt
+):
     model, tokenizer = shipped
     window, ngram, guesses = config
     stats = impl.SpeculativeStats()
     got = impl.lookahead_generate(
         model, tokenizer, LOOKAHEAD_PROMPTS, max_tokens_generated=50, window=window,
         ngram=ngram, guesses=guesses, temperature=0.0, stop_at_eos=False, return_ids=True,
-        stats=stats,
+        stats=stats, pool_from_prompt=pool_from_prompt,
     )  # fmt: skip
     for r, (ids, expected) in enumerate(zip(got, hf_greedy_ids, strict=True)):
         ids = list(ids)
         if ids != expected:
             common = first_difference(ids, expected)
             pytest.fail(
-                f"W={window}, N={ngram}, G={guesses}, prompt {r}: at temperature 0 lookahead "
+                f"W={window}, N={ngram}, G={guesses}, pool_from_prompt={pool_from_prompt}, "
+                f"prompt {r}: at temperature 0 lookahead "
                 f"decoding must give greedy generate's tokens exactly. They differ at token "
                 f"{common}: expected {tokenizer.decode(expected[common : common + 8])!r}, got "
                 f"{tokenizer.decode(ids[common : common + 8])!r}. Does the cache keep `last` "
@@ -304,8 +308,43 @@ def test_greedy_lookahead_equals_greedy_generate(impl, shipped, hf_greedy_ids, c
 N_COPIES = 1_200
 SAMPLE_PROMPT = "CLOWN.\nWhat is the matter? What is the news? What is the reason? What is"
 """Its last token, " is", starts three of its own 3-grams (" is the matter", " is the news",
-" is the reason"): the first pass checks three candidates that share their first token, which
-the model gives about 0.18 (fresh noise per candidate would emit it about 0.45 of the time)."""
+" is the reason"): with `pool_from_prompt=True` the first pass checks three candidates that
+share their first token, which the model gives about 0.18 (fresh noise per candidate would emit
+it about 0.45 of the time)."""
+
+
+@pytest.mark.lookahead_round
+def test_pool_from_prompt_puts_the_prompts_ngrams_in_the_first_pass(impl, shipped, hf):
+    # Greedy, one pass. Without the option the pool starts empty: the first pass checks no
+    # candidate and emits the model's own token alone. With it, the pool holds the prompt's
+    # 3-grams, and the first pass keeps the longest run of one that starts with the prompt's
+    # last token and agrees with greedy decoding (HF's generate), then adds the argmax.
+    model, tokenizer = shipped
+    ids = tokenizer.encode(SAMPLE_PROMPT)
+    greedy = hf_greedy(hf, ids, 3)[len(ids) :]
+    grams = [tuple(ids[i + 1 : i + 3]) for i in range(len(ids) - 2) if ids[i] == ids[-1]]
+    runs = [next((k for k in range(2) if g[k] != greedy[k]), 2) for g in grams]
+    assert len(set(grams)) == 3 and max(runs) >= 1, "the test's prompt no longer fits the test"
+    for pool_from_prompt, expected in ((False, 1), (True, max(runs) + 1)):
+        stats = impl.SpeculativeStats()
+        out = impl.lookahead_generate(
+            model, tokenizer, [SAMPLE_PROMPT], max_tokens_generated=1, window=4, ngram=3,
+            guesses=4, temperature=0.0, stop_at_eos=False, return_ids=True, stats=stats,
+            pool_from_prompt=pool_from_prompt,
+        )  # fmt: skip
+        assert list(out[0]) == ids + greedy[:1], "the first new token must be greedy's"
+        assert stats.main_passes == 1 and stats.per_round == [expected], (
+            f"pool_from_prompt={pool_from_prompt}: the first pass must emit {expected} "
+            f"token(s), it emitted {stats.per_round}. "
+            + (
+                "With an empty pool there is nothing to check: the model's own token only."
+                if not pool_from_prompt
+                else f"The prompt's 3-grams after its last token are candidates; greedy "
+                f"decoding continues {tokenizer.decode(greedy)!r}, so the best keeps "
+                f"{max(runs)} token(s), then the argmax after them. Is the chosen "
+                "candidate's whole kept run emitted?"
+            )
+        )
 
 
 @pytest.mark.lookahead_round
@@ -315,6 +354,7 @@ def test_lookahead_samples_follow_the_model(impl, shipped, hf):
     rows = impl.lookahead_generate(
         model, tokenizer, [SAMPLE_PROMPT] * N_COPIES, max_tokens_generated=2, window=4, ngram=3,
         guesses=4, temperature=1.0, seed=0, stop_at_eos=False, return_ids=True,
+        pool_from_prompt=True,
     )  # fmt: skip
     ids = tokenizer.encode(SAMPLE_PROMPT)
     out = torch.tensor([list(r)[len(ids) : len(ids) + 2] for r in rows])

@@ -23,6 +23,7 @@ from tests.graded._oracles import hf_greedy
         ({"temperature": -0.5}, "temperature"),
         ({"max_tokens_generated": -1}, "max_tokens_generated"),
         ({"max_tokens_generated": 230, "window": 10, "guesses": 10}, "widest pass"),
+        ({"pool_from_prompt": 1}, "pool_from_prompt"),
     ],
 )
 def test_lookahead_generate_rejects_bad_arguments(shipped, kwargs, message):
