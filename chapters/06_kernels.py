@@ -4,14 +4,19 @@
 # Every token the course has generated ended the same way: a row of `d_vocab` logits, then
 # softmax, perhaps a sort for top-p, a cumulative sum, `torch.multinomial`. On a GPU each of
 # those steps is a separate kernel that reads the whole row from memory and writes a whole row
-# back, and for a real vocabulary (Llama 3: 128,256 tokens) the arithmetic is trivial next to
-# the traffic. Sampling is **memory-bound**: the fastest possible sampler reads the
-# probabilities once and writes one integer per row. This chapter writes such samplers as GPU
-# kernels in [Triton](https://triton-lang.org), the way serving engines (FlashInfer, vLLM) do,
-# and measures them against the hardware's limit.
+# back, and for a real vocabulary (Llama 3: 128,256 tokens, the `vocab_size` in the
+# `config.json` of `meta-llama/Meta-Llama-3-8B`) the arithmetic is trivial next to the traffic.
+# Sampling is **memory-bound** (with one exception, met in section 9): the fastest possible
+# sampler reads the probabilities once and writes one integer per row. This chapter writes such
+# samplers as GPU kernels in [Triton](https://triton-lang.org) and measures them against the
+# hardware's limit.
+# Serving engines have kernels of the same kind: FlashInfer's sampling kernels are CUDA C++
+# (`include/flashinfer/sampling.cuh`), and vLLM mixes PyTorch operations, FlashInfer's kernels
+# where the user asks for them, and Triton kernels: its speculative rejection sampler, and in
+# recent versions a top-k / top-p kernel (`vllm/v1/sample/`; sources under Further reading).
 #
-# What you write, each a Triton kernel behind a given wrapper with a PyTorch reference from an
-# earlier chapter:
+# What you write, each but one a Triton kernel behind a given wrapper with a PyTorch reference
+# from an earlier chapter:
 #
 # - `softmax_kernel`: a row-wise softmax, the Triton programming model on a known problem;
 # - `gumbel_kernel`: chapter 5's Gumbel-max trick, one pass over the logits, the random numbers
@@ -48,8 +53,9 @@
 # sets from their definitions, logits chosen first and then built into hidden states and
 # weights for the fused kernel, and chapter 5's checks for the rejection sampler.
 #
-# **Time:** about 4–5 hours. **You need:** chapter 3's sampling rules (temperature, top-k,
-# top-p) and chapter 5's Gumbel-max trick and rejection sampler.
+# **Time:** about 5 hours 35 minutes (the seven exercises' estimates below add up to it). **You
+# need:** chapter 3's sampling rules (temperature, top-k, top-p) and chapter 5's Gumbel-max trick
+# and rejection sampler.
 #
 # ## How this notebook works
 #
@@ -100,17 +106,23 @@ print("tensors for the kernels live on:", DEVICE)
 # Count the bytes. One row of float32 probabilities over Llama 3's vocabulary is
 # $128{,}256 \times 4 \approx 0.5$ MB; a batch of 64 rows is 33 MB. An H100 SXM moves about
 # 3.35 TB/s between its memory and its cores, and its 132 SMs do about $6.7 \times 10^{13}$
-# float32 operations per second, a multiply-add counted as two (NVIDIA's figures for that card;
-# the PCIe card has 2.0 TB/s and $5.1 \times 10^{13}$). Reading the batch once takes about 10 µs.
-# A softmax over it needs a few ordinary operations per element (well under 1 µs) and one
-# `exp`, which runs on the special-function units: 16 per SM per clock against 128 for
-# ordinary float32 arithmetic, so the 8.2 million `exp`s take about 2 µs. Both stay under the
-# read: whatever a sampler computes, its time is the bytes it moves divided by the bandwidth,
-# as long as it computes little per byte.
+# float32 operations per second, a multiply-add counted as two (NVIDIA's figures for that card,
+# [nvidia.com/en-us/data-center/h100](https://www.nvidia.com/en-us/data-center/h100/); the PCIe
+# card has 2.0 TB/s and $5.1 \times 10^{13}$). That is 128 float32 lanes per SM at a clock of
+# about 1.98 GHz, so $3.35 \times 10^{13}$ ordinary operations (an add, a maximum) a second.
+# Reading the batch once takes about 10 µs. A softmax over it needs some ten ordinary operations
+# per element, about 2.5 µs for the 8.2 million elements, and one `exp`, which runs on the
+# special-function units: 16 per SM per clock against 128 for ordinary float32 arithmetic (the
+# CUDA C++ Programming Guide's throughput table, compute capability 9.0), so the 8.2 million
+# `exp`s take about 2 µs. Both stay under the read: whatever a sampler computes, its time is the
+# bytes it moves divided by the bandwidth, as long as it computes little per byte.
 #
 # The PyTorch path moves many rows' worth. The cell below counts each step of sort-based top-p
 # sampling from logits (each step reads its input and writes its output; the sort reads and
-# writes values and indices, and more in its passes, so its count is a floor).
+# writes values and indices, and more in its passes, so its count is a floor). `torch.multinomial
+# (probs, 1)` in torch 2.13 reads the rows five times and writes two (`aminmax` and `sum` to
+# check them, exponential noise written, `probs / noise` written, its `argmax`; ATen's
+# `multinomial_out` in `aten/src/ATen/native/Distributions.cpp`).
 
 # %%
 V, B = 128_256, 64
@@ -121,13 +133,19 @@ steps = {
     "cumsum (read sorted, write cumulative)": 2 * row,
     "mask + scatter back (read 2 rows, write 1)": 3 * row,
     "renormalise (read, write)": 2 * row,
-    "multinomial (read, at least once)": row,
+    "multinomial (torch 2.13: 5 reads, 2 writes)": 7 * row,
 }
 total = sum(steps.values())
 for what, n in steps.items():
     print(f"{what:50} {n / row:4.0f} rows")
 print(f"{'total':50} {total / row:4.0f} rows = {B * total / 1e6:.0f} MB for a batch of {B}")
 print(f"one read of the probabilities: {B * row / 1e6:.0f} MB")
+
+# %% tags=["claim"]
+assert total == 20 * row, "section 9 says section 1 counted 20 rows' worth for the sort-based path"
+assert round(B * row / 1e6) == 33 and round(B * row / 3.35e12 * 1e6) == 10, (
+    "section 1: 33 MB, 10 µs"
+)
 
 # %% [markdown]
 # So a kernel that reads the row once can be an order of magnitude faster, not by computing
@@ -143,7 +161,7 @@ print(f"one read of the probabilities: {B * row / 1e6:.0f} MB")
 # `tl.arange(0, BLOCK)` is a vector of `BLOCK` indices (a power of 2, a `tl.constexpr` known at
 # compile time), `tl.load(ptr + offsets, mask=..., other=...)` reads a block from memory, with
 # the mask keeping it inside the tensor, and `tl.store` writes one. Reductions (`tl.max`,
-# `tl.sum`, `tl.argmax`, `tl.cumsum`) work along an axis of a block.
+# `tl.sum`, `tl.argmax`) and scans (`tl.cumsum`) work along an axis of a block.
 #
 # Two layouts recur in this chapter:
 #
@@ -168,8 +186,8 @@ print(f"one read of the probabilities: {B * row / 1e6:.0f} MB")
 # and launches the kernel. Read the first one closely.
 #
 # A first kernel, given: multiply a vector by a number, `BLOCK` elements per program. Ten
-# elements in blocks of 4 need three programs; the third one's mask keeps it from touching
-# elements 12 and 13, which do not exist.
+# elements in blocks of 4 need three programs; the third one's offsets are 8 to 11, and its mask
+# keeps it from touching elements 10 and 11, which do not exist.
 
 
 # %%
@@ -260,11 +278,13 @@ check("softmax_kernel")
 #
 # The noise is made in the kernel, by the given `gumbel_noise(seed, rows, start, n_cols,
 # BLOCK_B, BLOCK_V)` (the cell below): $G$ for the block of columns from `start`, each
-# (row, column) from its own counter of a counter-based generator, so a seed reproduces a run
-# and rows are independent. Two things in it are worth reading. It asks the generator for
-# four numbers per call (`tl.randint4x`): `tl.rand` runs the whole generator for every element
-# and keeps one of its four outputs, and compiled for an H100 that choice alone is a quarter
-# of the kernel's instructions (`benchmarks/sass.py`, section 9). And it computes
+# (row, column) its own number from a counter-based generator (Philox), so a seed reproduces a
+# run and rows are independent. Two things in it are worth reading. It asks the generator for
+# four numbers per call (`tl.randint4x`): four neighbouring columns of a row share one counter,
+# `r * ceil(n_cols / 4) + c // 4`, and each takes one of its four outputs. `tl.rand` would run
+# the whole generator for every element and keep one output: compiled for an H100, this kernel
+# runs 88 instructions per column (`benchmarks/sass.py`, section 9), and the same kernel with
+# `tl.rand` 125 (that variant compiled the same way, Triton 3.9). And it computes
 # $-\log u$ from $v = 1 - u$, whose smallest values a float32 holds finely: the largest noise
 # values, the ones that decide a row of 128,256 logits, come from $u$ near 1, where
 # `-tl.log(-tl.log(u))` with a float32 $u$ stops at about 16.6.
@@ -390,10 +410,11 @@ check("inverse_transform")
 # %% [markdown]
 # ## 6. Top-k and top-p without sorting
 #
-# Chapter 3 sorted the row to find the top-k or top-p set. A sort of 128,256 values is the most
-# expensive step of the PyTorch path. FlashInfer's observation: you never need the sorted
-# order, only a **threshold** $\tau$ such that the kept set is $\{x : p_x \ge \tau\}$, and you
-# can test any candidate token $j$ for membership in one pass:
+# Chapter 3 sorted the row to find the top-k or top-p set. A sort of 128,256 values is costly:
+# section 1 counted four rows of traffic as its floor, before the passes a sort makes of its
+# own. FlashInfer's observation: you never need the sorted order, only a **threshold** $\tau$
+# such that the kept set is $\{x : p_x \ge \tau\}$, and you can test any candidate token $j$
+# for membership in one pass:
 #
 # - top-k (ties with the $k$-th kept, as in chapter 3): $j$ is kept iff fewer than $k$ tokens
 #   are strictly more likely, $\#\{x : p_x > p_j\} < k$;
@@ -455,16 +476,68 @@ check("inverse_transform")
 check("one_pivot")
 
 # %% [markdown]
-# **Dual pivots.** With one pivot a skewed row can take many rounds. The second pivot bounds
-# them: keep an interval $(\text{low}, \text{high}]$ known to contain $\tau$. Each round draws
+# **Dual pivots.** One pivot is fast on average. Every round's candidates contain the whole
+# top-p set, which holds at least top-p of the row's mass, so each round keeps its draw with
+# probability at least top-p: a row averages at most $1 / \text{top-}p$ rounds (1.1 at 0.9).
+# But nothing bounds one row: it can draw the least likely candidate round after round, up to
+# one round per dropped token, and a kernel waits for its slowest row. The second pivot bounds
+# the rounds of every row (FlashInfer's dual-pivot rejection sampling). Keep an interval
+# $(\text{low}, \text{high}]$ known to contain $\tau$, starting at $(0, 1]$. Each round draws
 # $j$ from $\{p > \text{low}\}$ and, in the same pass over the row, tests two pivots, $p_j$
 # and $(p_j + \text{high}) / 2$. If $p_j$ passes, accept $j$; if only the midpoint passes,
 # $\tau$ lies between them: $\text{low} = p_j$, $\text{high} =$ the midpoint; if neither,
-# $\text{low} =$ the midpoint. Either way the interval at least halves, so after $r$ rounds it
-# is at most $2^{-r}$ long, and once it is shorter than the gap between the smallest kept
-# probability and the largest dropped one, the next draw is kept: at most
+# $\text{low} =$ the midpoint. Either way the interval at least halves, so after $r$ rejected
+# rounds it is at most $2^{-r}$ long, and once it is shorter than the gap between the smallest
+# kept probability and the largest dropped one, the next draw is kept: at most
 # $2 + \lceil \log_2(1 / \text{gap}) \rceil$ rounds, and in float32 never more than about 150
 # however close the gap.
+#
+# The cell below draws from the same two rows 500 times with one pivot (your
+# `top_p_one_pivot`) and 500 times with two (`dual_pivot_rounds` from `utils.plots`: the rounds
+# written plainly in PyTorch): a Zipf row of 4,096 tokens ($p \propto 1 / \text{rank}^{1.1}$,
+# a few likely tokens and a long tail) at top-p 0.9, and a nearly flat row at top-p 0.01, whose
+# top-p set holds 1 % of the mass, so that one pivot takes several rounds. It prints the average
+# and the largest count of rounds, the worst case one pivot allows (one round per dropped token,
+# and the last) and the bound above for two.
+
+# %%
+flat_gen = torch.Generator().manual_seed(0)
+zipf_row = torch.arange(1, 4097, dtype=torch.float64) ** -1.1
+flat_row = 1 + 0.01 * torch.rand(4096, generator=flat_gen, dtype=torch.float64)
+pivot_rows = {
+    "Zipf, top-p 0.9": (zipf_row / zipf_row.sum(), 0.9),
+    "nearly flat, top-p 0.01": (flat_row / flat_row.sum(), 0.01),
+}
+pivot_rounds = {}
+for name, (row_p, row_top_p) in pivot_rows.items():
+    one_gen, two_gen = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+    one = [top_p_one_pivot(row_p, row_top_p, one_gen)[1] for _ in range(500)]
+    two = [len(dual_pivot_rounds(row_p, row_top_p, two_gen)) for _ in range(500)]
+    pivot_rounds[name] = (one, two)
+    ranked = row_p.sort(descending=True).values
+    in_set = ranked.cumsum(0) - ranked < row_top_p
+    gap = float(ranked[in_set].min() - ranked[~in_set].max())
+    print(
+        f"{name}:\n  one pivot:  {sum(one) / 500:.2f} rounds on average, at most {max(one)}; "
+        f"worst case {int((~in_set).sum()) + 1}"
+    )
+    print(f"  two pivots: {sum(two) / 500:.2f} rounds on average, at most {max(two)}; "
+          f"bound {2 + math.ceil(math.log2(1 / gap))}")  # fmt: skip
+
+# %% tags=["claim"]
+assert all(abs(sum(a) - sum(b)) < 0.15 * sum(a) for a, b in pivot_rounds.values()), (
+    "section 6 says one pivot and two average about the same number of rounds"
+)
+assert sum(pivot_rounds["nearly flat, top-p 0.01"][0]) > 3 * 500, "section 6: several rounds"
+assert sum(pivot_rounds["Zipf, top-p 0.9"][0]) < 1.2 * 500, "section 6: about 1.1 at 0.9"
+
+# %% [markdown]
+# The second pivot makes neither row faster on average: on the flat row the midpoint starts near
+# 1/2 and needs many rounds to come down among probabilities near 1/4,096, while the first pivot
+# does the work alone. What it buys is the bound, the same for every draw of every row, where one
+# pivot's worst case grows with the length of the row. (FlashInfer's blog, under Further
+# reading, gives the same reason: without it, "there is no theoretical guarantee on the number
+# of rounds".)
 #
 # Drawn round by round on one row of 200 tokens with top-p 0.3 (the rounds written plainly in
 # PyTorch by `dual_pivot_rounds`, for the picture; the tokens are drawn sorted only to be
@@ -478,14 +551,22 @@ plot_dual_pivot(demo_row, 0.3, rounds_demo)
 
 # %% [markdown]
 # Round 1 drew a token of the long tail (rank 57 of 200): rejected. Its second pivot, halfway
-# to `high` = 1, passes (nothing is that likely), so the interval becomes (pivot 0, pivot 1]:
+# to `high` = 1, passes (no token is that likely), so the interval becomes (pivot 0, pivot 1]:
 # every token at most as likely as the rejected one is out for good. Each later round draws
 # only among the tokens above `low` and shrinks the interval again, until a draw lands in the
 # top-p set and is returned. Had a second pivot failed, `low` would have jumped up to it.
-#
+
+# %% tags=["claim"]
+assert int((demo_row > demo_row[rounds_demo[0]["token"]]).sum()) + 1 == 57, "section 6: rank 57"
+assert not rounds_demo[0]["kept"] and rounds_demo[1]["low"] == rounds_demo[0]["pivot0"]
+assert rounds_demo[1]["high"] == rounds_demo[0]["pivot1"] > float(demo_row.max()), (
+    "section 6 says round 1's second pivot passes: the interval becomes (pivot 0, pivot 1]"
+)
+
+# %% [markdown]
 # ### Exercise: `top_k_top_p_kernel`
 #
-# *About 90 minutes: the longest exercise of the course. Write the rounds with one pivot
+# *About 90 minutes: the longest exercise of this chapter. Write the rounds with one pivot
 # first (section 6's rejection sampling), check them on a small row, then add the second.*
 #
 # The draw of each round is an inverse transform over $\{p > \text{low}\}$ (your kernel of
@@ -541,10 +622,11 @@ check("top_k_top_p")
 # <details><summary>What to expect</summary>
 #
 # Round 1 draws from the whole row, and the draw lands in the top-p set with probability at
-# least 0.9: about nine rows in ten stop there. A row whose first draw falls in the tail has
-# its interval cut to (its pivot, 1] at once, so the second round draws only among tokens more
-# likely than the rejected one; few rows need more than three rounds. A kernel's time follows
-# its slowest row, though: the longest count below is the one a GPU waits for.
+# least 0.9: about nine rows in ten stop there. A row whose first draw $j$ falls in the tail
+# moves its interval to $(p_j, (p_j + 1) / 2]$ if the midpoint passes, or to
+# $((p_j + 1) / 2, 1]$ if the tokens above the midpoint already hold top-p, so the second round
+# draws only among tokens more likely than the rejected one; a third round is rare. A kernel's
+# time follows its slowest row, though: the longest count below is the one a GPU waits for.
 #
 # </details>
 
@@ -567,6 +649,10 @@ counts = torch.bincount(rounds.cpu().long())
 for r, n in enumerate(counts.tolist()):
     if n:
         print(f"{r} round{'s' if r != 1 else ''}: {n} rows")
+
+# %% tags=["claim"]
+assert 0.85 < counts[1] / demo_probs.shape[0] < 0.95, "section 6 says about nine rows in ten"
+assert counts[3:].sum() < 0.01 * demo_probs.shape[0], "section 6 says a third round is rare"
 
 # %% [markdown]
 # ## 7. Fused matmul + sample
@@ -609,8 +695,9 @@ for r, n in enumerate(counts.tolist()):
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
-# `tl.dot` needs blocks of at least 16 in each dimension, so `BLOCK_B >= 16` even for a single
-# row: mask the rows past the batch.
+# The wrapper's tile has at least 16 rows even for a batch of one (a GPU's tensor cores multiply
+# at least 16 rows at a time), so mask the rows past the batch. `tl.dot`'s own limit is on the inner
+# dimension: at least 16 for 16-bit inputs, 8 for float32 (Triton 3.9), which `BLOCK_D` meets.
 #
 # </details>
 #
@@ -703,24 +790,31 @@ check("rejection_kernel")
 # model's (Zipf rows at V in {50257, 128256}, and the shipped model's own distributions) for
 # batches of 1 to 256, and against the memory limit: a plain read of the same tensor, timed the
 # same way in the same run, each call after the L2 cache is flushed. It prints one JSON object
-# (its docstring explains every field) and draws latency against batch size. What to look for:
+# (its docstring explains every field, and derives each of its goals from the arithmetic
+# below) and draws latency against batch size. No GPU has run it for this course yet. What to
+# look for:
 #
-# - `sample_from_probs` and `gumbel` should sit within a small factor of `floor_ms`, one read
-#   of the rows: there is nothing left to save but launch overhead. `torch.multinomial` is
-#   further off at large V.
-# - `top_p` against the sort: section 1 counted at least 14 rows' worth of traffic for the
-#   sort-based path; the kernel reads the row once, then twice per round, and `rounds` says how
-#   many rounds the rows took: the slowest row (`max`) sets the kernel's time.
+# - `sample_from_probs` should sit within a small factor of `floor_ms`, one read of the rows
+#   (the goal: 1.5 times): its instructions take less time than the read. `torch.multinomial`
+#   reads the rows five times and writes them twice (section 1). `gumbel` cannot come as close:
+#   its instructions take longer than the read (below).
+# - `top_p` against the sort: section 1 counted at least 20 rows' worth of traffic for the
+#   sort-based path; the kernel reads the row twice per round, and `rounds` says how many
+#   rounds the rows took: the slowest row (`max`) sets the kernel's time.
 # - `tokens`: every timed call's tokens are checked (valid, in the kept set, and their mean
 #   probability against its expectation): a fast kernel that samples wrongly is not fast.
 # - `fused`: against the matmul alone (`x_matmul`, ideally close to 1) and against matmul +
-#   softmax + multinomial, which writes and reads `[B, V]` float32 logits three times more.
+#   softmax + multinomial, which writes the `[B, V]` logits in bfloat16, reads them back and
+#   writes them in float32, reads and writes them in the softmax, then reads them five times
+#   and writes them twice in `torch.multinomial`. At B = 64, D = 4,096, V = 128,256 that is a
+#   third more bytes than the read of `W_U` (1.41 GB against 1.05 GB), so at the same fraction
+#   of the bandwidth the fused kernel is about 1.3 times faster, not more (the goal: 1.2 times).
 #
 # Without a GPU there is still something to read: what the GPU would run. `python
 # benchmarks/sass.py` compiles every kernel for an H100 as a real launch compiles it (the
 # wrappers' block sizes, the 16-byte alignment hints Triton's launcher gives) and disassembles
 # the machine code with the tools Triton ships. Compiled, not timed, per block of the main loop
-# (one run of that script; your Triton version may differ a little):
+# (one run of that script, Triton 3.9.0, 2026-11-25; your Triton version may differ a little):
 #
 # | kernel (block, warps) | instructions per thread | barriers | loads | registers |
 # |---|---|---|---|---|
@@ -729,39 +823,48 @@ check("rejection_kernel")
 # | Gumbel, greedy (16,384, 16) | 429 | 5 | 16-byte | 70 |
 # | inverse transform, summed block (16,384, 16) | 213 | 2 | 16-byte | 128 |
 # | inverse transform, scanned block (16,384, 16) | 1,070 | 6 | 16-byte | 128 |
+# | top-p, a round's draw / count (8,192, 8) | 950 / 287 | 8 / 4 | 16-byte | 181 |
+# | top-k, a round's draw / count (8,192, 8) | 822 / 512 | 8 / 8 | 16-byte | 141 |
 # | fused matmul + sample, bf16 (64 x 128 x 64 tile, 4) | 125, 4 `wgmma` | 2 | async copies | 240 |
 #
 # Read it as section 1 taught. A memory-bound kernel must keep enough bytes in flight: memory
-# stays busy only with bandwidth x latency on the way, on an H100 about 3.35 TB/s x 0.6 µs,
-# some 2 MB. A program issues every load of a block before it uses any, so a block is what one
+# stays busy only with bandwidth x latency on the way (Little's law), on an H100 about
+# 3.35 TB/s x 0.6 µs, some 2 MB (0.6 µs is an assumed latency under load, not a published
+# figure). A program issues every load of a block before it uses any, so a block is what one
 # row has in flight: 16,384 float32 are 64 KB, and 64 rows keep 4 MB in flight. Blocks of
 # 4,096 on 4 warps, as these kernels first had, kept 1 MB: by this count, half the bandwidth.
 # So the wrappers take blocks of up to 16,384 columns, 32 per thread (16 warps; top-k / top-p,
 # which keeps more per column, 8,192 on 8: `runtime.row_block`), and the compiled code shows
-# the cost: no spilled register, and per column about the same work as before. Below about 32
+# the cost: no spilled register, and per column about the same work as before (except the
+# inverse transform's one scanned block per row: 1,070 instructions against 689). Below about 32
 # rows even that is not enough: splitting a row across programs would be the next step. (The
 # inverse transform's summed blocks are a fifth of its scanned ones: the reason section 5 scans
 # only where a row crosses $u$.)
 #
 # Gumbel sampling is another matter: 88 instructions per column, most of them the random
-# number generator and two accurate logarithms. An H100 issues about $10^{12}$ warp
-# instructions a second (132 SMs x 4 schedulers x 1.98 GHz), so 64 rows of 128,256 (the 64 SMs
-# the rows occupy) take about 45 µs, over four times the read: arithmetic, not bytes, on a GPU
-# too.
-# The fused kernel pays for the same noise once per tile, after its loop: 4,728 instructions
-# per thread for a 64 x 128 tile (7,128 - 872 = 6,256 when `tl.rand` ran the whole generator for
-# each logit), about 60 % of the 64 loop steps a d_model of 4,096 takes and three times the 12
-# steps of GPT-2's 768.
+# number generator and two accurate logarithms (the greedy branch, which has neither, runs 429
+# per block against 2,804). An H100 issues about $10^{12}$ warp instructions a second (132 SMs x
+# 4 schedulers, each one warp instruction per clock, x 1.98 GHz), so 64 rows of 128,256, one
+# per SM, take about 45 µs, over four times the read (about 4.6): arithmetic, not bytes, on a
+# GPU too. Even spread over all 132 SMs they would take 2.2 reads, so the benchmark's goal for
+# Gumbel sampling is 6 times one read, not 2.
+# The top-k / top-p rounds are partly arithmetic too: a round's draw pass scans every block, and
+# its 950 instructions per thread for each of a row's 16 blocks (8 warps) take about 15 µs, 1.6
+# reads, before the count pass reads the row again.
+# The fused kernel pays for the same noise once per tile, after its loop: 5,600 - 872 = 4,728
+# instructions per thread for a 64 x 128 tile (with `tl.rand` for each logit, compiled the same
+# way, 7,944 - 872 = 7,072), about 60 % of the 64 loop steps a d_model of 4,096 takes and three
+# times the 12 steps of GPT-2's 768.
 #
 # **On Colab.** Which GPUs Colab offers depends on the plan and changes over time (the course
 # cannot check it; *Runtime > Change runtime type* lists them); `!nvidia-smi` in a cell names
 # the one you got. What matters here is its compute capability, and what Triton compiles for it
 # can be read without one: `python benchmarks/sass.py --kernel fused_matmul --arch 75`.
 #
-# - **T4** (compute capability 7.5, the free plan's; 320 GB/s, 40 SMs, 4 MB of L2): every
-#   kernel compiles and samples exactly, and the sampling kernels are still memory-bound, only
-#   about ten times slower than on an H100 (a [64, 128256] float32 batch takes about 100 µs to
-#   read). But Triton uses tensor cores from compute capability 8.0 on: on a T4 the fused
+# - **T4** (compute capability 7.5, the free plan's usual one; 320 GB/s, 40 SMs, 4 MB of L2):
+#   every kernel compiles and samples exactly, and the sampling kernels are still memory-bound,
+#   only about ten times slower than on an H100 (a [64, 128256] float32 batch takes about 100 µs
+#   to read). But Triton uses tensor cores from compute capability 8.0 on: on a T4 the fused
 #   kernel's `tl.dot` compiles to ordinary float32 multiply-adds (4,096 `FFMA` per thread per
 #   tile step of the bf16 launch, no tensor-core instruction), while cuBLAS multiplies on the
 #   T4's tensor cores. So on a T4 expect `fused` to lose to the matmul by a wide margin: correct,
@@ -770,8 +873,10 @@ check("rejection_kernel")
 # - **L4** (8.9; 300 GB/s, 58 SMs, 48 MB of L2) and **A100** (8.0; 1.6 to 2.0 TB/s, 108 SMs,
 #   40 MB of L2): `tl.dot` runs on the tensor cores (`mma`: HMMA instructions, 64 per tile
 #   step; an H100 issues 4 `wgmma` instead), with asynchronous copies. All of the benchmark
-#   applies, and the goals, set for an H100, are ratios, so they carry over roughly: a slower
-#   memory makes every floor longer together.
+#   applies. Its goals are derived from an H100's figures: those set by bytes carry over
+#   roughly, since a slower memory makes every floor longer together, but the ones set by
+#   instructions (Gumbel sampling, the top-k / top-p rounds) follow a card's ratio of
+#   instruction rate to bandwidth, which differs from card to card.
 #
 # On any of them, look first at `x_floor` (how far each kernel is from one read of its rows) and
 # `rounds`, then at the ratios against PyTorch; the absolute microseconds say which card you got.
@@ -787,11 +892,20 @@ check("rejection_kernel")
 # - The Triton tutorials, above all "Fused Softmax" (one row per program, the row kept in
 #   registers: section 3's kernel) and "Matrix Multiplication" (tiles, `tl.dot`, grouped
 #   ordering: section 7's).
-# - FlashInfer's blog post on sorting-free sampling (December 2024, "Sorting-Free GPU Kernels
-#   for LLM Sampling"): rejection sampling with pivots for top-k and top-p, section 6's idea,
-#   and its sampling tests, ported in this repository's `tests/peers/`.
-# - vLLM's sampler (`vllm/v1/sample/`), its top-k / top-p paths and its rejection sampler for
-#   speculative decoding, section 8's contract.
+# - FlashInfer's blog post on sorting-free sampling ("Sorting-Free GPU Kernels for LLM
+#   Sampling", March 2025, [flashinfer.ai/2025/03/10/sampling.html](
+#   https://flashinfer.ai/2025/03/10/sampling.html)): rejection sampling with pivots for top-k
+#   and top-p, section 6's idea, dual pivots since FlashInfer 0.2.3. Its kernels, in CUDA C++:
+#   `include/flashinfer/sampling.cuh` (read here at commit `fb28d72`, August 2026, where
+#   `TopPSamplingFromProbKernel` starts from $(0, 1]$ and a mass of 1 as section 6 does); its
+#   sampling tests are ported in this repository's `tests/peers/`.
+# - vLLM's sampler (`vllm/v1/sample/`): `sampler.py` applies penalties and temperature to the
+#   batch's logits with PyTorch operations; `ops/topk_topp_sampler.py` samples top-k / top-p
+#   with a sort in PyTorch, or with FlashInfer's kernels when `VLLM_USE_FLASHINFER_SAMPLER=1`;
+#   `rejection_sampler.py` is section 8's contract as Triton kernels (read at commits
+#   `3e34265`, `3babc05` and `7f6fc1c`). Later versions add `ops/topk_topp_triton.py` (read at
+#   `08a5723`), a Triton kernel that finds the top-k / top-p threshold by a search over
+#   pivots, without a sort, and masks the logits below it.
 #
 # ## Check your understanding
 #
@@ -810,9 +924,12 @@ check("rejection_kernel")
 #
 # <details><summary>Answer</summary>
 #
-# When the input is logits: the softmax that inverse transform would need reads and writes the
-# row, while generating random numbers in registers costs arithmetic, not memory traffic. And
-# always inside a fused matmul, for the reason above.
+# When the input is logits and its arithmetic costs less than the traffic it saves. The softmax
+# that inverse transform would need reads the row twice and writes it once before the sampler
+# reads it again: four reads' worth with this chapter's kernels. Gumbel-max reads the row once
+# and pays in arithmetic instead: on an H100, by section 9's count, about 2.2 reads' worth when
+# the rows keep all 132 SMs busy, 4.6 at a batch of 64, when one row per SM leaves half of
+# them idle. And always inside a fused matmul, for the reason above.
 #
 # </details>
 #
@@ -828,10 +945,10 @@ check("rejection_kernel")
 #
 # ## What's next
 #
-# Serving engines build on exactly these pieces. FlashInfer's sampling kernels take a
-# different top-k, top-p or temperature per row in one launch, add min-p (keep tokens at least
-# a fraction of the most likely one's probability), and apply top-k and top-p together; vLLM
-# fuses the logits processors (penalties, temperature) into the sampler and runs the
-# speculative verifier of section 8 on the GPU with the draft's probabilities left in place.
-# The ideas are the ones you used: read each row as few times as possible, carry a few numbers
-# in registers from block to block, and let rejection sampling replace a sort.
+# Serving engines build on the same pieces. FlashInfer's sampling kernels take a different
+# top-k or top-p per row in one launch (its softmax a temperature per row), add min-p (keep
+# tokens at least a fraction of the most likely one's probability), and apply top-k and top-p
+# together; vLLM runs the speculative verifier of section 8 as Triton kernels, which take the
+# draft's probabilities or, for n-gram drafts, none (a draft probability of 1). The ideas are
+# the ones you used: read each row as few times as possible, carry a few numbers in registers
+# from block to block, and let rejection sampling replace a sort.

@@ -89,9 +89,13 @@ def fused_matmul_kernel(
 
 
 def fused_tiles(n_rows: int) -> tuple[int, int, int, dict]:
-    """(BLOCK_B, BLOCK_V, BLOCK_D, launch options). tl.dot needs 16 or more in each dimension.
-    On a GPU: up to 64 rows per tile (W_U is then read once per 64 rows), 128 columns, d_model
-    in steps of 64, pipelined over 3 stages. Under the interpreter: many rows per program."""
+    """(BLOCK_B, BLOCK_V, BLOCK_D, launch options). On a GPU: from 16 to 64 rows per tile (W_U
+    is then read once per 64 rows), 128 columns, d_model in steps of 64, pipelined over 3
+    stages. Why at least 16 rows: tl.dot accepts fewer (Triton 3.9 asks only K = BLOCK_D >= 16
+    for 16-bit inputs, 8 for float32: min_dot_size in triton/backends/nvidia/compiler.py), but
+    the tensor cores multiply 16 rows at a time, so compiled for sm_90 a bf16 tile of 1 or 8
+    rows runs the same 16 mma.sync m16n8k16 per step as one of 16. Under the interpreter: many
+    rows per program."""
     if INTERPRET:
         return min(max(next_power_of_2(n_rows), 16), 512), 64, 32, {}
     block_b = min(max(next_power_of_2(n_rows), 16), 64)
