@@ -1,0 +1,49 @@
+"""The README's numbers are the records' numbers: the shipped models' losses come from their
+metrics.json, each chapter's time from the chapter's own estimate, each benchmark figure from
+the recorded run in benchmarks/results/. A retrained model or a new run fails here until the
+README says what the record says."""
+
+import json
+import re
+
+import pytest
+
+from utils import CHAPTERS_DIR, REPO_ROOT
+from utils.chapters import chapter_names
+
+README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _metrics(model: str) -> dict:
+    return json.loads((REPO_ROOT / "models" / model / "metrics.json").read_text())
+
+
+def test_model_losses_are_the_model_cards():
+    main, draft = _metrics("shakespeare"), _metrics("shakespeare-draft")
+    said = (
+        f"the main model reaches {main['val_loss_nats_per_char']:.2f} nats per\n"
+        f"character ({main['val_bits_per_char']:.2f} bits), the draft "
+        f"{draft['val_loss_nats_per_char']:.2f}, and a bigram model counted on the same tokens "
+        f"{main['bigram_val_loss_nats_per_char']:.2f}."
+    )
+    assert said in README, f"the README's model losses should read: {said!r}"
+
+
+def _chapter_time(chapter: str) -> str:
+    """The chapter's '**Time:** about 3–4 hours' as the README writes it: '3–4 h'."""
+    text = (CHAPTERS_DIR / f"{chapter}.py").read_text(encoding="utf-8")
+    found = re.search(r"\*\*Time:\*\* about ((?:[0-9–]+ (?:hours?|minutes)\s*)+)", text)
+    assert found, f"{chapter} states no '**Time:** about N hours'"
+    words = found.group(1).split()
+    units = {"hour": "h", "hours": "h", "minutes": "min"}
+    return " ".join(units.get(w, w) for w in words)
+
+
+@pytest.mark.parametrize("chapter", chapter_names())
+def test_chapter_times_are_the_chapters_own(chapter):
+    row = next(line for line in README.splitlines() if f"`notebooks/{chapter}.ipynb`" in line)
+    time_cell = row.split("|")[4].strip()
+    assert time_cell == f"about {_chapter_time(chapter)}", (
+        f"README says {time_cell!r} for {chapter}; the chapter says about "
+        f"{_chapter_time(chapter)}"
+    )
