@@ -12,6 +12,11 @@ from utils import CHAPTERS_DIR, REPO_ROOT
 from utils.chapters import chapter_names
 
 README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+WORDS = " ".join(README.split())  # the README's text, however its lines are wrapped
+
+
+def says(text: str) -> bool:
+    return " ".join(text.split()) in WORDS
 
 
 def _metrics(model: str) -> dict:
@@ -21,12 +26,12 @@ def _metrics(model: str) -> dict:
 def test_model_losses_are_the_model_cards():
     main, draft = _metrics("shakespeare"), _metrics("shakespeare-draft")
     said = (
-        f"the main model reaches {main['val_loss_nats_per_char']:.2f} nats per\n"
+        f"the main model reaches {main['val_loss_nats_per_char']:.2f} nats per "
         f"character ({main['val_bits_per_char']:.2f} bits), the draft "
         f"{draft['val_loss_nats_per_char']:.2f}, and a bigram model counted on the same tokens "
         f"{main['bigram_val_loss_nats_per_char']:.2f}."
     )
-    assert said in README, f"the README's model losses should read: {said!r}"
+    assert says(said), f"the README's model losses should read: {said!r}"
 
 
 def _chapter_time(chapter: str) -> str:
@@ -44,6 +49,23 @@ def test_chapter_times_are_the_chapters_own(chapter):
     row = next(line for line in README.splitlines() if f"`notebooks/{chapter}.ipynb`" in line)
     time_cell = row.split("|")[4].strip()
     assert time_cell == f"about {_chapter_time(chapter)}", (
-        f"README says {time_cell!r} for {chapter}; the chapter says about "
-        f"{_chapter_time(chapter)}"
+        f"README says {time_cell!r} for {chapter}; the chapter says about {_chapter_time(chapter)}"
     )
+
+
+def _record(name: str) -> dict:
+    return json.loads((REPO_ROOT / "benchmarks" / "results" / f"{name}.json").read_text())
+
+
+def test_generation_figures_are_the_recorded_run():
+    cpu = _record("generate")["result"]["cpu"]
+    tps, ratios = cpu["tokens_per_s"], cpu["ratios"]
+    said = (
+        f"at batch 1, {cpu['new_tokens_b1']} new tokens, the cached sampler writes "
+        f"{tps['cached_b1']:.0f} tokens/s, {ratios['cached_over_uncached_b1']} times the "
+        f"uncached sampler and {ratios['cached_over_hf_b1']} times HF's `generate`; at batch 8, "
+        f"batched generation is {ratios['batched_over_hf_b8']} times HF's, and "
+        f"{ratios['batched_b8_over_cached_b1']} times the cached sampler's batch-1 rate."
+    )
+    assert says(said), f"the README's generation figures should read: {said!r}"
+    assert all(cpu["same_tokens_as_hf"].values()) and says("wrote the same tokens")
