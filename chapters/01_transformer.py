@@ -165,10 +165,11 @@ print(tokenizer.eos_token, "has id", tokenizer.eos_token_id)
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# First the ids: `tokenizer.encode(text, add_special_tokens=False)`, a list of ints. Then turn
-# each id into its text *on its own*. `tokenizer.decode` turns a list of ids into one string
-# (in HF transformers 5.24 a single int works too). `convert_ids_to_tokens` is not the answer:
-# it returns the raw `Ġ` forms.
+# Two steps. First the ids, exactly as the spec above names them: a list of ints, no special
+# token. Then the text of each id *on its own*. `tokenizer.decode` turns a list of ids into one
+# string (in HF transformers 5.24 a single int works too): what do you get if you hand it all
+# the ids at once, and what if you hand it one at a time? `convert_ids_to_tokens` is not the
+# answer: it returns the raw `Ġ` forms.
 # The result is a plain Python list of strings, one per id.
 #
 # </details>
@@ -356,12 +357,17 @@ print(einops.repeat(torch.arange(4), "d -> batch d", batch=2))
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - The mean over `d_model`: `x.mean(dim=-1, keepdim=True)` has shape `[batch, posn, 1]`, which
-#   broadcasts back against `x`. Centre `x` with a *new* tensor (`x = x - ...`, not `x -= ...`).
-# - The variance: `x.var(dim=-1, keepdim=True, unbiased=False)` of the input, or the mean of the
-#   squared centred values, again `[batch, posn, 1]`.
-# - Divide the centred values by the square root of (variance + `cfg.layer_norm_eps`).
-# - Scale by `w` and shift by `b`: both are `[d_model]` and broadcast on their own.
+# - The mean over `d_model`, one number per position. `Tensor.mean` takes a `dim` and a
+#   `keepdim` flag: with the dimension kept the result is `[batch, posn, 1]`, and it broadcasts
+#   back against `[batch, posn, d_model]`. (Without it you get `[batch, posn]`: which dimensions
+#   would broadcasting line up then?) The centred values must be a *new* tensor, not the input
+#   changed in place.
+# - The variance over the same dimension, again `[batch, posn, 1]`: either the mean of the
+#   squared centred values, or `Tensor.var`, which divides by `d_model - 1` unless you tell it
+#   otherwise (look up its `correction` argument).
+# - Divide the centred values by the square root of the variance plus `cfg.layer_norm_eps`.
+# - Scale by `w` and shift by `b`: both are `[d_model]`. Do they need any reshaping to
+#   broadcast against `[batch, posn, d_model]`?
 #
 # </details>
 #
@@ -444,10 +450,11 @@ print("means:", normed.mean(-1)[0, :4], "\nstds: ", normed.std(-1, unbiased=Fals
 # - `Embed`: indexing a tensor with an integer tensor picks rows, and the result has the
 #   index's shape followed by the remaining dimensions. Here the index is `tokens`
 #   `[batch, posn]` and the rows of `W_E` are `[d_model]` wide: `[batch, posn, d_model]`.
-# - `PosEmbed`: read `batch` and the sequence length from `tokens.shape`. The first `posn` rows
-#   of `W_pos` are `[posn, d_model]`. Copy them over the batch to `[batch, posn, d_model]`:
-#   `einops.repeat(..., "posn d_model -> batch posn d_model", batch=batch)` does it (so does
-#   `.expand`).
+# - `PosEmbed`: `tokens.shape` gives you `batch` and the sequence length `posn`. Which rows of
+#   `W_pos` does a sequence of length `posn` need? Together they are `[posn, d_model]`. Then
+#   give them a new leading `batch` dimension, `[batch, posn, d_model]`: `einops.repeat` adds a
+#   dimension that you name in the output side of its pattern and size with a keyword argument
+#   (the refresher above has an example), and `Tensor.expand` does the same without copying.
 #
 # </details>
 #
@@ -538,8 +545,8 @@ print("max |ours - reference| =", diff)
 # - Why is $-\infty$ safe? $e^{-\infty} = 0$, so a masked key gets weight *exactly* 0 and the
 #   other weights still sum to 1. That works as long as each row keeps at least one finite
 #   score; a row of only $-\infty$ would be $0/0$ = `nan`. The diagonal guarantees this:
-#   a token always **sees itself**. So mask strictly above the diagonal: in
-#   `torch.triu(..., diagonal=1)`, the `diagonal=1` is what keeps the diagonal unmasked.
+#   a token always **sees itself**. So mask strictly above the diagonal, never the diagonal
+#   itself (if you build the mask with `torch.triu`, its `diagonal` argument decides that).
 # - Apply the mask **before** the softmax, to the scores, not to the pattern.
 #
 # What the tests check: `apply_causal_mask` returns a new tensor of the same shape and leaves
@@ -564,22 +571,31 @@ print("max |ours - reference| =", diff)
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# **The mask.** `torch.triu` of a boolean `ones` matrix `[query_pos, key_pos]` (create it on
-# `attn_scores.device`) with `diagonal=1` is `True` strictly above the diagonal.
-# `Tensor.masked_fill(mask, self.IGNORE)` returns a copy (not the in-place `masked_fill_`), and
-# a `[query_pos, key_pos]` mask broadcasts over batch and heads.
+# **The mask.** The mask is a boolean matrix `[query_pos, key_pos]`, its sizes the last two of
+# the scores' shape, made on the scores' device (the module may live on a GPU). One way:
+# `torch.triu(m, diagonal=d)` keeps the entries of `m` where column $\ge$ row $+ d$ and zeroes
+# the rest; applied to a boolean matrix of ones, which $d$ marks exactly the keys that come
+# after their query? Check your answer on a 3 × 3 picture: row 0 must hide keys 1 and 2, and
+# row 2 nothing. `Tensor.masked_fill` returns a new tensor with the marked entries replaced by
+# a value (`masked_fill_` is its in-place twin), and a `[query_pos, key_pos]` mask broadcasts
+# over batch and heads.
 #
-# **The forward pass**, with `x` of shape `[batch, posn, d_model]`:
+# **The forward pass**, with the input `[batch, posn, d_model]`. Each step below is one
+# `einops.einsum`: write its pattern from the shapes of its two inputs and of the result (the
+# refresher above shows how), and any dimension you leave out of the result is summed over.
 #
-# 1. q, k, v, each `[batch, posn, n_heads, d_head]`, one einsum each plus its bias:
-#    `einops.einsum` of `x` and `self.W_Q` with the pattern
-#    `"batch posn d_model, n_heads d_model d_head -> batch posn n_heads d_head"`.
-# 2. Scores `[batch, n_heads, q_pos, k_pos]`: an einsum of q and k that sums over `d_head`. Give
-#    the two position axes different names (`q_pos`, `k_pos`): einsum treats two axes with
-#    the same name as one axis.
-# 3. Divide by `self.cfg.d_head ** 0.5`, mask, `.softmax(dim=-1)`.
-# 4. z `[batch, q_pos, n_heads, d_head]`: an einsum of the pattern and v that sums over `k_pos`.
-# 5. An einsum of z and `W_O` that sums over both `n_heads` and `d_head`, then `+ b_O`.
+# 1. q, k and v, each `[batch, posn, n_heads, d_head]`: the input with `W_Q` (`W_K`, `W_V`),
+#    summing over `d_model`, plus the bias. Does a `[n_heads, d_head]` bias broadcast onto that
+#    shape as it is?
+# 2. Scores `[batch, n_heads, q_pos, k_pos]`: q with k, summing over `d_head`. Give the two
+#    position axes different names (`q_pos`, `k_pos`): einsum treats two axes with the same name
+#    as one axis.
+# 3. Scale the scores as the section says, mask them, then softmax. Which dimension holds the
+#    keys?
+# 4. z `[batch, q_pos, n_heads, d_head]`: the pattern with v, summing over the keys. Which name
+#    must v's position axis have here?
+# 5. The output `[batch, q_pos, d_model]`: z with `W_O`, summing over both `n_heads` and
+#    `d_head`, then add `b_O` once.
 #
 # </details>
 #
@@ -685,11 +701,11 @@ plot_gelu()
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# `@` multiplies the last dimension by the matrix's first and keeps `[batch, posn]` in front (an
-# einsum `"batch posn d_model, d_model d_mlp -> batch posn d_mlp"` says the same). So:
-# `[batch, posn, d_model]` through `W_in`, plus `b_in`, is `[batch, posn, d_mlp]`; `gelu_new`
-# keeps the shape; through `W_out`, plus `b_out`, is `[batch, posn, d_model]` again. Don't
-# forget either bias.
+# No loop over positions: a `[batch, posn, d_model]` tensor times a 2-D matrix with `@`
+# multiplies the last dimension by the matrix's first and keeps `[batch, posn]` in front (an
+# `einops.einsum` can say the same). Follow the shapes: through `W_in` and its bias to
+# `[batch, posn, d_mlp]`; `gelu_new` keeps the shape; through `W_out` and its bias back to
+# `[batch, posn, d_model]`. Which of the two biases is added *before* the GELU?
 #
 # </details>
 #
@@ -733,9 +749,11 @@ check("mlp")
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# Two lines, the two equations above: `resid_mid` from `resid_pre` with `self.ln1` and
-# `self.attn`, then `resid_post` from `resid_mid` with `self.ln2` and `self.mlp`. Every tensor
-# is `[batch, posn, d_model]`. Write `a + b`, a new tensor, never `resid_pre += ...`.
+# Read the two equations above from the inside out; the modules are `self.ln1`, `self.attn`,
+# `self.ln2` and `self.mlp`, and every tensor is `[batch, posn, d_model]`. Which stream does
+# each LayerNorm read: the block's input, or the stream after attention's output was added?
+# And what is each layer's output added to? Every sum makes a new tensor; none changes
+# `resid_pre` in place.
 #
 # </details>
 #
@@ -807,9 +825,10 @@ check("block")
 # it.
 #
 # `DemoTransformer`: the residual stream starts as the sum of the two embeddings of `tokens`,
-# `[batch, posn, d_model]`. `self.blocks` is an `nn.ModuleList`: iterate over it like a list,
-# feeding each block the stream and reassigning the stream to what it returns. Then
-# `self.ln_final` and `self.unembed` give `[batch, posn, d_vocab]`.
+# `[batch, posn, d_model]`. `self.blocks` is an `nn.ModuleList`, which a `for` loop walks like
+# a Python list. What does block 1 read: the embeddings, or block 0's output? Every block, and
+# the final LayerNorm after them, keeps the shape `[batch, posn, d_model]`; the unembedding,
+# last, turns it into `[batch, posn, d_vocab]`.
 #
 # </details>
 #
