@@ -403,15 +403,10 @@ plot_temperature_curves(by_temperature)
 # non-negative integers, it returns a tensor whose entry `t` is the number of times `t` occurs
 # in `x`. With `minlength=d_vocab` the result has exactly one entry per token, even if the
 # largest ids never occur. But `bincount` only takes 1-D input, and each row must be counted on
-# its own: counting the whole batch at once would penalise row 0 for the tokens of row 1. Two
-# ways out:
-#
-# - **A loop over rows**: `bincount` each row and `torch.stack` the results. Clear, and fast
-#   enough for the batch sizes of this course.
-# - **The offset trick**, one `bincount` for the whole batch: add `b * d_vocab` to every id of
-#   row `b`. Row 0's ids stay in `[0, d_vocab)`, row 1's move to `[d_vocab, 2 d_vocab)`, and so
-#   on, so no two rows share a bin. Flatten, `bincount` with `minlength=batch * d_vocab`, and
-#   reshape to `[batch, d_vocab]`: row `b` of the result holds row `b`'s counts.
+# its own: counting the whole batch at once would penalise row 0 for the tokens of row 1. A
+# loop over the rows is clear, and fast enough for the batch sizes of this course; a single
+# `bincount` for the whole batch is possible too, if no two rows share a bin (the hints show
+# how to arrange that).
 #
 # Common mistakes: counting over the whole batch; forgetting `minlength` (the counts are then
 # shorter than the vocabulary and do not line up with the logits); and modifying `logits` in
@@ -426,21 +421,26 @@ plot_temperature_curves(by_temperature)
 #
 # Count, for each row on its own, how often each token id occurs in that row, and subtract
 # `freq_penalty` times those counts from the row's logits. The trap: one count over the whole
-# batch mixes the rows.
+# batch mixes the rows. To count every row in one call anyway, give each row a range of ids
+# of its own, so that no two rows share a bin.
 #
 # </details>
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - `torch.bincount(x, weights=None, minlength=...)` counts a 1-D tensor of ids.
-# - Either loop over the rows, `bincount` each with `minlength=d_vocab` and `torch.stack` the
-#   results into `[batch, d_vocab]`; or use the offset trick:
-#   `torch.arange(batch)[:, None] * d_vocab` is `[batch, 1]` and shifts row `b`'s ids into their
-#   own range; flatten, one `bincount` with `minlength=batch * d_vocab`, then
-#   `.view(batch, d_vocab)`.
-# - With a mask, give `bincount` the flattened mask, as floats, as `weights`: a weight of 0
-#   skips a position.
-# - Subtract into a **new** tensor, with the counts in the logits' dtype, on the same device.
+# - The counts you need are `[batch, d_vocab]`, laid out like the logits: entry `[b, t]` is how
+#   often token `t` occurs in row `b`.
+# - **A loop**: each row's `bincount` (with `minlength`) is `[d_vocab]`; `torch.stack` turns a
+#   list of those into `[batch, d_vocab]`.
+# - **One call**: what number must you add to every id of row `b` so that row 0's ids stay in
+#   `[0, d_vocab)`, row 1's land in `[d_vocab, 2 d_vocab)`, and so on? Build those offsets as a
+#   `[batch, 1]` tensor (on the ids' device) so that they broadcast over each row. How long must
+#   the 1-D counts then be, and into what shape do you reshape them so that row `b` holds row
+#   `b`'s counts?
+# - **The mask** is laid out like the ids. As `weights` (floats, in the same 1-D order as the
+#   ids you count), a weight of 0 skips a position and 1 counts it.
+# - Subtract into a **new** tensor. With `weights`, `bincount` may return another float dtype
+#   than the logits' (float64 for float16 weights): bring the counts to the logits' dtype.
 #
 # </details>
 #
@@ -531,11 +531,11 @@ assert round(math.exp(-3), 2) == 0.05, "section 4: e^-3 is about 5%"
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# The softmax over the vocabulary turns `[batch, d_vocab]` logits into probabilities of the same
-# shape (a `-inf` logit becomes exactly 0 and is never drawn).
-# `torch.multinomial(weights, num_samples, generator=...)` draws `num_samples` indices per row:
-# with 1 sample the result is `[batch, 1]`, and removing the last dimension gives `[batch]`,
-# int64.
+# Two steps. First the weights: which function turns `[batch, d_vocab]` logits into
+# non-negative numbers of the same shape, over which dimension, with a `-inf` logit becoming
+# exactly 0? Then the draw: `torch.multinomial(weights, num_samples, generator=...)` returns
+# `num_samples` indices per row, int64, so one sample per row is `[batch, 1]`. Which dimension
+# must go to leave `[batch]`, and why must you name it? (Think of a batch of one row.)
 #
 # </details>
 #
@@ -625,15 +625,14 @@ assert round(20_000 * cfg.d_vocab * 4 / 1e6, -1) == 330, "section 5: 330 MB per 
 # - `sample_top_k(logits, k, generator=None)`: one token per row from the filtered logits.
 #
 # `logits.topk(k, dim=-1)` returns the `k` largest values of each row, in decreasing order, and
-# their indices. The last of those values, `values[:, -1:]` (keeping a dimension of size 1 so it
-# broadcasts against `[batch, d_vocab]`), is each row's threshold. `masked_fill(mask, value)`
-# returns a copy with `value` wherever `mask` is true.
+# their indices. `masked_fill(mask, value)` returns a copy with `value` wherever `mask` is true.
 #
-# Common mistakes: dropping the extra dimension of the threshold (`values[:, -1]` has shape
-# `[batch]`, which broadcasts against the *last* dimension: wrong, or a shape error); using
-# `<=` instead of `<` (which removes the $k$-th token itself); building the result by
-# scattering the top-$k$ *indices* (which breaks ties differently from HF); and `topk` with `k`
-# larger than the vocabulary, which raises an error: use `min(k, d_vocab)`.
+# Common mistakes: comparing the logits with a threshold of shape `[batch]` (it broadcasts
+# against the *last* dimension, the vocabulary, not against the rows: wrong, or a shape error);
+# removing the tokens *equal* to the threshold as well (which removes the $k$-th token itself);
+# building the result by scattering the top-$k$ *indices* (which breaks ties differently from
+# HF); and `topk` with a `k` larger than the vocabulary, which raises an error instead of
+# keeping everything.
 #
 # The tests compare the kept set with `TopKLogitsWarper` on random logits, on logits with ties
 # at the $k$-th place, and with $k$ = 45 on 30 tokens; then draw 20,000 samples and test them
@@ -650,14 +649,17 @@ assert round(20_000 * cfg.d_vocab * 4 / 1e6, -1) == 330, "section 5: 330 MB per 
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - `logits.topk(k, dim=-1).values` is `[batch, k]`, in decreasing order; its last column is
-#   each row's threshold. Keep it 2-D, `[batch, 1]`, so that it broadcasts against
-#   `[batch, d_vocab]`.
-# - `<` against the threshold gives the tokens to remove; `masked_fill(mask, float("-inf"))`
-#   returns a copy.
-# - A `k` larger than the vocabulary makes `topk` raise: cap it at `logits.shape[-1]`.
-# - `sample_top_k` draws with your `sample_basic` from the filtered logits, passing the
-#   generator on.
+# - The values `topk` returns are `[batch, k]`, in decreasing order. Which of the `k` is each
+#   row's threshold? To compare it with every logit of its own row, what shape must it have:
+#   `[batch]` or `[batch, 1]`? (Indexing with a slice keeps a dimension; with a single integer
+#   it drops it.)
+# - Which comparison with the threshold marks exactly the tokens to remove, given that the
+#   tokens tied with it stay? That boolean mask, `[batch, d_vocab]`, is what `masked_fill`
+#   takes; `-inf` as a Python number is `float("-inf")`.
+# - What should `k` become when it is larger than the row, so that `topk` does not raise and
+#   every token is kept?
+# - `sample_top_k` needs nothing new: you have already written both of its steps. Remember the
+#   generator.
 #
 # </details>
 #
@@ -742,25 +744,24 @@ assert dist_logits[0].softmax(-1).topk(20).values.sum() < 0.8, "section 7: 20 to
 # option of the same name; default 1, so that something is always left to sample). With
 # `top_p=0` only this many tokens survive.
 #
-# The vectorised recipe, per row:
+# The plan, for every row at once: running totals only make sense in sorted order, so **sort**
+# each row, most likely first, and **decide in sorted order** which tokens go; then **undo the
+# sort**, so that each decision lands on the token it was made for, and set the removed logits
+# to `-inf`, leaving the rest unchanged. Three tools do the work:
 #
-# 1. **Sort** the logits in decreasing order: `sorted_logits, order = logits.sort(dim=-1,
-#    descending=True)`. `order[b, i]` is the original index of the row's `i`-th most likely
-#    token.
-# 2. **Running totals**: the softmax of the sorted logits, then `cumsum(dim=-1)`.
-# 3. **Decide in sorted order**: remove a token if the total *before* it is already `>= top_p`;
-#    never remove the first `min_tokens_to_keep`.
-# 4. **Undo the sort**: the decision at sorted position `i` belongs to the original position
-#    `order[b, i]`. `Tensor.scatter(dim=-1, index=order, src=decisions)` writes
-#    `decisions[b, i]` to position `order[b, i]`: exactly that. (`gather` goes the other way,
-#    from original order to sorted order, which is not what you want here.)
-# 5. **Mask**: `masked_fill` the removed tokens with `-inf`, leaving the rest unchanged.
+# - `logits.sort(dim=-1, descending=True)` returns the sorted values and `order`, the
+#   permutation: `order[b, i]` is the original index of row `b`'s `i`-th most likely token.
+# - `Tensor.cumsum(dim=-1)` returns the running totals along each row.
+# - `Tensor.scatter(dim, index, src)` writes `src[b, i]` to position `index[b, i]` of row `b`
+#   (along the last dimension); `Tensor.gather(dim, index)` reads the other way, entry `i` of
+#   row `b` from position `index[b, i]`. One of them undoes the sort.
 #
-# Common mistakes: keeping one token too few, by testing the *inclusive* running total
-# (`cumsum < top_p` drops the token that reaches the line); keeping one too many, by testing
-# `>` instead of `>=`, or by computing the total before a token as `cumsum - p`: on paper the
-# same number, in float32 a subtraction that rounds. With probabilities 0.5, 0.3, 0.1, 0.1 and
-# `top_p = 0.8`, the running total after two tokens is 0.80000001 (the line is reached: the
+# Common mistakes: keeping one token too few, by testing the *inclusive* running total (which
+# drops the token that reaches the line); keeping one too many, by keeping a token when the
+# mass before it equals `top_p` exactly (the table's row for 0.5 keeps one token, not two), or
+# by computing the mass before a token as its running total minus its own probability: on paper
+# the same number, in float32 a subtraction that rounds. With probabilities 0.5, 0.3, 0.1, 0.1
+# and `top_p = 0.8`, the running total after two tokens is 0.80000001 (the line is reached: the
 # 0.1s go), but 0.89999998 - 0.09999999 rounds to 0.79999995, and a 0.1 slips in. Shift the
 # running total instead: it is the very number that reached the line. Also: forgetting to undo
 # the sort, so that the mask lands on the wrong tokens; and ignoring `min_tokens_to_keep`.
@@ -794,17 +795,21 @@ assert dist_logits[0].softmax(-1).topk(20).values.sum() < 0.8, "section 7: 20 to
 #
 # Every tensor below is `[batch, d_vocab]`.
 #
-# 1. `sorted_logits, order = logits.sort(dim=-1, descending=True)`.
-# 2. The softmax of the sorted logits, and its `cumsum(dim=-1)`; shift it one column to the
-#    right (a column of zeros in front, the last column dropped: `torch.cat`) to get the mass
-#    of the tokens ahead of each one. Subtracting each token's own probability instead rounds.
-# 3. Remove where that mass is `>= top_p`; then mark the first `min_tokens_to_keep` columns as
-#    kept (assigning to a slice of the boolean tensor).
-# 4. `decisions.scatter(dim=-1, index=order, src=decisions)` writes `decisions[b, i]` to
-#    position `order[b, i]`: the sort undone.
-# 5. `masked_fill` the removed tokens with `-inf`.
+# 1. Sort, keeping the permutation `order`. The running totals are those of the *probabilities*
+#    of the sorted logits, not of the logits themselves.
+# 2. The mass before the token in sorted column `i` is the running total at column `i - 1`,
+#    and 0 for column 0. How do you build that tensor from the running totals without
+#    subtracting anything (see the common mistakes above)? `torch.cat` joins tensors along a
+#    dimension, and `torch.zeros_like` makes a column of zeros of the right dtype and device.
+# 3. Which comparison of that mass with `top_p` marks the tokens to remove, given the table's
+#    row for `top_p=0.5`? Then make sure the first `min_tokens_to_keep` columns of that boolean
+#    tensor say "keep".
+# 4. The decisions are in sorted order, and `order` says where each came from. Which of
+#    `scatter` and `gather` puts the decision of sorted column `i` at original position
+#    `order[b, i]`? Try both on one short row whose order you know.
+# 5. `masked_fill` with `-inf` where the mapped-back mask says "remove".
 #
-# `sample_top_p` draws with `sample_basic` from the filtered logits, passing the generator on.
+# `sample_top_p` needs nothing new, as with top-k.
 #
 # </details>
 #
@@ -952,14 +957,13 @@ assert ["0.79999995"] == [  # the third token's running total minus its probabil
 #
 # - **`next_logits(input_ids)`**: one model call, the logits `[1, d_vocab]` for the token after
 #   the text so far. The model has `n_ctx` learned positions and refuses longer input: once the
-#   text is longer than that, feed it the **most recent** `n_ctx` tokens,
-#   `input_ids[-self.cfg.n_ctx:]`. Crop what the model *reads*, never what you *return*: the
-#   output keeps every token. The model takes `[batch, posn]`, with a batch of 1 here:
-#   `tensor[None]` adds it. Chapter 4's faster sampler replaces this method (with one that
-#   keeps a cache) and keeps your loop.
-# - **The loop in `sample`**, for at most `max_tokens_generated` steps: `self.next_logits`,
-#   then a token from `self.sample_next_token`, which takes `input_ids [batch, seq]` (again
-#   `[None]`) and `logits [batch, d_vocab]`.
+#   text is longer than that, feed it the **most recent** `n_ctx` tokens (`n_ctx` is
+#   `self.cfg.n_ctx`). Crop what the model *reads*, never what you *return*: the output keeps
+#   every token. The model takes `[batch, posn]`, with a batch of 1 here. Chapter 4's faster
+#   sampler replaces this method (with one that keeps a cache) and keeps your loop.
+# - **The loop in `sample`**, for at most `max_tokens_generated` steps, each adding one token
+#   chosen by the given `self.sample_next_token`, which takes `input_ids [batch, seq]` and
+#   `logits [batch, d_vocab]` and returns one token per row, `[batch]`.
 # - **Options.** Pass `generator=generator` and every other keyword argument (`**kwargs`:
 #   temperature, top_k, top_p, frequency_penalty...) on to `self.sample_next_token`. Give it the
 #   **whole** sequence so far, not the cropped window: the penalty counts every token the text
@@ -995,15 +999,20 @@ assert ["0.79999995"] == [  # the third token's running total minus its probabil
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - `next_logits`: the last `self.cfg.n_ctx` tokens of the 1-D `input_ids`, a batch dimension
-#   added with `[None]` to make `[1, posn]`, one call of `self.model`, and the last position of
-#   its `[1, posn, d_vocab]` output: `[1, d_vocab]`.
-# - The loop: `tqdm(range(max_tokens_generated), disable=not progress)`. Each step calls
-#   `self.next_logits`, then `self.sample_next_token` with the **whole** text as `[1, seq]`, the
-#   logits, `generator=generator` and `**kwargs`; it returns a tensor of shape `[1]`, which
-#   `torch.cat` appends to the 1-D `input_ids`.
-# - Then print it if `verbose` (`self.tokenizer.decode`, with `end=""` and `flush=True`), and
-#   leave the loop if `stop_at_eos` and the token is `eos` (`.item()` gives its id).
+# - `next_logits` goes from a 1-D `input_ids` of any length to `[1, d_vocab]`. Which slice of
+#   a 1-D tensor is its last `n` tokens, and what does it give when the tensor is shorter than
+#   `n`? Indexing with `None` adds a dimension of size 1: where must it go to make `[1, posn]`?
+#   The model returns `[1, posn, d_vocab]`: which position holds the guess for the next token,
+#   and how do you pick it without losing the batch dimension?
+# - Each step of the loop needs the next logits, then one token from `self.sample_next_token`.
+#   What does that function take as its first argument, the whole text or the window the model
+#   reads, and in what shape? What else must it be given so that `seed` and the sampling
+#   options reach it?
+# - The token comes back as `[1]`, and `input_ids` is 1-D: `torch.cat` joins two 1-D tensors
+#   into one. To compare the token with `eos`, an `int`, `.item()` turns a one-element tensor
+#   into a Python number.
+# - In which order do you append, print and stop, so that an `<|endoftext|>` token ends up in
+#   the output? To print a token, decode it with `self.tokenizer`.
 #
 # </details>
 #
@@ -1159,11 +1168,9 @@ Console().print(table)
 # token `2` is banned. Everything else is allowed. With $n = 1$ the prefix is empty and matches
 # every 1-gram: no token in the row may occur again.
 #
-# `tokens.unfold(dimension=1, size=n, step=1)` gives every $n$-gram of every row at once,
-# `[beam, seq - n + 1, n]`, without a loop. Compare `ngrams[:, :, :-1]` with the prefix (add a
-# dimension to the prefix so they broadcast), `.all(dim=-1)` to get the matching $n$-grams, and
-# set `banned` at their last tokens. `matches.nonzero(as_tuple=True)` gives the (beam, $n$-gram)
-# index pairs of the matches.
+# It can be done without a Python loop: `tokens.unfold(dimension=1, size=n, step=1)` returns
+# every $n$-gram of every row at once, `[beam, seq - n + 1, n]` (and raises an error if the row
+# is shorter than $n$).
 #
 # Common mistakes: a prefix of $n$ tokens instead of $n - 1$; an off-by-one that misses the
 # $n$-gram at the very start or at the very end of the row; not handling a row shorter than $n$
@@ -1182,15 +1189,20 @@ Console().print(table)
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - `tokens.unfold(dimension=1, size=n, step=1)` is every $n$-gram: `[beam, seq - n + 1, n]`.
-# - The prefix is the last $n - 1$ tokens of each row, `[beam, n - 1]`. Take it as
-#   `tokens[:, seq - (n - 1):]`: `tokens[:, -(n - 1):]` is the **whole** row when $n = 1$,
-#   because `-0` is 0.
-# - Compare `ngrams[:, :, :-1]` with `prefix[:, None, :]` and reduce with `.all(dim=-1)`:
-#   matches `[beam, n_ngrams]`.
-# - `matches.nonzero(as_tuple=True)` gives two index tensors, the beam and the $n$-gram of each
-#   match. The $n$-gram's last token is the one to ban: set `banned` there with advanced
-#   indexing, `banned[beam_index, token] = True`.
+# - The $n$-grams from `unfold` are `[beam, n_ngrams, n]`. Which part of each $n$-gram is
+#   compared with the prefix, and which part is the token that may get banned?
+# - The prefix is the last $n - 1$ tokens of each row, `[beam, n - 1]`. Careful with $n = 1$:
+#   a slice that starts at `-(n - 1)` starts at `-0`, which is 0, and takes the **whole** row
+#   instead of nothing. Where does the prefix start, counted from the front of a row of
+#   length `seq`?
+# - To compare every $n$-gram of a row with that row's prefix, where must the prefix gain a
+#   dimension of size 1 to broadcast against the $n$-grams? An $n$-gram matches when *all* its
+#   compared tokens are equal (`Tensor.all` over one dimension): the matches are a boolean
+#   `[beam, n_ngrams]`.
+# - `nonzero(as_tuple=True)` returns one index tensor per dimension: here the beam and the
+#   $n$-gram of every match. With those two you can read each match's last token out of the
+#   $n$-grams, and then set `banned` at all the (beam, token) pairs in one assignment: indexing
+#   a 2-D tensor with two index tensors of the same length picks one element per pair.
 #
 # </details>
 #
@@ -1231,16 +1243,15 @@ for n in [1, 2, 3]:
 # `n_ctx` tokens, and hands the logits of the last position to **`top_continuations`**, which
 # you write. (Keeping the model call apart lets chapter 4 swap in a cached one.)
 #
-# - Turn them into **log-probabilities** with `log_softmax`, in float32 (`.float()` first).
-#   Scores add log-probs; adding raw logits would add a different constant for every step and
-#   beam (section 1), and the scores would mean nothing.
+# - Turn them into **log-probabilities**, computed in float32. Scores add log-probs; adding raw
+#   logits would add a different constant for every step and beam (section 1), and the scores
+#   would mean nothing.
 # - With `no_repeat_ngram_size`, set the log-probs of banned tokens to `-inf` *after* the
 #   softmax, as HF does: the other tokens keep their log-probabilities, nothing is renormalised.
-# - `topk(k)` of each row. A new beam's score is its parent's score plus the new token's
-#   log-prob; its tokens are its parent's followed by the new token.
-# - **Order**: beam 0's `k` continuations first (best first), then beam 1's, and so on. So
-#   each parent's tokens are repeated `k` times *in a row*: `repeat_interleave(k, dim=0)`, not
-#   `repeat(k, 1)`, which would cycle through the parents instead.
+# - Each beam's `k` best tokens become `k` new beams. A new beam's score is its parent's score
+#   plus the new token's log-prob; its tokens are its parent's followed by the new token.
+# - **Order**: beam 0's `k` continuations first (best first), then beam 1's, and so on: the
+#   parents in the order 0, 0, ..., 1, 1, ..., not 0, 1, ..., 0, 1, ....
 #
 # **`filter(num_beams)`**: rank all the beams by score, best first, and split them.
 #
@@ -1255,10 +1266,11 @@ for n in [1, 2, 3]:
 # at -0.5, -0.75 and -2.0: the EOS beam at -1.0 left the race and the next best took its place.
 # `finished` is the beam at -1.0 only: the EOS beam at -2.5 ranks fifth, outside the top 3.
 #
-# Common mistakes: `softmax` instead of `log_softmax`; forgetting the parent's score;
-# `repeat` instead of `repeat_interleave`; sorting in increasing order (`argsort` defaults to
-# it: pass `descending=True`); taking the top `num_beams` *first* and then dropping the EOS
-# beams from them, which leaves fewer than `num_beams` running.
+# Common mistakes: probabilities instead of log-probabilities; forgetting the parent's score;
+# cycling through the parents (0, 1, 0, 1, ...) instead of giving each its `k` children in a
+# row; ranking worst first (a sort in increasing order, the default of `sort` and `argsort`);
+# taking the top `num_beams` *first* and then dropping the EOS beams from them, which leaves
+# fewer than `num_beams` running.
 #
 # The tests run `generate` on three beams with `k=4`, with and without a 2-gram ban, and
 # compare the tokens and scores with log-softmax of HF's logits (and HF's n-gram processor);
@@ -1267,8 +1279,8 @@ for n in [1, 2, 3]:
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
-# `top_continuations`: scores add log-probabilities, so convert with `log_softmax` first, ban
-# after it, take each row's best $k$, and lay out beam 0's children first. `filter`: rank *all*
+# `top_continuations`: scores add log-probabilities, so convert to them first, ban after
+# that, take each row's best $k$, and lay out beam 0's children first. `filter`: rank *all*
 # the beams once, then split; do not take the best `num_beams` first and drop the EOS beams from
 # them.
 #
@@ -1278,23 +1290,30 @@ for n in [1, 2, 3]:
 #
 # **`top_continuations`**
 #
-# - `logits.float().log_softmax(dim=-1)`: `[beam, d_vocab]`. With `no_repeat_ngram_size`, your
-#   `banned_ngram_tokens` and `masked_fill(..., float("-inf"))`.
-# - `topk(k, dim=-1)`: values and indices, `[beam, k]`.
-# - New scores: the parents' scores as a column, `[beam, 1]`, plus the values; flattened to
-#   `[beam * k]`.
-# - New tokens: each parent's row repeated `k` times in a row (`repeat_interleave(k, dim=0)`,
-#   `[beam * k, seq]`), with the flattened indices as one more column (`[beam * k, 1]`), joined
-#   by `torch.cat(..., dim=1)`: `[beam * k, seq + 1]`.
+# - `Tensor.log_softmax(dim)` gives the log-probabilities, `[beam, d_vocab]`; `Tensor.float()`
+#   converts to float32. Your `banned_ngram_tokens` returns a mask of the same shape, and
+#   `masked_fill` returns a copy with `-inf` where it is true.
+# - `topk(k, dim=-1)` gives values and indices, both `[beam, k]`: entry `[b, j]` is beam `b`'s
+#   `j`-th best child. What shape must the parents' scores `[beam]` take to be added to every
+#   child of their own row? Flattening a `[beam, k]` tensor reads it row by row: beam 0's `k`
+#   children first, exactly the order asked for, `[beam * k]`.
+# - The new tokens are `[beam * k, seq + 1]`: row `b * k + j` is parent `b`'s tokens followed by
+#   its `j`-th best token. Two tensor methods repeat rows, `repeat` and `repeat_interleave`: try
+#   both on a tensor of two rows to see which gives the order 0, 0, 1, 1. The new tokens are one
+#   more column, `[beam * k, 1]`, joined to the repeated rows with `torch.cat` along the
+#   sequence dimension.
 #
 # **`filter`**
 #
-# - `self.logprob_sums.argsort(descending=True, stable=True)` ranks the beams, best first.
-# - For each ranked beam: does its last token equal `eos`? Its rank is its place in that order,
-#   `torch.arange(len(order))`.
-# - Continuing: the ranked beams that do not end in `eos`, the first `num_beams` of them.
-#   Finished: the ranked beams that do end in it *and* have a rank below `num_beams`.
-# - Index `self` with each: `self[indices]` is a `Beams`.
+# - `argsort` ranks the scores; it sorts in increasing order unless told otherwise. Pass
+#   `stable=True` too: two candidates with equal scores then keep their current order, the
+#   tie-break the tests expect.
+# - For every ranked beam, two yes-or-no questions: does it end in `eos`, and is its rank below
+#   `num_beams`? Each is a boolean tensor as long as the ranking. Indexing the ranking with a
+#   boolean mask keeps the chosen beams in rank order.
+# - Continuing and finished are then each one such selection of the ranking: which of the two
+#   questions does each need, and which one still needs cutting to `num_beams`? `self[indices]`
+#   turns a tensor of indices into a `Beams`.
 #
 # </details>
 #
@@ -1341,17 +1360,20 @@ continuing.print("after two steps: the 3 best of 16 candidates")
 # `beams` is the prompt as one beam of score 0, and `finished` an empty list of
 # `(score, tokens)` pairs. Write the loop, one step per new token:
 #
-# 1. **Expand** with `beams.generate(num_beams + 1, no_repeat_ngram_size)`: `num_beams + 1`
-#    continuations per beam, not `num_beams`. Why one more? At most one of a beam's
+# 1. **Expand**: every running beam offers its `num_beams + 1` best continuations (under the
+#    $n$-gram ban, if one is asked for), not `num_beams`. Why one more? At most one of a beam's
 #    continuations can be `<|endoftext|>` (it is one token), so `num_beams + 1` continuations
 #    always include at least `num_beams` that keep running. With only `num_beams`, a beam whose
 #    top continuations include EOS would offer one running candidate too few, and that missing
 #    candidate could have been among the best. (HF does the same thing differently: it takes the
 #    best `2 * num_beams` candidates over all beams together.)
-# 2. **Prune** with `filter(num_beams)`; the continuing beams are the new `beams`.
-# 3. **Collect** the newly finished: add them (`to_list()`) to `finished`, sort by score, best
-#    first, and keep the best `num_beams`.
-# 4. With `verbose`, show the running beams: `beams.print(title=f"step {step + 1}: ...")`.
+# 2. **Prune**: the best `num_beams` running candidates become the new `beams`, and the ended
+#    ones among the best `num_beams` candidates finish: the split your `filter` makes.
+# 3. **Collect**: after every step, `finished` holds the best `num_beams` finished sequences
+#    found so far, as `(score, tokens)` pairs, best first.
+# 4. With `verbose`, show the running beams after every step with their `print` method, one
+#    table per step, with a title that names the step (the tree after the walk-through below
+#    is drawn from these tables).
 # 5. **Stop?** Only once `num_beams` sequences have finished, and then by one of two rules,
 #    HF's two settings of `early_stopping`:
 #    - `early_stopping=True`: stop right away.
@@ -1390,16 +1412,18 @@ continuing.print("after two steps: the 3 best of 16 candidates")
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - Loop over `range(max_new_tokens)`. `beams.generate(num_beams + 1, no_repeat_ngram_size)`,
-#   then `.filter(num_beams)` gives the new running beams and the newly finished ones.
-# - `finished` is a list of `(score, tokens)`: add `newly_finished.to_list()`, sort best first
-#   with `sorted(..., key=lambda b: -b[0])`, keep the first `num_beams`. Its worst is then
-#   `finished[-1][0]`.
-# - The best running score is `beams.logprob_sums.max().item()`.
-# - Break when `num_beams` have finished and either `early_stopping` is true or the best running
-#   score is `<=` the worst finished one.
-# - A `for ... else:` block runs only when the loop ended without `break`: merge the running
-#   beams (`beams.to_list()`) into `finished` there, sorted and cut to `num_beams` as before.
+# - Your `Beams` already does steps 1 and 2: which method expands, with which `k` (and which
+#   other argument), and which one prunes, with which number? What does the pruning return?
+# - `finished` is a plain Python list of `(score, tokens)` pairs, and `to_list()` turns `Beams`
+#   into such pairs. Python's `sorted` takes a `key` function: what do you sort the pairs by,
+#   and in which direction? A slice then keeps the best `num_beams`. In a list sorted best
+#   first, where is the worst finished score?
+# - The best running score is the largest of `beams.logprob_sums`; `.item()` makes it a Python
+#   number to compare with the scores in `finished`.
+# - The stop test has two parts: have `num_beams` sequences finished, *and* does the rule of
+#   the `early_stopping` setting say stop? Leave the loop with `break`.
+# - A `for ... else:` block runs only when the loop ended without `break`: the place to let the
+#   running beams join `finished`, kept to the best `num_beams` exactly as in step 3.
 #
 # </details>
 #
