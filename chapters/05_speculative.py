@@ -165,19 +165,24 @@ assert draft.cfg.d_vocab == 4096 and draft.unembed.W_U.numel() / _mult[1] > 0.5,
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
-# Three random numbers at most: the draft, $u$, and (after a rejection) the residual draw. To
-# avoid dividing by $q(x)$, compare $u \cdot q(x) < p(x)$: the same event.
+# Three random numbers at most, each from `generator`: the draft, $u$, and (after a rejection
+# only) the residual draw. The keep test $u < p(x) / q(x)$ divides by $q(x)$: what does it
+# become when you multiply both sides by $q(x)$, which is positive for any token drawn from $q$?
 #
 # </details>
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# Draw the draft from $q$ with the generator, then one uniform number $u$. Compare $u$ times
-# the draft's probability under $q$ with its probability under $p$ (a product, so that no
-# division by zero can happen): below, the draft is kept. Otherwise take what $p$ has more of
-# than $q$, token by token (nothing where it has less), scale it to sum to one, and draw the
-# token from it. The acceptance rate is the mass the two distributions share: the smaller of
-# the two probabilities of each token, summed over the vocabulary.
+# - The draft: `torch.multinomial(probs, 1, generator=...)` draws one index from a 1-D row of
+#   probabilities and returns it as a tensor of shape `[1]`; the function returns a Python
+#   `int`.
+# - $u$: `torch.rand` with the shape `()` and the generator gives one number in $[0, 1)$. A
+#   kept draft is returned at once: the residual is needed only after a rejection.
+# - The residual is section 1's formula: `clamp(min=0)` keeps the positive part of a tensor.
+#   Scale it to sum to one before drawing from it. What if its sum is 0? The docstring says
+#   where the token comes from then.
+# - `acceptance_rate`: `torch.minimum` is the elementwise smaller of two tensors. Reduce over
+#   the last dimension only, so that the same code serves one pair and a batch.
 #
 # </details>
 #
@@ -276,16 +281,16 @@ assert abs(alpha_demo - 0.5) < 1e-6, "'What to expect' says alpha = 0.5 for this
 # exactly this; the greedy mode just skips the arithmetic.)
 #
 # No loop over rows or positions: a batch of 64 rows with $k = 8$ should cost a handful of
-# tensor operations, not 512 Python steps. Three steps:
+# tensor operations, not 512 Python steps. The work splits into three parts, each done for the
+# whole batch at once:
 #
-# 1. Each draft's own test, for all positions at once: gather $p_i(x_i)$ and $q_i(x_i)$ with
-#    `gather`, draw `u` `[batch, k]`, `keep = u * q < p`.
-# 2. Only the run before the first rejection counts: a cumulative product along the positions
-#    turns `[T, F, T]` into `[T, F, F]`. `n_accepted = accepted.sum(dim=1)` is also the column
-#    of the main model's token.
-# 3. One token per row from the main model: the residual at position `n_accepted` (clamped
-#    to `k - 1` for the rows where all were kept), or $p_{k+1}$ where all were kept
-#    (`torch.where`), one `torch.multinomial`; write it at column `n_accepted`.
+# 1. Every draft's own test, section 1's, at every position, as if no draft before it had been
+#    rejected (one uniform number per row and position).
+# 2. Only the run before the first rejection counts: from the tests, the `accepted` mask, and
+#    per row the number of drafts kept, which is also the column of `tokens` that receives the
+#    main model's token.
+# 3. One token per row from the main model: from the residual at the first rejected position,
+#    or from $p_{k+1}$ in a row that kept all $k$ drafts.
 #
 # One edge the definition leaves open: a residual with no mass at all. The checks accept rows
 # that sum to 1 within $10^{-3}$, so $p = (0, 0.9995)$ and $q = (0.0005, 0.9995)$ are both
@@ -310,24 +315,32 @@ assert abs(alpha_demo - 0.5) < 1e-6, "'What to expect' says alpha = 0.5 for this
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
-# Write section 1 for all rows and positions at once; `cumprod` finds "up to the first
-# rejection"; the one token from the main model per row comes from a distribution that
-# `torch.where` picks per row.
+# Test every draft as if it were the first: the tests do not depend on each other, only their
+# use does. "Kept, and every draft before it kept too" is a running product along the
+# positions. And every row, whatever happened, gets exactly one token from the main model,
+# right after its kept run.
 #
 # </details>
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - Pick out, for every row and draft position, the drafted token's probability under $p$
-#   and under $q$ (a gather along the vocabulary); draw one uniform per position and test as in
-#   section 1. Greedy: a draft passes when it is $p$'s argmax at its position.
-# - Only the leading run of passes counts: a running product of the passes along the positions
-#   gives the `accepted` mask, and its row sums the number kept.
-# - The token after the run: at the first rejected position, a draw from the residual of that
-#   position; when every draft passed, a draw from $p$ at the extra position $k$. (Pick each
-#   row's position with an index of rows and an index of positions.) Greedy: $p$'s argmax there.
-# - The output starts as -1 everywhere; the kept drafts go where `accepted` is True, and the
-#   new token right after them.
+# - The drafted tokens' probabilities: `Tensor.gather(dim, index)` picks along `dim` the
+#   entries that `index` names, and `index` must have as many dimensions as the tensor, so give
+#   the drafts a trailing axis of length 1 (and drop it afterwards). `target_probs` has
+#   $k + 1$ positions and the drafts $k$: which positions go with the drafts? You get
+#   `[batch, k]` for $p$ and for $q$; then `torch.rand` of that shape with the generator, and
+#   section 1's test. Greedy: compare the drafts with $p$'s argmax at their positions.
+# - `cumprod` along the positions turns the tests (as 0 and 1) into the kept run; `accepted`
+#   is a bool tensor. Its count per row, $n$ `[batch]`, is where the next token goes.
+# - In a row that rejected a draft, the residual comes from position $n$. A row that kept all
+#   $k$ has no rejected position, yet the batch computes a residual for every row: which
+#   position can it use, knowing that `torch.where` will swap that row's distribution for
+#   $p_{k+1}$? To take one position per row, index with two tensors, the row numbers
+#   (`torch.arange(batch)`) and the positions: `[batch, d_vocab]`. Then one
+#   `torch.multinomial` for all rows. Keep the residual of zero mass (above) in mind. Greedy:
+#   $p$'s argmax at position $n$.
+# - `tokens` starts as -1 everywhere (`torch.full`); the drafts go where `accepted` is True,
+#   and each row's new token at its column $n$ (the same two-tensor indexing, now to write).
 #
 # </details>
 #
@@ -445,9 +458,15 @@ print("tokens:\n", demo_out)
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# The latest possible start is `len(text) - n - 1`; `range(len(text) - n - 1, -1, -1)` goes
-# down to 0 (and is empty when the text is too short). Compare `text[start:start + n]` with
-# `text[-n:]`; return the slice `text[start + n : start + n + k]` (Python clips it at the end).
+# - The end's own occurrence starts at index `len(text) - n`. An earlier one may overlap it
+#   but must start before it: which is the latest start allowed? The earliest is 0.
+# - Walk the starts from the latest down (a `range` with a negative step; check that it is
+#   empty when the text has $n$ tokens or fewer), and stop at the first whose $n$ tokens, a
+#   slice, equal the text's last $n$.
+# - For a match that starts at $s$, at which index do the tokens that followed it begin? Take
+#   at most $k$ of them: a slice that runs past the end of a list is cut short, not an error,
+#   which is exactly the case "fewer than $k$ tokens after it". A slice is a copy, so `text`
+#   stays as it was.
 #
 # </details>
 #
@@ -493,10 +512,10 @@ assert [tokenizer.decode([t]) for t in ngram_propose(_ids, 3, 2)] == [" the", " 
 # `[batch]`, and `done` `[batch]`, the rows that have finished (they keep nothing new). It
 # must leave the drafter ready for the next `propose`:
 #
-# - **Forget** the rejected drafts it fed: of the `self.fed` last columns of `self.cache`, keep
-#   the pending ones that were real (`self.pending_mask`) and the fed drafts that were accepted
-#   (`accepted[:, :k - 1]`), nothing of a finished row; `self.cache.keep_only(mask)` does the
-#   rest.
+# - **Forget** the rejected drafts it fed: of the `self.fed` last columns of `self.cache` (the
+#   pending columns, then drafts $1$ to $k - 1$), keep the pending ones that were real
+#   (`self.pending_mask`) and the fed drafts that were accepted, nothing of a finished row;
+#   `self.cache.keep_only` does the rest.
 # - **Queue** what it has not read: the main model's token always; before it, draft $k$ when
 #   all $k$ were kept (proposed, never fed). So `self.pending` is `[batch, 2]`: draft $k$
 #   (a padding column, `False` in `self.pending_mask`, where not all were kept), then
@@ -513,21 +532,25 @@ assert [tokenizer.decode([t]) for t in ngram_propose(_ids, 3, 2)] == [" the", " 
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
-# Build one bool row of length `self.fed` saying which of the round's columns to keep, write
-# it into the last `self.fed` columns of a copy of `self.cache.mask`, and call `keep_only`.
-# Then rebuild `pending` and `pending_mask` from scratch.
+# The round's columns are the last `self.fed` of the cache, in the order they were fed: the
+# pending ones first, then every draft but the last. Line the acceptance flags up with *those*
+# columns. What goes into `pending` depends only on whether a row kept all its drafts.
 #
 # </details>
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - The cache's last `self.fed` columns are what was fed this round: the pending tokens, then
-#   all drafts but the last. Keep a column if it was a real pending token or an accepted
-#   draft, and never in a finished row; hand that mask (the earlier columns unchanged) to
-#   `keep_only`.
-# - What to feed next round: the last draft when a row kept all of them (it was proposed, never
-#   fed), then the main model's token, which is always fed. Rows that kept everything need two
-#   pending columns, the others one; when no row kept everything, one column is enough.
+# - A keep mask for the round's columns, `[batch, self.fed]`: the pending mask, then the flags
+#   of the fed drafts (which $k - 1$ of the $k$ flags?), joined along the positions
+#   (`torch.cat`), and False everywhere in a finished row (`done` needs a trailing axis to
+#   broadcast over the columns).
+# - `keep_only` takes a bool mask shaped like the whole cache's mask, `[batch, cache length]`,
+#   and returns the trimmed cache. Start from a copy of `self.cache.mask`, so that the earlier
+#   columns stay as they are, and put your mask into its last `self.fed` columns.
+# - What to feed next round: the last draft where a row kept all of them (it was proposed,
+#   never fed), then the main model's token, which is always fed. `torch.stack` along a new
+#   axis 1 builds the two columns, `Tensor.all(dim=1)` finds the rows that kept everything.
+#   When no row kept everything, one column is enough.
 #
 # </details>
 #
@@ -556,13 +579,18 @@ check("model_drafter")
 # `[batch]` the newest token, `sampling` the dict of `temperature`, `top_k`, `top_p`. The
 # given first line asks the drafter for `drafts` `[batch, k]` and `draft_probs`
 # `[batch, k, d_vocab]` (`None` from a drafter whose guesses are sure, the n-gram lookup:
-# then $q$ is one-hot at each draft). You write the middle:
+# then $q$ is one-hot at each draft). You write the middle, and leave four names for the given
+# lines after it: `tokens` and `accepted`, the sampler's outputs; `n_new` `[batch]`, the new
+# tokens per row; and `cache`, trimmed.
 #
-# 1. One `forward_with_cache` of the main model over `[last, drafts]`, `[batch, k + 1]`.
-# 2. `target = sampling_probs(logits, **sampling)`; one-hot `draft_probs` if they are `None`;
-#    `rejection_sample(..., generator=generator, greedy=temperature == 0)`.
+# 1. One cached pass of the main model over `last` followed by the drafts, `[batch, k + 1]`.
+# 2. The target distributions from the pass's logits, shaped the way the drafter shapes its
+#    own (the given `sampling_probs`, with the `sampling` dict); $q$ one-hot at the drafts if
+#    `draft_probs` is `None`; then `rejection_sample`, with the generator, in greedy mode at
+#    temperature 0.
 # 3. Trim the cache: of its last $k + 1$ columns keep `last` and the accepted drafts, nothing
-#    of a finished row, with `keep_only`. `n_new = accepted.sum(dim=1) + 1` per row.
+#    of a finished row, with `keep_only`. A row's new tokens are its accepted drafts and the
+#    main model's token.
 #
 # The given lines after yours tell the drafter (`accept`) and return `(tokens, n_new, cache)`.
 # The given `speculative_generate` (after the exercise cell) runs rounds until every row has
@@ -590,14 +618,16 @@ check("model_drafter")
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - Put `last` in front of the drafts and run the main model once over the $k + 1$ columns,
-#   with its cache: position $i$'s logits are the distribution for draft $i + 1$, the last
+# - `last` is `[batch]`: give it a position axis before joining it in front of the drafts.
+#   `forward_with_cache(main, tokens, cache)` returns the logits `[batch, k + 1, d_vocab]` and
+#   the longer cache: position $i$'s logits are the distribution for draft $i + 1$, the last
 #   position's for the token after all of them.
-# - The target distributions are `sampling_probs` of those logits; a drafter that is sure of
-#   its guesses gives no `draft_probs`: build them as one-hot rows at the drafts.
-# - Of the last $k + 1$ cache columns, keep `last` (always) and the accepted drafts, and
-#   nothing in a finished row; the number of new tokens is the accepted count plus the main
-#   model's own token.
+# - `sampling_probs` takes logits of any leading shape, so one call gives all the targets. For
+#   a sure drafter, `F.one_hot(drafts, d_vocab)` builds $q$; it returns integers, and the
+#   sampler wants probabilities (floats).
+# - The trimming is the one of `ModelDrafter.accept`: the pass added exactly $k + 1$ columns
+#   at the end of the cache. Which flag belongs to `last`'s column, which no rejection can
+#   remove?
 #
 # </details>
 #
@@ -726,17 +756,21 @@ with torch.inference_mode():
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
-# Three lines: uniform noise of the logits' shape, its double negative log, and an argmax of
-# scaled logits plus noise.
+# The section's formula is the whole algorithm. The traps are at its edges: where $T$ goes,
+# what dividing by $T = 0$ would do, and what becomes of a uniform number that is exactly 0.
 #
 # </details>
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# Temperature 0 needs no noise: the argmax. Otherwise draw one uniform number per logit with
-# the generator, keep it away from exactly zero (its logarithm would be infinite), turn it into
-# Gumbel noise with two logarithms and two minus signs, add it to the logits divided by the
-# temperature, and take the argmax over the vocabulary.
+# - Temperature 0: return the greedy choice before any noise is drawn.
+# - `torch.rand(shape, generator=..., device=...)` returns uniform numbers in $[0, 1)$: 0 can
+#   come out, 1 cannot. Draw one per logit, `[batch, d_vocab]`, so that no two rows share
+#   noise, and raise the zeros to a tiny positive number (`clamp`; `torch.finfo(dtype).tiny`
+#   is the smallest positive normal number of a dtype).
+# - Turn $U$ into $G$ as the section defines it (`torch.log`), combine it with the scaled
+#   logits, and take `argmax` over the vocabulary: `[batch]`.
+# - Build new tensors: an in-place division would change the caller's logits.
 #
 # </details>
 #
@@ -810,19 +844,26 @@ for T in [0.5, 1.0, 2.0]:
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
-# The shared-noise sum needs, for every pair $(k, j)$, $\max(p_j / p_k, q_j / q_k)$: a
-# `[d_vocab, d_vocab]` matrix per row, built by broadcasting `[..., 1, d_vocab]` against
-# `[..., d_vocab, 1]`.
+# The independent and rejection probabilities are the section's formulas as they stand. The
+# shared-noise one is a double sum over pairs $(k, j)$, a `[d_vocab, d_vocab]` matrix per row,
+# and its trap is the zeros: which terms must vanish, and which divisions must never happen?
 #
 # </details>
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# Mark the tokens possible under both distributions. For the ratios, divide by a copy of `p`
-# (and of `q`) where the impossible tokens are replaced by 1, so that no 0 / 0 appears; the
-# larger of the two ratio matrices, summed over $j$, is each $k$'s race weight; one over it is
-# $k$'s chance, counted only where $k$ is possible under both, then summed over $k$. The other
-# two are one line each: the products summed, and the minima summed.
+# - A bool mask of the tokens possible under both distributions, `[..., d_vocab]`.
+# - The ratio matrices, `[..., d_vocab, d_vocab]` with $k$ along one axis and $j$ along the
+#   other: give the numerators and the denominators a length-1 axis in two different places
+#   (`None` in an index, or `unsqueeze`) and let broadcasting build the matrix. Keep track of
+#   which axis is $j$'s: that is the one to sum over.
+# - No denominator may be 0. The terms of an impossible $k$ are dropped at the end anyway:
+#   what harmless number could stand in for $p_k$ and $q_k$ there? `torch.where(cond, x, y)`
+#   takes a Python number for `x` or `y`.
+# - `torch.maximum` is the elementwise larger of two tensors; the rest is the formula, read
+#   from the inside out, with the impossible $k$ set to 0 before the sum over $k$. Check on
+#   $p = q$: the answer must be 1.
+# - All three reduce over the last dimension only, so that batches work.
 #
 # </details>
 #
@@ -1003,12 +1044,18 @@ for step, guesses in enumerate(history):
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# Column 0 of `allowed` is True everywhere. For the window, loop over levels and columns: the
-# offset is one more than the sum of the two; the row allows level 0 at every earlier column,
-# and the same column at every level up to and including its own. For the candidates, loop
-# over candidates and their tokens: the offset is one more than the token's index within its
-# candidate; the row allows the slice of the pass from the candidate's first token up to
-# itself.
+# - Three kinds of rows: `last` (offset 0), the window's tokens and the candidates' tokens.
+#   Every row reads `last`, column 0.
+# - A window token: loop over levels and columns; `at(level, column)` gives its index. Its
+#   offset is the position it guesses (the section says which). What it reads, in the
+#   section's words: level 0 before its column, and its own column up to itself. Turn each
+#   into a list of indices with `at`: indexing a row of `allowed` with a list of column indices
+#   sets them all at once.
+# - A candidate token: where in the pass does candidate $g$ begin (after `last` and the
+#   levels), and where is its token $t$? Which position after `last` does token $t$ guess? It
+#   reads its own candidate from its first token up to itself: a slice of the row.
+# - Check a row by counting: it must read exactly one token at each offset from 0 up to its
+#   own.
 #
 # </details>
 #
@@ -1053,15 +1100,18 @@ plot_lookahead_mask(offsets, allowed, n_levels=3, window=5, ngram=4)
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
-# Stack `new` under the levels: each column of the result, top to bottom, is one n-gram.
+# An n-gram is a *column* of the window, read from the oldest level down, with `new` as one
+# more level at the bottom. A row of `levels` is not an n-gram.
 #
 # </details>
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# Concatenate the levels and `new` (as one more level) along the level dimension and
-# transpose, so that each row is an n-gram; turn each row into its first token (an int) and a
-# tuple of the rest.
+# `levels` is `[n_levels, window]` and `new` `[window]`: what must `new` become to join the
+# levels as one more of them (`torch.cat` wants the same number of dimensions)? The result is
+# `[ngram, window]`, one n-gram per column; iterating over a tensor walks its first axis, so
+# turn it round first. Each n-gram splits into its first token, the key, and the rest. The
+# return is plain Python: an `int` and a tuple of `int`s (`Tensor.tolist()` gives ints).
 #
 # </details>
 #
@@ -1137,19 +1187,23 @@ check("lookahead_harvest")
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
-# Everything is vectorised over candidates: the picks are one `argmax` over the vocabulary of a
-# `[n_cand, n + 1, d_vocab]` tensor, and the runs come from comparing the first $n$ picks with
-# the candidates.
+# No loop over the candidates: the given `logits` `[n_cand, n + 1, d_vocab]` hold every
+# candidate's positions, so one argmax gives all the picks. Everything that makes it exact is
+# in the shape of the noise: one vector per position, shared by all candidates.
 #
 # </details>
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# Without temperature the picks are the argmax of `logits`. With it, add to `logits / T` a
-# noise tensor of shape `[n + 1, d_vocab]` from `gumbel_noise` (it broadcasts over the
-# candidates) before the argmax. A candidate's run is the number of leading True in its row of
-# `picks[:, :n] == candidates`: a cumulative product of the row as integers, summed. The best
-# candidate is the argmax of the runs.
+# - Temperature 0: no noise; the picks are the argmax over the vocabulary, `[n_cand, n + 1]`.
+# - Otherwise `gumbel_noise(shape, generator)` (given above) draws the noise. Which shape gives
+#   one vector per position, the same for every candidate, and broadcasts against `logits`?
+#   The temperature divides the logits only (section 4); then the argmax.
+# - A candidate's run: compare its $n$ tokens with the picks at the positions they occupy (the
+#   picks have $n + 1$ columns: which $n$?), then count the leading matches, as
+#   `rejection_sample` counted its kept run.
+# - `best` is the candidate with the longest run and `run` its length, both plain `int`s: the
+#   given `return` indexes and slices with them.
 #
 # </details>
 #
@@ -1178,7 +1232,8 @@ check("lookahead_verify")
 # (the cache's length) and `first` (the pass's index of the first candidate token). You write:
 #
 # 1. `allowed` `[new, past + new]`: the cached columns are readable by all, then your layout;
-#    one `forward_with_cache` with `positions=past + offsets`.
+#    one `forward_with_cache` of `feed` (a batch of one row) with each token's position (the
+#    cache's length plus its offset) as `positions` and that mask as `allowed`.
 # 2. `candidate_logits` `[n_cand, ngram - 1, d_vocab]` from the rows of the candidates; call
 #    `verifier` (it is `verify` unless the caller asks for the naive one). The given lines
 #    after yours read `logits` (the pass's `[new, d_vocab]`, without the batch dimension) and
@@ -1211,11 +1266,16 @@ check("lookahead_verify")
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# Concatenate a block of True `[new, past]` before the layout's `allowed`. The candidates' rows
-# of the logits start at `first`; reshape them to one row per candidate. For the cache, build a
-# bool mask over its columns: True for the first `past + 1`, True for the `run` columns that
-# start where the chosen candidate starts in the pass (after the cached ones); pass it to
-# `keep_only` with a batch dimension.
+# - The mask: a block of True for the cached columns, `[new, past]`, in front of the layout's
+#   `allowed` (`torch.cat` along the columns).
+# - After the pass, drop the batch dimension. The candidates' rows start at `first`, in the
+#   order of `feed`, `ngram - 1` rows per candidate: `reshape` them to
+#   `[n_cand, ngram - 1, d_vocab]`. The prediction after `last` is row 0. `verifier` returns
+#   `(emitted, best, run)`.
+# - The cache now has `past + new` columns: the cached ones, then the pass's tokens in the
+#   order of `feed`. Keep the cached text and `last`, then `run` columns from where candidate
+#   `best`'s first token sits: at which column is that? `keep_only` takes a bool mask shaped
+#   like the cache's, `[1, past + new]`, and returns the trimmed cache.
 #
 # </details>
 #
