@@ -239,11 +239,21 @@ print(grid, out_demo.tolist())
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - `rows = pid * BLOCK_B + tl.arange(0, BLOCK_B)`, `cols = start + tl.arange(0, BLOCK_V)`.
-# - Load with `mask=..., other=float("-inf")`, then `.to(tl.float32)`.
-# - Pass 1: `m = tl.maximum(m, tl.max(x, axis=1))`; pass 2: `s += tl.sum(tl.exp(x - m[:, None]),
-#   axis=1)`; pass 3: store `tl.exp(x - m[:, None]) / s[:, None]`, cast to the output's dtype
-#   (`out_ptr.dtype.element_ty`).
+# - The tile: this program's `BLOCK_B` rows and, in each step of the loop, `BLOCK_V` columns
+#   from `start`, laid out as in section 2. The mask needs both conditions: a row past `n_rows`
+#   and a column past `n_cols` must not be read. What value must a masked-out element take, so
+#   that it changes neither a row's maximum nor its sum? (`tl.load`'s `other=` gives it.)
+# - Convert each loaded block to float32 before any arithmetic (`.to(tl.float32)`).
+# - What a pass carries from block to block is a `[BLOCK_B]` vector, one number per row:
+#   `tl.max(x, axis=1)` and `tl.sum(x, axis=1)` return one per row of the block, and
+#   `tl.maximum` is the elementwise maximum of two vectors. The maximum first; then the sum of
+#   the exponentials (`tl.exp`) of the logits less their row's maximum; then each element's
+#   exponential over its row's sum, stored. A
+#   `[BLOCK_B]` vector combines with a `[BLOCK_B, BLOCK_V]` block only once it has a column
+#   axis: which indexing gives it one?
+# - The store must be in the output's dtype (half precision in, half precision out):
+#   `out_ptr.dtype.element_ty` is the element type of the tensor `out_ptr` points into, and
+#   `.to(...)` converts a block to it.
 #
 # </details>
 #
@@ -306,11 +316,18 @@ check("softmax_kernel")
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - Scores of a block: the logits times `inv_temperature`, plus the block's noise from
-#   `gumbel_noise`, with masked columns at `-inf`.
-# - `block_best = tl.max(scores, axis=1)`, `block_col = start + tl.argmax(scores, axis=1)`.
-# - `better = block_best > best`; `best = tl.where(better, block_best, best)`, the same for the
-#   column. Store the column as int64.
+# - Before the loop: the best score of each row so far, `[BLOCK_B]`, starting at `-inf`, and
+#   its column. (`tl.full(shape, value, dtype)` and `tl.zeros(shape, dtype)` make them.)
+# - In each block: the logits in float32, the masked columns at `-inf`; unless `GREEDY`,
+#   scaled by `inv_temperature` with the block's noise added (`gumbel_noise`, for this block's
+#   columns: which `start`?). Check that a masked column still scores `-inf` afterwards.
+# - `tl.max(scores, axis=1)` returns each row's best score in the block, `[BLOCK_B]`;
+#   `tl.argmax(scores, axis=1)` returns where it is *within the block*, from 0 to
+#   `BLOCK_V - 1`. What turns that into a column of the row?
+# - `tl.where(condition, a, b)` picks per row between the block's best and the best so far
+#   (and the same for the column); which comparison gives ties to the earlier column?
+# - `out` is int64, one per row: convert the columns before the store, and mask it to the rows
+#   that exist.
 #
 # </details>
 #
@@ -350,8 +367,9 @@ check("gumbel_kernel")
 # 1,070 instructions per thread and 6 barriers when it scans; `python benchmarks/sass.py`
 # shows it). But a row crosses $u$ in one block only. So sum each block first (`tl.sum`: about
 # 210 instructions and 2 barriers), and scan a block only when some row's running total passes
-# $u$ inside it: a scalar `if` on `tl.max(crossing)`, which a GPU compiler turns into a branch
-# the whole program takes or skips. A row of 128,256 tokens in blocks of 16,384 then scans one
+# $u$ inside it: an `if` on one number for the whole program (is any of its rows crossing
+# here? a reduction over the rows answers it), which a GPU compiler turns into a branch the
+# whole program takes or skips. A row of 128,256 tokens in blocks of 16,384 then scans one
 # block of 8.
 #
 # The rounding edge: the row's probabilities, summed in float32, can add up to a little less
@@ -451,15 +469,27 @@ check("inverse_transform")
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
-# `torch.where(probs > low, probs, 0.0)` is the row a round draws from.
+# A round needs neither a shorter row nor a renormalised one. Give every token at or below
+# `low` weight 0 and keep the others' probabilities as they are: `torch.multinomial` draws in
+# proportion to the weights, and the index it returns is already a token of `probs`.
 #
 # </details>
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# Count the round, draw one token from the restricted row with the generator, sum the
-# probabilities greater than the drawn token's; if that sum is below top-p, return the token
-# and the count, else move `low` up to the drawn token's probability and go round again.
+# Each pass of the given `while True` loop is one round, and ends by returning or by raising
+# `low`. Count it first: a draw kept in the first round reports 1 round.
+#
+# - The weights, `[d_vocab]`: `torch.where(condition, a, b)` takes `a` where the condition
+#   holds and `b` elsewhere.
+# - `torch.multinomial(weights, 1, generator=...)` returns a tensor holding one index, `[1]`;
+#   `int(...)` makes it a Python int, as the function returns. Without the `generator=`
+#   keyword it draws from torch's global generator, and the test with a seeded generator fails.
+# - The test: the mass of the tokens *strictly* more likely than the drawn one (a boolean mask
+#   of `probs`, then `.sum()`), compared with `top_p`. Which comparison keeps a token whose more
+#   likely tokens hold exactly top-p out?
+# - Rejected: every token at most as likely as the drawn one is out for good. What must `low`
+#   become, so that the next round's weights leave them out?
 #
 # </details>
 #
@@ -583,17 +613,31 @@ assert rounds_demo[1]["high"] == rounds_demo[0]["pivot1"] > float(demo_row.max()
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
-# Keep per row: `low`, `high`, the mass above `low`, `done`, and the token. Loop over rounds
-# while any row of the program is not done; rows that are done keep their token.
+# Keep per row: `low`, `high`, the mass above `low`, `done`, the token and the count of
+# rounds. Loop over rounds while any row of the program is not done; rows that are done keep
+# their token.
 #
 # </details>
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# Round: (1) `u = tl.rand(seed, row * MAX_ROUNDS + round) * mass_above_low`; a prefix pass over
-# `tl.where(p > low, p, 0)` finds $j$ and $p_j$. (2) One pass sums `p > pivot0`, `p > pivot1`
-# (mass, and for top-k the counts). (3) Accept, or move `low` and `high` as above; the next
-# round's mass above `low` is one of the two sums of step 2.
+# A round is two passes over the row, then a decision for every row not yet done.
+#
+# 1. The draw. One uniform per row and round, scaled by the mass of the candidates; the
+#    docstring fixes its `tl.rand` offset for row $r$ and round $i$. (Which rows would share a
+#    uniform if the offset were $r + i$?) Then section 5's loop over the blocks, with every
+#    probability at or below `low` counted as 0 (`tl.where`), gives $j$; one `tl.load` at row
+#    $r$, column $j$ gives $p_j$ (masked where a row has no $j$: -1 is no column). In the first
+#    round the running prefix ends at the row's total: keep it for top-p's test.
+# 2. The count. One more loop over the row: per row, the mass strictly above each pivot and,
+#    for top-k, how many tokens that is (a comparison converted with `.to(tl.int32)`, then
+#    `tl.sum` along axis 1): up to four `[BLOCK_B]` accumulators.
+# 3. The decision. A pivot passes for top-k when fewer than `top_k` tokens are above it, for
+#    top-p when the mass above it is less than top-p of the row's total (`MODE` is a
+#    `tl.constexpr`, so an `if` on it is decided at compile time; in mode 0 the first draw is
+#    kept). Where $p_j$ passes, the row is done; elsewhere move `low` and `high` as the
+#    dual-pivot paragraph says. The next round's candidates are the tokens above the new `low`:
+#    which of step 2's sums is their mass?
 #
 # </details>
 #
@@ -671,10 +715,11 @@ assert counts[3:].sum() < 0.01 * demo_probs.shape[0], "section 6 says a third ro
 # A 2-D grid: `tl.program_id(0)` picks the tile of rows, `tl.program_id(1)` the vocabulary
 # tile. (Programs next to each other in the launch order then share a tile of `W_U`, which
 # stays in the GPU's L2 cache between them.) Loop over `d_model` in blocks of `BLOCK_D`,
-# accumulating `tl.dot(h_block, tl.trans(w_block))` in float32. Then the same scores as in
-# `gumbel_kernel`: `gumbel_noise(seed, rows, tile * BLOCK_V, V, BLOCK_B, BLOCK_V)` gives this
-# tile's columns the very numbers `gumbel_kernel` adds to the same (row, column), so the two
-# kernels draw the same token from the same logits and seed (up to the rounding of the
+# accumulating the tile of logits, `h[rows] @ W_U[cols].T` for this tile's rows and columns, in
+# float32 with `tl.dot`. Then the same scores as in `gumbel_kernel`: the `gumbel_noise` call the
+# docstring gives (the tile's first column as `start`, the whole vocabulary as `n_cols`) gives
+# this tile's columns the very numbers `gumbel_kernel` adds to the same (row, column), so the
+# two kernels draw the same token from the same logits and seed (up to the rounding of the
 # product). The tile's best per row goes into `score[row, tile]` and `col[row, tile]`; the
 # wrapper (given) picks each row's best tile.
 #
@@ -703,10 +748,19 @@ assert counts[3:].sum() < 0.01 * demo_probs.shape[0], "section 6 says a third ro
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - `acc = tl.zeros((BLOCK_B, BLOCK_V), tl.float32)`; for each `d` block, load `h[rows, d]`
-#   and `W[cols, d]` (masked), `acc += tl.dot(h, tl.trans(w))`.
+# - The accumulator: a float32 `[BLOCK_B, BLOCK_V]` block of zeros, made before the loop.
+# - Each step of the loop loads two blocks, `[BLOCK_B, BLOCK_D]` of `h` and `[BLOCK_V,
+#   BLOCK_D]` of `W_U` (its rows are the vocabulary), each with its own offsets and a mask on
+#   both of its axes: `d_model` need not be a multiple of `BLOCK_D`. What must a masked element
+#   read as, so that it adds nothing to a dot product?
+# - `tl.dot(a, b, acc)` returns `acc + a @ b` for `a` `[M, K]` and `b` `[K, N]`; `tl.trans`
+#   transposes a block. Which of the two blocks must be turned round? (On a GPU with tensor
+#   cores, `tl.dot` multiplies float32 inputs as TF32 by default, 10 bits of mantissa instead
+#   of 23; `input_precision="ieee"` keeps them float32. 16-bit inputs and the interpreter
+#   ignore the option.)
 # - Scores: the accumulator over the temperature plus this tile's noise, `-inf` where the
-#   column is past the vocabulary; then the best score and its column along axis 1.
+#   column is past the vocabulary; then the best score and its column along axis 1, as in
+#   `gumbel_kernel`, and the two stores at this row's entry for this tile.
 #
 # </details>
 #
