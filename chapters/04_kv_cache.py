@@ -388,11 +388,11 @@ print("rows [1, 1, 0]:", tuple(empty[torch.tensor([1, 1, 0])].keys[0].shape))
 # where the key comes **after** the query (where attention must not look), with the queries
 # being the last `n_query` of the `n_key` positions.
 #
-# Common mistakes: chapter 1's `diagonal=1`, which forgets the offset (every new query then
-# sees almost none of the cache); `diagonal=offset`, one off, which hides each query's own key;
-# returning `True` where attention is *allowed*. This course's `causal_mask` marks what is
-# hidden, like chapter 1's; PyTorch's attention function wants the opposite (section 4 takes
-# care of that).
+# Common mistakes: chapter 1's mask as it was, which forgets the offset (every new query then
+# sees almost none of the cache); a diagonal one column off, which either hides each query's
+# own key or lets it see the key after its own; returning `True` where attention is
+# *allowed*. This course's `causal_mask` marks what is hidden, like chapter 1's; PyTorch's
+# attention function wants the opposite (section 4 takes care of that).
 #
 # The tests compare your mask with the definition, written out position by position (key
 # position $>$ query position), for shapes with and without a cache, one query and many.
@@ -462,33 +462,32 @@ plot_masks(
 # The steps:
 #
 # 1. **Project** the new positions to queries, keys and values, straight into the heads-first
-#    layout `[batch, n_heads, new, d_head]`. The shortest way: `x[:, None]` is
-#    `[batch, 1, new, d_model]`, and `@` with `W_Q` `[n_heads, d_model, d_head]` broadcasts
-#    `(batch, 1)` against `(n_heads,)`. It is right, but for a batch PyTorch materialises the
-#    broadcast weights, one copy of `W_Q` per sequence. Cheaper: make the positions rows,
-#    `x.flatten(0, 1)` `[batch * new, d_model]`; `@ W_Q` broadcasts those rows to every head,
-#    `[n_heads, batch * new, d_head]`; add the bias with a row axis, `attn.b_Q[:, None]`
-#    `[n_heads, 1, d_head]`; then `.unflatten(1, (batch, new)).transpose(0, 1)`. Either way
-#    passes the tests; the solution takes the second (section 9 times a batch).
-# 2. **Append** the new keys and values to the cached ones, along the position axis,
-#    `dim=2`. The old positions cost nothing here: they are read, not recomputed.
-# 3. **Attend**: `F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)` computes
+#    layout `[batch, n_heads, new, d_head]`. Mind the cost. The shortest way gives `x` a head
+#    axis of size 1, `[batch, 1, new, d_model]`, and lets `@` broadcast it against `W_Q`
+#    `[n_heads, d_model, d_head]`. It is right, but for a batch PyTorch materialises the
+#    broadcast weights, one copy of `W_Q` per sequence. Making every position of every
+#    sequence a row of one matrix, `[batch * new, d_model]`, avoids the copies: `@ W_Q` then
+#    broadcasts those rows to every head. Either way passes the tests; the solution takes the
+#    second (section 9 times a batch).
+# 2. **Append** the new keys and values to the cached ones, along the position axis. The old
+#    positions cost nothing here: they are read, not recomputed.
+# 3. **Attend**: `F.scaled_dot_product_attention` takes the queries, keys and values
+#    heads-first and a boolean mask, its `attn_mask` argument, and computes
 #    $\operatorname{softmax}\left(q k^T / \sqrt{d_\text{head}}\right) v$ for every head, with a
-#    score of $-\infty$ wherever `allowed` is `False`. That is chapter 1's attention (scores,
+#    score of $-\infty$ wherever the mask is `False`. That is chapter 1's attention (scores,
 #    mask, softmax, weighted sum of the values) in one call, with the same
 #    $1/\sqrt{d_\text{head}}$ scale; on a GPU it may pick a fused kernel (FlashAttention-2 or
 #    memory-efficient attention, says PyTorch's documentation of the function). Its output is
 #    `z` `[batch, n_heads, new, d_head]`. Note the convention: for PyTorch, a boolean mask is
 #    `True` where attention is **allowed**, the opposite of `causal_mask`.
 # 4. **Project out**: each head writes through its own `W_O` `[n_heads, d_head, d_model]` and
-#    the heads' outputs add up, so contract both `h` and `e`:
-#    `torch.einsum("b h p e, h e d -> b p d", z, attn.W_O)`, plus `b_O`. That is chapter 1's
-#    einsum. (`(z @ attn.W_O).sum(dim=1)` is the same sum, with the same weight copies as above.)
+#    the heads' outputs add up: the output sums over both the heads and `d_head`, as chapter
+#    1's attention did, and then adds `b_O`. (A batched `@` followed by a sum over the heads
+#    gives the same numbers, with the same weight copies as above.)
 #
 # Common mistakes: forgetting a bias, or adding `b_Q` without the extra axis (it then lines
 # up its heads with the positions: an error, or, when they happen to be as many, a silent
-# mistake);
-# concatenating along the wrong dimension; returning only the new keys and values;
+# mistake); concatenating along the wrong dimension; returning only the new keys and values;
 # passing `causal_mask(...)` itself as `attn_mask`, which allows exactly what should be
 # hidden; and `is_causal=True` in `F.scaled_dot_product_attention`: with fewer queries than
 # keys PyTorch aligns that mask to the **top left** (the function's documentation builds it as
@@ -510,15 +509,21 @@ plot_masks(
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# 1. `x.flatten(0, 1)` is `[batch * new, d_model]`; `@ attn.W_Q` gives
-#    `[n_heads, batch * new, d_head]`; add `attn.b_Q[:, None]` (`[n_heads, 1, d_head]`);
-#    `.unflatten(1, (batch, new)).transpose(0, 1)` gives `[batch, n_heads, new, d_head]`. The
+# 1. `Tensor.flatten` merges neighbouring axes into one and `Tensor.unflatten` splits one
+#    back. Merged batch and positions make `[batch * new, d_model]`; times `W_Q`, that is
+#    `[n_heads, batch * new, d_head]`. The bias is `[n_heads, d_head]`: which size-1 axis must
+#    it gain so that its heads line up with the heads, not with the rows? Split the rows back
+#    into batch and positions, then swap two axes to reach `[batch, n_heads, new, d_head]`. The
 #    same for k and v: a small helper function saves writing it three times.
-# 2. `torch.cat` the past and the new along `dim=2`: `[batch, n_heads, past + new, d_head]`.
-# 3. `F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)` gives z,
-#    `[batch, n_heads, new, d_head]` (`allowed=None` masks nothing).
-# 4. The einsum of step 4 above, summing over heads and `d_head`, plus `b_O`:
-#    `[batch, new, d_model]`. Return it with the full keys and values.
+# 2. `torch.cat` the past and the new: which of the four axes of
+#    `[batch, n_heads, pos, d_head]` grows? The result is
+#    `[batch, n_heads, past + new, d_head]`.
+# 3. `allowed` goes to `F.scaled_dot_product_attention` as it is (`None` masks nothing); z
+#    comes back `[batch, n_heads, new, d_head]`.
+# 4. z is `[batch, n_heads, new, d_head]` and `W_O` is `[n_heads, d_head, d_model]`: which axes
+#    survive, and which are summed over? `torch.einsum`, or `einops.einsum` as in chapter 1,
+#    writes that with one name per axis. Add `b_O`: `[batch, new, d_model]`. Return it with
+#    the full keys and values.
 #
 # </details>
 #
@@ -578,20 +583,23 @@ assert (whole - expected).abs().max() < 1e-5 and (rest - expected[:, 5:]).abs().
 #
 # **1. Positions.** Chapter 1 gave the positions $0, 1, \dots$ to the tokens it was given. Here
 # the new tokens come after `cache.length` cached ones: their positions are `cache.length`,
-# `cache.length + 1`, and so on. Take their rows of `W_pos` by indexing,
-# `model.pos_embed.W_pos[positions]`; `model.pos_embed(tokens)` would give positions from 0.
+# `cache.length + 1`, and so on. Their embeddings are those rows of `model.pos_embed.W_pos`,
+# picked by indexing it with a tensor of the positions; `model.pos_embed(tokens)` would give
+# positions from 0.
 #
 # **2. The mask, built once.** All layers use the same `allowed`, so build it once, before the
-# loop: `~causal_mask(new, all)`, where `all = cache.length + new`. With one new token, pass
-# `allowed = None`: the new token may read every key, and the attention function skips masking
-# altogether. That is the usual decoding step, so it is worth the special case.
+# loop: `True` where one of the `new` queries may read one of the `all = cache.length + new`
+# keys, the causal rule of section 3 (whose `causal_mask` marks the opposite). With one new
+# token, pass `allowed = None`: the new token may read every key, and the attention function
+# skips masking altogether. That is the usual decoding step, so it is worth the special case.
 #
-# **3. The loop keeps the keys and values.** For each block and its layer of the cache:
-# `attention_with_cache(block.attn, block.ln1(residual), past_k, past_v, allowed)`, add the
-# output to the residual stream, then the MLP as in chapter 1's block, and collect the
-# returned keys and values in two lists, `keys` and `values`, one tensor per layer. After the
-# blocks, `logits = model.unembed(model.ln_final(residual))`. The given code after your part
-# builds the new cache from `keys`, `values` and the token ids, and returns it with `logits`.
+# **3. The loop keeps the keys and values.** Each block does what chapter 1's block does,
+# except that its attention is your `attention_with_cache`, given the block's layer-normed
+# input (its `ln1`), this layer's cached keys and values, and `allowed`. Collect the keys and
+# values it returns, one tensor per layer, in order, in two lists named `keys` and `values`.
+# After the blocks, the final layer norm and the unembedding give `logits`. The given code
+# after your part builds the new cache from `keys`, `values` and the token ids, and returns it
+# with `logits`.
 #
 # The function has two slots. The first computes `positions` and `allowed` (changes 1 and 2);
 # the second runs the model (change 3). The given `start_forward` (the cell before yours)
@@ -604,9 +612,9 @@ assert (whole - expected).abs().max() < 1e-5 and (rest - expected[:, 5:]).abs().
 # Common mistakes: positions from 0 at every step (a sneaky bug: the first new token is still
 # right, since it comes from the prefill, whose positions do start at 0; many later ones are
 # right too, and then the text falls apart); giving `attention_with_cache` the raw
-# residual stream instead of `block.ln1(residual)`; feeding the MLP the residual stream from
-# before the attention was added; no mask for a chunk of several new tokens (a prefill then
-# reads the future); a mask per layer instead of one.
+# residual stream instead of the block's layer norm of it; feeding the MLP the residual stream
+# from before the attention was added; no mask for a chunk of several new tokens (a prefill
+# then reads the future); a mask per layer instead of one.
 #
 # The tests compare your logits with the uncached model in float64 (a copy of the model in
 # double precision, where a correct cache's rounding errors lie many orders of magnitude below
@@ -623,14 +631,18 @@ assert (whole - expected).abs().max() < 1e-5 and (rest - expected[:, 5:]).abs().
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - **Positions** `[new]`: `cache.length, ..., all - 1` (`torch.arange` with a start, on the
-#   tokens' device). Index `model.pos_embed.W_pos` with them, `[new, d_model]`, and add
-#   `model.embed(tokens)`, `[batch, new, d_model]`: broadcasting does the rest.
-# - **Mask**: `None` for one new token; otherwise `~causal_mask(new, all)`, `[new, all]`.
-# - **Blocks**: `zip(model.blocks, cache.keys, cache.values, strict=True)`; attention on
-#   `block.ln1(residual)`, added to the residual; then the MLP on `block.ln2` of the *updated*
-#   residual, added; append the returned keys and values to the two lists.
-# - **Logits**: `model.ln_final`, then `model.unembed`: `[batch, new, d_vocab]`.
+# - **Positions** `[new]`: the integers from `cache.length` to `all - 1` (the given lines
+#   call `new` and `all` `n_new` and `n_all`). `torch.arange` takes a start, an end (not
+#   included) and a `device` (the tokens'). Indexing `W_pos`
+#   `[n_ctx, d_model]` with them gives `[new, d_model]`; the token embeddings are
+#   `[batch, new, d_model]`. What does broadcasting do when you add the two?
+# - **Mask**: `None` for one new token; otherwise `[new, all]`, built from section 3's
+#   `causal_mask` on the tokens' device. It marks what is hidden: what turns it into what is
+#   allowed?
+# - **Blocks**: `zip` walks `model.blocks`, `cache.keys` and `cache.values` side by side, one
+#   layer at a time. In chapter 1's block, which residual stream does the MLP's layer norm
+#   read: the one from before the attention output was added, or after?
+# - **Logits**: `[batch, new, d_vocab]`, from the residual stream after the last block.
 #
 # </details>
 #
@@ -708,9 +720,9 @@ for name, mistake in mistakes.items():
 # `self.cache` up to date. Three cases:
 #
 # 1. **The first step, a prefill** (`self.cache is None`): run `forward_with_cache` on the
-#    prompt, at most its last `n_ctx` tokens, `input_ids[None, -n_ctx:]`.
-# 2. **The usual step**: run it on the one token sampled last, `input_ids[None, -1:]`, with the
-#    cache. Everything before it is in the cache already.
+#    prompt, at most its last `n_ctx` tokens, as a batch of one.
+# 2. **The usual step**: run it on the one token sampled last, with the cache. Everything
+#    before it is in the cache already.
 # 3. **The cache is full** (`self.cache.length == n_ctx`): there is no room for the new token.
 #    See below.
 #
@@ -770,14 +782,19 @@ for name, mistake in mistakes.items():
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - No cache: `forward_with_cache` on the prompt's last `n_ctx` tokens, as a batch of one,
-#   `[1, posn]`, without a cache.
-# - Full, `self.cache.length == n_ctx`: a fresh prefill, again without the old cache, of the
-#   last `n_ctx - self.window_shift + 1` tokens.
-# - Otherwise: the last token only, `[1, 1]`, with `self.cache`.
+# `input_ids` is `[seq]`, and `forward_with_cache` wants `[batch, new]`: how do you turn a
+# slice of `input_ids` into a batch of one? Then, for each case, ask which tokens are new to
+# the model, and whether there is a cache they come after:
 #
-# `n_ctx` is `self.cfg.n_ctx`. Each branch is one call whose result goes to
-# `logits, self.cache`; return the logits at the last position, `[1, d_vocab]`.
+# - No cache: the prompt, cropped to `n_ctx` tokens (the given line defines `n_ctx`). Which end
+#   do you keep?
+# - Full: every cached number is stale, so the old cache is no help. How many tokens does the
+#   rule above keep, and from which end?
+# - Otherwise: how many of the tokens in `input_ids` has the model not read yet?
+#
+# Each branch is one call of `forward_with_cache`, and its cache goes to `self.cache`. It
+# returns `[1, new, d_vocab]` logits; `next_logits` returns `[1, d_vocab]`, the last
+# position's.
 #
 # </details>
 #
@@ -907,29 +924,31 @@ assert torch.equal(outputs["cached, window_shift=1"], outputs["chapter 3, uncach
 # `parents` along with their tokens and scores, but **does not touch the cache**. The many
 # candidates that `filter` throws away therefore cost no copy. You write `generate`:
 #
-# 1. **Gather** one cache row per beam: `self.cache[self.parents]`. Now row $i$ of the cache
-#    is beam $i$'s past. (On the first step there is no cache yet.)
+# 1. **Gather** one cache row per beam, the row its entry of `parents` names (section 2 shows
+#    how a cache picks rows). Then row $i$ of the cache is beam $i$'s past. (On the first step
+#    there is no cache yet.)
 # 2. **Run the model**. If there is no cache (the prompt, a single beam) or it is full
-#    (`cache.length == n_ctx`), prefill from the last `n_ctx` tokens of each beam,
-#    `self.tokens[:, -n_ctx:]`, which is exactly what the uncached beams read. Otherwise run
-#    only the newest token of each beam, `self.tokens[:, -1:]`, with the cache: it holds every
-#    token of the beam but the one `top_continuations` appended last step.
-# 3. **Expand** with chapter 3's `top_continuations(self.logprob_sums, self.tokens,
-#    logits[:, -1], k, no_repeat_ngram_size)`.
-# 4. **Record the parents**: candidate $j$ continues row $j \,//\, k$ of the new cache:
-#    `torch.arange(len(self)).repeat_interleave(k)`, on the tokens' device. Return
-#    `CachedBeams(self.model, self.tokenizer, logprob_sums, tokens, cache, parents)`.
+#    (`cache.length == n_ctx`), prefill from the last `n_ctx` tokens of each beam, which is
+#    exactly what the uncached beams read. Otherwise run only the newest token of each beam,
+#    with the cache: it holds every token of the beam but the one `top_continuations`
+#    appended last step.
+# 3. **Expand** with chapter 3's `top_continuations`, on the logits at the last position, as
+#    chapter 3's `Beams.generate` does.
+# 4. **Record the parents**: candidate $j$ continues row $j \,//\, k$ of the new cache, one
+#    entry per candidate, on the tokens' device. Return a new `CachedBeams` that holds the new
+#    scores, tokens, cache and parents.
 #
 # HF's `generate` does the same bookkeeping: after each beam step it reorders every layer's
 # cached keys and values by the indices of the beams it kept (`cache.reorder_cache(beam_idx)`,
 # an `index_select` along the batch dimension; transformers 5.24, `generation/utils.py` and
 # `CacheLayerMixin.reorder_cache` in `cache_utils.py`).
 #
-# Common mistakes: `repeat(k)` instead of `repeat_interleave(k)` (the parents then cycle
-# through the beams, which is not the order `top_continuations` uses); forgetting to gather,
-# so that the cache still has one row per *old* beam (`check_next` raises about the batch
-# size) or, worse, the right number of rows in the wrong order (wrong text, no error); feeding
-# the last two tokens, or the whole beam, instead of the last one.
+# Common mistakes: repeating the list of beam indices as a whole, k times over, where each
+# index must come k times in a row (the parents then cycle through the beams, which is not
+# the order `top_continuations` uses); forgetting to gather, so that the cache still has one
+# row per *old* beam (`check_next` raises about the batch size) or, worse, the right number of
+# rows in the wrong order (wrong text, no error); feeding the last two tokens, or the whole
+# beam, instead of the last one.
 #
 # You use it through chapter 3's `beam_search`, which takes the kind of beams to search with:
 # `beam_search(model, tokenizer, prompt, ..., beams_class=CachedBeams)`.
@@ -948,16 +967,19 @@ assert torch.equal(outputs["cached, window_shift=1"], outputs["chapter 3, uncach
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - Gather: `self.cache[self.parents]`, one row per beam (no cache on the first step).
-# - No cache, or `cache.length == n_ctx`: prefill `self.tokens[:, -n_ctx:]`, without a cache.
-#   Otherwise: `self.tokens[:, -1:]`, `[beam, 1]`, with the gathered cache.
-# - Expand with chapter 3's `top_continuations`, given the beams' scores and tokens, the logits
-#   at the last position, `k` and `no_repeat_ngram_size`: `[beam * k]` scores and
-#   `[beam * k, seq + 1]` tokens.
-# - Parents: `torch.arange(len(self))` on the tokens' device, each index repeated `k` times in a
-#   row (`repeat_interleave`, not `repeat`): `[beam * k]`.
-# - Return a `CachedBeams` built from the model, the tokenizer, the new scores and tokens, the
-#   new cache and the parents.
+# - Gather: beam $i$ needs the row of the cache that `parents[i]` names. Section 2's cache
+#   picks rows with an index tensor, repeats included. The result has one row per beam.
+#   (On the first step `self.cache` is `None`: nothing to gather.)
+# - Model: a prefill or a single step, as in the sampler's `next_logits`, but on
+#   `self.tokens` `[beam, seq]`: each beam's last `n_ctx` tokens without a cache (also when
+#   the cache is full: beams have no `window_shift`), or each beam's newest token,
+#   `[beam, 1]`, with the gathered cache.
+# - Expand: `top_continuations` wants the logits of the next token, `[beam, d_vocab]`. It
+#   returns `[beam * k]` scores and `[beam * k, seq + 1]` tokens.
+# - Parents `[beam * k]`: write them out by hand for 3 beams and `k = 2` first.
+#   `torch.arange` gives the beam indices; `Tensor.repeat_interleave` repeats each element
+#   several times in a row, while `Tensor.repeat` repeats the whole tensor.
+# - Return: the given `__getitem__` shows how to build a `CachedBeams`, field by field.
 #
 # </details>
 #
@@ -1033,8 +1055,9 @@ assert same, "section 7 says cached and uncached beam search find the same seque
 # `[batch, longest]`, a bool tensor `True` at real tokens.
 #
 # Common mistakes: padding on the right; a mask that is `True` at padding; a mask of 0s and 1s
-# instead of bools; and an empty prompt, where `tokens[row, -len(prompt):]` is
-# `tokens[row, -0:]`, which is the **whole** row, not an empty slice.
+# instead of bools; and an empty prompt: slicing a row's last `len(prompt)` columns with a
+# negative start gives, for a length of 0, a start of `-0`, which is `0`: the **whole** row,
+# not an empty slice.
 #
 # The test compares your tokens and mask with HF's tokenizer with `padding_side="left"`,
 # padding with id 1000 (neither 0 nor end-of-text), on five prompts of 18, 6, 18, 1 and 0
@@ -1049,12 +1072,12 @@ assert same, "section 7 says cached and uncached beam search find the same seque
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# The width is the longest prompt's length.
-# `torch.full((batch, width), pad_id, dtype=torch.long)` and
-# `torch.zeros((batch, width), dtype=torch.bool)` are the starting points. For each row, the
-# last `len(prompt)` columns receive the prompt's ids, and the mask is `True` there. Skip empty
-# prompts, or slice from `width - len(prompt)`, which is right for 0 too. Return
-# `(tokens, mask)`.
+# The width is the longest prompt's length. Start from two `[batch, width]` tensors:
+# `torch.full` fills one with `pad_id` (give it `dtype=torch.long`), and `torch.zeros` with
+# `dtype=torch.bool` makes a mask of `False`. For a prompt of length $n$, right-aligned, which
+# columns of its row does it occupy? Write its ids there and set the mask `True` there. For
+# the empty prompt, either skip it or compute the first column from the width, which is right
+# for a length of 0 too. Return `(tokens, mask)`.
 #
 # </details>
 #
@@ -1096,14 +1119,13 @@ print(pad_mask)
 #
 # - **Positions count real tokens only.** Row 1's first real token is in column 3, but it is
 #   the row's position 0. A token's position is the number of real tokens before it in its
-#   row: `mask.cumsum(dim=1) - 1`, clamped at 0 (padding gets position 0; nobody reads what
-#   padding computes, and -1 would index the *last* row of `W_pos`). The new tokens' positions
-#   are the last `n_new` columns of that. Without padding this gives `cache.length`,
+#   row. Left padding has no real token before it and gets position 0 (nobody reads what
+#   padding computes, and a position of -1 would index the *last* row of `W_pos`). Return the
+#   positions of the last `n_new` columns. Without padding this gives `cache.length`,
 #   `cache.length + 1`, ..., section 5's positions.
-# - **No real token attends to padding.** Hide every padding key: `allowed` is the causal mask
-#   `~causal_mask(new, all)` `[new, all]`, and also `mask[:, None, None, :]`, which is
-#   `[batch, 1, 1, all]` and broadcasts over heads and queries, so that `allowed` becomes
-#   `[batch, 1, new, all]`, one mask per row.
+# - **No real token attends to padding.** `allowed` keeps section 3's causal rule and also
+#   hides every padding key. Rows differ in their padding, so it is one `[new, all]` mask per
+#   row: `[batch, 1, new, all]`, where the `1` broadcasts over the heads.
 #
 # One trap remains. A padding *query* in column 0 has no real key before it, so with padding
 # hidden it sees no key at all: its row of scores is all $-\infty$. Chapter 1's softmax turns
@@ -1115,17 +1137,18 @@ print(pad_mask)
 # `0 * NaN = NaN`, although its weight on that position is exactly 0. So do not depend on the
 # attention function's choice: let every query see its **own** key, padding or not. A padding
 # query then attends to itself (a harmless, finite result), and real queries still never see
-# padding: `causal & (mask[:, None, None, :] | own_key)`, where `own_key[i, j]` is `True`
-# when key column `j` is new query `i`'s own column.
+# padding. So a new query may read a key when the key is not after it, and the key is either a
+# real token or in the query's own column.
 #
-# Common mistakes: counting padding in the positions; not clamping them (padding at -1);
+# Common mistakes: counting padding in the positions; left padding at position -1;
 # taking the *first* `n_new` columns instead of the last (right for a prefill, wrong for every
 # step after it); hiding padding keys from padding queries too (NaN with a hand-written
-# softmax); `own_key` from the first `n_new` columns, so that after a cache a query sees
-# column 0; forgetting the causal part once padding is handled.
+# softmax); taking the queries' own columns from the first `n_new` columns, so that after a
+# cache a query sees column 0; forgetting the causal part once padding is handled.
 #
-# The tests compare your positions at real tokens with HF's convention (`mask.cumsum(-1) - 1`,
-# what `generate` computes for GPT-2, with padding set to 0: transformers 5.24,
+# The tests compare your positions at real tokens with HF's convention (each real token's
+# position is the number of real tokens before it, which `generate` computes for GPT-2 from the
+# attention mask, with padding set to 0: transformers 5.24,
 # `_prepare_position_ids_for_generation` in `generation/utils.py`) and your `allowed` with the
 # rule written out as a loop, for a prefill and for one and three new tokens after a padded
 # cache; then, through your `forward_with_cache`, a left-padded batch of three prompts (padded
@@ -1144,11 +1167,19 @@ print(pad_mask)
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - **Positions**: `mask.cumsum(dim=1) - 1`, `.clamp(min=0)`, then `[:, -n_new:]`.
-# - **Causal**: `~causal_mask(n_new, all)`, `[new, all]`, on the mask's device.
-# - **Own key** `[new, all]`: compare the key columns `torch.arange(all)` (as a row, `[None, :]`)
-#   with the new queries' columns, the last `n_new` of them (as a column, `[:, None]`).
-# - **Combine**: `causal & (mask[:, None, None, :] | own_key)` broadcasts to
+# - **Positions** `[batch, new]`: `torch.cumsum` of the bool mask along a row counts the real
+#   tokens up to *and including* each column. What turns that into the count *before* each
+#   column, and what does it then give at left padding? (`Tensor.clamp` has a `min`.) Keep
+#   the last `n_new` columns.
+# - **Causal** `[new, all]`: from section 3's `causal_mask`, as in `forward_with_cache`, on
+#   the mask's device (`all` is the mask's width).
+# - **Own key** `[new, all]`: `True` at `[i, j]` when key column `j` is new query `i`'s
+#   column, and new query `i` sits in column `all - n_new + i`. Comparing a column of the
+#   queries' columns `[new, 1]` with a row of all the key columns `[1, all]` (`torch.arange`)
+#   broadcasts to `[new, all]`.
+# - **Real keys** `[batch, 1, 1, all]`: `mask` with two size-1 axes, for the heads and the
+#   queries.
+# - **Combine** the three with `&` and `|`, following the rule above: the result broadcasts to
 #   `[batch, 1, new, all]`. Return `(positions, allowed)`.
 #
 # </details>
@@ -1206,18 +1237,20 @@ assert pad_positions.tolist() == [[0, 1, 2], [0, 0, 0], [0, 0, 1]], "'What to ex
 # You write `generate_batch_tokens(model, tokens, mask, max_tokens_generated, eos, generator,
 # stop_at_eos, **kwargs)`, the loop, and return the final cache:
 #
-# 1. **Prefill** the padded prompts: `forward_with_cache(model, tokens, attention_mask=mask)`.
-# 2. At each step, choose every row's next token from `logits[:, -1]` with
-#    `sample_next_token(cache.tokens, ..., generator=generator, attention_mask=cache.mask,
-#    **kwargs)`: the mask keeps padding out of the frequency penalty (below).
-# 3. **Feed the new column** back, `next_token[:, None]`, with the cache, and with an
-#    `attention_mask` that is `False` for rows that are already finished.
+# 1. **Prefill** the padded prompts with `forward_with_cache`, with `mask` as its
+#    `attention_mask`.
+# 2. At each step, choose every row's next token from the logits at the last position with
+#    chapter 3's `sample_next_token`. Give it the tokens so far, `cache.tokens`, the
+#    `generator`, the sampling options (`kwargs`) and its `attention_mask` argument,
+#    `cache.mask`: the mask keeps padding out of the frequency penalty (below).
+# 3. **Feed the new column** back, one token per row, `[batch, 1]`, with the cache, and with
+#    an `attention_mask` that is `False` for rows that are already finished.
 # 4. **Finished rows.** A row that has written `<|endoftext|>` is done, but the batch moves
 #    together: one forward pass for all rows. Keep a `done` vector `[batch]`. A done row's new
-#    token is padding (`torch.where(done, eos, next_token)`, fed with a mask of `~done`), so
-#    that it is left out of the row's text and hidden from its attention. Mark a row done after
-#    the step that wrote its end-of-text, which is fed as a real token, so the text keeps it.
-#    Stop when every row is done.
+#    token is padding: the padding id, `eos`, in place of what was sampled, fed with the mask
+#    `False`, so that it is left out of the row's text and hidden from its attention. Mark a
+#    row done after the step that wrote its end-of-text, which is fed as a real token, so the
+#    text keeps it. Stop when every row is done.
 #
 # Every sampled token is fed to the model, the last one too, so that it lands in `cache.tokens`
 # where `generate_batch` reads the texts from.
@@ -1264,14 +1297,15 @@ assert pad_positions.tolist() == [[0, 1, 2], [0, 0, 0], [0, 0, 1]], "'What to ex
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - Prefill: `forward_with_cache(model, tokens, attention_mask=mask)`.
-# - `done`: a bool tensor `[batch]`, all `False`, on the tokens' device.
-# - Each step: `sample_next_token` on `cache.tokens` and `logits[:, -1]` as in step 2, giving
-#   `[batch]`; `torch.where(done, eos, next_token)` turns finished rows' tokens into padding.
-# - Feed `next_token[:, None]`, `[batch, 1]`, with the cache and an `attention_mask` of `~done`
-#   as a column, `[batch, 1]`.
-# - After feeding, mark as done the rows whose token was `eos`, only if `stop_at_eos`;
-#   `done.all()` ends the loop. Return the last cache.
+# - `done`: a bool tensor `[batch]`, all `False` at first, on the tokens' device.
+# - Each step, `sample_next_token` returns one token per row, `[batch]`.
+#   `torch.where(cond, a, b)` takes `a` where `cond` is `True` and `b` elsewhere (`a` may be a
+#   plain number): it puts `eos` in the finished rows.
+# - Feeding: tokens `[batch, 1]` and an `attention_mask` `[batch, 1]`. What must the mask be in
+#   a finished row, and in a running one?
+# - After feeding: which rows become done at this step, and what if `stop_at_eos` is `False`?
+#   Leave the loop once every row is done. The given `return cache` after your part returns
+#   the variable `cache`: keep the latest cache in it.
 #
 # </details>
 #
