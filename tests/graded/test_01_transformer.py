@@ -233,6 +233,29 @@ def test_attention_matches_reference(impl, reference, ref_run):
 
 
 @pytest.mark.attention
+def test_attention_makes_its_tensors_on_the_inputs_device(impl, reference):
+    """On a GPU, a tensor made inside `forward` without `device=` (a mask from `torch.ones(n, n)`)
+    lands on the CPU beside scores on the GPU, and the first operation that mixes them fails.
+    PyTorch's `meta` device (shapes, no data) fails the same way here, with no GPU."""
+    cfg = reference.cfg
+    attn = build(impl.Attention, cfg, params_under(reference.params, "blocks.0.attn.")).to("meta")
+    x = torch.empty(2, 5, cfg.d_model, device="meta")
+    try:
+        out = attn(x)
+    except RuntimeError as err:
+        if "device" not in str(err):
+            raise
+        pytest.fail(
+            "Attention made a tensor on the CPU while its input was on another device (here "
+            f"PyTorch's meta device; on a GPU, the GPU): {str(err).splitlines()[0]} Is your causal "
+            "mask made with torch.ones / torch.triu without device=? Make every tensor you "
+            "create in forward or apply_causal_mask on the scores' device: "
+            "device=attn_scores.device."
+        )
+    assert out.device.type == "meta" and out.shape == (2, 5, cfg.d_model)
+
+
+@pytest.mark.attention
 def test_attention_is_causal(impl, reference):
     cfg = reference.cfg
     attn = build(impl.Attention, cfg, params_under(reference.params, "blocks.0.attn."))

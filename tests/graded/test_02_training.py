@@ -100,6 +100,24 @@ def test_lm_loss_of_known_models(impl):
 
 
 @pytest.mark.lm_loss
+def test_lm_loss_is_finite_when_a_confident_model_is_wrong(impl):
+    logits = torch.zeros(1, 2, 5)
+    logits[0, 0, 3] = 200.0  # position 0 is sure of token 3 ...
+    targets = torch.tensor([[1, 3]])  # ... and token 1 came: about 200 nats of surprise
+    expected = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    loss = impl.lm_loss(logits, targets)
+    assert torch.isfinite(loss), (
+        f"the loss is {loss.item()} on a row whose favourite logit is 200 above the target's "
+        "(cross-entropy there is about 200 nats, not infinite). Did you take log(softmax(x))? "
+        "softmax rounds a probability of e^-200 to exactly 0 in float32, and log(0) = -inf; "
+        "log_softmax computes x - logsumexp(x) and never forms the tiny probability."
+    )
+    assert torch.allclose(loss, expected, rtol=1e-5), (
+        f"got {loss.item():.4f}, expected {expected.item():.4f} on a confident row"
+    )
+
+
+@pytest.mark.lm_loss
 def test_lm_loss_has_gradients(impl):
     logits = torch.randn(2, 3, 5, requires_grad=True)
     impl.lm_loss(logits, torch.zeros(2, 3, dtype=torch.long)).backward()

@@ -68,6 +68,12 @@ MUTANTS = [
     # Attention
     Mutant(
         "attention",
+        ", dtype=torch.bool, device=attn_scores.device), diagonal=1",
+        ", dtype=torch.bool), diagonal=1",
+        "the causal mask made on the CPU (no device=): on a GPU it meets scores on the GPU",
+    ),
+    Mutant(
+        "attention",
         "/ self.cfg.d_head**0.5",
         "/ self.cfg.d_head",
         "scores divided by d_head instead of sqrt(d_head)",

@@ -59,6 +59,12 @@ MUTANTS = [
         "log_probs = logits.log_softmax(dim=1)",
         "log-softmax over the positions instead of the vocabulary",
     ),
+    Mutant(
+        "lm_loss",
+        "log_probs = logits.log_softmax(dim=-1)",
+        "log_probs = logits.softmax(dim=-1).log()",
+        "log(softmax(x)) instead of log_softmax(x): -inf where a probability underflows to 0",
+    ),
     # lr_factor
     Mutant(
         "lr_schedule",
