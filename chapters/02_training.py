@@ -1,11 +1,12 @@
 # %% [markdown]
 # # Chapter 2 — Train DemoTransformer on Shakespeare
 #
-# In chapter 1 you built GPT-2's architecture and checked it against two other implementations,
-# but its weights were random: it computed the right function of nothing in particular. In this
-# chapter you teach it something. You take Shakespeare's plays, cut them into tokens, and train
-# a small `DemoTransformer` to predict the next token, with a training loop whose moving parts
-# you write yourself:
+# In chapter 1 you built GPT-2's architecture and checked that, given the weights of the course's
+# shipped model, it computes the same logits as Hugging Face's `GPT2LMHeadModel`. Those weights
+# were not handed down: a training run on Shakespeare's plays produced them, and in this chapter
+# you write that run. You take the plays, cut them into tokens, and train a small
+# `DemoTransformer`, starting from random weights, to predict the next token, with a training
+# loop whose moving parts you write yourself:
 #
 # - `TokenWindows`: a long stream of tokens cut into (input, target) training examples;
 # - `lm_loss`: the cross-entropy of the model's next-token predictions;
@@ -16,8 +17,8 @@
 # The loop that ties them together is given to you, and it calls *your* functions. At the end
 # you train a model on your own machine, plot its loss, read what it writes, and compare it
 # with baselines and with the course's shipped model, `models/shakespeare`, which was trained
-# by exactly this code, only for longer. From chapter 3 on, that shipped model is the one you
-# sample from.
+# by this same code, with a bigger model, a longer context and more steps. From chapter 3 on,
+# that shipped model is the one you sample from.
 #
 # **Time:** about 2–3 hours, including a training run of a few minutes (up to 10 on a slow
 # laptop). **You need:** chapter 1, or at least a rough idea of what `DemoTransformer` does;
@@ -57,7 +58,7 @@ from utils.display import show_solution
 # %% [markdown]
 # One switch before we start. The course's CI runs this notebook from top to bottom on a small
 # machine, and there it sets `COURSE_QUICK=1`: training then runs for a few dozen steps and the
-# evaluations look at a few batches, so that the whole notebook takes a minute or two. On your
+# evaluations look at a few batches, so that the whole notebook takes well under a minute. On your
 # machine `QUICK` is `False` and everything runs for real. You never need to change it.
 
 # %%
@@ -79,8 +80,9 @@ print("quick run (CI):", QUICK)
 #
 # - we take the **modern-spelling** edition of each play (the package also has the First Folio
 #   spelling) and leave out the poems (the sonnets, *Lucrece*...), which are not dialogue;
-# - the Project Gutenberg licence header and footer are cut off, Windows line endings become
-#   `\n`, trailing spaces go, and runs of blank lines shrink to a single blank line.
+# - trailing spaces go, and runs of blank lines shrink to a single blank line. (`clean_text`
+#   would also cut off a Project Gutenberg licence header and footer and turn Windows line
+#   endings into `\n`, but the package's files have neither.)
 #
 # Everything else stays: stage directions in brackets, act and scene headings, the list of
 # characters at the top, and the layout of verse, one line of verse per line of text.
@@ -114,11 +116,15 @@ print("held out:", ", ".join(VALIDATION_PLAYS))
 # *Henry V* (a history), about 8% of the text. The model never sees a single line of them, nor
 # Lady Macbeth, nor Viola. A good validation loss then means the model has learnt something
 # that carries over to plays it has never read: the vocabulary, the grammar, the metre, the
-# layout of a script. (It is not a perfect wall: *Henry V* shares Pistol and Bardolph with the
-# *Henry IV* plays, and all 37 share one author. That is fine; what we rule out is copying.)
+# layout of a script. (It is not a perfect wall: *Henry V* shares Pistol and Bardolph with
+# *Henry IV, Part 2* and *The Merry Wives of Windsor*, and all 37 plays share one author. That is
+# fine; what we rule out is copying.)
 #
 # Here is how a play looks. Note the layout, because the model will learn it: the speaker's
-# name in capitals on a line of its own, ending with a full stop, then the speech.
+# name in capitals on a line of its own, ending with a full stop, then the speech. Most plays of
+# this edition follow it; *Hamlet*, *King Lear* and *Romeo and Juliet* write the names in
+# ordinary case instead (`Ham.`, `Kent.`, `Romeo.`: *Hamlet* abbreviates them), and *A Midsummer
+# Night's Dream* leaves out the full stop.
 
 # %%
 macbeth = val_plays["macbeth"]
@@ -130,10 +136,11 @@ print(macbeth[start : start + 700])
 #
 # GPT-2's own tokenizer was trained on web pages, and its 50,257 tokens are a poor fit for
 # Elizabethan verse: it spends single tokens on `" JSON"` and even on a Reddit user's name,
-# `" SolidGoldMagikarp"`, which Shakespeare never needed. A vocabulary that large would also
-# make our little model mostly embedding matrix. So the course trains its own **byte-level
-# BPE** tokenizer, the same algorithm as GPT-2 (chapter 1, section 1), on the training plays,
-# with a vocabulary of 4,096 tokens.
+# `" SolidGoldMagikarp"` (ids 19449 and 43453 in its `encoder.json`; on the second, see
+# *SolidGoldMagikarp III: Glitch token archaeology*, LessWrong, 2023), which Shakespeare never
+# needed. A vocabulary that large would also make our little model mostly embedding matrix. So
+# the course trains its own **byte-level BPE** tokenizer, the same algorithm as GPT-2 (chapter 1,
+# section 1), on the training plays, with a vocabulary of 4,096 tokens.
 #
 # Byte-pair encoding starts from the 256 bytes and repeatedly merges the most frequent pair of
 # adjacent tokens into a new token. Let's watch it happen on a small scale: the first 20,000
@@ -157,21 +164,29 @@ for merge in merges[:15]:
 line = "HAMLET.\nTo be, or not to be, that is the question:"
 print("\n300 tokens: ", token_strings(small, line))
 
+# %% tags=["claim"]
+pairs = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in merges]
+assert (len(small), len(pairs)) == (300, 43), "section 2 says 300 tokens, 43 merges"
+assert pairs[0] == ("Ġ", "t") and {("h", "e"), ("i", "n"), ("o", "u")} <= set(pairs[:6])
+assert pairs[14] == ("Ġt", "he"), "section 2 says the fifteenth merge makes ' the'"
+
 # %% [markdown]
 # The first merges join a space to the letter that follows (words in running text start with a
-# space) and build the commonest letter pairs, `th` and `he`; then `" the"` appears. With only
-# 43 merges most words are still spelt out in pieces.
+# space) and build common letter pairs such as `he`, `in` and `ou`; the fifteenth joins `" t"`
+# and `he` into `" the"`. With only 43 merges most words are still spelt out in pieces.
 #
 # The shipped tokenizer did the same thing with 3,839 merges over all 34 training plays (once,
 # in `course train`, which trains the shipped model). It lives next to the shipped model, in
 # `models/shakespeare/`, and loads like any Hugging Face tokenizer. Note that it was trained on
 # the **training plays only**, for the same reason as the model: merges learnt from the held-out
 # plays would give their words an advantage they had not earned. You can see what it learnt
-# from the names: the characters of the training plays have become tokens of their own, while
-# Macbeth, Banquo, Viola and Malvolio, who live in the held-out plays, are spelt in pieces.
-# (Speakers' names in capitals are split more than the same names in running text: a model
-# reads `CAESAR.` and `" Caesar"` as unrelated tokens, and has to learn that they mean the same
-# person.)
+# from the names: frequent characters of the training plays have tokens of their own, such as
+# `" Hamlet"` and `" Falstaff"`, while Macbeth, Viola and Malvolio, who live in the held-out
+# plays, are spelt in pieces. A name in running text and the same name as a speaker's heading
+# are different strings, and BPE learns them separately: `" Hamlet"` is one token and `HAMLET.`
+# four (this edition heads his speeches `Ham.`), while `PROSPERO.` is two tokens and
+# `" Prospero"` three. Even where both are whole tokens, as `CAESAR` and `" Caesar"` are, they
+# are two unrelated ids, and the model has to learn that they mean the same person.
 
 # %%
 from transformers import AutoTokenizer
@@ -181,16 +196,27 @@ from utils.paths import MODELS_DIR
 tokenizer = AutoTokenizer.from_pretrained(MODELS_DIR / "shakespeare")
 print(f"{len(tokenizer)} tokens; {tokenizer.eos_token!r} has id {tokenizer.eos_token_id}")
 print("4096 tokens:", token_strings(tokenizer, line))
-for word in [" Hamlet", " Falstaff", " Macbeth", " Viola", "CAESAR.", "MALVOLIO.", " wherefore"]:
+for word in [" Hamlet", "HAMLET.", " Falstaff", " Macbeth", " Viola", "MALVOLIO.", " Prospero",
+             "PROSPERO.", " Caesar", "CAESAR.", " wherefore"]:  # fmt: skip
     print(f"{word!r:13} -> {token_strings(tokenizer, word)}")
+
+# %% tags=["claim"]
+merges_4096 = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+assert (len(tokenizer), len(merges_4096)) == (4096, 3839), "section 2: 4,096 tokens, 3,839 merges"
+expected = {" Hamlet": 1, "HAMLET.": 4, " Falstaff": 1, " Macbeth": 4, " Viola": 3,
+            "MALVOLIO.": 6, " Prospero": 3, "PROSPERO.": 2, " Caesar": 1, "CAESAR.": 2}  # fmt: skip
+found = {word: len(token_strings(tokenizer, word)) for word in expected}
+assert found == expected, f"section 2 quotes these splits; the tokenizer gives {found}"
 
 # %% [markdown]
 # ### One stream of tokens per split
 #
 # The model does not care where a play begins or ends: it reads windows of tokens. So we
-# encode each split as **one long stream**, the plays one after another in alphabetical order,
-# each followed by `<|endoftext|>`. That separator tells the model "what follows has nothing to
-# do with what came before", and it is how GPT-2 was trained on its documents too.
+# encode each split as **one long stream**, the plays one after another in alphabetical order
+# of their file names, each followed by `<|endoftext|>`. That separator tells the model "what
+# follows has nothing to do with what came before". GPT-2's vocabulary has the same token for the
+# same purpose, and reproductions of GPT-2's training append it to every document in the same
+# way (nanoGPT's `data/openwebtext/prepare.py`).
 # `encode_plays` (in `utils/recipe.py`, the script that trains the shipped models) does exactly
 # that. It takes a few seconds.
 #
@@ -213,6 +239,10 @@ print("which reads:       ", [tokenizer.decode([t]) for t in train_tokens[:8]])
 boundary = (train_tokens == tokenizer.eos_token_id).nonzero()[0].item()
 print(repr(tokenizer.decode(train_tokens[boundary - 12 : boundary + 10])))
 
+# %% tags=["claim"]
+assert round(chars_per_token, 2) == 2.91, "section 3 says 2.91 characters per token"
+assert round(len(train_tokens), -4) == 1_460_000, "the last question says 1.46 million tokens"
+
 # %% [markdown]
 # ## 3. From a stream to training examples
 #
@@ -234,10 +264,11 @@ print(repr(tokenizer.decode(train_tokens[boundary - 12 : boundary + 10])))
 # honest: no position can peek at its own target.
 #
 # Windows start every `stride` tokens. With `stride == n_ctx` (the default) they tile the
-# stream without overlapping, which is what we want for validation: every held-out token is
-# scored exactly once. For training we use `stride = n_ctx // 2`: overlapping windows show the
-# same text with different amounts of context in front of it, which gives the model more
-# distinct examples to learn from.
+# stream without overlapping, which is what we want for validation: no held-out token is scored
+# twice, and only the very first token and the short leftover at the end (too short for a
+# window) are not scored at all. For training we use `stride = n_ctx // 2`: overlapping windows
+# show the same text with different amounts of context in front of it, which gives the model
+# more distinct examples to learn from.
 #
 # ### Exercise: `TokenWindows`
 #
@@ -298,9 +329,9 @@ for x, y in toy:  # a Dataset can be iterated: Python calls toy[0], toy[1]... un
     print("x:", x.tolist(), " y:", y.tolist())
 
 # %% [markdown]
-# And on Shakespeare. We use a context of 128 tokens, close to 400 characters, or about ten
-# lines of verse. Below, the first input tokens of a window next to their targets: the right
-# column is the left one, one line ahead.
+# And on Shakespeare. We use a context of 128 tokens, about 370 characters at 2.91 characters
+# per token, or about ten lines of verse. Below, the first input tokens of a window next to
+# their targets: the right column is the left one, one line ahead.
 
 # %%
 n_ctx = 128
@@ -453,9 +484,15 @@ print(f"untied: {count_parameters(untied):>9,} parameters")
 print(f"tied:   {count_parameters(model):>9,} parameters")
 print("parameters of its own in the tied unembed:", list(model.unembed.parameters()))
 
+# %% tags=["claim"]
+n_blocks = sum(p.numel() for p in model.blocks.parameters())
+assert model.embed.W_E.numel() == 524_288 > n_blocks, "section 5: W_E outweighs both blocks"
+assert count_parameters(model) == 937_472, "section 12 says nearly one million parameters"
+
 # %% [markdown]
-# A freshly initialised model knows nothing, and its loss shows it. Every weight is drawn with a
-# standard deviation of 0.02.
+# A freshly initialised model knows nothing, and its loss shows it. Every weight matrix (the
+# embeddings included) is drawn from a normal distribution with a standard deviation of 0.02;
+# the biases start at 0 and the LayerNorm gains at 1.
 #
 # **Predict, then run.** What loss will the untrained model get on a batch of Shakespeare: close
 # to 0, close to some number you can compute in your head, or far above it?
@@ -476,12 +513,17 @@ with torch.no_grad():
     loss = lm_loss(model(x), y).item()
 print(f"untrained loss: {loss:.3f}, log(d_vocab) = {math.log(cfg.d_vocab):.3f}")
 
+# %% tags=["claim"]
+assert f"{loss:.3f}" == "8.321", "section 5 says the untrained model scores 8.321 on this batch"
+
 # %% [markdown]
 # ## 6. The learning-rate schedule
 #
 # The optimizer moves every weight a little against its gradient; the **learning rate** sets how
 # far. Almost every transformer is trained with a learning rate that changes over the run, by
-# a **schedule**. Ours is the one GPT-2's successors and most open models use:
+# a **schedule**. Ours is the one GPT-3 was trained with (Brown et al. 2020, appendix B: a linear
+# warm-up, then a cosine decay to 10% of the peak), and many open models since, LLaMA among them
+# (Touvron et al. 2023, section 2.2):
 #
 # 1. **Linear warm-up** from 0 to the peak over the first `warmup_steps` steps. At the start the
 #    weights are random, the gradients large and erratic, and the Adam optimizer has no good
@@ -504,13 +546,20 @@ print(f"untrained loss: {loss:.3f}, log(d_vocab) = {math.log(cfg.d_vocab):.3f}")
 #   & s \ge w \end{cases}$$
 #
 # What the tests check, step by step from 0 to `total_steps`: the same values as Hugging Face's
-# `get_cosine_with_min_lr_schedule_with_warmup`. So:
+# `get_cosine_with_min_lr_schedule_with_warmup` (`transformers/optimization.py`, transformers
+# 5.24). So:
 #
 # - step 0 gives 0 (when there is a warm-up at all) and step `warmup_steps` gives exactly 1;
-# - step `total_steps` gives `min_lr_ratio`, and any later step stays there;
+# - step `total_steps` gives `min_lr_ratio` (when the decay has any length at all);
 # - the edge cases must not divide by zero: with `warmup_steps = 0` there is no warm-up (the
 #   factor is 1 at step 0), and with `warmup_steps == total_steps` the decay has length 0. Use
 #   `max(1, ...)` for both denominators, as Hugging Face does.
+#
+# Past `total_steps` the tests check a rule of the course's own, because Hugging Face's schedule
+# does something else there: its cosine carries on and climbs back towards the peak, while ours
+# stays at `min_lr_ratio`, as GPT-3's learning rate did after its decay ended. (The training
+# loop never goes past `total_steps`; a function that might be called there should still do
+# something sensible.)
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -547,8 +596,9 @@ check("lr_schedule")
 
 # %% [markdown]
 # Here is the schedule of the shipped model (2,000 steps, 100 of warm-up), drawn with your
-# function, next to Hugging Face's. `functools.partial` fixes every argument but the step, which
-# is the one-argument function `LambdaLR` wants; the training loop does the same.
+# function and compared with Hugging Face's, up to the end and a little past it.
+# `functools.partial` fixes every argument but the step, which is the one-argument function
+# `LambdaLR` wants; the training loop does the same.
 
 # %%
 import matplotlib.pyplot as plt
@@ -564,6 +614,8 @@ steps = range(2001)
 ours = [schedule(s) for s in steps]
 largest = max(abs(ours[s] - hf_schedule(s)) for s in steps)
 print("largest difference from Hugging Face:", largest)
+print(f"past the end, at step 2,500: yours {schedule(2500):.3f}", end=", ")
+print(f"Hugging Face's {hf_schedule(2500):.3f}")
 
 fig, ax = plt.subplots(figsize=(6, 2.5))
 ax.plot(steps, ours)
@@ -581,22 +633,26 @@ plt.show()
 # Plain gradient descent moves every weight by `lr × gradient`. **Adam** keeps, for every weight,
 # a running average of its gradient (the *momentum*, which smooths the noise of single batches)
 # and of its squared gradient (to scale each weight's step by its typical gradient size, so that
-# weights with small gradients still move). It is the optimizer of nearly every transformer.
+# weights with small gradients still move). It is the usual optimizer for transformers: GPT-3
+# and LLaMA, among many, were trained with it.
 #
-# **AdamW** adds *decoupled weight decay*: at every step each weight also shrinks a little
-# towards zero, by `lr × weight_decay × weight`, which keeps weights from growing without need
+# **AdamW** (Loshchilov & Hutter, *Decoupled Weight Decay Regularization*, 2019) adds
+# *decoupled weight decay*: at every step each weight also shrinks a little towards zero, in
+# PyTorch's `AdamW` by `lr × weight_decay × weight`, which keeps weights from growing without need
 # and acts as a mild regulariser. We decay only the **matrices** (the embeddings, `W_Q`,
 # `W_in`...). Biases and LayerNorm gains are vectors: there are few of them, they hardly
 # contribute to overfitting, and pulling a LayerNorm gain towards zero fights the very scale the
 # layer is meant to set. `make_optimizer` tells them apart by their number of dimensions, a
-# simple rule that GPT-style training code often uses, and puts them in two *parameter
-# groups*. Its `betas=(0.9, 0.95)` (the decay rates of the two
-# running averages) are GPT-3's choice: with 0.95 rather than PyTorch's default 0.999, the
-# estimate of the squared gradient adapts faster when gradients suddenly change, which makes
-# training more stable.
+# simple rule that GPT-style training code often uses (nanoGPT's `configure_optimizers`, in its
+# `model.py`, does the same), and puts them in two *parameter groups*. Its `betas=(0.9, 0.95)`
+# (the decay rates of the two running averages) are GPT-3's choice (Brown et al. 2020,
+# appendix B, as are the weight decay of 0.1 and the gradient clip of 1.0 below): with 0.95
+# rather than PyTorch's default 0.999, the estimate of the squared gradient adapts faster when
+# gradients suddenly change, which makes training more stable.
 #
-# `TrainingArgs` gathers every setting of a run in one place; the defaults are the shipped
-# recipe's, and we pick our own when we train.
+# `TrainingArgs` gathers every setting of a run in one place. Its defaults are a starting
+# point, not the recipe of either model: the shipped model's settings are in `utils/recipe.py`
+# (section 12 prints them), and the run in section 11 picks its own.
 
 # %% tags=["source"]
 # solution: solutions.train.TrainingArgs
@@ -612,6 +668,10 @@ for group in optimizer.param_groups:
     kinds = {re.sub(r"blocks\.\d+\.", "blocks.*.", names[id(p)]) for p in group["params"]}
     n_numbers = sum(p.numel() for p in group["params"])
     print(f"weight_decay={group['weight_decay']} ({n_numbers:,} numbers): {sorted(kinds)}")
+
+# %% tags=["claim"]
+qkv_biases = [p for n, p in model.named_parameters() if n.split(".")[-1] in ("b_Q", "b_K", "b_V")]
+assert sum(p.numel() for p in qkv_biases) == 768, "section 7 says 768 numbers of b_Q, b_K, b_V"
 
 # %% [markdown]
 # Look closely at the first group: the attention biases `b_Q`, `b_K` and `b_V` are there. They
@@ -635,9 +695,11 @@ for group in optimizer.param_groups:
 # 3. **`torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)`**. Now and then a batch
 #    produces a huge gradient, and a single huge step can undo hours of training. Clipping
 #    computes the norm of *all* gradients together, as one long vector, and if it exceeds
-#    `grad_clip`, scales every gradient down by the same factor: the direction of the step is
-#    kept, only its length is capped. It must come after `backward()` (the gradients must exist)
-#    and before `optimizer.step()` (which reads them).
+#    `grad_clip`, scales every gradient down by the same factor: the direction of the gradient
+#    is kept, only its length is capped. (The gradient, not AdamW's step: the optimizer then
+#    divides each component by that weight's running gradient size, so its step points
+#    elsewhere and is not capped.) It must come after `backward()` (the gradients must exist) and
+#    before `optimizer.step()` (which reads them).
 # 4. **`optimizer.step()`** updates the weights.
 # 5. **`scheduler.step()`** moves the learning rate on to the next step's value, once per
 #    optimizer step and *after* it: the scheduler set the learning rate of step 0 when it was
@@ -649,7 +711,8 @@ for group in optimizer.param_groups:
 #    plotting costs nothing.
 #
 # The tests compare your step with one written out with PyTorch's own pieces, weight by weight;
-# check that three steps in a row equal three independent steps (no leftover gradients); and
+# check that three steps in a row equal three independent steps (no leftover gradients); check
+# that the forward pass runs in training mode, even when the model arrives in eval mode; and
 # train a tiny model on a repeating sequence.
 #
 # <details><summary>Hint 1: a nudge</summary>
@@ -768,6 +831,9 @@ print(f"one memorised batch, held out:   {evaluate(scratch, val_loader, max_batc
 print(f"uniform guess, log(d_vocab):     {math.log(cfg.d_vocab):.3f}")
 print("evaluate left it in training mode:", scratch.training)
 
+# %% tags=["claim"]
+assert batch_loss < 4 < 8.2 < evaluate(scratch, val_loader, max_batches=4), "section 8's claim"
+
 # %% [markdown]
 # ## 9. A baseline to beat
 #
@@ -778,7 +844,7 @@ print("evaluate left it in training mode:", scratch.training)
 # no notion of the context beyond one token, but it knows which tokens follow which.
 #
 # `BigramLM` counts every pair of adjacent tokens in the training stream into a `d_vocab` ×
-# `d_vocab` table, adds a small pseudo-count to every cell (so that a pair never seen in
+# `d_vocab` table, adds a small pseudo-count (0.1) to every cell (so that a pair never seen in
 # training gets a small probability rather than zero, which would mean an infinite loss), and
 # normalises each row. Its `forward` returns log-probabilities, which are perfectly good logits:
 # the `log_softmax` in `lm_loss` leaves them unchanged. So your own `evaluate` can score it,
@@ -793,9 +859,16 @@ final_eval_batches = 4 if QUICK else None  # None: every validation window
 bigram_loss = evaluate(bigram, val_loader, max_batches=final_eval_batches)
 print(f"bigram model on the held-out plays: {bigram_loss:.3f} nats/token")
 
+# %% tags=["claim"]
+counts = torch.bincount(train_tokens, minlength=cfg.d_vocab) + 0.1  # as BigramLM smooths
+unigram_loss = -(counts / counts.sum()).log()[val_tokens].mean().item()
+assert round(unigram_loss, 1) == 6.3, "section 12 says token frequencies alone score about 6.3"
+seen = torch.unique(train_tokens[:-1] * cfg.d_vocab + train_tokens[1:]).numel()
+assert round(seen, -3) == 226_000 and seen / cfg.d_vocab**2 < 0.02, "the last question's counts"
+
 # %% [markdown]
 # The transformer has to beat that number. It reads up to 128 tokens of context instead of one,
-# so it should, by a wide margin.
+# so it should; section 12 measures by how much.
 #
 # ## 10. The training loop
 #
@@ -808,8 +881,10 @@ print(f"bigram model on the held-out plays: {bigram_loss:.3f} nats/token")
 #   `lr_factor`;
 # - every step calls *your* `train_step`, and stops with an error if the loss is not finite (a
 #   `nan` or `inf` loss never recovers: lower the learning rate and start again);
-# - every `eval_every` steps it records *your* `evaluate` on `eval_batches` validation batches;
-# - every `sample_every` steps it prints what the model writes after a prompt.
+# - every `eval_every` steps, and after the last one, it records *your* `evaluate` on the first
+#   `eval_batches` validation batches;
+# - every `sample_every` steps, and after the last one, it prints what the model writes after a
+#   prompt.
 #
 # Everything it measures goes into a `History`. `greedy_continuation` is the quickest possible
 # look at the model: it appends the single most likely token, again and again. Chapter 3 shows
@@ -825,30 +900,35 @@ print(f"bigram model on the held-out plays: {bigram_loss:.3f} nats/token")
 # %% [markdown]
 # ## 11. Train
 #
-# Time to train. The settings below take 600 steps of 16 windows of 128 tokens: about 1.2
-# million tokens, a little less than the 1.46 million the training stream holds (the windows
-# are drawn at random, so some passages come up twice and some not at all). The peak learning
-# rate, 2e-3, is higher than a large model would tolerate; small models train well with it.
-# Training prints a progress bar and, now and then, the model's continuation of
-# `"ROMEO.\nWhat light"`.
+# Time to train. The settings below take 1,200 steps of 16 windows of 128 tokens, and the cell
+# first prints what that adds up to. The loop draws the windows in a random order and none of
+# them twice, so the run sees most of the training windows, not all; but the windows overlap by
+# half, so most passages come up twice, each time with a different amount of context in front
+# of them. The peak learning rate, 4e-3, is far higher than a large model would tolerate (GPT-3's
+# peak learning rates went from 6e-4 for its smallest model down to 6e-5 for the largest: Brown
+# et al. 2020, table 2.1); small models train well with higher ones. Training prints a progress
+# bar and, now and then, the model's continuation of `"ROMEO.\nWhat light"`.
 #
 # This is the one slow cell of the course so far: a few minutes on a recent laptop, up to ten on
-# an old one. Start it, and read on while it runs. Want a better model? Double `n_steps` (and
-# the wait): the loss will still be falling at the end.
+# an old one. Start it, and read on while it runs. Want a better model? Raise `n_steps` (the
+# wait grows with it): the validation curve is still falling when this run ends.
 
 # %%
 from utils.recipe import PROMPT
 
 args = TrainingArgs(
     batch_size=16,
-    n_steps=30 if QUICK else 600,
-    max_lr=2e-3,
+    n_steps=30 if QUICK else 1200,
+    max_lr=4e-3,
     warmup_steps=3 if QUICK else 50,
-    eval_every=10 if QUICK else 50,
+    eval_every=10 if QUICK else 100,
     eval_batches=2 if QUICK else 10,
     sample_every=30 if QUICK else 200,
     seed=0,
 )
+n_windows = args.n_steps * args.batch_size
+print(f"{args.n_steps:,} steps of {args.batch_size} windows: {n_windows:,} of the", end=" ")
+print(f"{len(train_data):,} training windows, {n_windows * n_ctx:,} tokens")
 
 torch.manual_seed(args.seed)
 model = tie_embeddings(DemoTransformer(cfg))
@@ -899,21 +979,22 @@ plt.show()
 # %% [markdown]
 # What to look for:
 #
-# - The first steps fall fast, from about 8.3: the model learns the frequencies of single
-#   tokens (that alone is worth several nats), then which token follows which, and it
-#   crosses the bigram line.
-# - After that the curve flattens. Progress from here means using longer context: grammar,
-#   the metre of verse, who is speaking.
-# - The validation loss sits a little above the training loss: the held-out plays have their own
-#   names and plots, which no amount of training on other plays can predict. If it started to
-#   rise while the training loss kept falling, the model would be memorising; with a model this
-#   small and one pass over the data, it does not.
+# - The first steps fall fast, from about 8.3: the model learns how often each token occurs
+#   (worth about two nats: a model that knows only that scores about 6.3 on the held-out
+#   plays), then which token follows which.
+# - Then the curve flattens, and the slow part begins. Going well below the bigram line takes
+#   more than the last token: grammar, the metre of verse, who is speaking.
+# - The validation loss sits above the training loss: the held-out plays have their own names
+#   and plots, which no amount of training on other plays can predict. If it started to rise
+#   while the training loss kept falling, the model would be memorising; with a model this
+#   small, which sees each training window at most once, it does not.
 #
 # ### What it writes
 #
-# The continuations printed during training, side by side. Early on the model repeats the most
-# common tokens; then speaker names in capitals with their full stop appear, line breaks in
-# the right places, words that could be English.
+# The continuations printed during training, side by side. Early on the model repeats the
+# commonest tokens, line breaks and short words; later come stage directions in brackets, names
+# in capitals, lines of about the right length, words that could be English. Greedy text also
+# falls into loops, repeating a phrase again and again: chapter 3 shows why, and what to do.
 
 # %%
 for step, text in history.samples:
@@ -939,10 +1020,10 @@ print("saved to", save_model(model, tokenizer, "mine"))
 #
 # First the final validation loss, on every held-out window this time. Then the course's shipped
 # model, `models/shakespeare`: the same code, a bigger model (4 layers, `d_model` 192, a context
-# of 256 tokens) trained for 2,000 steps of 16 windows of 256 tokens, about 8 million tokens,
-# almost seven times what your run saw. `load_model` reads it into a `DemoTransformer`. It uses
-# the same tokenizer, so we evaluate it on the same validation stream, cut into windows of *its*
-# context length.
+# of 256 tokens) trained for 2,000 steps of 16 windows of 256 tokens, about 8.2 million tokens,
+# a few times what your run saw (the cell prints both counts). `load_model` reads it into a
+# `DemoTransformer`. It uses the same tokenizer, so we evaluate it on the same validation stream,
+# cut into windows of *its* context length.
 #
 # A caveat about that comparison: with windows of 256 tokens, the average position has more
 # context to go on than with 128, which by itself lowers the loss a little. Both numbers are
@@ -958,8 +1039,18 @@ shipped_val_data = TokenWindows(val_tokens, shipped.cfg.n_ctx)
 shipped_val_loss = evaluate(
     shipped, DataLoader(shipped_val_data, batch_size=16), max_batches=final_eval_batches
 )
-print(f"your model:    {my_val_loss:.3f} nats/token")
-print(f"shipped model: {shipped_val_loss:.3f} nats/token")
+from utils.recipe import RECIPES
+
+main = RECIPES["main"]  # the recipe of models/shakespeare
+shipped_tokens = main.args.n_steps * main.args.batch_size * main.cfg.n_ctx
+print(f"your model:    {my_val_loss:.3f} nats/token, trained on {n_windows * n_ctx:>9,} tokens")
+print(f"shipped model: {shipped_val_loss:.3f} nats/token, trained on {shipped_tokens:>9,} tokens")
+
+# %% tags=["claim"]
+assert (main.cfg.n_layers, main.cfg.d_model, main.cfg.n_ctx) == (4, 192, 256), "section 12"
+assert (main.args.n_steps, main.args.batch_size, main.args.warmup_steps) == (2000, 16, 100)
+assert shipped.cfg == main.cfg, "the shipped model's config is its recipe's"
+assert RECIPES["draft"].cfg.n_layers == 2, "section 12 calls the draft a 2-layer model"
 
 # %% [markdown]
 # ### Per token, per character, in bits
@@ -972,8 +1063,9 @@ print(f"shipped model: {shipped_val_loss:.3f} nats/token")
 #
 # Bits per character have a concrete meaning: a language model is a compressor. Feed its
 # predictions to an arithmetic coder and it stores the text in, on average, the model's loss in
-# bits for each character, and decodes it back without a single error. Plain text takes 8 bits
-# per character, so we add a general-purpose compressor to the table for scale: `gzip` at its
+# bits for each character, and decodes it back without a single error. Stored as it is, this
+# text takes 8 bits per character (it is all ASCII, one byte per character), so we add a
+# general-purpose compressor to the table for scale: `gzip` at its
 # highest setting, on the text of the held-out plays. (A model's bits per character count only
 # the predictions; a real compressed file would also have to hold the model. Here we compare
 # how well each one *predicts*.)
@@ -1015,13 +1107,18 @@ print(f"perplexity of your model: {math.exp(my_val_loss):.0f} (uniform: {cfg.d_v
 if QUICK:
     print(f"(quick run: the losses are measured on {final_eval_batches} batches only)")
 
+# %% tags=["claim"]
+assert val_text.isascii(), "section 12 says the held-out text is all ASCII, 8 bits a character"
+
 # %% [markdown]
 # How to read the table:
 #
 # - **Uniform** is where every model starts. Even it beats 8 bits per character, because the
 #   tokenizer already knows something about the text: its 4,096 tokens are pieces of
 #   Shakespeare, not arbitrary bytes.
-# - **gzip** finds repeated strings within the text it compresses, and nothing else.
+# - **gzip** uses DEFLATE (RFC 1951): it replaces a string that occurred in the last 32 KB by a
+#   pointer back to it, and Huffman-codes the letters and pointers, so that frequent ones take
+#   fewer bits. Repeats and frequencies are all it knows about the text.
 # - **Bigram** knows, for each token, which tokens tend to follow it, and nothing about anything
 #   further back.
 # - **Your model** uses up to 128 tokens of context, and has to beat the bigram model to
@@ -1030,9 +1127,11 @@ if QUICK:
 #
 # The **perplexity** printed under the table is another way to read a loss: $e^{\text{loss}}$
 # is the number of equally likely tokens the model would have to choose among to be as unsure
-# as it is, on average. For a sense of where the road ends: Shannon estimated in 1951, by having
-# people guess the next letter of English texts, that English carries about one bit per
-# character, give or take a few tenths.
+# as it is, on average. For a sense of where the road ends: Shannon (1951, *Prediction and
+# Entropy of Printed English*) had people guess the next letter of English texts and, with 100
+# letters of context, put the entropy of English between about 0.6 and 1.3 bits per letter. His
+# alphabet had only the 26 letters and the space, so this is a rough guide rather than a target
+# for our bits per character, which also pay for capitals, punctuation and line breaks.
 #
 # ### The shipped model
 #
@@ -1043,14 +1142,16 @@ if QUICK:
 # this chapter. From a terminal,
 #
 # ```bash
-# course train --model main    # rebuilds models/shakespeare: 35-50 minutes on a 2-core CPU
+# course train --model main    # rebuilds models/shakespeare: about 50 minutes on a 2-core CPU
 # course train --model draft   # models/shakespeare-draft, a 2-layer model: about 20 minutes
 # ```
 #
-# reproduces them from their seed (the draft model serves chapter 5, speculative decoding). With
-# the same machine and version of PyTorch you get the same weights; elsewhere the numbers may
-# differ in the last decimals, because floating-point additions done in a different order round
-# differently.
+# reproduces them from their seed (the draft model serves chapter 5, speculative decoding). The
+# times are those of the runs that made the shipped models, which their model cards record. On
+# the same machine, with the same version of PyTorch and number of threads, the run repeats
+# itself exactly; elsewhere floating-point additions done in a different order round
+# differently, and over thousands of steps those differences grow, so expect close losses
+# rather than identical weights.
 
 # %%
 from IPython.display import Markdown, display
@@ -1064,7 +1165,7 @@ display(Markdown((MODELS_DIR / "shakespeare" / "README.md").read_text(encoding="
 # %% [markdown]
 # Finally, both models continue the same prompt, greedily: the opening of a famous speech from
 # *Henry V*, a play neither of them has read. Try your own prompts. A speaker's name in capitals,
-# a full stop and a line break is how every speech begins.
+# a full stop and a line break is how a speech begins in most of these plays.
 
 # %%
 for who, m in [("your model", model), ("shipped model", shipped)]:
@@ -1158,8 +1259,9 @@ for who, m in [("your model", model), ("shipped model", shipped)]:
 # <details><summary>Answer</summary>
 #
 # The transformer. The bigram model can never use more than one token of context: more text
-# fills its 16.8 million cells better (about 1.5 million training pairs leave most of them empty
-# today), but its loss can only approach the true uncertainty of the next token given the
+# fills its 16.8 million cells better (the 1.46 million training pairs of today fill about
+# 226,000 of them, and leave over 98% empty), but its loss can only approach the true
+# uncertainty of the next token given the
 # current one, which is high. The transformer reads up to 128 tokens and has capacity left for
 # grammar, metre and who is speaking; its loss was still falling at the end of training, and
 # more text (with more steps) lets it learn more before it starts to memorise.
