@@ -17,13 +17,20 @@ OFFLINE := $(BIN)/python -m utils.offline
 # Two commands side by side: the tests run torch on one thread, so the second core is free.
 LANES := $(BIN)/python -m utils.lanes
 
-.PHONY: lab test test-all setup build grade clean-venv
+.PHONY: lab lab-settings test test-all setup build grade clean-venv
 
 # Jupyter refuses root unless told; containers often run as root.
 LAB_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
-lab: $(STAMP)
+lab: $(STAMP) lab-settings
 	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks $(LAB_FLAGS)
+
+# JupyterLab's defaults for the course's environment: no "get notified about Jupyter news?"
+# pop-up over the notebook on first open, no update check (the course is offline after setup).
+LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
+lab-settings:
+	mkdir -p $(dir $(LAB_SETTINGS))
+	cp utils/lab-overrides.json $(LAB_SETTINGS)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
@@ -74,6 +81,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q $(TORCH_INDEX) "$(TORCH)"
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	$(BIN)/course corpus
+	$(MAKE) lab-settings
 	touch $(STAMP)
 
 clean-venv:

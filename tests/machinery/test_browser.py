@@ -520,6 +520,13 @@ def test_layernorm_check_in_jupyterlab(tmp_path, capsys):
                     f"the check of a correct LayerNorm does not pass:\n{passing}"
                 )
                 assert not nb.overflowing(layout["check"]), "the pass line scrolls sideways"
+                # Nothing of JupyterLab's own covers the notebook: its first-run question about
+                # Jupyter news is answered "never" by the course's settings (make lab-settings).
+                asked = page.get_by_text("official Jupyter news").count()
+                assert asked == 0, (
+                    "JupyterLab asks about Jupyter news over the notebook: the course's "
+                    "utils/lab-overrides.json is not in the environment (make lab-settings)"
+                )
             except BaseException:
                 if page is not None:
                     try:
