@@ -240,6 +240,7 @@ class MutantRun:
 
     def __init__(self):
         self.killed: dict[str, str] = {}  # mutant id -> the test that killed it
+        self.messages: dict[str, tuple[str, str]] = {}  # mutant id -> (test, whole message)
         self.tried: dict[str, str] = {}  # mutant id -> chapter
 
     @staticmethod
@@ -289,11 +290,26 @@ class MutantRun:
             message = dict(report.user_properties).get("message") or report.longreprtext
             lines = str(message).strip().splitlines() or [""]
             self.killed[mutant] = f"{item.originalname}: {lines[0][:160]}"
+            self.messages[mutant] = (item.originalname, str(message))
         # A test a mutant passes is no failure in itself: another test may kill it.
         report.outcome, report.longrepr = "passed", None
 
     def survivors(self) -> list[str]:
         return sorted(m for m in self.tried if m not in self.killed)
+
+    def mistold(self) -> dict[str, str]:
+        """Killed mutants whose killing message lacks words their `says` declares."""
+        from tests.machinery.mutants import all_mutants
+
+        found = {}
+        for mutant, (test, message) in sorted(self.messages.items()):
+            text = " ".join(message.lower().split())
+            missing = [
+                w for w in all_mutants()[mutant].says if " ".join(w.lower().split()) not in text
+            ]
+            if missing:
+                found[mutant] = f"{test} does not say {missing}"
+        return found
 
     def pytest_terminal_summary(self, terminalreporter):
         from tests.machinery.mutants import all_mutants
@@ -309,8 +325,10 @@ class MutantRun:
                 tr.write_line(f"killed {mutant} by {how}")
         for mutant in self.survivors():
             tr.write_line(f"SURVIVED {mutant}: {all_mutants()[mutant].why}", red=True)
+        for mutant, how in self.mistold().items():
+            tr.write_line(f"MISTOLD {mutant} ({all_mutants()[mutant].why}): {how}", red=True)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session):
-        if self.survivors():
+        if self.survivors() or self.mistold():
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

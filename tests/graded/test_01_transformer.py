@@ -167,14 +167,13 @@ def test_layernorm_matches_reference(impl, reference, ref_run):
 def test_embed_matches_reference(impl, reference, ref_run):
     tokens, _, cache = ref_run
     embed = build(impl.Embed, reference.cfg, params_under(reference.params, "embed."))
-    assert_matches(embed(tokens), cache["hook_embed"], "Embed", "Row t of W_E embeds token t.")
-
-
-@pytest.mark.embed
-def test_pos_embed_matches_reference(impl, reference, ref_run):
-    tokens, _, cache = ref_run
-    pos = build(impl.PosEmbed, reference.cfg, params_under(reference.params, "pos_embed."))
-    assert_matches(pos(tokens), cache["hook_pos_embed"], "PosEmbed")
+    out, expected = embed(tokens), cache["hook_embed"]
+    if isinstance(out, torch.Tensor) and close(out, expected * reference.cfg.d_model**0.5):
+        pytest.fail(
+            "Your embeddings are scaled by sqrt(d_model), as the original Transformer's are; "
+            "GPT-2 does not scale them: row t of W_E as it is."
+        )
+    assert_matches(out, expected, "Embed", "Row t of W_E embeds token t.")
 
 
 @pytest.mark.embed
@@ -185,10 +184,22 @@ def test_pos_embed_depends_on_position_not_token(impl, reference):
     out = pos(tokens)
     assert out.shape == (2, 4, cfg.d_model), f"expected shape (2, 4, d_model), got {out.shape}"
     expected = reference.params["pos_embed.W_pos"][:4]
+    if torch.allclose(out[0], reference.params["pos_embed.W_pos"][-4:]):
+        pytest.fail(
+            "A sequence of 4 tokens got the LAST 4 rows of W_pos: positions count from the "
+            "start, so it gets rows 0, 1, 2, 3."
+        )
     assert torch.allclose(out[0], expected) and torch.allclose(out[1], expected), (
         "Index W_pos by position (0, 1, 2...), not by token id; every row of the batch gets "
         "the same positional vectors."
     )
+
+
+@pytest.mark.embed
+def test_pos_embed_matches_reference(impl, reference, ref_run):
+    tokens, _, cache = ref_run
+    pos = build(impl.PosEmbed, reference.cfg, params_under(reference.params, "pos_embed."))
+    assert_matches(pos(tokens), cache["hook_pos_embed"], "PosEmbed")
 
 
 # --------------------------------------------------------------------------- attention
@@ -225,10 +236,16 @@ def test_attention_matches_reference(impl, reference, ref_run):
         for factor, mistake in [
             (cfg.d_head**-0.5, "Did you forget to divide the scores by sqrt(d_head)?"),
             (cfg.d_head**0.5, "Divide the scores by sqrt(d_head), not by d_head."),
+            ((cfg.d_model / cfg.d_head) ** 0.5, "Divide by sqrt(d_head), not sqrt(d_model)."),
         ]:
             scaled = dict(params, W_Q=params["W_Q"] * factor, b_Q=params["b_Q"] * factor)
             if close(build(impl.Attention, cfg, scaled)(x), expected):
                 pytest.fail(mistake)
+        # A forgotten bias shifts every output by a constant vector (attention rows sum to 1).
+        v_shift = torch.einsum("hd,hdm->m", params["b_V"], params["W_O"])
+        for shift, bias in [(params["b_O"], "b_O"), (v_shift, "b_V")]:
+            if close(out, expected - shift):
+                pytest.fail(f"Did you forget the bias {bias}? Add it as you add the others.")
     assert_matches(out, expected, "Attention (block 0)", "Check the biases and the softmax dim.")
 
 
@@ -286,9 +303,14 @@ def test_mlp_matches_reference(impl, reference, ref_run):
         exact_gelu = F.gelu(x @ p["W_in"] + p["b_in"]) @ p["W_out"] + p["b_out"]
         if close(out, exact_gelu):
             pytest.fail("GPT-2 uses the tanh approximation of GELU: use gelu_new.")
+        relu = F.relu(x @ p["W_in"] + p["b_in"]) @ p["W_out"] + p["b_out"]
+        if close(out, relu):
+            pytest.fail("GPT-2's MLP uses GELU (gelu_new, its tanh approximation), not ReLU.")
         no_bias = F.gelu(x @ p["W_in"], approximate="tanh") @ p["W_out"]
         if close(out, no_bias):
             pytest.fail("Did you drop the biases b_in and b_out?")
+        if close(out, no_bias + p["b_out"]):
+            pytest.fail("Did you forget b_in? It is added before the GELU.")
     assert_matches(out, expected, "MLP (block 0)")
 
 

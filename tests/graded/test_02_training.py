@@ -45,7 +45,10 @@ def test_windows_cover_the_stream(impl, n_tokens, n_ctx, stride):
     )
     for i, s in enumerate(starts):
         x, y = data[i]
-        assert torch.equal(x, tokens[s : s + n_ctx]), f"window {i} should start at token {s}"
+        assert torch.equal(x, tokens[s : s + n_ctx]), (
+            f"window {i} should start at token {s} (windows start every stride={stride} tokens, "
+            f"here n_ctx={n_ctx})"
+        )
         assert torch.equal(y, tokens[s + 1 : s + n_ctx + 1]), (
             f"the targets of window {i} must be its inputs shifted left by one"
         )
@@ -82,6 +85,12 @@ def test_lm_loss_matches_torch_cross_entropy(impl):
     expected = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
     loss = impl.lm_loss(logits, targets)
     assert isinstance(loss, torch.Tensor) and loss.shape == (), "return a scalar tensor"
+    over_positions = -logits.log_softmax(dim=1).gather(-1, targets[..., None]).mean()
+    if torch.allclose(loss, over_positions, atol=1e-5):
+        pytest.fail(
+            "Your log-softmax normalises over the positions (dim 1): each position's "
+            "distribution is over the vocabulary, the last dim."
+        )
     assert torch.allclose(loss, expected, atol=1e-5), (
         f"got {loss.item():.5f}, expected {expected.item():.5f}: the mean over every position "
         "of -log softmax(logits)[target]"

@@ -9,7 +9,9 @@ must occur exactly once in the cell, and is replaced by `replace`. Running
 grades every mutant, with the same machinery that grades a learner's notebook, against the
 graded tests of its exercise. A mutant is killed when at least one of them fails; once killed,
 its remaining tests are skipped. The run fails if any mutant survives, and ends with the kill
-rate per chapter (the figures in the README's maintainer section).
+rate per chapter. A mutant that declares `says` must also be killed by a message that contains
+those words: a test that fails for the wrong reason, with advice about another mistake, does
+not count.
 
 Only non-equivalent mutants belong here: each must change what the exercise computes for some
 input its signature allows. Each chapter's list lives in its own module (`ch01.py`, ...).
@@ -32,6 +34,10 @@ class Mutant:
     replace: str
     why: str  # the mistake, in a tutor's words
     name: str = ""  # short id; default: derived from `why`
+    # Words the learner must be told: the message of the test that kills the mutant must
+    # contain each (case-insensitive), so that it names this mistake and not another one.
+    # Written from the mistake, not copied from today's message.
+    says: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
