@@ -281,10 +281,10 @@ assert round(len(train_tokens), -4) == 1_460_000, "the last question says 1.46 m
 #   for the last target. This is the classic off-by-one: with 20 tokens, `n_ctx = 4` and
 #   `stride = 4`, there are 4 windows, not 5, because a window starting at token 16 would have
 #   no target for its last position. Leftover tokens at the end are simply not used.
-# - `__getitem__(i)`: the pair `(x, y)` with `x = tokens[s : s + n_ctx]` and
-#   `y = tokens[s + 1 : s + n_ctx + 1]`. A negative `i` counts from the end, as in a list
-#   (`data[-1]` is the last window); the range check at the top of the method is written for
-#   you, and raises `IndexError` past the end.
+# - `__getitem__(i)`: the pair `(x, y)` of window `i`, both `[n_ctx]`: `x` holds the `n_ctx`
+#   tokens from `s` on, and `y` the `n_ctx` tokens from `s + 1` on. A negative `i` counts from
+#   the end, as in a list (`data[-1]` is the last window); the range check at the top of the
+#   method is written for you, and raises `IndexError` past the end.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -296,13 +296,15 @@ assert round(len(train_tokens), -4) == 1_460_000, "the last question says 1.46 m
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - `__len__`: starts are `0, stride, 2 * stride, ...`, and the largest valid one is
-#   `len(tokens) - n_ctx - 1`. How many multiples of `stride` lie between 0 and that, both
-#   included? Integer division answers it. Check your formula on the example above: 20 tokens,
-#   `n_ctx = 4`, `stride = 4` must give 4.
-# - `__getitem__`: first turn a negative `i` into a positive one (`i % len(self)` does it), then
-#   take **one** slice of `n_ctx + 1` tokens from `i * stride` and split it: everything but its
-#   last token is `x`, everything but its first is `y`, both `[n_ctx]`.
+# - `__len__`: starts are `0, stride, 2 * stride, ...`. What is the largest start that still
+#   leaves `n_ctx + 1` tokens up to the end of the stream? How many multiples of `stride` lie
+#   between 0 and it, *both ends included*? Integer division answers it; does it count 0?
+#   Check your formula on the example above: 20 tokens, `n_ctx = 4`, `stride = 4` must give 4
+#   (starts 0, 4, 8 and 12).
+# - `__getitem__`: a negative `i` names the same window as some non-negative index; which one?
+#   (Python's `%` with a positive right-hand side never returns a negative number.) Then look
+#   at what `x` and `y` share: all but one token at each end. Can one slice of the stream give
+#   you both?
 #
 # </details>
 #
@@ -378,10 +380,10 @@ print("x:", tuple(x.shape), x.dtype, " y:", tuple(y.shape))
 #
 # Two ways to write it, both fine (the tests check the value, not the method):
 #
-# - **By hand.** `logits.log_softmax(dim=-1)` gives log-probabilities `[batch, posn, d_vocab]`;
-#   pick the one of each target with `torch.gather` along the last dimension; negate and average.
-#   Use `log_softmax` rather than `softmax(...).log()`: it is computed stably, without ever
-#   forming a probability that rounds to 0 and a log that is $-\infty$.
+# - **By hand**, from the log-probabilities of every token at every position: out of the
+#   `d_vocab` of them at each position, the formula needs only the target's. Compute them with
+#   `log_softmax` rather than with `softmax` followed by `log`: `log_softmax` is computed
+#   stably, without ever forming a probability that rounds to 0 and a log that is $-\infty$.
 # - **With PyTorch.** `F.cross_entropy` computes the same thing, but it expects the classes in
 #   dimension 1: either flatten to `[batch * posn, d_vocab]` and `[batch * posn]`, or move the
 #   vocabulary dimension. Passing `[batch, posn, d_vocab]` as it is gets you an error or, worse,
@@ -396,12 +398,15 @@ print("x:", tuple(x.shape), x.dtype, " y:", tuple(y.shape))
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# `logits.log_softmax(dim=-1)` is `[batch, posn, d_vocab]`. `torch.gather(input, dim, index)`
-# picks one entry per position along `dim`, and its `index` must have as many dimensions as
-# `input`: `targets.unsqueeze(-1)` is `[batch, posn, 1]`, and so is the result, which
-# `.squeeze(-1)` brings back to `[batch, posn]`. Negate, `.mean()`, and no `.item()`: the result
-# must stay a tensor in the graph. (With `F.cross_entropy` instead, flatten to
-# `[batch * posn, d_vocab]` and `[batch * posn]` first.)
+# Follow the shapes: log-probabilities `[batch, posn, d_vocab]`, targets `[batch, posn]`, one
+# log-probability per position `[batch, posn]`, and a scalar at the end. The step in the middle
+# is a lookup: `torch.gather(input, dim, index)` takes, at every position of `index`, the entry
+# of `input` along `dim` that `index` names there. Its `index` must have as many dimensions as
+# `input`, and the result has the shape of `index`. So what shape must the index made from
+# `targets` have, and what shape comes out? `Tensor.unsqueeze` and `Tensor.squeeze` add and
+# remove a dimension of size 1. Finish with tensor operations only, no `.item()`: the result
+# must stay a tensor in the graph. (With `F.cross_entropy` instead, the shapes it wants are
+# given above; `Tensor.flatten` merges dimensions.)
 #
 # </details>
 #
@@ -552,8 +557,9 @@ assert f"{loss:.3f}" == "8.321", "section 5 says the untrained model scores 8.32
 # - step 0 gives 0 (when there is a warm-up at all) and step `warmup_steps` gives exactly 1;
 # - step `total_steps` gives `min_lr_ratio` (when the decay has any length at all);
 # - the edge cases must not divide by zero: with `warmup_steps = 0` there is no warm-up (the
-#   factor is 1 at step 0), and with `warmup_steps == total_steps` the decay has length 0. Use
-#   `max(1, ...)` for both denominators, as Hugging Face does.
+#   factor is 1 at step 0), and with `warmup_steps == total_steps` the decay has length 0: the
+#   factor is still 1 at step `warmup_steps` and drops to `min_lr_ratio` at the step after, as
+#   Hugging Face's does.
 #
 # Past `total_steps` the tests check a rule of the course's own, because Hugging Face's schedule
 # does something else there: its cosine carries on and climbs back towards the peak, while ours
@@ -570,11 +576,15 @@ assert f"{loss:.3f}" == "8.321", "section 5 says the untrained model scores 8.32
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - Before `warmup_steps`: a straight line from 0 to 1, `step` over `warmup_steps`, with the
-#   denominator guarded by `max(1, ...)`.
-# - From `warmup_steps` on: the progress $p$ through the decay is the number of steps since the
-#   warm-up over the decay's length, `total_steps - warmup_steps` (guarded by `max(1, ...)` as
-#   well), capped at 1 with `min`. Then the formula above, with `math.cos` and `math.pi`.
+# - Before `warmup_steps`: a straight line through 0 at step 0 and 1 at step `warmup_steps`.
+#   This branch only runs for steps below `warmup_steps`; with no warm-up, can it run at all
+#   for a step of 0 or more? (Hugging Face guards its denominator anyway.)
+# - From `warmup_steps` on: the progress $p$ goes from 0 at the end of the warm-up to 1 at
+#   `total_steps`, in proportion to the steps taken. Its denominator, the length of the decay,
+#   is 0 when `warmup_steps == total_steps`: what must stand in its place so that step
+#   `warmup_steps` still gets $p = 0$ and the step after $p = 1$? And what keeps $p$ from
+#   passing 1 after `total_steps`? Then the formula above; `math.cos` and `math.pi` are all
+#   it needs.
 # - Check the ends: at step `warmup_steps`, $p = 0$ and the factor is 1; at `total_steps`,
 #   $p = 1$ and it is `min_lr_ratio`. You return a multiplier, a Python float, not a learning
 #   rate.
@@ -683,32 +693,36 @@ assert sum(p.numel() for p in qkv_biases) == 768, "section 7 says 768 numbers of
 # ### Exercise: `train_step`
 #
 # `train_step(model, optimizer, scheduler, x, y, grad_clip)` does one step of training on the
-# batch `(x, y)` and returns the loss **before** the update, as a Python `float`. The order of
-# operations matters, and each piece has a reason:
+# batch `(x, y)` and returns the loss **before** the update, as a Python `float`. It takes a
+# handful of calls, each named below with what it does; the exercise is to put them in an order
+# that works, and each piece has a reason:
 #
-# 1. **`model.train()`**, then the forward pass and `lm_loss`. (Training mode changes nothing in
-#    our model, which has no dropout, but it is the right habit: `evaluate` switches it off.)
-# 2. **`optimizer.zero_grad()`**, then **`loss.backward()`**. PyTorch *adds* each new gradient to
-#    the `.grad` already stored on a parameter; that is a feature (it lets you accumulate
-#    gradients over several small batches), but here it would mean every step also re-applies
-#    all the previous steps' gradients. So clear them before `backward()`.
-# 3. **`torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)`**. Now and then a batch
-#    produces a huge gradient, and a single huge step can undo hours of training. Clipping
-#    computes the norm of *all* gradients together, as one long vector, and if it exceeds
-#    `grad_clip`, scales every gradient down by the same factor: the direction of the gradient
-#    is kept, only its length is capped. (The gradient, not AdamW's step: the optimizer then
-#    divides each component by that weight's running gradient size, so its step points
-#    elsewhere and is not capped.) It must come after `backward()` (the gradients must exist) and
-#    before `optimizer.step()` (which reads them).
-# 4. **`optimizer.step()`** updates the weights.
-# 5. **`scheduler.step()`** moves the learning rate on to the next step's value, once per
-#    optimizer step and *after* it: the scheduler set the learning rate of step 0 when it was
-#    created, so calling it first would skip that value. (During warm-up that first learning
-#    rate is 0, so the very first step leaves the weights where they are. It is not wasted: Adam
-#    records its first gradient averages. Hugging Face's schedules behave the same.)
-# 6. Return **`loss.item()`**: the loss computed in step 1, on the weights before the update, as a
-#    `float`. A float does not hold on to the computation graph, so keeping a list of them for
-#    plotting costs nothing.
+# - **The update.** `optimizer.step()` updates the weights, using the gradients stored in the
+#   parameters' `.grad` and the optimizer's current learning rate.
+# - **Gradients add up.** `loss.backward()` computes the gradients of the loss, and PyTorch
+#   *adds* each new gradient to the `.grad` already stored on a parameter; that is a feature (it
+#   lets you accumulate gradients over several small batches), but here it would mean every step
+#   also re-applies all the previous steps' gradients. `optimizer.zero_grad()` clears them: the
+#   gradients the optimizer uses must be this batch's alone.
+# - **Clipping.** Now and then a batch produces a huge gradient, and a single huge step can undo
+#   hours of training. `torch.nn.utils.clip_grad_norm_` computes the norm of *all* gradients
+#   together, as one long vector, and if it exceeds `grad_clip`, scales every gradient down by
+#   the same factor: the direction of the gradient is kept, only its length is capped. (The
+#   gradient, not AdamW's step: the optimizer then divides each component by that weight's
+#   running gradient size, so its step points elsewhere and is not capped.) It can only clip
+#   gradients that exist, and it only helps if it acts before the optimizer reads them.
+# - **The schedule.** `scheduler.step()` moves the learning rate on to the next step's value,
+#   once per optimizer step. The scheduler set the learning rate of step 0 when it was created,
+#   so moving it on before the optimizer has used that value would skip it. (During warm-up that
+#   first learning rate is 0, so the very first step leaves the weights where they are. It is
+#   not wasted: Adam records its first gradient averages. Hugging Face's schedules behave the
+#   same.)
+# - **Training mode.** The forward pass and `lm_loss` must run in training mode
+#   (`model.train()`), whatever mode the model arrives in. Training mode changes nothing in our
+#   model, which has no dropout, but it is the right habit: `evaluate` switches it off.
+# - **The return value.** The loss of the batch on the weights before the update, as a `float`
+#   (`Tensor.item()`). A float does not hold on to the computation graph, so keeping a list of
+#   them for plotting costs nothing.
 #
 # The tests compare your step with one written out with PyTorch's own pieces, weight by weight;
 # check that three steps in a row equal three independent steps (no leftover gradients); check
@@ -717,19 +731,29 @@ assert sum(p.numel() for p in qkv_biases) == 768, "section 7 says 768 numbers of
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
-# The order is the whole exercise: clear the old gradients before `backward()`, clip after it
-# and before `optimizer.step()`, move the scheduler after the optimizer. Return a float, not a
-# tensor.
+# The order is the whole exercise. For each call, ask what it reads and what it writes: which
+# call creates this batch's gradients, which calls read them, which one wipes them, and which
+# one reads the learning rate that the scheduler changes? Return a float, not a tensor.
 #
 # </details>
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# Follow the numbered list above, one call per item: eight short lines in all. Worth knowing:
-# `torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)` rescales the gradients of all
-# parameters together, in place, and returns their norm before clipping (you may ignore it);
-# `loss.item()` turns the loss into a Python float that holds no graph. The loss you return is
-# the one computed at the start, on the weights before the update.
+# Sort the calls by what each one needs to find already done:
+#
+# - `loss.backward()` needs the loss, from the forward pass and `lm_loss`; it adds to `.grad`.
+# - `optimizer.zero_grad()` wipes `.grad`. Where can it go so that it removes the previous
+#   step's gradients but not this batch's?
+# - `torch.nn.utils.clip_grad_norm_` takes the parameters and the largest norm allowed,
+#   rescales their gradients together, in place, and returns their total norm from before the
+#   clipping (you may ignore it). Which call must it follow, and which must it precede?
+# - `optimizer.step()` reads `.grad` and this step's learning rate; `scheduler.step()` replaces
+#   that learning rate with the next step's. Which of the two goes first?
+# - The loss you return is the one computed before the update; `Tensor.item()` gives it as a
+#   Python float that holds no graph.
+#
+# Then check your order: does every call find what it reads already written, and is nothing it
+# needs wiped before it runs?
 #
 # </details>
 #
@@ -771,10 +795,9 @@ for step in range(31):
 # a `DataLoader`: on the validation windows, that is the number we watch to see whether the
 # model generalises. What it must get right:
 #
-# - **Every token weighs the same.** `lm_loss` gives the mean over one batch. Averaging those
-#   means would count the tokens of a small batch (the last one is often smaller) more than the
-#   others. Keep a running *sum* instead, `lm_loss(...) * y.numel()`, and a count of tokens,
-#   and divide at the end.
+# - **Every token weighs the same.** The result is the mean loss per token over all the batches
+#   evaluated. `lm_loss` gives the mean over one batch, and averaging those means would count
+#   the tokens of a small batch (the last one is often smaller) more than the others.
 # - **No gradients.** The `@torch.no_grad()` decorator, given, turns off the bookkeeping that
 #   `backward()` needs: evaluation runs faster and uses far less memory. Accumulate Python
 #   floats (`.item()`), not tensors.
@@ -796,11 +819,15 @@ for step in range(31):
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# `model.eval()` first. Loop over `enumerate(loader)` so that you know the batch number, and
-# `break` once it reaches `max_batches` (only when `max_batches` is not `None`). For each batch,
-# add `lm_loss(...)` times `y.numel()` to the total (as a float, with `.item()`) and `y.numel()`
-# to the count. After the loop, `model.train(mode)` takes a bool: give it `was_training`. Return
-# the total divided by the count.
+# - The loop: `enumerate(loader)` gives each batch together with its number, counting from 0.
+#   With `max_batches` given, which batch numbers do you evaluate, and what do you do on
+#   reaching the first one past them? With `None`, nothing stops the loop early.
+# - Each batch: `Tensor.numel()` counts the elements of a tensor; which tensor of the batch
+#   holds one element per token scored? Turn the batch's loss into a Python float with
+#   `.item()` before you add anything to the running sum.
+# - The mode: `model.eval()` is the same as `model.train(False)`, and `model.train(mode)` takes
+#   a bool, so one call restores whichever mode `was_training` recorded. Where does that call
+#   go, given that nothing after a `return` runs?
 #
 # </details>
 #
