@@ -69,3 +69,25 @@ def test_generation_figures_are_the_recorded_run():
     )
     assert says(said), f"the README's generation figures should read: {said!r}"
     assert all(cpu["same_tokens_as_hf"].values()) and says("wrote the same tokens")
+
+
+def test_speculative_figures_are_the_recorded_run():
+    run = _record("speculative")["result"]
+    g, what_if = run["goals"], run["what_if"]
+    said = [
+        f"the best is {g['goal1']['speedup']} times ({g['goal1']['best']})",
+        f"is met: {g['goal2']['passes_per_token']} ({g['goal2']['at']})",
+        f"median error {100 * g['goal3']['median_relative_error']:.1f} %, "
+        f"{g['goal3']['within_10pct']} configurations",
+        f"{g['goal4']['lookahead']} against {g['goal4']['ngram']}",
+        f"baseline's tokens): {g['goal5']['identical']}",
+        f"measured alpha ({what_if['alpha']}, k = {what_if['k']}) gives "
+        f"{what_if['measured_c_and_v']['speedup']} times",
+        f"and {what_if['gpu_like']['speedup']} times with c = {what_if['gpu_like']['c']}",
+    ]
+    missing = [text for text in said if not says(text)]
+    assert not missing, f"the README's speculative figures should include: {missing}"
+    assert says(f"step costs c = {run['cost_model']['c_model']} of a main step")
+    for n in "1234":  # "- Goal N (...) is met" or "is not met", as the record says
+        sentence = next(part for part in README.split("- Goal ") if part.startswith(n))
+        assert ("is not met" in sentence) == (not g[f"goal{n}"]["passed"]), f"goal {n}"
