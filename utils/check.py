@@ -166,6 +166,25 @@ def _tests(n: int) -> str:
     return "1 test" if n == 1 else f"{n} tests"
 
 
+def failure_lines(failed: list[TestResult]) -> list[str]:
+    """One line per failing test function, not per case: the cases of a parametrized test that
+    fail with the same message are one cause, said once with their count; cases that fail
+    differently show the first case's message and the count."""
+    by_test: dict[str, list[TestResult]] = {}
+    for r in failed:
+        by_test.setdefault(r.nodeid.split("::")[-1].split("[")[0], []).append(r)
+    lines = []
+    for test, rs in by_test.items():
+        if len(rs) == 1:
+            lines.append(f"{rs[0].nodeid.split('::')[-1]}: {rs[0].message}")
+        elif len({r.message for r in rs}) == 1:
+            lines.append(f"{test} ({len(rs)} cases): {rs[0].message}")
+        else:
+            first = rs[0].nodeid.split("::")[-1]
+            lines.append(f"{test} ({len(rs)} cases; the first, {first}): {rs[0].message}")
+    return lines
+
+
 def check(exercise: str, namespace: dict | None = None) -> None:
     """Grade one exercise against what this notebook has defined; print a short verdict."""
     ex = find_exercise(exercise)
@@ -186,8 +205,7 @@ def check(exercise: str, namespace: dict | None = None) -> None:
         lines.append(f"[bold red]✗ {exercise}: no test ran: {escape(run.why_nothing_ran())}[/]")
     elif failed:
         lines.append(f"[bold red]✗ {exercise}: {len(failed)} of {_tests(len(results))} failed[/]")
-        for r in failed:
-            lines.append(f"  [red]•[/red] {r.nodeid.split('::')[-1]}: {escape(r.message)}")
+        lines += [f"  [red]•[/red] {escape(line)}" for line in failure_lines(failed)]
     else:
         every = "the test" if len(passed) == 1 else f"all {len(passed)} tests"
         lines.append(f"[bold green]✓ {exercise}: {every} passed[/]")

@@ -70,6 +70,10 @@ class Launch:
     # (pattern, why): a regular expression that must not match the compiled kernel's Triton IR
     # (TTIR), and the sentence that says what it means. What the interpreter cannot show.
     forbid: tuple[tuple[str, str], ...] = ()
+    # The int32 arguments (sizes) whose product with a program id may pass 2**31 (the wrapper
+    # allows such tensors): no pointer offset may come from that product in int32
+    # (`int32_offsets` below). True: every int32 argument; () where the wrapper caps the sizes.
+    wide: bool | tuple[str, ...] = True
 
 
 # The fused kernel's scores stay in float32 up to the argmax. The interpreter cannot tell: it
@@ -81,6 +85,52 @@ ACCUMULATOR_KEPT = (
     "argmax: on a GPU every logit near 96 then moves in steps of 1/2 (bfloat16), and ties "
     "decide the token. Keep acc and the scores in float32",
 )
+
+
+INT32_OFFSET = (
+    "a pointer offset is an int32 product of a program id and a size ({line}): `rows * n_cols` "
+    "in int32 wraps past 2**31 elements (a batch of 16,384 rows of 131,072 columns is 2**31), "
+    "and the kernel then reads and writes someone else's memory on a GPU. Make the row index "
+    "int64 before multiplying: rows.to(tl.int64) * n_cols"
+)
+_SSA = re.compile(r"%[\w.#]+")
+
+
+def int32_offsets(ttir: str, names: bool | tuple[str, ...] = True) -> list[str]:
+    """The lines of the kernel's Triton IR where an int32 multiply of a value that depends on
+    `tl.program_id` by one computed from the kernel's int32 arguments alone (a size: n_cols)
+    feeds a pointer offset (`tt.addptr`). The interpreter computes in Python integers and never
+    wraps; a GPU wraps at 2**31."""
+    head = next((line for line in ttir.splitlines() if "tt.func public" in line), "")
+    sizes = {
+        arg for arg in re.findall(r"(%[\w.#]+): i32\b", head) if names is True or arg[1:] in names
+    }
+    pids, tainted, found = set(), set(), []
+    for line in ttir.splitlines():
+        code = line.split(" loc(")[0].strip()
+        if " = " not in code or not code.startswith("%"):
+            continue
+        target, rest = code.split(" = ", 1)
+        results = [target.split(":")[0]]
+        operands = [o for o in _SSA.findall(rest)]
+        op = rest.split()[0] if rest.split() else ""
+        if op == "tt.get_program_id" or any(o in pids for o in operands):
+            pids.update(results)
+        elif operands and op != "arith.constant" and all(o in sizes for o in operands):
+            sizes.update(results)
+        int32 = re.search(r": (i32|tensor<[^>]*xi32>)\s*$", code)
+        if (
+            op == "arith.muli"
+            and int32
+            and any(o in pids for o in operands)
+            and any(o in sizes for o in operands)
+        ):
+            tainted.update(results)
+        elif any(o in tainted for o in operands):
+            if op == "tt.addptr":
+                found.append(code)
+            tainted.update(results)
+    return found
 
 
 def _fused(dtype: str, n_rows: int, greedy: tuple[bool, ...]) -> Launch:
@@ -96,6 +146,9 @@ def _fused(dtype: str, n_rows: int, greedy: tuple[bool, ...]) -> Launch:
         tuple({"GREEDY": g, **tiles} for g in greedy),
         {"num_warps": 4, "num_stages": 3},
         forbid=(ACCUMULATOR_KEPT,) if dtype != "fp32" else (),
+        # fused_matmul_sample caps batch * d_vocab below 2**31, so the [batch, tiles] outputs
+        # may use int32 offsets; the rows of h and of W_U times d_model may not.
+        wide=("d_model",),
     )  # fmt: skip
 
 
@@ -120,8 +173,10 @@ LAUNCHES: dict[str, tuple[Launch, ...]] = {
                _WIDE_OPTIONS),
     ),
     "gumbel_kernel": (
+        # gumbel_sample refuses logits of 2**31 elements or more (its int32 offsets).
         Launch("gumbel", "gumbel_kernel", ("*fp32", "*i64", B, V, 1.25, SEED),
-               tuple({"GREEDY": g, **_WIDE} for g in (False, True)), _WIDE_OPTIONS),
+               tuple({"GREEDY": g, **_WIDE} for g in (False, True)), _WIDE_OPTIONS,
+               wide=()),
     ),
     "inverse_transform": (
         Launch("inverse_transform", "inverse_transform_kernel", ("*fp32", "*i64", B, V, SEED),
@@ -264,6 +319,10 @@ def _child() -> None:
                 for pattern, why in job["forbid"]:
                     if re.search(pattern, compiled.asm["ttir"]):
                         failures.append({**where, "file": None, "line": None, "error": why})
+                wraps = int32_offsets(compiled.asm["ttir"], job["wide"])
+                if wraps:
+                    why = INT32_OFFSET.format(line=wraps[0].split(" : ")[0])
+                    failures.append({**where, "file": None, "line": None, "error": why})
             except _SignatureError as err:
                 failures.append({**where, "file": None, "line": None, "error": f"{err}"})
                 break
@@ -310,6 +369,7 @@ def run_compiler(jobs: list[Job], timeout_s: float = COMPILE_TIMEOUT_S) -> list[
             "branches": list(job.launch.branches),
             "options": job.launch.options,
             "forbid": [list(f) for f in job.launch.forbid],
+            "wide": job.launch.wide,
         }
         for job in jobs
     ]

@@ -39,3 +39,22 @@ def test_a_solution_has_one_background_and_room_for_underscores(published):
     assert page.count("background") == 1, "one background for the block, none per line"
     assert "line-height: 1.45" in page and "pre-wrap" in page
     assert "layer_norm_eps" in re.sub(r"<[^>]+>", "", page)
+
+
+def test_a_failing_parametrized_test_is_one_line_with_its_count():
+    from utils.check import TestResult, failure_lines
+
+    def failed(nodeid, message):
+        return TestResult(nodeid, "05_speculative", "lookahead_layout", "failed", message)
+
+    same = "Positions are one too many: the window's level j reads j + i + 1."
+    lines = failure_lines(
+        [failed(f"t.py::test_layout[{k}]", same) for k in range(5)]
+        + [failed(f"t.py::test_offsets[{k}]", f"reads offsets [{k}, {k}]") for k in range(5)]
+        + [failed("t.py::test_alone", "one case")]
+    )
+    assert lines == [
+        f"test_layout (5 cases): {same}",
+        "test_offsets (5 cases; the first, test_offsets[0]): reads offsets [0, 0]",
+        "test_alone: one case",
+    ]
