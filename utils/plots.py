@@ -1072,7 +1072,14 @@ def plot_lookahead_mask(
     ax.set_xlabel("may read (key)")
     ax.set_ylabel("token of the pass (query)")
     handles = [Patch(color=level_colours[j], label=f"window level {j}") for j in range(n_levels)]
-    handles += [Patch(color=cand_colours[0], label="candidates")] if n_cand else []
+    handles += [Patch(color=cand_colours[g], label=f"candidate {g}") for g in range(n_cand)]
+    # What a tick label says: the second number is an offset after `last`, not a column.
+    handles.append(
+        Patch(
+            color="none",
+            label="labels: L1·3 = level 1,\noffset 3 after last;\nc0·2 = candidate 0, offset 2",
+        )
+    )
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     ax.set_title(title or f"Lookahead pass: W = {window}, N = {ngram}, {n_cand} candidates")
     plt.show()
