@@ -36,7 +36,8 @@
 # `generate` for greedy text, HF's draft model for the drafter's cache, numerical integrals
 # and simulations for the coupling formulas.
 #
-# **Time:** about 4–5 hours. **You need:** chapter 3's sampler (softmax, temperature, top-k,
+# **Time:** about 4 hours 40 minutes (the exercises' estimates below add up to it).
+# **You need:** chapter 3's sampler (softmax, temperature, top-k,
 # top-p) and chapter 4's `forward_with_cache`. Both are imported from `solutions`.
 #
 # ## How this notebook works
@@ -144,6 +145,8 @@ assert draft.cfg.d_vocab == 4096 and draft.unembed.W_U.numel() / _mult[1] > 0.5,
 # speculative decoding gains comes from $\alpha$.
 #
 # ### Exercise: `rejection_sample_one` and `acceptance_rate`
+#
+# *About 25 minutes.*
 #
 # `rejection_sample_one(target_probs, draft_probs, generator)` takes $p$ and $q$, 1-D
 # `[d_vocab]` probability vectors, and returns `(token, kept)`: an `int` distributed as $p$,
@@ -267,6 +270,8 @@ assert abs(alpha_demo - 0.5) < 1e-6, "'What to expect' says alpha = 0.5 for this
 # (In brackets: tests that do not count, because an earlier draft was rejected.)
 #
 # ### Exercise: `rejection_sample`
+#
+# *About 40 minutes.*
 #
 # `rejection_sample(target_probs, draft_probs, draft_tokens, generator=None, greedy=False)`
 # takes `target_probs` `[batch, k + 1, d_vocab]`, `draft_probs` `[batch, k, d_vocab]` and
@@ -412,6 +417,8 @@ print("tokens:\n", demo_out)
 # %% [markdown]
 # ### A drafter that costs nothing: n-gram prompt lookup
 #
+# *About 15 minutes.*
+#
 # A draft model costs half a main-model step or more per token on a CPU (section 7 measures
 # it). Text often repeats itself: names, stage directions, refrains, code. **Prompt lookup**
 # drafts with no model at all: find the most recent earlier place where the text's last $n$
@@ -496,6 +503,8 @@ assert [tokenizer.decode([t]) for t in ngram_propose(_ids, 3, 2)] == [" the", " 
 # %% [markdown]
 # ### The draft model
 #
+# *About 20 minutes.*
+#
 # The draft model keeps its own cache, and the same bookkeeping applies to it. The given
 # `ModelDrafterBase` has `start(tokens, mask)`, which prefills the prompts but their last
 # token, and `propose(k, temperature, top_k, top_p, generator)`, which feeds the drafter's
@@ -573,6 +582,8 @@ check("model_drafter")
 
 # %% [markdown]
 # ### Exercise: `speculative_round`
+#
+# *About 40 minutes.*
 #
 # `speculative_round(main, cache, last, drafter, k, sampling, generator, done)` runs one round
 # for the batch. `cache` is the main model's cache (the text but its newest token), `last`
@@ -741,6 +752,8 @@ with torch.inference_mode():
 #
 # ### Exercise: `gumbel_sample`
 #
+# *About 15 minutes.*
+#
 # `gumbel_sample(logits, temperature=1.0, generator=None)` takes logits `[batch, d_vocab]` and
 # returns one token per row, `[batch]`, distributed as `softmax(logits / temperature)`; at
 # temperature 0, the argmax. The argument checks are given.
@@ -828,6 +841,8 @@ for T in [0.5, 1.0, 2.0]:
 #   at most $\min(p_k, q_k)$.
 #
 # ### Exercise: `same_token_independent`, `same_token_shared_gumbel`, `same_token_rejection`
+#
+# *About 30 minutes.*
 #
 # Three functions of `p` and `q`, probability vectors `[..., d_vocab]`, each returning the
 # probability `[...]` above. Careful with zeros: $\log 0 = -\infty$ never wins a race, so a
@@ -998,6 +1013,12 @@ for step, guesses in enumerate(history):
 # - **The verification branch**: up to $G$ candidate n-grams from the **pool** whose first
 #   token is `last`; their other $N - 1$ tokens sit at offsets $1, \dots, N - 1$.
 #
+# Offsets count from `last`, whatever it is now. Each pass moves the window on by one level,
+# whatever the pass emitted: when it emits several tokens, `last` jumps several positions and
+# the window's guesses are simply read, from then on, as guesses for the positions after the
+# new `last`. They are only guesses, so this costs their quality, never the output's
+# correctness (the verification branch decides what is emitted).
+#
 # After the pass, each column's trajectory plus the token the pass just predicted after it is
 # an n-gram of $N$ consecutive positions, written by the model itself: it goes into the pool,
 # keyed on its first token. Candidates are checked like drafts: against the main model's
@@ -1018,6 +1039,8 @@ for step, guesses in enumerate(history):
 # length plus its offset) and `allowed` (`[new, cached + new]`).
 #
 # ### Exercise: `lookahead_layout`
+#
+# *About 30 minutes.*
 #
 # `lookahead_layout(n_levels, window, n_candidates, ngram)` returns `offsets` `[new]` and
 # `allowed` `[new, new]` for the pass `[last, level 0, ..., level n_levels - 1, candidate 0,
@@ -1085,6 +1108,8 @@ plot_lookahead_mask(offsets, allowed, n_levels=3, window=5, ngram=4)
 # %% [markdown]
 # ### Exercise: `harvest`
 #
+# *About 10 minutes.*
+#
 # After a pass with a full window (`n_levels = ngram - 1`), the newest level's predictions
 # `new` `[window]` complete one n-gram per column. `harvest(levels, new)` returns them as a list
 # of `(key, continuation)`: the key is the n-gram's first token, the continuation a tuple of
@@ -1134,6 +1159,8 @@ check("lookahead_harvest")
 
 # %% [markdown]
 # ### Exercise: `verify`, exactly
+#
+# *About 25 minutes.*
 #
 # The pass gives the main model's logits after `last` (`first_logits`) and after every token
 # of every candidate (`candidate_logits[g, k]`: after candidate $g$'s tokens $0..k$). At
@@ -1226,6 +1253,8 @@ check("lookahead_verify")
 
 # %% [markdown]
 # ### Exercise: `lookahead_round`
+#
+# *About 30 minutes.*
 #
 # One pass, all of it. The given lines look up the candidates for `last` in the pool, build the
 # layout and the pass `feed` (`last`, the window's levels, the candidates), and note `past`

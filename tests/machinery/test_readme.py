@@ -91,3 +91,17 @@ def test_speculative_figures_are_the_recorded_run():
     for n in "1234":  # "- Goal N (...) is met" or "is not met", as the record says
         sentence = next(part for part in README.split("- Goal ") if part.startswith(n))
         assert ("is not met" in sentence) == (not g[f"goal{n}"]["passed"]), f"goal {n}"
+
+
+@pytest.mark.parametrize("chapter", chapter_names())
+def test_a_chapters_total_is_the_sum_of_its_exercises(chapter):
+    """Where a chapter gives each exercise an estimate, its total is their sum."""
+    text = (CHAPTERS_DIR / f"{chapter}.py").read_text(encoding="utf-8")
+    parts = [int(m) for m in re.findall(r"^# \*About (\d+) minutes", text, re.MULTILINE)]
+    if not parts:
+        pytest.skip(f"{chapter} gives no per-exercise estimates")
+    found = re.search(r"\*\*Time:\*\* about (\d+) hours?(?: (\d+) minutes)?", text)
+    total = int(found.group(1)) * 60 + int(found.group(2) or 0)
+    assert total == sum(parts), (
+        f"{chapter}: the total is {total} min, its parts add up to {sum(parts)}"
+    )
