@@ -107,6 +107,17 @@ def test_greedy_search_picks_the_argmax_of_each_row(impl):
     got = impl.greedy_search(logits)
     assert_untouched(logits, before, "greedy_search", IN_PLACE)
     expected = [max(range(50), key=lambda t, row=row: (row[t].item(), -t)) for row in logits]
+    if got.shape == (50,):
+        pytest.fail(
+            "greedy_search gave 50 tokens for 6 rows: the argmax ran down the batch (dim=0), "
+            "one per vocabulary entry. Take it over the LAST dimension, the vocabulary: one "
+            "token per row."
+        )
+    if got.shape == (6, 1):
+        pytest.fail(
+            "one token per row, but shaped (6, 1): expected shape (6,). Drop the extra "
+            "dimension (argmax without keepdim=True)."
+        )
     assert got.shape == (6,), f"one token per row: expected shape (6,), got {tuple(got.shape)}"
     assert got.tolist() == expected, (
         f"expected {expected}, got {got.tolist()}. The most likely token is the argmax over "
@@ -156,9 +167,13 @@ def test_temperature_near_zero_becomes_greedy(impl):
 
 # --------------------------------------------------------------------------- frequency penalty
 
-IN_PLACE_PENALTY = (
-    "`logits -= ...` (or a loop writing into rows) changes the caller's logits, and "
-    "`input_ids += offsets` (or `add_`) its token ids: compute new tensors instead."
+IN_PLACE_LOGITS = (
+    "The caller's logits changed: `logits -= ...` (or a loop writing into rows) writes into "
+    "them; `logits - ...` makes a new tensor."
+)
+IN_PLACE_IDS = (
+    "The caller's token ids changed: `input_ids += offsets` (or `add_`) writes into them; "
+    "`input_ids + offsets` makes a new tensor."
 )
 
 
@@ -172,18 +187,46 @@ def test_frequency_penalty_matches_the_closed_form(impl, penalty):
     logits = torch.randn(2, d_vocab, generator=torch.Generator().manual_seed(4))
     original = logits.clone()
     got = impl.apply_frequency_penalty(input_ids, logits, penalty)
-    assert_untouched(logits, original, "apply_frequency_penalty", IN_PLACE_PENALTY)
-    assert_untouched(
-        input_ids, torch.tensor(sequences), "apply_frequency_penalty", IN_PLACE_PENALTY
-    )
+    assert_untouched(logits, original, "apply_frequency_penalty", IN_PLACE_LOGITS)
+    assert_untouched(input_ids, torch.tensor(sequences), "apply_frequency_penalty", IN_PLACE_IDS)
+    # The known mistakes, recognised by what they return: counts are exact, by Counter.
+    counts = torch.tensor([[Counter(seq)[t] for t in range(d_vocab)] for seq in sequences])
+    counts = counts.to(original.dtype)
+
+    def gives(wrong: torch.Tensor) -> bool:
+        return got.shape == wrong.shape and torch.allclose(got, wrong, atol=1e-5)
+
+    if not gives(original - penalty * counts):
+        if gives(original + penalty * counts):
+            pytest.fail(
+                "the penalty was added to the logits instead of subtracted: a positive "
+                "frequency penalty must make a token that was already used LESS likely "
+                "(logit minus penalty times its count)."
+            )
+        if gives(original - penalty * (counts > 0).to(original.dtype)):
+            pytest.fail(
+                "row 0 holds token 3 four times, but its logit fell by the penalty only once: "
+                "that is a presence penalty (used or not). A frequency penalty is subtracted "
+                "once per occurrence: count how often each token occurs in the row."
+            )
+        batch_penalty = penalty * counts.sum(dim=0)  # one count over the whole batch
+        first_row_only = original.clone()  # a flat bincount with no offsets lands in row 0
+        first_row_only[0] -= batch_penalty
+        if gives(original - batch_penalty) or gives(first_row_only):
+            pytest.fail(
+                "the counts are taken over the whole batch, not per row: row 0's logits fell "
+                "for tokens that only row 1 holds. Each row counts its own tokens (with one "
+                "bincount, give each row its own range of bins: shift row r's ids by "
+                "r * d_vocab)."
+            )
     for row, seq in enumerate(sequences):
-        counts = Counter(seq)
+        row_counts = Counter(seq)
         for token in range(d_vocab):
-            expected = original[row, token].item() - penalty * counts[token]
+            expected = original[row, token].item() - penalty * row_counts[token]
             assert math.isclose(got[row, token].item(), expected, abs_tol=1e-5), (
-                f"row {row}, token {token} occurs {counts[token]} times: expected logit "
+                f"row {row}, token {token} occurs {row_counts[token]} times: expected logit "
                 f"{expected:.4f}, got {got[row, token].item():.4f}. The penalty is subtracted "
-                "once per occurrence, per row (did you count over the whole batch?)"
+                "once per occurrence, per row"
             )
 
 
@@ -195,9 +238,11 @@ def test_frequency_penalty_counts_only_where_the_mask_is_true(impl):
     logits = torch.randn(2, 8, generator=torch.Generator().manual_seed(5))
     original, original_ids, original_mask = logits.clone(), sequences.clone(), mask.clone()
     got = impl.apply_frequency_penalty(sequences, logits, 1.0, mask)
-    assert_untouched(logits, original, "apply_frequency_penalty", IN_PLACE_PENALTY)
-    assert_untouched(sequences, original_ids, "apply_frequency_penalty", IN_PLACE_PENALTY)
-    assert_untouched(mask, original_mask, "apply_frequency_penalty", IN_PLACE_PENALTY)
+    assert_untouched(logits, original, "apply_frequency_penalty", IN_PLACE_LOGITS)
+    assert_untouched(sequences, original_ids, "apply_frequency_penalty", IN_PLACE_IDS)
+    assert_untouched(
+        mask, original_mask, "apply_frequency_penalty", "The caller's attention mask changed."
+    )
     for row in range(2):
         counts = Counter(sequences[row][mask[row]].tolist())
         expected = torch.tensor([original[row, t].item() - counts[t] for t in range(8)])
@@ -216,7 +261,18 @@ def test_sample_basic_follows_the_softmax(impl, seed):
     # False failure for a correct implementation: ALPHA (1e-5) per seed.
     logits = crafted_logits(10 + seed)
     logits[0] = float("-inf")  # a banned token must never come out
-    samples = draw(impl.sample_basic, logits, seed=seed, who="sample_basic")
+    try:
+        samples = draw(impl.sample_basic, logits, seed=seed, who="sample_basic")
+    except NotImplementedError:
+        raise
+    except RuntimeError as err:  # torch.multinomial refuses inf, nan or a negative entry
+        raise AssertionError(
+            f"sample_basic raised {type(err).__name__} ({err}) on a batch of identical rows "
+            "whose token 0 has logit -inf (a banned token). torch.multinomial takes "
+            "probabilities, finite and >= 0. Is the softmax taken over the batch (dim=0) "
+            "instead of the vocabulary (dim=-1)? Down the batch, token 0's column is all -inf, "
+            "and its softmax is 0/0 = nan. (Log-probabilities, which are negative, fail too.)"
+        ) from err
     assert_samples_follow(samples, logits.softmax(-1), "sample_basic")
 
 
@@ -286,6 +342,15 @@ def test_filter_top_k_keeps_what_hf_keeps(impl):
         assert_untouched(row, before, "filter_top_k", IN_PLACE)
         kept = torch.isfinite(got)
         expected = hf_kept(TopKLogitsWarper(top_k=k), logits[None])[0]
+        if not torch.equal(kept, expected) and k <= len(logits):
+            kth = logits.sort(descending=True).values[k - 1]
+            if torch.equal(kept, logits > kth):
+                pytest.fail(
+                    f"top-k with k={k}: HF keeps {int(expected.sum())} tokens, you keep "
+                    f"{int(kept.sum())}, only those ABOVE the k-th largest logit ({kth:.2f}). The "
+                    "k-th largest itself stays, and so does every logit tied with it: remove "
+                    "only the logits below it (`<`, not `<=`)."
+                )
         assert torch.equal(kept, expected), (
             f"top-k with k={k} on logits {[round(x, 2) for x in logits.tolist()]}: HF keeps "
             f"{expected.nonzero().flatten().tolist()}, you keep {kept.nonzero().flatten().tolist()}"
@@ -355,6 +420,31 @@ def top_p_against_hf(impl, logits, top_p: float, min_keep: int):
     return got, torch.isfinite(got), hf_kept(warper, logits[None])[0]
 
 
+def diagnose_top_p(logits, top_p: float, min_keep: int, kept, expected) -> None:
+    """Fail with the known mistake whose kept set is the learner's `kept`, if one is."""
+    n_kept, n_hf = int(kept.sum()), int(expected.sum())
+    where = f"top_p={top_p}, min_tokens_to_keep={min_keep}: HF keeps {n_hf} tokens, you keep"
+    if n_kept < min(min_keep, len(logits)):
+        pytest.fail(
+            f"{where} {n_kept}, fewer than min_tokens_to_keep={min_keep}: the first "
+            "min_tokens_to_keep tokens (in sorted order) stay whatever their mass."
+        )
+    if n_kept == n_hf:
+        pytest.fail(
+            f"{where} {n_kept} too, but not the same ones. The mask is computed in sorted "
+            "order: it must go back to each token's original order. `scatter` with the sort "
+            "indices puts sorted entry i back at position order[i]; `gather` reads from "
+            "position order[i], which applies the permutation the wrong way."
+        )
+    cumulative = logits.softmax(-1).sort(descending=True).values.cumsum(-1)
+    if n_kept == max(min_keep, int((cumulative <= top_p).sum())):
+        pytest.fail(
+            f"{where} {n_kept}: you drop the token that crosses top_p. The kept set must "
+            "REACH top_p, so the token that carries the running total past top_p stays: a "
+            "token is removed only when the tokens before it already sum to top_p or more."
+        )
+
+
 @pytest.mark.sample_top_p
 def test_filter_top_p_keeps_what_hf_keeps(impl):
     for logits, top_p, min_keep in top_p_cases():
@@ -362,6 +452,8 @@ def test_filter_top_p_keeps_what_hf_keeps(impl):
         # Tied logits can be kept in either order: compare the kept logit values.
         same = sorted(logits[kept].tolist()) == sorted(logits[expected].tolist())
         probs = [round(p, 3) for p in logits.softmax(-1).sort(descending=True).values.tolist()]
+        if not same:
+            diagnose_top_p(logits, top_p, min_keep, kept, expected)
         assert same, (
             f"top_p={top_p}, min_tokens_to_keep={min_keep}, probabilities (sorted) "
             f"{probs[:12]}...: HF keeps {int(expected.sum())} tokens, you keep "
@@ -475,15 +567,44 @@ def assert_prompt_untouched(ids: torch.Tensor, tokenizer, prompt: str) -> None:
     )
 
 
+def diagnose_greedy(sampler, hf, ids, got: list[int], expected: list[int]) -> None:
+    """Fail with the known mistake that explains a greedy run `got` (40 new tokens asked for)
+    that differs from HF's `expected`, if one does."""
+    n_new = len(expected) - len(ids)
+    if got == expected[:-1]:
+        pytest.fail(
+            f"you generate {n_new - 1} new tokens, HF {n_new}: one token too few. Each of the "
+            "max_tokens_generated steps adds one token."
+        )
+    with torch.no_grad():
+        after_first = int(hf(ids[None, :1]).logits[0, -1].argmax())
+    if len(got) == len(expected) and set(got[len(ids) :]) == {after_first}:
+        pytest.fail(
+            "every new token is the model's prediction after the prompt's FIRST token: you "
+            "read the logits of the first position. The next token's logits are those of the "
+            "last position (index -1 of the position dimension)."
+        )
+    again = sampler.sample(ids, n_new, temperature=0.0)
+    if again.tolist() != got:
+        pytest.fail(
+            "temperature=0.0 is greedy and gives the same text every time, but two calls gave "
+            "different text: the sampling options (temperature, top_k, ...) that sample gets "
+            "as **kwargs did not reach sample_next_token. Pass them on."
+        )
+
+
 @pytest.mark.sample
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_sampling_equals_hf_generate(impl, shipped, hf, prompt):
     model, tokenizer = shipped
     ids = torch.tensor(tokenizer.encode(prompt))
     expected = hf_greedy(hf, ids, 40)
-    got = impl.TransformerSampler(model, tokenizer).sample(ids, 40, temperature=0.0)
+    sampler = impl.TransformerSampler(model, tokenizer)
+    got = sampler.sample(ids, 40, temperature=0.0)
     assert_prompt_untouched(ids, tokenizer, prompt)
     assert isinstance(got, torch.Tensor), "given token ids, sample must return token ids"
+    if got.tolist() != expected:
+        diagnose_greedy(sampler, hf, ids, got.tolist(), expected)
     assert got.tolist() == expected, (
         f"greedy continuation differs from GPT2LMHeadModel.generate(do_sample=False):\n"
         f"HF:   {tokenizer.decode(expected[len(ids) :])!r}\n"
@@ -512,7 +633,11 @@ def test_seeded_sampling_is_reproducible(impl, shipped):
     a = sampler.sample(ids, 25, seed=3, temperature=1.0)
     b = sampler.sample(ids, 25, seed=3, temperature=1.0)
     c = sampler.sample(ids, 25, seed=4, temperature=1.0)
-    assert a.tolist() == b.tolist(), "the same seed must give the same text"
+    assert a.tolist() == b.tolist(), (
+        "the same seed must give the same text, but two runs with seed=3 differ: the draws "
+        "do not come from the seeded generator. Pass it on to sample_next_token "
+        "(`generator=generator`)."
+    )
     assert a.tolist() != c.tolist(), "different seeds gave the same 25 tokens: is seed used?"
 
 
@@ -571,6 +696,12 @@ def test_sampling_past_the_context_window_reads_the_last_n_ctx_tokens(impl, ship
     got = impl.TransformerSampler(model, tokenizer).sample(ids, 8, temperature=0.0)
     # Ground truth: HF's logits on the most recent n_ctx tokens, step by step.
     expected = hf_window_greedy(hf, ids.tolist(), 8, lambda t, length: max(0, length - n_ctx))
+    if len(got) == n_ctx and got.tolist() == expected[-n_ctx:]:
+        pytest.fail(
+            f"you return only the last {n_ctx} tokens of the {len(expected)}: the model reads "
+            "at most n_ctx tokens, but sample returns the whole sequence, every token of the "
+            "prompt included. Crop only what goes into the model."
+        )
     assert got.tolist() == expected, (
         f"past {n_ctx} tokens the model can only read the most recent n_ctx of them: crop the "
         "input to input_ids[-n_ctx:] at each step (the output keeps every token)"
@@ -651,26 +782,75 @@ def test_frequency_penalty_counts_tokens_the_model_no_longer_sees(impl, shipped,
 # --------------------------------------------------------------------------- no-repeat n-grams
 
 
+def ngram_bans(row: list[int], n: int, skip_last: bool = False, ban_first: bool = False):
+    """The tokens a known mistake bans in one row: with `skip_last`, the row's last n-gram is
+    not counted; with `ban_first`, the first token of a matching n-gram is banned instead of its
+    last. Used to name the mistake only; HF's processor is the ground truth."""
+    if len(row) < n:
+        return set()
+    prefix = row[len(row) - (n - 1) :]
+    grams = [row[i : i + n] for i in range(len(row) - n + 1)]
+    grams = grams[:-1] if skip_last else grams
+    return {gram[0] if ban_first else gram[-1] for gram in grams if gram[:-1] == prefix}
+
+
 @pytest.mark.no_repeat_ngram
 @pytest.mark.parametrize("ngram_size", [1, 2, 3, 4])
 def test_banned_ngram_tokens_match_hf(impl, ngram_size):
     g = torch.Generator().manual_seed(40 + ngram_size)
     d_vocab = 6  # a small vocabulary, so that n-grams repeat
+    raised = None  # the first error, reported after the other lengths had their say
     for seq_len in [1, 2, 3, 5, 9, 17]:
         tokens = torch.randint(0, d_vocab, (4, seq_len), generator=g)
         before = tokens.clone()
-        got = impl.banned_ngram_tokens(tokens, ngram_size, d_vocab)
+        try:
+            got = impl.banned_ngram_tokens(tokens, ngram_size, d_vocab)
+        except NotImplementedError:
+            raise
+        except (RuntimeError, IndexError) as err:
+            raised = raised or (seq_len, err)
+            continue
         assert_untouched(tokens, before, "banned_ngram_tokens", "Leave `tokens` as it is.")
         hf = NoRepeatNGramLogitsProcessor(ngram_size)(tokens, torch.zeros(4, d_vocab))
         expected = torch.isinf(hf)
         assert got.dtype == torch.bool and got.shape == (4, d_vocab)
         for row in range(4):
+            seq, banned = tokens[row].tolist(), set(got[row].nonzero().flatten().tolist())
+            if not torch.equal(got[row], expected[row]):
+                if banned == ngram_bans(seq, ngram_size, skip_last=True):
+                    pytest.fail(
+                        f"ngram_size={ngram_size}, sequence {seq}: HF bans "
+                        f"{expected[row].nonzero().flatten().tolist()}, you ban "
+                        f"{sorted(banned)}: the last n-gram of the row (the one that ends at "
+                        "its last token) was not counted. Every n-gram of the row counts."
+                    )
+                if banned == ngram_bans(seq, ngram_size, ban_first=True):
+                    pytest.fail(
+                        f"ngram_size={ngram_size}, sequence {seq}: HF bans "
+                        f"{expected[row].nonzero().flatten().tolist()}, you ban "
+                        f"{sorted(banned)}: the first token of each matching n-gram. Ban its "
+                        "LAST token: the one that would follow the prefix again."
+                    )
             assert torch.equal(got[row], expected[row]), (
                 f"ngram_size={ngram_size}, sequence {tokens[row].tolist()}: HF bans "
                 f"{expected[row].nonzero().flatten().tolist()}, you ban "
                 f"{got[row].nonzero().flatten().tolist()}. A token is banned if the last "
                 f"{ngram_size - 1} tokens followed by it already occur in the sequence."
             )
+    if raised is not None:
+        seq_len, err = raised
+        hint = (
+            " With ngram_size=1 the prefix to match is empty, so every token already in the "
+            "row is banned. Is the prefix taken as tokens[:, -(ngram_size - 1):]? For "
+            "ngram_size=1 that is tokens[:, -0:], and -0 is 0: the whole row, not an empty "
+            "slice."
+            if ngram_size == 1
+            else ""
+        )
+        raise AssertionError(
+            f"banned_ngram_tokens raised {type(err).__name__} ({err}) with "
+            f"ngram_size={ngram_size} on 4 sequences of {seq_len} tokens.{hint}"
+        ) from err
 
 
 # --------------------------------------------------------------------------- Beams
@@ -711,22 +891,74 @@ def test_generate_extends_each_beam_with_its_best_tokens(impl, shipped, hf, ngra
         )
         logprobs = logprobs.masked_fill(banned, float("-inf"))
     top = logprobs.topk(k)
+    if new.tokens.shape == (3 * k, tokens.shape[1] + 1) and torch.equal(
+        new.tokens[:, :-1], tokens.repeat(k, 1)
+    ):
+        pytest.fail(
+            "the new beams' prefixes cycle through the parents (beam 0, 1, 2, 0, 1, ...), so "
+            "continuations are glued to the wrong parent. Beam b's k continuations come "
+            "together, each after its own parent: repeat each parent k times in a row "
+            "(`repeat_interleave`, not `repeat`)."
+        )
     for b in range(3):
         for j in range(k):
             i = b * k + j
             assert new.tokens[i, :-1].tolist() == rows[b], (
-                "new beams must come in order: beam 0's continuations first, then beam 1's..."
+                f"new beam {i} should be continuation {j} of beam {b}, after its parent's "
+                "tokens: new beams must come in order, beam 0's continuations first, then beam "
+                "1's..."
             )
             assert new.tokens[i, -1].item() == top.indices[b, j].item(), (
                 f"beam {b}, continuation {j}: expected token {top.indices[b, j].item()}, got "
                 f"{new.tokens[i, -1].item()} (the k most likely, best first"
                 + (", after banning repeated n-grams)" if ngram_size else ")")
             )
+    diagnose_new_scores(new.logprob_sums, hf, tokens, sums, k, ngram_size)
+    for b in range(3):
+        for j in range(k):
+            i = b * k + j
             expected = (sums[b] + top.values[b, j]).item()
             assert math.isclose(new.logprob_sums[i].item(), expected, abs_tol=1e-3), (
                 "a new beam's score is its parent's logprob sum plus the LOG-probability "
                 "(log_softmax, not the raw logit) of the new token"
             )
+
+
+def diagnose_new_scores(got, hf, tokens, sums, k: int, ngram_size: int | None) -> None:
+    """Fail with the known mistake whose scores are `got` (the new beams' logprob sums), if
+    one is: each candidate is computed from HF's logits, the ground truth."""
+    with torch.no_grad():
+        raw = hf(tokens).logits[:, -1].float()
+    banned = torch.zeros_like(raw, dtype=torch.bool)
+    if ngram_size:
+        banned = torch.isinf(
+            NoRepeatNGramLogitsProcessor(ngram_size)(tokens, torch.zeros_like(raw))
+        )
+    logprobs = raw.log_softmax(-1).masked_fill(banned, float("-inf"))
+
+    def gives(scores: torch.Tensor) -> bool:
+        wrong = scores.flatten()
+        return got.shape == wrong.shape and torch.allclose(got.float(), wrong, atol=1e-3)
+
+    if gives(sums[:, None] + logprobs.topk(k).values):
+        return  # right
+    if gives(logprobs.topk(k).values):
+        pytest.fail(
+            "a new beam's score is its own token's log-probability only: the parent's score "
+            "was forgotten. A beam's score is the sum over all its new tokens: the parent's "
+            "logprob sum plus the new token's log-probability."
+        )
+    if gives(sums[:, None] + raw.masked_fill(banned, float("-inf")).topk(k).values):
+        pytest.fail(
+            "the new beams' scores add up raw logits: a score is a sum of LOG-probabilities. "
+            "Take log_softmax of the logits first (raw logits are not comparable across beams)."
+        )
+    if ngram_size and gives(sums[:, None] + logprobs.log_softmax(-1).topk(k).values):
+        pytest.fail(
+            "the log-probabilities were renormalised after the n-gram ban (a log_softmax over "
+            "the tokens left): HF bans after the softmax, so the other tokens keep their "
+            "log-probabilities. Set the banned ones to -inf and stop there."
+        )
 
 
 @pytest.mark.beams
@@ -736,6 +968,18 @@ def test_filter_keeps_the_best_continuing_and_the_finished(impl, shipped):
     beams = make_beams(impl, shipped, scores, last)
     continuing, finished = beams.filter(3)
     # By hand: ranking -0.5(9) -0.75(11) -1.0(EOS) -2.0(8) -2.5(EOS) -3.0(7) -4.0(EOS)
+    kept = continuing.logprob_sums.tolist()
+    if len(kept) > 1 and kept == sorted(kept):
+        pytest.fail(
+            f"continuing: your beams come worst first (scores {kept}): rank them by score in "
+            "descending order, best first, and keep the best ones."
+        )
+    if continuing.tokens[:, -1].tolist() == [9, 11]:
+        pytest.fail(
+            "continuing: only 2 beams continue, not 3. The beam ending in EOS among the best 3 "
+            "(-1.0) is set aside as finished, and the next best running beams take their "
+            "places: num_beams beams keep running."
+        )
     assert continuing.tokens[:, -1].tolist() == [9, 11, 8], (
         "continuing: the 3 best beams that do NOT end in EOS, best first. Beams ending in EOS "
         "are set aside, so the next best running beams take their places"

@@ -22,6 +22,8 @@ from transformers import (
 from tests.graded._oracles import (
     BATCH_PROMPTS,
     BEAM_SCORE_ATOL,
+    F32_ATOL,
+    F32_RTOL,
     PROMPT,
     assert_close_f32,
     hf_beam_search,
@@ -154,6 +156,24 @@ def test_causal_mask_hides_the_keys_after_each_query(impl, n_query, n_key):
             "This is chapter 1's mask: with a cache, the queries are the LAST n_query positions, "
             "so query i sits at position n_key - n_query + i. Shift the diagonal."
         )
+    own_key = torch.arange(n_key)[None, :] == offset + torch.arange(n_query)[:, None]
+    inverted, own_hidden = torch.equal(mask, ~expected), torch.equal(mask, expected | own_key)
+    if inverted and own_hidden:  # one query, one key: both mistakes give [[True]]
+        pytest.fail(
+            "one query and one key: your mask hides the query from its own key. causal_mask "
+            "is True where a key is hidden, and only a key AFTER its query is: is yours True "
+            "where attention is allowed, or does it hide each query's own key too?"
+        )
+    if inverted:
+        pytest.fail(
+            "your mask is True where attention is ALLOWED: causal_mask is True where a key is "
+            "hidden from its query (a key after the query's position), False elsewhere."
+        )
+    if own_hidden:
+        pytest.fail(
+            f"each query is hidden from its own key: query i (at position {offset} + i) may "
+            "see the keys up to AND including its own position; only the later ones are hidden."
+        )
     assert torch.equal(mask, expected), (
         f"query i (at position {offset} + i) may see keys 0..{offset} + i and no later one"
     )
@@ -165,6 +185,27 @@ def test_causal_mask_hides_the_keys_after_each_query(impl, n_query, n_key):
 def head_first(t: torch.Tensor) -> torch.Tensor:
     """transformer-lens's [batch, pos, head, d_head] as the cache's [batch, head, pos, d_head]."""
     return t.transpose(1, 2)
+
+
+def close_f32(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Equal within float32 rounding (the bounds of `assert_close_f32`), shapes included."""
+    return actual.shape == expected.shape and torch.allclose(
+        actual, expected, atol=F32_ATOL, rtol=F32_RTOL
+    )
+
+
+def attention_by_hand(attn, acts, layer: int, n_past: int, n_new: int, allowed=None, scale=None):
+    """The attention output of positions n_past .. n_past + n_new - 1 of layer `layer`, from
+    transformer-lens's own queries, keys and values, with a chosen mask (True where a query may
+    read a key; None: every key) and score scale (None: 1/sqrt(d_head)). With a known mistake's
+    mask or scale, it is that mistake's output: the tests use it to name the mistake."""
+    q, k, v = (head_first(acts[f"blocks.{layer}.attn.hook_{n}"]) for n in "qkv")
+    q, k, v = q[:, :, n_past : n_past + n_new], k[:, :, : n_past + n_new], v[:, :, : n_past + n_new]
+    scores = q @ k.transpose(-1, -2) * (attn.cfg.d_head**-0.5 if scale is None else scale)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    z = scores.softmax(dim=-1) @ v
+    return torch.einsum("bhpe,hed->bpd", z, attn.W_O) + attn.b_O
 
 
 @pytest.mark.attention_with_cache
@@ -182,6 +223,12 @@ def test_attention_of_one_new_position_matches_reference(impl, shipped, ref_run,
         f"return the keys of ALL positions, past and new, as [batch, n_heads, pos, d_head]; "
         f"got {tuple(k.shape)}"
     )
+    new_first = torch.cat([keys[:, :, n_past : n_past + 1], keys[:, :, :n_past]], dim=2)
+    if n_past > 0 and close_f32(k, new_first):
+        pytest.fail(
+            "the new position's keys come before the cached ones: the cache keeps positions in "
+            "order, so the new keys (and values) go after the past ones."
+        )
     assert_close_f32(
         k, keys[:, :, : n_past + 1], "keys: the cached ones followed by the new position's"
     )
@@ -189,6 +236,15 @@ def test_attention_of_one_new_position_matches_reference(impl, shipped, ref_run,
         v, values[:, :, : n_past + 1], "values: the cached ones followed by the new position's"
     )
     expected = acts[f"blocks.{layer}.hook_attn_out"][:, n_past : n_past + 1]
+    if not close_f32(out, expected):
+        if close_f32(out, expected - attn.b_O):
+            pytest.fail("Did you forget the output bias b_O? It is added after W_O.")
+        if close_f32(out, attention_by_hand(attn, acts, layer, n_past, 1, scale=1.0)):
+            pytest.fail(
+                "the attention scores were not divided by sqrt(d_head): scale q k^T by "
+                "1/sqrt(d_head) before the softmax (F.scaled_dot_product_attention does it "
+                "unless given another `scale`)."
+            )
     assert_close_f32(out, expected, "attention output of the new position (vs transformer-lens)")
 
 
@@ -210,10 +266,80 @@ def test_attention_of_a_chunk_matches_reference(impl, shipped, ref_run):
             allowed,
         )
     expected = acts["blocks.1.hook_attn_out"][:, n_past : n_past + n_new]
+    if not close_f32(out, expected):
+        top_left = torch.arange(n_past + n_new)[None, :] <= torch.arange(n_new)[:, None]
+        if close_f32(out, attention_by_hand(attn, acts, 1, n_past, n_new, top_left)):
+            pytest.fail(
+                "six new positions after 11 cached ones: new query i read keys 0..i only, the "
+                "causal mask aligned top left. That is what is_causal=True does (PyTorch aligns "
+                "it top left), right only with no cache. Pass `allowed` as the mask "
+                "(attn_mask=allowed): query i sits at position 11 + i."
+            )
+        if close_f32(out, attention_by_hand(attn, acts, 1, n_past, n_new)):
+            pytest.fail(
+                "six new positions at once: each query read every key, also the later ones. "
+                "Pass `allowed` on to the attention as its mask."
+            )
     assert_close_f32(out, expected, "six new positions at once; did you pass `allowed` on?")
 
 
 # --------------------------------------------------------------------------- forward_with_cache
+
+
+def attention_reading_every_key(attn, x: torch.Tensor) -> torch.Tensor:
+    """Chapter 1's attention from the layer's own weights, WITHOUT the causal mask: every query
+    reads every key (a known mistake's attention)."""
+    q, k, v = (
+        torch.einsum("bpd,hde->bhpe", x, W) + b[:, None]
+        for W, b in [(attn.W_Q, attn.b_Q), (attn.W_K, attn.b_K), (attn.W_V, attn.b_V)]
+    )
+    z = (q @ k.transpose(-1, -2) / attn.cfg.d_head**0.5).softmax(dim=-1) @ v
+    return torch.einsum("bhpe,hed->bpd", z, attn.W_O) + attn.b_O
+
+
+def uncached_variant(model, tokens, ln1=True, mlp_after_attn=True, final_ln=True, causal=True):
+    """model(tokens) written out from the model's own layers, or with one known mistake: the
+    attention reads the residual stream without ln1, the MLP reads the stream from before the
+    attention was added, the final LayerNorm is left out, or the queries read every key (no
+    causal mask). Used to name a mistake only; the model itself is the ground truth."""
+    residual = model.embed(tokens) + model.pos_embed(tokens)
+    for block in model.blocks:
+        attn_in = block.ln1(residual) if ln1 else residual
+        attn_out = (
+            block.attn(attn_in) if causal else attention_reading_every_key(block.attn, attn_in)
+        )
+        mlp_in = residual + attn_out if mlp_after_attn else residual
+        residual = residual + attn_out + block.mlp(block.ln2(mlp_in))
+    return model.unembed(model.ln_final(residual) if final_ln else residual)
+
+
+def diagnose_prefill(model, tokens, logits) -> None:
+    """Fail with the known mistake behind prefill logits (no cache) that differ from
+    model(tokens)'s, if one explains them."""
+    variants = [
+        (
+            dict(causal=False),
+            "every query reads every key, the later ones too: a chunk of several new tokens "
+            "needs the causal mask (only a single new token may read every key)",
+        ),
+        (
+            dict(final_ln=False),
+            "there is no final LayerNorm: the logits are unembed(ln_final(residual))",
+        ),
+        (
+            dict(ln1=False),
+            "the attention reads the residual stream itself: it reads block.ln1(residual), "
+            "and its output is added to the stream",
+        ),
+        (
+            dict(mlp_after_attn=False),
+            "the MLP reads the residual stream from before the attention output was added: add "
+            "the attention output first, then the MLP reads ln2 of the sum",
+        ),
+    ]
+    for changes, mistake in variants:
+        if (logits - uncached_variant(model, tokens, **changes)).abs().max() <= 1e-5:
+            pytest.fail(f"with no cache, your logits are those of a model in which {mistake}.")
 
 
 @pytest.mark.forward_with_cache
@@ -225,6 +351,9 @@ def test_empty_cache_gives_the_uncached_logits(impl, shipped64, shipped):
     assert logits.shape == expected.shape, (
         f"expected {tuple(expected.shape)}, got {tuple(logits.shape)}"
     )
+    if (logits - expected).abs().max() > 1e-5:
+        with torch.no_grad():
+            diagnose_prefill(shipped64, tokens, logits)
     assert (logits - expected).abs().max() <= 1e-5, "with no cache, compute exactly model(tokens)"
     assert cache.length == tokens.shape[1], "the returned cache must hold every position fed"
     assert torch.equal(cache.tokens, tokens), "the cache records the token ids it has seen"
@@ -238,9 +367,19 @@ def test_cached_logits_equal_uncached_logits(impl, shipped64, shipped, chunks):
         expected = shipped64(tokens)
         cache, start, got = None, 0, []
         for size in chunks:
-            logits, cache = impl.forward_with_cache(
-                shipped64, tokens[:, start : start + size], cache
-            )
+            try:
+                logits, cache = impl.forward_with_cache(
+                    shipped64, tokens[:, start : start + size], cache
+                )
+            except RuntimeError as err:
+                if start == 0 or size == 1:
+                    raise
+                pytest.fail(
+                    f"forward_with_cache raised RuntimeError ({str(err).splitlines()[0]}) on a "
+                    f"chunk of {size} new tokens after {start} cached ones. Does the chunk's mask "
+                    "cover only the new keys? Its queries read the cached keys too: the mask is "
+                    f"[n_new, n_all] = [{size}, {start + size}], one column per key."
+                )
             assert logits.shape[1] == size, (
                 f"return logits for the {size} NEW positions only, got {logits.shape[1]}"
             )
@@ -293,16 +432,21 @@ def padded_masks() -> list[tuple[str, torch.Tensor, int]]:
     ]
 
 
-def allowed_by_rule(mask: torch.Tensor, n_new: int) -> torch.Tensor:
+def allowed_by_rule(mask: torch.Tensor, n_new: int, own_key_column: int | None = None):
     """The chapter's rule, one (row, query, key) at a time: a real query reads the real keys up to
-    its own column. [batch, new, all]"""
+    its own column. [batch, new, all]
+
+    With `own_key_column`, also every query's "own" key, taken (wrongly unless it is
+    n_all - n_new) as column own_key_column + i for query i: a known mistake's mask."""
     batch, n_all = mask.shape
     out = torch.zeros(batch, n_new, n_all, dtype=torch.bool)
     for b in range(batch):
         for i in range(n_new):
             col = n_all - n_new + i
             for j in range(col + 1):
-                out[b, i, j] = bool(mask[b, j])
+                out[b, i, j] = bool(mask[b, j]) or (
+                    own_key_column is not None and j == own_key_column + i
+                )
     return out
 
 
@@ -333,8 +477,10 @@ def test_positions_count_real_tokens(impl, case):
             "Do you count padding in the positions? A token's position is the number of real "
             "tokens before it in its row: mask.cumsum(dim=1) - 1."
         )
-        if n_new < mask.shape[1] and torch.equal(
-            positions[real], (mask.long().cumsum(-1) - 1)[:, :n_new][real]
+        counted = mask.long().cumsum(-1) - 1
+        if n_new < mask.shape[1] and any(
+            torch.equal(positions[real], first[:, :n_new][real])
+            for first in (counted, counted.clamp(min=0))
         ):
             hint = "These are the positions of the FIRST n_new columns; the new ones are the LAST."
         pytest.fail(
@@ -361,6 +507,12 @@ def test_allowed_hides_padding_and_the_future(impl, case):
     allowed = allowed[:, 0]
     expected = allowed_by_rule(mask, n_new)
     real = mask[:, -n_new:]
+    if n_new < n_all and torch.equal(allowed, allowed_by_rule(mask, n_new, own_key_column=0)):
+        pytest.fail(
+            f"{what}: each query's own key is taken from the first columns: new query i sees "
+            f"column i, although it sits in column {n_all - n_new} + i (the new queries are the "
+            "LAST n_new columns). Compare the key columns with the last n_new columns."
+        )
     for b, i in real.nonzero().tolist():
         if not torch.equal(allowed[b, i], expected[b, i]):
             col = n_all - n_new + i
@@ -562,7 +714,15 @@ def test_cached_sampling_past_n_ctx_slides_the_window(impl, shipped, hf, shift):
 
     expected = hf_window_greedy(hf, prompt, new, window_start)
     sampler = impl.CachedTransformerSampler(model, tokenizer)
-    got = sampler.sample(prompt, new, temperature=0.0, stop_at_eos=False, window_shift=shift)
+    try:
+        got = sampler.sample(prompt, new, temperature=0.0, stop_at_eos=False, window_shift=shift)
+    except ValueError as err:
+        pytest.fail(
+            f"past n_ctx with window_shift={shift}, sample raised ValueError: "
+            f"{str(err).splitlines()[0][:200]}. The cache was fed past n_ctx={n_ctx}: slide "
+            "the window as soon as the cache is full (it holds n_ctx positions), before the "
+            "step that would overflow it."
+        )
     assert got.tolist() == expected, (
         f"past n_ctx with window_shift={shift}: "
         f"{describe_difference(tokenizer, expected, got.tolist(), len(prompt))} "
@@ -601,6 +761,31 @@ def test_cached_sampling_of_a_prompt_longer_than_n_ctx(impl, shipped, hf):
 # --------------------------------------------------------------------------- cached beams
 
 
+def diagnose_parents(impl, model, tokenizer) -> None:
+    """Fail if CachedBeams.generate's `parents` do not say which beam each new one continues
+    (new beam i's tokens, but the last, are those of beam parents[i])."""
+    start = impl.CachedBeams(
+        model, tokenizer, torch.zeros(1), ids_of(tokenizer, BATCH_PROMPTS[0]), None, None
+    )
+    beams = start.generate(3)  # three beams, then two continuations of each
+    new = beams.generate(2)
+    if new.parents is None or len(new.parents) != len(new):
+        return
+    wanted = [i // 2 for i in range(len(new))]
+    follows = [
+        bool(torch.equal(new.tokens[i, :-1], beams.tokens[int(p)]))
+        for i, p in enumerate(new.parents)
+    ]
+    if not all(follows):
+        pytest.fail(
+            f"three beams with two continuations each: new beam i continues beam i // 2 (its "
+            f"tokens start with that beam's), so parents should be {wanted}, but yours are "
+            f"{new.parents.tolist()}, and beams read the cache rows of other beams. The k "
+            "continuations of each beam come together: each parent repeats k times in a row "
+            "(repeat_interleave, not repeat)."
+        )
+
+
 @pytest.mark.cached_beams
 @pytest.mark.parametrize(
     "cfg",
@@ -611,8 +796,21 @@ def test_cached_sampling_of_a_prompt_longer_than_n_ctx(impl, shipped, hf):
 )
 def test_cached_beam_search_equals_hf(impl, shipped, hf, cfg):
     model, tokenizer = shipped
-    got = impl.beam_search(model, tokenizer, BATCH_PROMPTS[0], beams_class=impl.CachedBeams, **cfg)
+    try:
+        got = impl.beam_search(
+            model, tokenizer, BATCH_PROMPTS[0], beams_class=impl.CachedBeams, **cfg
+        )
+    except (ValueError, RuntimeError, IndexError) as err:
+        pytest.fail(
+            f"beam search with CachedBeams raised {type(err).__name__}: "
+            f"{str(err).splitlines()[0][:200]}. The cache has one row per beam of the step "
+            "that made these beams, and filter keeps other beams, in another order: before "
+            "feeding the last tokens, take the cache rows of the beams' parents, "
+            "cache[parents]."
+        )
     expected = hf_beam_search(hf, tokenizer.encode(BATCH_PROMPTS[0]), **cfg)
+    if [t.tolist() for _, t in got] != [t.tolist() for _, t in expected]:
+        diagnose_parents(impl, model, tokenizer)
     assert [t.tolist() for _, t in got] == [t.tolist() for _, t in expected], (
         "beams differ from HF's: does each candidate's cache row follow its parent beam "
         "(cache[parents]) after filter?"
@@ -650,13 +848,29 @@ def test_left_pad_matches_hf_tokenizer_padding(impl, shipped):
     tok.pad_token = tok.convert_ids_to_tokens(PAD_ID)  # not 0, not end-of-text (0 here)
     texts = BATCH_PROMPTS + ["A", ""]
     expected = tok(texts, padding=True, return_tensors="pt")
-    tokens, mask = impl.left_pad([tokenizer.encode(t) for t in texts], PAD_ID)
+    prompts = [tokenizer.encode(t) for t in texts]
+    try:
+        tokens, mask = impl.left_pad(prompts, PAD_ID)
+    except (RuntimeError, IndexError, ValueError) as err:
+        pytest.fail(
+            f"left_pad raised {type(err).__name__} ({str(err).splitlines()[0][:160]}) on "
+            f"prompts of {[len(p) for p in prompts]} tokens. The last is an empty prompt: "
+            "tokens[row, -len(prompt):] is then tokens[row, -0:], and -0 is 0, so that is the "
+            "whole row, not an empty slice. Leave an empty prompt's row as padding only."
+        )
     assert tokens.shape == expected["input_ids"].shape, (
         f"one row per prompt, as wide as the longest: expected {tuple(expected['input_ids'].shape)}"
         f", got {tuple(tokens.shape)}"
     )
     if torch.equal(tokens[-1], torch.zeros_like(tokens[-1])):
         pytest.fail(f"the empty prompt's row is all 0s: pad with pad_id ({PAD_ID} here), not 0")
+    right_padded = torch.tensor([p + [PAD_ID] * (tokens.shape[1] - len(p)) for p in prompts])
+    if torch.equal(tokens, right_padded):
+        pytest.fail(
+            "you pad on the right: the padding goes on the LEFT, before the prompt, so that "
+            "every row's last column holds its newest token and all rows generate in the same "
+            "column."
+        )
     assert torch.equal(tokens, expected["input_ids"]), (
         f"each row: padding (pad_id, {PAD_ID} here) first, then the prompt; the last prompt is "
         "empty, a row of padding only (tokens[row, -0:] is the whole row, not an empty slice)"

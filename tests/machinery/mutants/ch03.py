@@ -8,12 +8,14 @@ MUTANTS = [
         "return logits.argmax(dim=-1)",
         "return logits.argmax(dim=0)",
         "argmax over the batch instead of the vocabulary",
+        says=("batch", "vocabulary"),
     ),
     Mutant(
         "greedy_and_temperature",
         "return logits.argmax(dim=-1)",
         "return logits.argmax(dim=-1, keepdim=True)",
         "one token per row, but shaped [batch, 1] instead of [batch]",
+        says=("shape", "extra dimension"),
     ),
     # Temperature
     Mutant(
@@ -21,18 +23,21 @@ MUTANTS = [
         "return logits / temperature",
         "return logits * temperature",
         "logits multiplied by the temperature",
+        says=("multiplying", "divided"),
     ),
     Mutant(
         "greedy_and_temperature",
         "    return logits / temperature  # the same T for every logit of every row",
         "    logits /= temperature\n    return logits",
         "logits divided in place: the caller's tensor changes",
+        says=("in place",),
     ),
     Mutant(
         "greedy_and_temperature",
         "return logits / temperature",
         "return logits.div_(temperature)",
         "divided in place with div_: the caller's logits change",
+        says=("in place",),
     ),
     # Frequency penalty
     Mutant(
@@ -40,24 +45,28 @@ MUTANTS = [
         "return logits - freq_penalty * counts",
         "return logits + freq_penalty * counts",
         "the penalty added instead of subtracted",
+        says=("added", "subtract"),
     ),
     Mutant(
         "apply_frequency_penalty",
         "freq_penalty * counts.view(batch, d_vocab).to(logits.dtype)",
         "freq_penalty * (counts.view(batch, d_vocab) > 0).to(logits.dtype)",
         "a presence penalty: each token counted once however often it occurs",
+        says=("presence", "occurrence"),
     ),
     Mutant(
         "apply_frequency_penalty",
         "weights = None if mask is None else mask.flatten().to(logits.dtype)",
         "weights = None",
         "the mask ignored: padding counted",
+        says=("mask", "padding"),
     ),
     Mutant(
         "apply_frequency_penalty",
         "offsets = torch.arange(batch, device=input_ids.device)[:, None] * d_vocab",
         "offsets = torch.zeros(batch, 1, dtype=torch.long, device=input_ids.device)",
         "one count for the whole batch: rows share their counts",
+        says=("row", "whole batch"),
     ),
     Mutant(
         "apply_frequency_penalty",
@@ -65,12 +74,14 @@ MUTANTS = [
         "    logits -= freq_penalty * counts.view(batch, d_vocab).to(logits.dtype)\n"
         "    return logits",
         "the penalty subtracted in place: the caller's logits change",
+        says=("in place", "logits"),
     ),
     Mutant(
         "apply_frequency_penalty",
         "(input_ids + offsets).flatten()",
         "input_ids.add_(offsets).flatten()",
         "the row offsets added to input_ids in place: the caller's token ids change",
+        says=("in place", "token ids"),
     ),
     # sample_basic
     Mutant(
@@ -78,12 +89,14 @@ MUTANTS = [
         "probs = logits.softmax(dim=-1)",
         "probs = logits.exp()",
         "exp(logits) handed to multinomial: overflows to inf for large logits",
+        says=("exp", "overflow"),
     ),
     Mutant(
         "sample_basic",
         "probs = logits.softmax(dim=-1)",
         "probs = logits.exp() / logits.exp().sum(dim=-1, keepdim=True)",
         "softmax written out without subtracting the max: inf / inf for large logits",
+        says=("subtract", "max"),
     ),
     Mutant(
         "sample_basic",
@@ -91,24 +104,28 @@ MUTANTS = [
         "    logits -= logits.max(dim=-1, keepdim=True).values  # for stability\n"
         "    probs = logits.softmax(dim=-1)",
         "the max subtracted in place for stability: the caller's logits change",
+        says=("in place",),
     ),
     Mutant(
         "sample_basic",
         "num_samples=1, generator=generator)",
         "num_samples=1)",
         "the generator ignored: a seed changes nothing",
+        says=("generator",),
     ),
     Mutant(
         "sample_basic",
         "generator=generator).squeeze(-1)",
         "generator=generator).squeeze()",
         "squeeze() without a dimension: a batch of one gives a 0-d tensor",
+        says=("squeeze", "batch of one"),
     ),
     Mutant(
         "sample_basic",
         "probs = logits.softmax(dim=-1)",
         "probs = logits.softmax(dim=0)",
         "softmax over the batch instead of the vocabulary",
+        says=("batch", "vocabulary"),
     ),
     # Top-k
     Mutant(
@@ -116,12 +133,14 @@ MUTANTS = [
         "logits.masked_fill(logits < kth_largest,",
         "logits.masked_fill(logits <= kth_largest,",
         "the k-th token dropped too: k - 1 kept",
+        says=("k-th largest", "itself"),
     ),
     Mutant(
         "sample_top_k",
         "return sample_basic(filter_top_k(logits, k), generator)",
         "return sample_basic(filter_top_k(logits, k))",
         "top-k sampling ignores the generator",
+        says=("generator",),
     ),
     Mutant(
         "sample_top_k",
@@ -130,12 +149,14 @@ MUTANTS = [
         "    top = logits.topk(min(k, logits.shape[-1]), dim=-1)\n"
         '    return torch.full_like(logits, float("-inf")).scatter(-1, top.indices, top.values)',
         "exactly k tokens kept: a tie with the k-th is dropped",
+        says=("tie",),
     ),
     Mutant(
         "sample_top_k",
         'return logits.masked_fill(logits < kth_largest, float("-inf"))',
         'return logits.masked_fill_(logits < kth_largest, float("-inf"))',
         "masked_fill_ in place: the caller's logits lose their tail",
+        says=("in place",),
     ),
     # Top-p
     Mutant(
@@ -143,6 +164,7 @@ MUTANTS = [
         "remove_sorted = before >= top_p",
         "remove_sorted = before > top_p",
         "a token kept when the tokens before it reach exactly top_p",
+        says=("exactly", "at least"),
     ),
     Mutant(
         "sample_top_p",
@@ -152,6 +174,7 @@ MUTANTS = [
         "the inclusive total shifted right by one, compared with > : a token kept when the "
         "tokens before it reach exactly top_p",
         name="shifted-cumsum-strict",
+        says=("exactly", "at least"),
     ),
     Mutant(
         "sample_top_p",
@@ -159,36 +182,42 @@ MUTANTS = [
         "before = cumulative - sorted_logits.softmax(dim=-1)",
         "the mass before each token as cumulative - p: the subtraction rounds under top_p",
         name="cumsum-minus-p",
+        says=("cumulative - p", "rounds"),
     ),
     Mutant(
         "sample_top_p",
         "remove_sorted = before >= top_p",
         "remove_sorted = cumulative > top_p",
         "the token that crosses top_p dropped",
+        says=("crosses",),
     ),
     Mutant(
         "sample_top_p",
         "remove_sorted[:, :min_tokens_to_keep] = False",
         "remove_sorted[:, :1] = False",
         "min_tokens_to_keep ignored",
+        says=("min_tokens_to_keep",),
     ),
     Mutant(
         "sample_top_p",
         "remove = remove_sorted.scatter(dim=-1, index=order, src=remove_sorted)",
         "remove = remove_sorted.gather(dim=-1, index=order)",
         "the sort undone with gather instead of scatter",
+        says=("scatter", "original order"),
     ),
     Mutant(
         "sample_top_p",
         "return sample_basic(filter_top_p(logits, top_p, min_tokens_to_keep), generator)",
         "return sample_basic(filter_top_p(logits, top_p, min_tokens_to_keep))",
         "top-p sampling ignores the generator",
+        says=("generator",),
     ),
     Mutant(
         "sample_top_p",
         'return logits.masked_fill(remove, float("-inf"))',
         'return logits.masked_fill_(remove, float("-inf"))',
         "masked_fill_ in place: the caller's logits lose their tail",
+        says=("in place",),
     ),
     # TransformerSampler.sample and next_logits
     Mutant(
@@ -196,6 +225,7 @@ MUTANTS = [
         "input_ids[None], logits, generator=generator, **kwargs",
         "input_ids[None, -self.cfg.n_ctx :], logits, generator=generator, **kwargs",
         "the frequency penalty counts only the tokens the model still sees",
+        says=("frequency penalty", "n_ctx"),
     ),
     Mutant(
         "sample",
@@ -210,42 +240,49 @@ MUTANTS = [
         "            if verbose:\n"
         '                print(self.tokenizer.decode(next_token), end="", flush=True)\n',
         "stops before appending the end-of-text token",
+        says=("end-of-text", "last token"),
     ),
     Mutant(
         "sample",
         "if stop_at_eos and next_token.item() == eos:",
         "if next_token.item() == eos:",
         "stop_at_eos=False ignored",
+        says=("stop_at_eos",),
     ),
     Mutant(
         "sample",
         "input_ids[None], logits, generator=generator, **kwargs",
         "input_ids[None], logits, **kwargs",
         "the seeded generator not passed on",
+        says=("generator",),
     ),
     Mutant(
         "sample",
         "input_ids[None], logits, generator=generator, **kwargs",
         "input_ids[None], logits, generator=generator",
         "the sampling options (temperature, top_k, ...) not passed on",
+        says=("temperature", "sampling options"),
     ),
     Mutant(
         "sample",
         "return self.model(input_ids[None, -self.cfg.n_ctx :])[:, -1]",
         "return self.model(input_ids[None, -self.cfg.n_ctx :])[:, 0]",
         "the logits of the first position instead of the last",
+        says=("first position", "last position"),
     ),
     Mutant(
         "sample",
         "return self._finish(prompt, input_ids, verbose)",
         "return self._finish(prompt, input_ids[-self.cfg.n_ctx :], verbose)",
         "the returned text cropped to n_ctx tokens",
+        says=("return", "whole sequence"),
     ),
     Mutant(
         "sample",
         "for _ in tqdm(range(max_tokens_generated),",
         "for _ in tqdm(range(max_tokens_generated - 1),",
         "one token too few",
+        says=("too few",),
     ),
     # No-repeat n-grams
     Mutant(
@@ -253,18 +290,21 @@ MUTANTS = [
         "prefix = tokens[:, seq - (ngram_size - 1) :]",
         "prefix = tokens[:, -(ngram_size - 1) :]",
         "the prefix as tokens[:, -(n - 1):], which is the whole row when n = 1",
+        says=("ngram_size=1", "whole row"),
     ),
     Mutant(
         "no_repeat_ngram",
         "ngrams = tokens.unfold(dimension=1, size=ngram_size, step=1)",
         "ngrams = tokens[:, :-1].unfold(dimension=1, size=ngram_size, step=1)",
         "the last n-gram of the row not counted",
+        says=("last n-gram",),
     ),
     Mutant(
         "no_repeat_ngram",
         "banned[beam_index, ngrams[beam_index, ngram_index, -1]] = True",
         "banned[beam_index, ngrams[beam_index, ngram_index, 0]] = True",
         "the first token of the matching n-gram banned instead of the one that would follow",
+        says=("first token", "follow"),
     ),
     # Beams: top_continuations and filter
     Mutant(
@@ -272,36 +312,42 @@ MUTANTS = [
         "logprobs = logits.float().log_softmax(dim=-1)",
         "logprobs = logits.float()",
         "raw logits added up as scores instead of log-probabilities",
+        says=("log_softmax", "raw"),
     ),
     Mutant(
         "beams",
         "new_sums = (logprob_sums[:, None] + top.values).flatten()",
         "new_sums = top.values.flatten()",
         "the parent's score forgotten",
+        says=("parent",),
     ),
     Mutant(
         "beams",
         "[tokens.repeat_interleave(k, dim=0), top.indices.flatten()[:, None]]",
         "[tokens.repeat(k, 1), top.indices.flatten()[:, None]]",
         "repeat instead of repeat_interleave: continuations glued to the wrong parents",
+        says=("parent", "repeat_interleave"),
     ),
     Mutant(
         "beams",
         "order = self.logprob_sums.argsort(descending=True, stable=True)",
         "order = self.logprob_sums.argsort(stable=True)",
         "beams ranked worst first",
+        says=("worst first", "descending"),
     ),
     Mutant(
         "beams",
         "continuing = order[~ends_in_eos][:num_beams]",
         "continuing = order[:num_beams][~ends_in_eos[:num_beams]]",
         "the finished beams dropped from the top num_beams: fewer keep running",
+        says=("take their places",),
     ),
     Mutant(
         "beams",
         "finished = order[ends_in_eos & in_top]",
         "finished = order[ends_in_eos]",
         "every finished beam kept, also those outside the best num_beams",
+        says=("among the best",),
     ),
     Mutant(
         "beams",
@@ -309,6 +355,7 @@ MUTANTS = [
         logprobs = logprobs.masked_fill(banned, float("-inf"))""",
         """        logprobs = logprobs.masked_fill(banned, float("-inf")).log_softmax(dim=-1)""",
         "log-probabilities renormalised after the n-gram ban",
+        says=("renormalised", "ban"),
     ),
     # beam_search
     Mutant(
@@ -316,41 +363,48 @@ MUTANTS = [
         "candidates = beams.generate(num_beams + 1, no_repeat_ngram_size)",
         "candidates = beams.generate(num_beams, no_repeat_ngram_size)",
         "num_beams continuations per beam instead of num_beams + 1",
+        says=("num_beams + 1",),
     ),
     Mutant(
         "beam_search",
         "early_stopping or beams.logprob_sums.max().item() <= finished[-1][0]",
         "early_stopping or beams.logprob_sums.max().item() <= finished[0][0]",
         "compares with the best finished score instead of the worst",
+        says=("worst",),
     ),
     Mutant(
         "beam_search",
         "if len(finished) == num_beams and (",
         "if len(finished) >= 1 and (",
         "stops once one sequence has finished",
+        says=("num_beams sequences",),
     ),
     Mutant(
         "beam_search",
         "        finished = sorted(finished + beams.to_list(), key=lambda b: -b[0])[:num_beams]\n",
         "        finished = finished or beams.to_list()\n",
         "out of tokens, the running beams do not compete with the finished ones",
+        says=("out of tokens", "compete"),
     ),
     Mutant(
         "beam_search",
         "key=lambda b: -b[0])[:num_beams]\n        if verbose:",
         "key=lambda b: -b[0])\n        if verbose:",
         "more than num_beams finished sequences kept",
+        says=("past num_beams",),
     ),
     Mutant(
         "beam_search",
         "finished = sorted(finished + newly_finished.to_list(), key=lambda b: -b[0])[:num_beams]",
         "finished = (finished + newly_finished.to_list())[:num_beams]",
         "finished sequences kept in the order they finished, not best first",
+        says=("sorted", "best first"),
     ),
     Mutant(
         "beam_search",
         "early_stopping or beams.logprob_sums.max().item() <= finished[-1][0]",
         "not early_stopping or beams.logprob_sums.max().item() <= finished[-1][0]",
         "early_stopping read the wrong way round",
+        says=("early_stopping", "wrong way round"),
     ),
 ]

@@ -8,18 +8,21 @@ MUTANTS = [
         "return torch.triu(ones, diagonal=offset + 1)",
         "return torch.triu(ones, diagonal=1)",
         "chapter 1's mask, not shifted by the cached positions",
+        says=("chapter 1's mask", "shift"),
     ),
     Mutant(
         "causal_mask",
         "return torch.triu(ones, diagonal=offset + 1)",
         "return torch.triu(ones, diagonal=offset)",
         "each query also hidden from its own key",
+        says=("own key",),
     ),
     Mutant(
         "causal_mask",
         "return torch.triu(ones, diagonal=offset + 1)",
         "return torch.tril(ones, diagonal=offset)",
         "True where attention is allowed instead of where it is hidden",
+        says=("true where", "hidden"),
     ),
     # attention_with_cache
     Mutant(
@@ -27,30 +30,35 @@ MUTANTS = [
         "keys = torch.cat([past_keys, k], dim=2)",
         "keys = torch.cat([k, past_keys], dim=2)",
         "new keys put before the cached ones",
+        says=("new keys", "after"),
     ),
     Mutant(
         "attention_with_cache",
         "return out, keys, values",
         "return out, k, v",
         "only the new keys and values returned: the cache forgets the past",
+        says=("all positions", "past"),
     ),
     Mutant(
         "attention_with_cache",
         "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
         "z = F.scaled_dot_product_attention(q, keys, values, is_causal=allowed is not None)",
         "is_causal=True: PyTorch aligns that mask top left, wrong after a cache",
+        says=("is_causal", "top left"),
     ),
     Mutant(
         "attention_with_cache",
         'out = torch.einsum("bhpe,hed->bpd", z, attn.W_O) + attn.b_O',
         'out = torch.einsum("bhpe,hed->bpd", z, attn.W_O)',
         "the output bias b_O forgotten",
+        says=("b_O",),
     ),
     Mutant(
         "attention_with_cache",
         "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
         "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, scale=1.0)",
         "scores not scaled by 1/sqrt(d_head)",
+        says=("sqrt(d_head)",),
     ),
     # forward_with_cache
     Mutant(
@@ -58,80 +66,93 @@ MUTANTS = [
         "positions = torch.arange(cache.length, n_all, device=tokens.device)",
         "positions = torch.arange(n_new, device=tokens.device)",
         "positions restart at 0 at every step",
+        says=("positions", "cache.length"),
     ),
     Mutant(
         "forward_with_cache",
         "allowed = None if n_new == 1 else ~causal_mask(n_new, n_all, device=tokens.device)",
         "allowed = None",
         "no mask for a chunk of several new tokens: a prefill reads the future",
+        says=("mask", "chunk"),
     ),
     Mutant(
         "forward_with_cache",
         "allowed = None if n_new == 1 else ~causal_mask(n_new, n_all, device=tokens.device)",
         "allowed = None if n_new == 1 else ~causal_mask(n_new, n_new, device=tokens.device)",
         "the chunk's mask covers the new keys only",
+        says=("mask", "cached key"),
     ),
     Mutant(
         "forward_with_cache",
         "block.attn, block.ln1(residual), past_k, past_v, allowed",
         "block.attn, residual, past_k, past_v, allowed",
         "attention reads the residual stream without ln1",
+        says=("ln1",),
     ),
     Mutant(
         "forward_with_cache",
         "residual = residual + block.mlp(block.ln2(residual))",
         "residual = residual + block.mlp(block.ln2(residual - attn_out))",
         "the MLP reads the residual stream from before the attention was added",
+        says=("mlp", "attention"),
     ),
     Mutant(
         "forward_with_cache",
         "logits = model.unembed(model.ln_final(residual))",
         "logits = model.unembed(residual)",
         "no final LayerNorm",
+        says=("final layernorm",),
     ),
     # positions_and_allowed
     Mutant(
         "positions_and_allowed",
         "positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -n_new:]",
-        "positions = torch.arange(n_all - n_new, n_all, device=mask.device)[None]",
+        "positions = torch.arange(mask.shape[1] - n_new, mask.shape[1], device=mask.device)[None]",
         "padding counted in the positions",
         name="positions-count-padding",
+        says=("padding", "positions"),
     ),
     Mutant(
         "positions_and_allowed",
         "positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -n_new:]",
         "positions = (mask.cumsum(dim=1) - 1)[:, -n_new:]",
         "positions not clamped: padding at -1 reads the last row of W_pos",
+        says=("clamp", "W_pos"),
     ),
     Mutant(
         "positions_and_allowed",
         "positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -n_new:]",
         "positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, :n_new]",
         "the positions of the first n_new columns, not the last",
+        says=("first n_new", "last"),
     ),
     Mutant(
         "positions_and_allowed",
         "allowed = causal & (mask[:, None, None, :] | own_key)",
         "allowed = causal & mask[:, None, None, :]",
         "padding queries see no key at all (NaN with a hand-written softmax)",
+        says=("own key",),
     ),
     Mutant(
         "positions_and_allowed",
         "allowed = causal & (mask[:, None, None, :] | own_key)",
         "allowed = causal.expand(mask.shape[0], 1, n_new, n_all)",
         "padding keys not hidden from real queries",
+        says=("padding keys",),
     ),
     Mutant(
         "positions_and_allowed",
         "allowed = causal & (mask[:, None, None, :] | own_key)",
         "allowed = mask[:, None, None, :] | own_key",
         "no causal mask once padding is handled",
+        says=("causal",),
     ),
     Mutant(
         "positions_and_allowed",
         "own_key = column[None, :] == column[-n_new:, None]",
         "own_key = column[None, :] == column[:n_new, None]",
         "own keys taken from the first columns: after a cache, a new query sees column 0",
+        says=("own key", "last n_new"),
     ),
     # CachedTransformerSampler
     Mutant(
@@ -139,6 +160,7 @@ MUTANTS = [
         "logits, self.cache = forward_with_cache(self.model, input_ids[None, -1:], self.cache)",
         "logits, self.cache = forward_with_cache(self.model, input_ids[None, -1:])",
         "the cache not passed: every step sees one token",
+        says=("cache", "last token alone"),
     ),
     Mutant(
         "cached_sample",
@@ -146,18 +168,21 @@ MUTANTS = [
         "logits, self.cache = forward_with_cache(self.model, input_ids[None])",
         "the prefill reads the whole prompt: a prompt longer than n_ctx overflows the positions",
         name="prefill-not-cropped",
+        says=("prefill", "last n_ctx"),
     ),
     Mutant(
         "cached_sample",
         "keep = n_ctx - self.window_shift + 1",
         "keep = n_ctx - self.window_shift",
         "the rebuilt window one token short",
+        says=("window_shift", "n_ctx - window_shift + 1"),
     ),
     Mutant(
         "cached_sample",
         "        elif self.cache.length == n_ctx:\n",
         "        elif self.cache.length > n_ctx:\n",
         "the window slid one step too late (the cache overflows n_ctx)",
+        says=("full", "n_ctx"),
     ),
     # CachedBeams
     Mutant(
@@ -165,12 +190,14 @@ MUTANTS = [
         "cache = None if self.cache is None else self.cache[self.parents]",
         "cache = self.cache",
         "the cache does not follow the beams it keeps",
+        says=("cache[parents]",),
     ),
     Mutant(
         "cached_beams",
         "parents = torch.arange(len(self), device=tokens.device).repeat_interleave(k)",
         "parents = torch.arange(len(self), device=tokens.device).repeat(k)",
         "parents cycle through the beams instead of repeating each k times",
+        says=("parents", "repeat_interleave"),
     ),
     # left_pad
     Mutant(
@@ -178,6 +205,7 @@ MUTANTS = [
         "tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)",
         "tokens = torch.zeros((len(prompts), width), dtype=torch.long)",
         "padding with 0 instead of pad_id",
+        says=("pad_id", "not 0"),
     ),
     Mutant(
         "left_pad",
@@ -186,6 +214,7 @@ MUTANTS = [
         "            tokens[row, : len(prompt)] = torch.tensor(prompt)\n"
         "            mask[row, : len(prompt)] = True\n",
         "padding on the right",
+        says=("on the right", "left"),
     ),
     Mutant(
         "left_pad",
@@ -195,12 +224,14 @@ MUTANTS = [
         "        tokens[row, -len(prompt) :] = torch.tensor(prompt)\n"
         "        mask[row, -len(prompt) :] = True\n",
         "an empty prompt not skipped: tokens[row, -0:] is the whole row",
+        says=("empty prompt", "-0"),
     ),
     Mutant(
         "left_pad",
         "mask = torch.zeros((len(prompts), width), dtype=torch.bool)",
         "mask = torch.zeros((len(prompts), width), dtype=torch.long)",
         "a mask of 0s and 1s instead of bools",
+        says=("bool",),
     ),
     # generate_batch_tokens
     Mutant(
@@ -208,42 +239,49 @@ MUTANTS = [
         "logits, cache = forward_with_cache(model, tokens, attention_mask=mask)",
         "logits, cache = forward_with_cache(model, tokens)",
         "the prefill without the attention mask: padding read as text",
+        says=("attention_mask=mask", "prefill"),
     ),
     Mutant(
         "generate_batch",
         "generator=generator, attention_mask=cache.mask, **kwargs",
         "generator=generator, **kwargs",
         "padding counted by the frequency penalty",
+        says=("padding", "frequency penalty"),
     ),
     Mutant(
         "generate_batch",
         "generator=generator, attention_mask=cache.mask, **kwargs",
         "attention_mask=cache.mask, **kwargs",
         "the seeded generator not passed on",
+        says=("generator",),
     ),
     Mutant(
         "generate_batch",
         "        next_token = torch.where(done, eos, next_token)\n",
         "",
         "finished rows keep writing real tokens",
+        says=("finished row", "padding"),
     ),
     Mutant(
         "generate_batch",
         "if bool(done.all()):",
         "if bool(done.any()):",
         "stops when the first row finishes",
+        says=("every row",),
     ),
     Mutant(
         "generate_batch",
         "done = done | (stop_at_eos & (next_token == eos))",
         "done = done | (next_token == eos)",
         "stop_at_eos=False ignored",
+        says=("stop_at_eos",),
     ),
     Mutant(
         "generate_batch",
         "model, next_token[:, None], cache, attention_mask=~done[:, None]",
         "model, next_token[:, None], cache",
         "a finished row's padding fed as real tokens",
+        says=("finished row", "attention_mask=~done"),
     ),
     Mutant(
         "generate_batch",
@@ -256,11 +294,13 @@ MUTANTS = [
         "            model, next_token[:, None], cache, attention_mask=~done[:, None]\n"
         "        )\n",
         "a row marked done before its end-of-text is fed: the text loses that token",
+        says=("end-of-text", "done"),
     ),
     Mutant(
         "generate_batch",
         "cache.tokens, logits[:, -1], generator=generator, attention_mask=cache.mask, **kwargs",
         "tokens, logits[:, -1], generator=generator, attention_mask=mask, **kwargs",
         "the frequency penalty counts the prompt only, not the generated tokens",
+        says=("frequency penalty", "generated"),
     ),
 ]
