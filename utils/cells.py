@@ -107,6 +107,11 @@ def run_cell(source: str, namespace: dict, label: str, budget_s: float) -> str |
 
 
 def name_error_hint(err: NameError, live: bool = False) -> str:
+    if isinstance(err, UnboundLocalError):  # a local read before it is set: not a missing cell
+        return (
+            "A variable of the function is read before the line that sets it: set it first "
+            "(or, if you meant a global, do not assign to that name in the function)"
+        )
     name = getattr(err, "name", None) or "it"
     if live:
         return (
