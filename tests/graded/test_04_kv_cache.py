@@ -140,6 +140,21 @@ def end_of_text_hint(tokenizer, expected: str, got: str) -> str:
 
 
 @pytest.mark.causal_mask
+def test_causal_mask_is_made_on_the_device_it_is_given(impl):
+    """On a GPU, a mask made on the CPU meets scores on the GPU and the attention fails there;
+    PyTorch's `meta` device (shapes, no data) shows the same here, with no GPU."""
+    try:
+        mask = impl.causal_mask(3, 5, device=torch.device("meta"))
+    except TypeError as err:
+        pytest.fail(f"causal_mask(n_query, n_key, device=...) must take a device: {err}")
+    assert mask.device.type == "meta", (
+        f"causal_mask(3, 5, device=meta) made its mask on {mask.device}: pass device= to the "
+        "tensor you create (torch.ones(..., device=device)), or on a GPU the mask stays on the "
+        "CPU while the scores are on the GPU"
+    )
+
+
+@pytest.mark.causal_mask
 @pytest.mark.parametrize("n_query,n_key", [(1, 1), (4, 4), (1, 9), (3, 10), (5, 7)])
 def test_causal_mask_hides_the_keys_after_each_query(impl, n_query, n_key):
     mask = impl.causal_mask(n_query, n_key)

@@ -5,6 +5,13 @@ from tests.machinery.mutants import Mutant
 MUTANTS = [
     Mutant(
         "causal_mask",
+        "ones = torch.ones(n_query, n_key, dtype=torch.bool, device=device)",
+        "ones = torch.ones(n_query, n_key, dtype=torch.bool)",
+        "the mask made on the CPU whatever the device asked for",
+        says=("device=",),
+    ),
+    Mutant(
+        "causal_mask",
         "return torch.triu(ones, diagonal=offset + 1)",
         "return torch.triu(ones, diagonal=1)",
         "chapter 1's mask, not shifted by the cached positions",
