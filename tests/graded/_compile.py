@@ -318,11 +318,15 @@ def _child() -> None:
                 assert "cubin" in compiled.asm, f"no cubin, only {sorted(compiled.asm)}"
                 for pattern, why in job["forbid"]:
                     if re.search(pattern, compiled.asm["ttir"]):
-                        failures.append({**where, "file": None, "line": None, "error": why})
+                        failures.append(
+                            {**where, "file": None, "line": None, "error": why, "compiled": True}
+                        )
                 wraps = int32_offsets(compiled.asm["ttir"], job["wide"])
                 if wraps:
                     why = INT32_OFFSET.format(line=wraps[0].split(" : ")[0])
-                    failures.append({**where, "file": None, "line": None, "error": why})
+                    failures.append(
+                        {**where, "file": None, "line": None, "error": why, "compiled": True}
+                    )
             except _SignatureError as err:
                 failures.append({**where, "file": None, "line": None, "error": f"{err}"})
                 break
@@ -355,6 +359,9 @@ class Failure:
     file: str | None  # where the compiler gave up: the file and line...
     line: int | None
     error: str  # ...and what it said
+    # True: it compiled, but its code does what the interpreter hides (a forbidden pattern, an
+    # int32 offset); `error` is then the whole sentence for the learner.
+    compiled: bool = False
 
 
 def run_compiler(jobs: list[Job], timeout_s: float = COMPILE_TIMEOUT_S) -> list[Failure]:
@@ -599,6 +606,12 @@ _REFUSALS = [
 def explain(failure: Failure, files: KernelFiles | None = None) -> str:
     """A failure in a tutor's words: which kernel, why (Triton's error), where (the line)."""
     words = failure.error.strip() or "(no message)"
+    if failure.compiled:  # it compiles: what it would do on a GPU is the message
+        branch = ", ".join(f"{k}={v}" for k, v in (failure.branch or {}).items())
+        return (
+            f"`{failure.kernel}` compiled for {GPU_NAME} ({branch}) does what the interpreter "
+            f"hides: {words}"
+        )
     short, hints = words.splitlines()[-1][:160], []
     for pattern, refusal, hint in _REFUSALS:
         match = re.search(pattern, words)

@@ -24,6 +24,7 @@ wrong, and the mutant runner stops at the first test a mutant fails.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 
@@ -38,7 +39,10 @@ from solutions.kernels.runtime import DEVICE, INTERPRET  # noqa: E402  (sets the
 from tests.graded import _rejection as rejection  # noqa: E402
 from tests.graded._compile import COMPILE_BUDGET_S, assert_compiles_for_a_gpu  # noqa: E402
 from tests.graded._gumbel import (  # noqa: E402
+    TEMPERATURE_AFTER_NOISE,
+    TEMPERATURE_MULTIPLIED,
     assert_follows_the_tempered_softmax,
+    follows,
     greedy_rows,
     gumbel_logits,
 )
@@ -49,6 +53,7 @@ from tests.graded._oracles import (  # noqa: E402
 )
 from tests.graded._stats import (  # noqa: E402
     ALPHA,
+    PAIR_SHIFTS,
     assert_rows_independent,
     assert_samples_follow,
 )
@@ -120,7 +125,102 @@ def spread_probs(seed: int, v: int = LONG_V) -> torch.Tensor:
     return p / p.sum()
 
 
+def column_in_block(got: torch.Tensor, expected: torch.Tensor) -> int | None:
+    """The block size b for which `got` is each expected column's index within its block of b
+    columns (the block's start forgotten), or None."""
+    for b in block_sizes(int(expected.max()) + 1):
+        if b <= int(expected.max()) and torch.equal(got, expected % b):
+            return b
+    return None
+
+
 # --------------------------------------------------------------------------- softmax_kernel
+
+
+def block_sizes(v: int) -> list[int]:
+    """The blocks a wrapper may walk a row of v columns in, largest first: powers of 2 up to the
+    next one at or above v (the wrapper takes that one, or a smaller cap)."""
+    top = 1 if v <= 1 else 1 << (v - 1).bit_length()
+    return [1 << k for k in range(top.bit_length() - 1, -1, -1)]
+
+
+def blockwise_softmax(window: torch.Tensor, x: torch.Tensor, block: int, rescale=True):
+    """exp(x - m) / s, with the max m and the sum s taken over `window` (float64) block by
+    block, as a kernel's first pass takes them; without `rescale`, the sum so far is not
+    rescaled when a block raises the max."""
+    m = torch.full(window.shape[:1], float("-inf"), dtype=torch.float64)
+    s = torch.zeros(window.shape[:1], dtype=torch.float64)
+    for start in range(0, window.shape[1], block):
+        part = window[:, start : start + block]
+        m_new = torch.maximum(m, part.amax(dim=1))
+        shift = torch.where(m_new == float("-inf"), 0.0, m_new)
+        s = (s * (m - shift).exp() if rescale else s) + (part - shift[:, None]).exp().sum(dim=1)
+        m = m_new
+    return (x - m[:, None]).exp() / s[:, None]
+
+
+def softmax_mistake(x: torch.Tensor, got: torch.Tensor, row: int) -> str | None:
+    """The known mistake that gives `got` for `x`, in a tutor's words (about `row` where it
+    quotes one), or None. Each mistake is modelled here from the definition, in float64, for
+    every block size a wrapper could use."""
+    x, got = x.double().cpu(), got.double().cpu()
+    n, v = x.shape
+
+    def gives(model: torch.Tensor, rows=slice(None)) -> bool:
+        return torch.allclose(got[rows], model[rows], atol=1e-6, rtol=1e-3, equal_nan=True)
+
+    m = x.amax(dim=1, keepdim=True)
+    if gives(torch.softmax(x, dim=-1) * m.exp()):
+        return (
+            "each value is the softmax times exp(the row's max): the pass that writes did not "
+            "subtract the max. Write exp(x - m) / s, with the max m that the sum s was taken "
+            "relative to (exp(x) alone also overflows on large logits)."
+        )
+    sums = got.sum(dim=1)
+    for b in block_sizes(v):
+        width = -(-v // b) * b  # the columns the blocks cover
+        pad = width - v
+        zeros = torch.cat([x, torch.zeros(n, pad, dtype=torch.float64)], dim=1)
+        lanes, were = (f"{pad} masked lanes", "were") if pad > 1 else ("1 masked lane", "was")
+        if pad and gives(blockwise_softmax(zeros, x, b)):
+            where = (
+                f"A row of {v} columns is shorter than its block of {b}: the {lanes} past its end"
+                if v < b
+                else f"A row of {v} columns ends in a partial block: the {lanes} past its end"
+            )
+            return (
+                f"{where} {were} loaded as 0.0 (other=0.0), so 0 entered the max and "
+                f"exp(0 - max) the sum: row {row} sums to {float(sums[row]):.4g}, not 1. Load the "
+                "masked lanes with other=-inf: exp(-inf - max) = 0 adds nothing to the sum, and "
+                "-inf never wins the max."
+            )
+        flat = x.flatten()
+        inside = [r for r in range(n) if r * v + width <= n * v]  # the last row reads past x
+        if pad and inside:
+            reads = torch.stack([flat[r * v : r * v + width] for r in inside])
+            if gives(blockwise_softmax(reads, x[inside], b), inside) and not gives(
+                torch.softmax(x, dim=-1), inside
+            ):
+                return (
+                    f"the max and the sum of a row of {v} columns include what lies past its "
+                    f"end (in blocks of {b}: {pad} more columns), the start of the next row. A "
+                    "load without the "
+                    "column mask (cols < n_cols) reads past the row: every load of the row "
+                    "needs it, with other=-inf for the masked lanes."
+                )
+        if width > b and gives(blockwise_softmax(x, x, b, rescale=False)):
+            return (
+                f"a row of {v} columns in blocks of {b}: your running sum was not rescaled when "
+                "a later block raised the max, so each block's terms are relative to a "
+                "different max. When the max grows from m to m_new, multiply the sum so far by "
+                "exp(m - m_new) before adding the block's terms."
+            )
+        if v > b and gives(blockwise_softmax(x[:, :b], x, b)):
+            return (
+                f"your max and sum cover only the first block ({b} of the row's {v} columns): "
+                "the first pass must loop over every block of the row, as the second does."
+            )
+    return None
 
 
 @pytest.mark.softmax_kernel
@@ -147,12 +247,26 @@ def test_softmax_matches_torch(impl, v):
         "is NaN. Is the running max still -inf when it is subtracted? Or did the row's maximum "
         "overflow exp (subtract the max before exponentiating)?"
     )
+    if torch.allclose(got, expected, atol=1e-6, rtol=1e-4):
+        return
     worst = int((got - expected).abs().amax(dim=-1).argmax())
-    assert torch.allclose(got, expected, atol=1e-6, rtol=1e-4), (
-        f"softmax differs from torch.softmax (row {worst}, V = {v}): largest error "
-        f"{float((got - expected).abs().max()):.3g}. Rows longer than one block need the max "
-        "and the sum of EVERY block (a running max, and the sum rescaled when the max grows); "
-        "the last block is partial: load it with a mask and other=-inf."
+    error = float((got - expected).abs().max())
+    mistake = softmax_mistake(x, got, worst)
+    if mistake is None and v <= 1024:  # one block, on every device
+        mistake = (
+            f"a row of {v} columns fits in one block: load it with the column mask and "
+            "other=-inf (the masked lanes past the row's end must add nothing to the max or the "
+            "sum), subtract the row's max before exp, and divide by the sum."
+        )
+    elif mistake is None:
+        mistake = (
+            "a row longer than one block needs the max and the sum of EVERY block (a running "
+            "max, and the sum rescaled when the max grows); the last block is partial: load it "
+            "with the column mask and other=-inf."
+        )
+    pytest.fail(
+        f"softmax differs from torch.softmax (row {worst}, V = {v}, largest error "
+        f"{error:.3g}): {mistake}"
     )
 
 
@@ -198,10 +312,30 @@ def test_gumbel_kernel_near_zero_temperature_is_argmax(impl, temperature):
     got = tokens_of(
         impl.gumbel_sample(wide.to(DEVICE), temperature, 5), wide.shape[0], "gumbel_sample"
     )
-    assert torch.equal(got, expected), (
+    if torch.equal(got, expected):
+        return
+    told = (
         f"at temperature {temperature} every row's best token must win: expected "
-        f"{expected.tolist()}, got {got.tolist()}. Temperature 0 means no noise and no division "
-        "(a constexpr branch); the column of a block's best is the block's start plus its index."
+        f"{expected.tolist()}, got {got.tolist()}."
+    )
+    block = column_in_block(got, expected)
+    if block:
+        pytest.fail(
+            f"{told} Your tokens are the winners' index within their block of {block} "
+            "columns: the column of a block's best is the block's start plus its index in the "
+            "block (tl.argmax gives the index in the block)."
+        )
+    if temperature == 0:
+        pytest.fail(
+            f"{told} Temperature 0 means no noise: take the plain argmax of the logits (a "
+            "constexpr branch). Multiplying by inv_temperature = 0 instead leaves scores "
+            "x * 0 + G, pure noise: a random token."
+        )
+    pytest.fail(
+        f"{told} Each row's best logit leads by 0.1, {0.1 / temperature:g} once divided by "
+        "T: more than the noise can make up. Is the noise added before dividing, "
+        "argmax((x + G) / T)? Dividing every score by the same T cannot change that argmax: it "
+        "samples at T = 1. Scale the logits first, then add the noise: x * inv_temperature + G."
     )
 
 
@@ -275,8 +409,10 @@ def test_gumbel_kernel_on_rows_of_many_blocks(impl):
     assert_samples_follow(
         samples,
         probs,
-        f"gumbel_sample over {LONG_V} tokens (several blocks): the argmax of the whole row, "
-        "carried from block to block with the column of the block's best",
+        f"gumbel_sample over {LONG_V} tokens (several blocks): every column needs its own noise, "
+        "so gumbel_noise takes the block's start (without it, columns c and c + BLOCK_V share "
+        "their noise, and the less likely of the two is never drawn); and the argmax of the "
+        "whole row is carried from block to block with the column of the block's best",
     )
 
 
@@ -297,6 +433,55 @@ def sample_probs(impl, probs: torch.Tensor, n: int, seed: int = 0) -> torch.Tens
     return tokens_of(out, n, "sample_from_probs")
 
 
+def shared_uniform(samples: torch.Tensor, probs: torch.Tensor) -> str | None:
+    """What the samples of identical rows show about their uniforms, in words, or None: every
+    row the same token, or rows at one distance agreeing far more often than independent draws
+    agree (sum p^2). Only words a failure: never decides one."""
+    probs = probs.double() / probs.sum()
+    samples = samples.flatten().cpu()
+    if bool((samples == samples[0]).all()):
+        token = int(samples[0])
+        if token == int((probs > 0).nonzero().max()):
+            return (
+                f"every row returned token {token}, the last token of positive probability: "
+                "the fallback for a u above every prefix sum, so no block was found to hold "
+                "the crossing. A block holds it when the total of the blocks before it PLUS "
+                "the block's own sum passes u; testing the total before the block alone finds "
+                "it one block too late (and never in the row's last block)."
+            )
+        return (
+            f"every row returned token {token}: all rows drew with the same uniform. "
+            "tl.rand(seed, offsets) gives equal offsets equal numbers: each row's offset must "
+            "be its own, its row index."
+        )
+    agree = float((probs**2).sum())  # how often two independent draws agree
+    for shift in PAIR_SHIFTS:
+        if 4 * shift > samples.numel():
+            break
+        rate = float((samples[:-shift] == samples[shift:]).double().mean())
+        if rate > agree + 0.1:
+            return (
+                f"rows i and i + {shift} returned the same token {rate:.0%} of the time, where "
+                f"independent draws agree {agree:.0%} of the time: they drew with the same "
+                "uniform. tl.rand gives equal offsets equal numbers, so each row's offset must "
+                "be its row index, which no other row of any program uses: offsets built from "
+                "the program id without the rows per program overlap the next program's."
+            )
+    return None
+
+
+@contextlib.contextmanager
+def shared_uniforms_named(samples: torch.Tensor, probs: torch.Tensor, what: str):
+    """Re-raise a failed check with what `shared_uniform` sees in the samples, if anything."""
+    try:
+        yield
+    except AssertionError as err:
+        mistake = shared_uniform(samples, probs)
+        if mistake is None:
+            raise
+        raise AssertionError(f"{what}: {mistake}\n{err}") from None
+
+
 @pytest.mark.inverse_transform
 def test_inverse_transform_finds_the_only_possible_token(impl):
     # Exact: one-hot rows, the token at block edges, the first and the last column.
@@ -304,10 +489,18 @@ def test_inverse_transform_finds_the_only_possible_token(impl):
     probs = torch.zeros(len(columns), LONG_V)
     probs[torch.arange(len(columns)), torch.tensor(columns)] = 1.0
     got = tokens_of(impl.sample_from_probs(probs.to(DEVICE), 9), len(columns), "sample_from_probs")
-    assert got.tolist() == columns, (
+    told = (
         f"rows with all their mass on one token must return it: expected {columns}, got "
-        f"{got.tolist()}. The token is the first column whose inclusive prefix sum exceeds u; "
-        "its column is the block's start plus its index in the block."
+        f"{got.tolist()}."
+    )
+    block = column_in_block(got, torch.tensor(columns))
+    assert block is None, (
+        f"{told} Your tokens are their index within their block of {block} columns: a "
+        "column is the block's start plus its index in the block."
+    )
+    assert got.tolist() == columns, (
+        f"{told} The token is the first column whose inclusive prefix sum exceeds u; its "
+        "column is the block's start plus its index in the block."
     )
 
 
@@ -318,7 +511,8 @@ def test_inverse_transform_follows_the_probabilities(impl):
     probs[[0, 5, 23]] = 0.0  # zeros at both ends and inside
     probs /= probs.sum()
     samples = sample_probs(impl, probs, N_ROWS, seed=1)
-    assert_samples_follow(samples, probs, "sample_from_probs")
+    with shared_uniforms_named(samples, probs, "sample_from_probs"):
+        assert_samples_follow(samples, probs, "sample_from_probs")
 
 
 @pytest.mark.inverse_transform
@@ -328,7 +522,16 @@ def test_inverse_transform_never_returns_an_impossible_token(impl):
     # column of probability 0 and never an index outside the row.
     probs = torch.zeros(64)
     probs[:6] = torch.tensor([0.3, 0.2, 0.2, 0.1, 0.1, 0.099])
-    samples = sample_probs(impl, probs, N_ROWS, seed=3)
+    try:
+        samples = sample_probs(impl, probs, N_ROWS, seed=3)
+    except RuntimeError as error:
+        pytest.fail(
+            "sample_from_probs on rows that sum to 0.999 (rounding, exaggerated): about one "
+            "uniform in a thousand lies above every prefix sum, so no column crosses it. Such a "
+            "row has positive probabilities and must get a token, not -1: when rounding leaves "
+            "u above every prefix sum, return the last token of positive probability. The "
+            f"wrapper said: {error}"
+        )
     outside = (samples < 0) | (samples >= 64)
     assert not outside.any(), (
         f"sample_from_probs returned {int(samples[outside][0])}, not a column of the row: when "
@@ -353,7 +556,8 @@ def test_inverse_transform_rows_are_independent(impl):
     # be independent draws (each row its own uniform).
     probs = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
     samples = sample_probs(impl, probs, N_ROWS, seed=4)
-    assert_rows_independent(samples, probs, "sample_from_probs")
+    with shared_uniforms_named(samples, probs, "sample_from_probs"):
+        assert_rows_independent(samples, probs, "sample_from_probs")
 
 
 @pytest.mark.inverse_transform
@@ -423,6 +627,10 @@ def test_one_pivot_tokens_follow_the_top_p_set(impl, top_p):
     probs = PIVOT_LOGITS.softmax(-1)
     kept = hf_kept(TopPLogitsWarper(top_p=top_p), PIVOT_LOGITS[None])[0]
     tokens, rounds = pivot_draws(impl, probs, top_p, 4_000)
+    assert int(rounds.min()) >= 1, (
+        f"top_p={top_p}: a draw returned rounds = {int(rounds.min())}: every draw takes at "
+        "least one round. Count each round as it starts, the one that returns included."
+    )
     assert_samples_follow(
         tokens,
         probs * kept,
@@ -505,12 +713,39 @@ def test_top_k_of_one_is_the_argmax(impl):
     g = torch.Generator().manual_seed(79)
     probs = torch.rand(16, 100, generator=g).pow(8)
     probs /= probs.sum(dim=-1, keepdim=True)
-    got = tokens_of(impl.top_k_top_p_sample(probs.to(DEVICE), top_k=1, seed=0), 16, "top_k=1")
+    try:
+        out, rounds = impl.top_k_top_p_sample(probs.to(DEVICE), top_k=1, seed=0, return_rounds=True)
+    except RuntimeError as error:
+        pytest.fail(
+            "top_k=1: a row with positive probabilities got no token (-1): its rounds removed "
+            "every candidate, the most likely token too. Two ways to get there: the pivot "
+            "counted among the tokens above it (count p > p_j, STRICTLY: with p >= p_j a "
+            "token counts itself, so even the most likely one is rejected); or low raised past "
+            "the kept set (low may rise to the second pivot only when the second pivot is "
+            "rejected too: when it passes, the kept set lies above it). The wrapper said: "
+            f"{error}"
+        )
+    got = tokens_of(out, 16, "top_k=1")
     expected = probs.argmax(dim=-1)
-    assert torch.equal(got, expected), (
+    wrong = got != expected
+    if not wrong.any():
+        return
+    row = int(wrong.nonzero()[0])
+    told = (
         f"top_k=1 keeps only each row's most likely token: expected {expected.tolist()}, got "
-        f"{got.tolist()}. A token is kept iff fewer than k tokens are STRICTLY more likely "
-        "(count of p > p_j, not p >= p_j, which counts j itself)."
+        f"{got.tolist()}."
+    )
+    bound = rounds_bound(probs[row].double(), top_k_set(probs[row].double(), 1))
+    assert int(rounds[row]) <= bound, (
+        f"{told} Row {row} took {int(rounds[row])} rounds, where dual-pivot sampling needs at "
+        f"most {bound} here, and then returned a rejected token: rejected tokens came back. "
+        "Each round must draw only among the candidates left (p > low), so that a rejection "
+        "removes tokens for good."
+    )
+    pytest.fail(
+        f"{told} A token is kept iff FEWER than k tokens are strictly more likely: count < k "
+        "(not <= k, which keeps k + 1 tokens), counting p > p_j (not p >= p_j, which counts j "
+        "itself)."
     )
 
 
@@ -523,7 +758,10 @@ def test_top_k_follows_the_renormalised_top_k(impl, k):
     assert_samples_follow(
         samples,
         kept(probs, top_k_set(probs, k)),
-        f"top_k={k}: samples must follow p restricted to the {k} most likely tokens, renormalised",
+        f"top_k={k}: samples must follow p restricted to the {k} most likely tokens, "
+        "renormalised. Each round draws among the candidates left (p > low) with its own "
+        "uniform (a fresh one every round, at an offset no other round of any row uses), "
+        "scaled by the candidates' mass, and that mass is updated when low rises",
     )
 
 
@@ -600,7 +838,13 @@ def test_top_k_top_p_rows_are_independent(impl, kwargs):
     probs /= probs.sum()
     mask = top_p_set(probs, kwargs["top_p"]) if "top_p" in kwargs else top_k_set(probs, 3)
     samples = filtered_draw(impl, probs, N_ROWS, seed=5, **kwargs)
-    assert_rows_independent(samples, kept(probs, mask), f"top_k_top_p_sample({kwargs})")
+    assert_rows_independent(
+        samples,
+        kept(probs, mask),
+        f"top_k_top_p_sample({kwargs}): rows take several rounds here, and each round of each "
+        "row needs a uniform of its own. With offset r + i, round i of row r is round i - 1 of "
+        "row r + 1 (the offsets of rows overlap): give each row MAX_ROUNDS offsets of its own",
+    )
 
 
 @pytest.mark.top_k_top_p
@@ -701,6 +945,30 @@ def fused_draw(impl, hidden, weights, temperature, seed):
     return tokens_of(out, h.shape[0], "fused_matmul_sample")
 
 
+def fused_argmax_mistake(h, w, got, rows) -> str | None:
+    """Why the fused kernel picked `got` at temperature 0, in words, or None: the known mistakes
+    are modelled here, each a different argmax (compared on `rows`, most of which must agree)."""
+    logits = h.double() @ w.double().T
+    expected = logits.argmax(dim=-1)
+
+    def gives(model: torch.Tensor) -> bool:
+        return float((got == model)[rows].double().mean()) >= 0.9
+
+    for b in block_sizes(w.shape[0]):
+        if b < w.shape[0] and gives(expected % b):
+            return (
+                f"Your picks are the winners' index within their vocabulary tile of {b} "
+                "columns: the best of each tile is the tile's start plus its index in the tile."
+            )
+    for b in block_sizes(h.shape[1]):
+        if b < h.shape[1] and gives((h[:, :b].double() @ w[:, :b].double().T).argmax(dim=-1)):
+            return (
+                f"Your picks are the argmax of the dot products over the first {b} dimensions "
+                "only: accumulate each tile's dot products over all of D, block after block."
+            )
+    return None
+
+
 @pytest.mark.fused_matmul
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_fused_zero_temperature_is_the_argmax_of_the_product(impl, dtype):
@@ -716,12 +984,31 @@ def test_fused_zero_temperature_is_the_argmax_of_the_product(impl, dtype):
     got = fused_draw(impl, h, w, 0.0, seed=0)
     expected = logits.argmax(dim=-1)
     bad = clear & (got != expected)
-    assert not bad.any(), (
-        f"temperature 0 ({dtype}): row {int(bad.nonzero()[0])} should pick "
-        f"{int(expected[bad][0])}, the argmax of h W^T, and picked {int(got[bad][0])}. "
-        "Accumulate the tile's dot products over all of D in float32; the best of each "
-        "vocabulary tile must carry the tile's starting column."
-    )
+    if bad.any():
+        told = (
+            f"temperature 0 ({dtype}): row {int(bad.nonzero()[0])} should pick "
+            f"{int(expected[bad][0])}, the argmax of h W^T, and picked {int(got[bad][0])}."
+        )
+        mistake = fused_argmax_mistake(h, w, got, clear)
+        if mistake is None and dtype != torch.float32:
+            again = fused_draw(impl, h.float(), w.float(), 0.0, seed=0)
+            if not (clear & (again != expected)).any():
+                mistake = (
+                    f"The same inputs in float32 give the argmax, so {dtype} is what goes "
+                    "wrong: keep the accumulator and the scores in float32 up to the argmax, "
+                    f"and do not cast them to {dtype} (rounded, close logits tie or swap; the "
+                    "interpreter keeps bfloat16 values as raw 16-bit integers, so there an "
+                    "argmax of bfloat16 scores compares bit patterns)."
+                )
+        pytest.fail(
+            f"{told} "
+            + (
+                mistake
+                or "Accumulate the tile's dot products over all of D in float32 and keep them "
+                "in float32 up to the argmax; the best of each vocabulary tile must carry the "
+                "tile's start."
+            )
+        )
     assert bool(((got >= 0) & (got < 700)).all()), (
         "a token outside the vocabulary: the last vocabulary tile must mask the rows of W_U "
         "beyond V (load them with other=0 and their scores with -inf)"
@@ -795,7 +1082,30 @@ def test_fused_rows_are_independent(impl):
     h, w = hidden_and_weights(logits[None], d_model=16, seed=96)
     samples = fused_draw(impl, h.expand(4_096, -1).contiguous(), w, 1.0, seed=6)
     probs = (h.double() @ w.double().T)[0].softmax(-1)
-    assert_rows_independent(samples, probs, "fused_matmul_sample")
+    outside = samples >= probs.numel()
+    assert not outside.any(), (
+        f"fused_matmul_sample returned token {int(samples[outside][0])} ({int(outside.sum())} "
+        f"of {samples.numel()} rows), past the vocabulary of {probs.numel()}: the last "
+        "vocabulary tile runs past V, and its columns there must score -inf (mask them), or "
+        "their logit 0 plus noise wins."
+    )
+    try:
+        assert_rows_independent(samples, probs, "fused_matmul_sample")
+    except AssertionError as err:  # worded from what the samples show
+        same = float((samples[1:] == samples[:-1]).double().mean())
+        if same > 0.9:  # independent rows agree with probability sum p^2 < 0.3
+            raise AssertionError(
+                f"fused_matmul_sample: neighbouring rows drew the same token {same:.0%} of the "
+                "time: the rows share the same noise. Each row needs its own: gumbel_noise "
+                f"takes the program's rows.\n{err}"
+            ) from None
+        if follows(samples, probs):
+            raise
+        raise AssertionError(
+            "fused_matmul_sample: the tokens do not follow softmax(h W^T) even one row at a "
+            "time. The scores are h W^T / T + G: standard Gumbel noise G = -log(-log(U)) ADDED "
+            f"to the scaled logits (subtracting it draws from another law).\n{err}"
+        ) from None
 
 
 @pytest.mark.fused_matmul
@@ -810,9 +1120,26 @@ def test_fused_samples_follow_the_softmax_of_the_product(impl, temperature):
     per = 2_500
     samples = fused_draw(impl, h.repeat_interleave(per, dim=0), w, temperature, seed=5)
     for i in range(4):
-        assert_follows_the_tempered_softmax(
-            samples[i * per : (i + 1) * per], h[i].double() @ w.double().T, temperature
+        rows = samples[i * per : (i + 1) * per]
+        logits_i = h[i].double() @ w.double().T
+        what = (
+            f"fused_matmul_sample at temperature {temperature}, rows {i * per} to "
+            f"{(i + 1) * per - 1} (one row of logits)"
         )
+        try:
+            assert_samples_follow(rows, (logits_i / temperature).softmax(-1), what)
+        except AssertionError as err:  # worded from what the samples show (chapter 5's words)
+            if temperature != 1 and follows(rows, logits_i.softmax(-1)):
+                raise AssertionError(f"{what}: {TEMPERATURE_AFTER_NOISE}\n{err}") from None
+            if temperature != 1 and follows(rows, (logits_i * temperature).softmax(-1)):
+                raise AssertionError(f"{what}: {TEMPERATURE_MULTIPLIED}\n{err}") from None
+            raise AssertionError(
+                f"{what}: every (row, column) needs its own noise: gumbel_noise with the "
+                "program's rows and the tile's start (without the tile's start, columns c and "
+                "c + BLOCK_V share their noise, and the less likely of the two is never drawn). "
+                "The scores are h W^T / T + G, G = -log(-log(U)) added: the argmax of those."
+                f"\n{err}"
+            ) from None
 
 
 @pytest.mark.fused_matmul
@@ -822,22 +1149,8 @@ def test_fused_matmul_compiles_for_a_gpu(impl):
 
 
 # --------------------------------------------------------------------------- rejection_kernel
-# Chapter 5's checks of `rejection_sample`, on the kernel (tests/graded/_rejection.py).
-
-
-@pytest.mark.rejection_kernel
-def test_rejection_kernel_forced_outcomes_give_the_layout(impl):
-    rejection.forced_outcomes_give_the_layout(impl.rejection_sample, DEVICE)
-
-
-@pytest.mark.rejection_kernel
-def test_rejection_kernel_a_residual_of_zero_mass_draws_from_the_target(impl):
-    rejection.zero_residual_draws_from_the_target(impl.rejection_sample, DEVICE)
-
-
-@pytest.mark.rejection_kernel
-def test_rejection_kernel_rows_and_positions_draw_independently(impl):
-    rejection.draws_are_independent(impl.rejection_sample, DEVICE)
+# Chapter 5's checks of `rejection_sample`, on the kernel (tests/graded/_rejection.py), after an
+# exact check of its own: the decisions replayed from the generator name the classic mistakes.
 
 
 @pytest.mark.rejection_kernel
@@ -856,12 +1169,49 @@ def test_rejection_kernel_decides_draft_j_with_u_j(impl):
     q = draft.gather(-1, tokens[..., None])[..., 0]
     expected = (u[:, :k] * q < p).long().cumprod(dim=1).bool()
     wrong = (accepted != expected).any(dim=1)
-    assert not wrong.any(), (
-        f"row {int(wrong.nonzero()[0])}: accepted {accepted[wrong][0].tolist()}, but its "
-        f"uniforms u[r, :k] = {u[wrong][0, :k].tolist()} give {expected[wrong][0].tolist()}. "
-        "Draft j of row r is decided by u[r, j], at u_ptr + r * (k + 1) + j: a row holds k + 1 "
-        "uniforms (the last draws the main model's token), so rows must not overlap."
+    if not wrong.any():
+        return
+    row = int(wrong.nonzero()[0])
+    told = (
+        f"row {row}: accepted {accepted[row].tolist()}, but its uniforms u[r, :k] = "
+        f"{u[row, :k].tolist()} give {expected[row].tolist()}."
     )
+    known = [
+        (
+            (u[:, :k] * p < q).long().cumprod(dim=1).bool(),
+            "Your decisions are u * p < q: the acceptance ratio is upside down. Draft j is kept "
+            "with probability min(1, p / q), p the target's probability of the draft and q the "
+            "draft model's: keep it iff u < p / q, that is u * q < p.",
+        ),
+        (
+            u[:, :k] * q < p,
+            "Drafts after a rejection were kept: accepted is True up to the first rejection "
+            "only. A draft after a rejected one was proposed after a token the main model did "
+            "not take: it never counts, even if its own test passes.",
+        ),
+        (
+            (u[:, :1] * q < p).long().cumprod(dim=1).bool(),
+            "Every draft of a row was decided with the row's first uniform, u[r, 0]: each draft "
+            "needs its own uniform, u[r, j] for draft j.",
+        ),
+    ]
+    for decisions, mistake in known:
+        if torch.equal(accepted, decisions):
+            pytest.fail(f"{told} {mistake}")
+    pytest.fail(
+        f"{told} Draft j of row r is decided by u[r, j], at u_ptr + r * (k + 1) + j: a row "
+        "holds k + 1 uniforms (the last draws the main model's token), so rows must not overlap."
+    )
+
+
+@pytest.mark.rejection_kernel
+def test_rejection_kernel_forced_outcomes_give_the_layout(impl):
+    rejection.forced_outcomes_give_the_layout(impl.rejection_sample, DEVICE)
+
+
+@pytest.mark.rejection_kernel
+def test_rejection_kernel_a_residual_of_zero_mass_draws_from_the_target(impl):
+    rejection.zero_residual_draws_from_the_target(impl.rejection_sample, DEVICE)
 
 
 @pytest.mark.rejection_kernel
@@ -875,15 +1225,22 @@ def test_rejection_kernel_uses_the_generator(impl):
 
 
 @pytest.mark.rejection_kernel
+@pytest.mark.parametrize("k", [2, 4])
+def test_rejection_kernel_acceptance_and_recovered_tokens(impl, k):
+    # Before the joint checks below: a recovered token drawn from the wrong distribution is
+    # named here (max(0, p - q) renormalised), where the joint checks see only dependence.
+    rejection.acceptance_and_recovered_tokens(impl.rejection_sample, k, DEVICE)
+
+
+@pytest.mark.rejection_kernel
 @pytest.mark.parametrize("k", [1, 3])
 def test_rejection_kernel_every_position_follows_the_target(impl, k):
     rejection.every_position_follows_the_target(impl.rejection_sample, k, DEVICE)
 
 
 @pytest.mark.rejection_kernel
-@pytest.mark.parametrize("k", [2, 4])
-def test_rejection_kernel_acceptance_and_recovered_tokens(impl, k):
-    rejection.acceptance_and_recovered_tokens(impl.rejection_sample, k, DEVICE)
+def test_rejection_kernel_rows_and_positions_draw_independently(impl):
+    rejection.draws_are_independent(impl.rejection_sample, DEVICE)
 
 
 @pytest.mark.rejection_kernel

@@ -14,6 +14,7 @@ MUTANTS: list[Mutant] = [
         "other=0.0)\n        x = x.to(tl.float32)",
         "masked columns loaded as 0, not -inf: a 0 joins the max and the sum",
         name="other-zero",
+        says=("masked", "-inf"),
     ),
     Mutant(
         "softmax_kernel",
@@ -21,6 +22,7 @@ MUTANTS: list[Mutant] = [
         "s = s + ",
         "the running sum not rescaled when the running max grows",
         name="sum-not-rescaled",
+        says=("rescaled", "max grows"),
     ),
     Mutant(
         "softmax_kernel",
@@ -28,6 +30,7 @@ MUTANTS: list[Mutant] = [
         "y = tl.exp(x.to(tl.float32)) / s[:, None]",
         "the max not subtracted when writing: exp overflows on large logits",
         name="no-max-subtracted",
+        says=("subtract", "max"),
     ),
     Mutant(
         "softmax_kernel",
@@ -39,6 +42,7 @@ MUTANTS: list[Mutant] = [
         "        x = x.to(tl.float32)",
         "the last block of the first pass loaded without its column mask: it reads the next row",
         name="last-block-unmasked",
+        says=("column mask", "next row"),
     ),
     Mutant(
         "softmax_kernel",
@@ -54,6 +58,7 @@ MUTANTS: list[Mutant] = [
         "        x = x.to(tl.float32)",
         "the max and the sum taken over the first block only",
         name="first-block-only",
+        says=("first block", "every block"),
     ),
     # gumbel_kernel
     Mutant(
@@ -63,6 +68,7 @@ MUTANTS: list[Mutant] = [
         " * inv_temperature",
         "the temperature divides the noisy logits: (x + G) / T samples at T = 1",
         name="temperature-after-noise",
+        says=("noise", "before dividing"),
     ),
     Mutant(
         "gumbel_kernel",
@@ -70,6 +76,7 @@ MUTANTS: list[Mutant] = [
         "scores = x * inv_temperature - gumbel_noise(seed, rows, start, n_cols, BLOCK_B, BLOCK_V)",
         "the noise subtracted: -G is not Gumbel noise (argmax(x - G) is not a softmax sample)",
         name="noise-subtracted",
+        says=("noise", "added"),
     ),
     Mutant(
         "gumbel_kernel",
@@ -77,6 +84,7 @@ MUTANTS: list[Mutant] = [
         "gumbel_noise(seed, rows * 0, start, n_cols, BLOCK_B, BLOCK_V)",
         "the noise forgets the row: every row gets the same noise",
         name="offset-without-row",
+        says=("same noise", "row"),
     ),
     Mutant(
         "gumbel_kernel",
@@ -84,6 +92,7 @@ MUTANTS: list[Mutant] = [
         "gumbel_noise(seed, rows, 0, n_cols, BLOCK_B, BLOCK_V)",
         "the noise forgets the block's start: every block of a row gets the first block's noise",
         name="noise-without-block-start",
+        says=("own noise", "block's start"),
     ),
     Mutant(
         "gumbel_kernel",
@@ -91,6 +100,7 @@ MUTANTS: list[Mutant] = [
         "better = block_best >= best",
         "a later block wins a tie: at temperature 0, not torch.argmax's lowest column",
         name="tie-to-later-block",
+        says=("tie", "strictly"),
     ),
     Mutant(
         "gumbel_kernel",
@@ -98,6 +108,7 @@ MUTANTS: list[Mutant] = [
         "block_col = tl.argmax(scores, axis=1)",
         "the column of a block's best without the block's start",
         name="column-without-start",
+        says=("block's start",),
     ),
     Mutant(
         "gumbel_kernel",
@@ -105,6 +116,7 @@ MUTANTS: list[Mutant] = [
         "        if True:\n",
         "temperature 0 not special-cased: inv_temperature 0 leaves pure noise",
         name="no-greedy",
+        says=("temperature 0", "noise"),
     ),
     # inverse_transform
     Mutant(
@@ -113,6 +125,7 @@ MUTANTS: list[Mutant] = [
         "prefix = tl.cumsum(p, axis=1)",
         "the prefix sum restarts at each block",
         name="prefix-restarts",
+        says=("prefix", "restarts"),
     ),
     Mutant(
         "inverse_transform",
@@ -120,6 +133,7 @@ MUTANTS: list[Mutant] = [
         "crossing = (chosen < 0) & (total > u)",
         "a block is scanned only after the running total has passed u: one block too late",
         name="scan-a-block-late",
+        says=("block too late",),
     ),
     Mutant(
         "inverse_transform",
@@ -127,6 +141,7 @@ MUTANTS: list[Mutant] = [
         "",
         "the running total is never carried from block to block",
         name="total-not-carried",
+        says=("carry the total",),
     ),
     Mutant(
         "inverse_transform",
@@ -134,6 +149,7 @@ MUTANTS: list[Mutant] = [
         "chosen = tl.where(chosen < 0, n_cols - 1, chosen)",
         "rounding's fallback is the last column, whatever its probability",
         name="fallback-last-column",
+        says=("positive probability", "not the last column"),
     ),
     Mutant(
         "inverse_transform",
@@ -141,6 +157,7 @@ MUTANTS: list[Mutant] = [
         "",
         "no fallback when rounding leaves u above every prefix: -1 comes out",
         name="no-fallback",
+        says=("rounding", "-1"),
     ),
     Mutant(
         "inverse_transform",
@@ -149,6 +166,7 @@ MUTANTS: list[Mutant] = [
         "the fallback takes the last column of the block, whatever its probability: a row of "
         "zeros returns a token",
         name="fallback-ignores-p",
+        says=("positive probability",),
     ),
     Mutant(
         "inverse_transform",
@@ -156,6 +174,7 @@ MUTANTS: list[Mutant] = [
         "u = tl.rand(seed, tl.program_id(0) + tl.arange(0, BLOCK_B))",
         "the offset program_id + arange: neighbouring programs share their uniforms",
         name="program-offsets-overlap",
+        says=("offset", "overlap"),
     ),
     Mutant(
         "inverse_transform",
@@ -163,6 +182,7 @@ MUTANTS: list[Mutant] = [
         "u = tl.rand(seed, rows * 0)",
         "one uniform for all rows",
         name="same-uniform",
+        says=("same uniform",),
     ),
     Mutant(
         "inverse_transform",
@@ -170,6 +190,7 @@ MUTANTS: list[Mutant] = [
         "first = tl.min(tl.where(crossed, cols[None, :] - start, n_cols), axis=1)",
         "the crossing column counted from the block's start",
         name="column-without-start",
+        says=("block's start",),
     ),
     Mutant(
         "inverse_transform",
@@ -180,6 +201,7 @@ MUTANTS: list[Mutant] = [
         "the loop left with `break` once every row has its token: right under the "
         "interpreter, refused by a GPU compiler",
         name="break-when-all-found",
+        says=("break",),
     ),
     # top_k_top_p
     Mutant(
@@ -188,6 +210,7 @@ MUTANTS: list[Mutant] = [
         "keep0 = mass0 <= top_p * total",
         "top-p keeps a token whose more likely tokens hold exactly top_p",
         name="top-p-boundary-kept",
+        says=("exactly", "<="),
     ),
     Mutant(
         "top_k_top_p",
@@ -195,6 +218,7 @@ MUTANTS: list[Mutant] = [
         "u = tl.rand(seed, rows + i) * mass",
         "round i of row r draws with offset r + i: row r + 1's first round reuses it",
         name="round-offset-overlaps-next-row",
+        says=("round", "overlap"),
     ),
     Mutant(
         "top_k_top_p",
@@ -202,6 +226,7 @@ MUTANTS: list[Mutant] = [
         "u = tl.rand(seed, rows * MAX_ROUNDS) * mass",
         "one uniform for every round of a row",
         name="one-uniform-for-all-rounds",
+        says=("own uniform", "every round"),
     ),
     Mutant(
         "top_k_top_p",
@@ -209,6 +234,7 @@ MUTANTS: list[Mutant] = [
         "above0 = p >= pivot0[:, None]",
         "the pivot's own token counted above it: the token that crosses top-p is dropped",
         name="pivot-drops-crossing-token",
+        says=("strictly", "itself"),
     ),
     Mutant(
         "top_k_top_p",
@@ -216,6 +242,7 @@ MUTANTS: list[Mutant] = [
         "u = tl.rand(seed, rows * MAX_ROUNDS + i)",
         "u not scaled by the mass of the candidates left",
         name="u-not-scaled",
+        says=("scaled", "mass"),
     ),
     Mutant(
         "top_k_top_p",
@@ -223,6 +250,7 @@ MUTANTS: list[Mutant] = [
         "",
         "the candidates' mass not updated when low rises",
         name="mass-not-updated",
+        says=("mass", "low rises"),
     ),
     Mutant(
         "top_k_top_p",
@@ -230,6 +258,7 @@ MUTANTS: list[Mutant] = [
         "keep0 = count0 <= top_k",
         "top-k keeps a token with k more likely tokens: k + 1 tokens",
         name="top-k-off-by-one",
+        says=("fewer than k",),
     ),
     Mutant(
         "top_k_top_p",
@@ -237,6 +266,7 @@ MUTANTS: list[Mutant] = [
         "low = tl.where(narrow, pivot1, tl.where(skip, pivot1, low))",
         "low raised to the second pivot even when that pivot passed",
         name="low-past-threshold",
+        says=("low", "second pivot"),
     ),
     Mutant(
         "top_k_top_p",
@@ -244,6 +274,7 @@ MUTANTS: list[Mutant] = [
         "q = p.to(tl.float32)",
         "every round draws from the whole row: rejected tokens come back",
         name="candidates-not-restricted",
+        says=("rejected", "p > low"),
     ),
     # fused_matmul
     Mutant(
@@ -252,6 +283,7 @@ MUTANTS: list[Mutant] = [
         "scores = (acc + noise) * inv_temperature",
         "the temperature divides the noisy logits: (x + G) / T samples at T = 1",
         name="temperature-after-noise",
+        says=("noise", "before dividing"),
     ),
     Mutant(
         "fused_matmul",
@@ -259,6 +291,7 @@ MUTANTS: list[Mutant] = [
         "scores = acc * inv_temperature - noise",
         "the noise subtracted: -G is not Gumbel noise, and the draws follow another law",
         name="noise-subtracted",
+        says=("added", "subtract"),
     ),
     Mutant(
         "fused_matmul",
@@ -266,6 +299,7 @@ MUTANTS: list[Mutant] = [
         "    scores = scores",
         "columns past the vocabulary keep their score: the last tile's padding can win",
         name="last-tile-unmasked",
+        says=("past the vocabulary", "-inf"),
     ),
     Mutant(
         "fused_matmul",
@@ -273,6 +307,7 @@ MUTANTS: list[Mutant] = [
         "best_col = tl.argmax(scores, axis=1)",
         "the column of a tile's best without the tile's start",
         name="column-without-tile",
+        says=("tile's start",),
     ),
     Mutant(
         "fused_matmul",
@@ -280,6 +315,7 @@ MUTANTS: list[Mutant] = [
         "for d0 in range(0, BLOCK_D, BLOCK_D):",
         "the dot product over the first BLOCK_D dimensions only",
         name="first-d-block-only",
+        says=("all of D",),
     ),
     Mutant(
         "fused_matmul",
@@ -288,6 +324,7 @@ MUTANTS: list[Mutant] = [
         "the setup cell's INTERPRET read in the kernel instead of the UPCAST flag: a global that "
         "is not a constexpr, which the interpreter reads and a GPU compiler refuses",
         name="interpret-global",
+        says=("INTERPRET", "constexpr"),
     ),
     Mutant(
         "fused_matmul",
@@ -295,6 +332,7 @@ MUTANTS: list[Mutant] = [
         "    if GREEDY:\n        scores = acc.to(h.dtype)\n",
         "the float32 accumulator cast back to the input dtype before the argmax",
         name="accumulator-cast-back",
+        says=("float32", "cast"),
     ),
     Mutant(
         "fused_matmul",
@@ -302,6 +340,7 @@ MUTANTS: list[Mutant] = [
         "    if GREEDY:\n        scores = acc.to(w_ptr.dtype.element_ty)\n",
         "the float32 accumulator cast to the weights' dtype before the argmax",
         name="accumulator-cast-to-weight-dtype",
+        says=("float32", "cast"),
     ),
     Mutant(
         "fused_matmul",
@@ -309,6 +348,7 @@ MUTANTS: list[Mutant] = [
         "gumbel_noise(seed, rows * 0, tile * BLOCK_V, n_vocab, BLOCK_B, BLOCK_V)",
         "the noise of row 0 for every row: all rows draw the same token",
         name="noise-without-row",
+        says=("same noise", "row"),
     ),
     Mutant(
         "fused_matmul",
@@ -316,6 +356,7 @@ MUTANTS: list[Mutant] = [
         "gumbel_noise(seed, rows, 0, n_vocab, BLOCK_B, BLOCK_V)",
         "the noise of the first tile's columns in every tile: column c and c + BLOCK_V share it",
         name="noise-without-tile-start",
+        says=("own noise", "tile's start"),
     ),
     # rejection_kernel
     Mutant(
@@ -324,6 +365,7 @@ MUTANTS: list[Mutant] = [
         "u = tl.load(u_ptr + rows64 * k + j, mask=row_ok, other=1.0)",
         "the uniforms' row stride k, not k + 1: rows read each other's uniforms",
         name="u-row-stride-k",
+        says=("k + 1",),
     ),
     Mutant(
         "rejection_kernel",
@@ -331,6 +373,7 @@ MUTANTS: list[Mutant] = [
         "u = tl.load(u_ptr + rows64 * (k + 1), mask=row_ok, other=1.0)",
         "one uniform reused for the k drafts of a row",
         name="one-u-per-row",
+        says=("own uniform",),
     ),
     Mutant(
         "rejection_kernel",
@@ -338,6 +381,7 @@ MUTANTS: list[Mutant] = [
         "",
         "drafts kept after the first rejection",
         name="kept-after-rejection",
+        says=("first rejection",),
     ),
     Mutant(
         "rejection_kernel",
@@ -345,6 +389,7 @@ MUTANTS: list[Mutant] = [
         "keep = u * p < q",
         "the acceptance ratio upside down",
         name="ratio-upside-down",
+        says=("upside down", "p / q"),
     ),
     Mutant(
         "rejection_kernel",
@@ -352,6 +397,7 @@ MUTANTS: list[Mutant] = [
         "",
         "a residual of zero mass sampled anyway: no token comes out (-1)",
         name="zero-residual",
+        says=("residual", "from p"),
     ),
     Mutant(
         "rejection_kernel",
@@ -359,6 +405,7 @@ MUTANTS: list[Mutant] = [
         "use_p = n_accepted >= 0",
         "the recovered token resampled from p, not from max(0, p - q)",
         name="resample-from-p",
+        says=("max(0, p - q)", "p itself"),
     ),
     Mutant(
         "rejection_kernel",
@@ -366,6 +413,7 @@ MUTANTS: list[Mutant] = [
         "tl.load(u_ptr + rows64 * (k + 1) + k, mask=row_ok, other=0.0)",
         "the residual sampled as if its mass were 1 (not renormalised)",
         name="residual-not-renormalised",
+        says=("renormalised",),
     ),
     Mutant(
         "rejection_kernel",
@@ -373,6 +421,7 @@ MUTANTS: list[Mutant] = [
         "    at = tl.minimum(n_accepted, k - 1).to(tl.int64)",
         "no bonus column: when all k are kept, the last draft is overwritten",
         name="no-bonus-column",
+        says=("bonus",),
     ),
     # one_pivot (the stepping stone, in PyTorch)
     Mutant(
@@ -380,35 +429,81 @@ MUTANTS: list[Mutant] = [
         "if float(probs[probs > pivot].sum()) < top_p:",
         "if float(probs[probs > pivot].sum()) <= top_p:",
         "`<=` for `<`: a token whose more likely tokens hold exactly top-p is kept",
+        says=("<=",),
     ),
     Mutant(
         "one_pivot",
         "if float(probs[probs > pivot].sum()) < top_p:",
         "if float(probs[probs >= pivot].sum()) < top_p:",
         "sums the tokens at least as likely as the draw, itself included",
+        says=("strictly",),
     ),
     Mutant(
         "one_pivot",
         "candidates = torch.where(probs > low, probs, 0.0)",
         "candidates = probs",
         "draws from the whole row every round: exact, but many more rounds",
+        says=("only among", "p > low"),
     ),
     Mutant(
         "one_pivot",
         "\n        low = float(pivot)",
         "",
         "never raises low after a rejection",
+        says=("raise `low`",),
     ),
     Mutant(
         "one_pivot",
         "token = int(torch.multinomial(candidates, 1, generator=generator))",
         "token = int(torch.multinomial(candidates, 1))",
         "draws without the generator",
+        says=("generator=generator",),
     ),
     Mutant(
         "one_pivot",
         "        rounds += 1\n",
         "",
         "never counts its rounds",
+        says=("count",),
+    ),
+    Mutant(
+        "softmax_kernel",
+        "row_start = rows.to(tl.int64)[:, None] * n_cols",
+        "row_start = rows[:, None] * n_cols",
+        "the row offset in int32 (no .to(tl.int64)): it wraps past 2**31 elements on a GPU",
+        name="int32-offsets",
+        says=("int32", "int64"),
+    ),
+    Mutant(
+        "inverse_transform",
+        "p = tl.load(probs_ptr + rows.to(tl.int64)[:, None] * n_cols + cols[None, :], mask=mask)",
+        "p = tl.load(probs_ptr + rows[:, None] * n_cols + cols[None, :], mask=mask)",
+        "the row offset in int32 (no .to(tl.int64)): it wraps past 2**31 elements on a GPU",
+        name="int32-offsets",
+        says=("int32", "int64"),
+    ),
+    Mutant(
+        "top_k_top_p",
+        "row_base = rows.to(tl.int64) * n_cols",
+        "row_base = rows * n_cols",
+        "the row offset in int32 (no .to(tl.int64)): it wraps past 2**31 elements on a GPU",
+        name="int32-offsets",
+        says=("int32", "int64"),
+    ),
+    Mutant(
+        "fused_matmul",
+        "h_ptr + rows.to(tl.int64)[:, None] * d_model + ds[None, :],",
+        "h_ptr + rows[:, None] * d_model + ds[None, :],",
+        "the row offset in int32 (no .to(tl.int64)): it wraps past 2**31 elements on a GPU",
+        name="int32-offsets",
+        says=("int32", "int64"),
+    ),
+    Mutant(
+        "rejection_kernel",
+        "rows64 = rows.to(tl.int64)",
+        "rows64 = rows",
+        "the row offset in int32 (no .to(tl.int64)): it wraps past 2**31 elements on a GPU",
+        name="int32-offsets",
+        says=("int32", "int64"),
     ),
 ]
