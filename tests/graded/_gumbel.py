@@ -1,6 +1,6 @@
 """Gumbel-max sampling, graded against exact probabilities: the checks that chapter 5's
 `gumbel_sample` and chapter 6's kernels (Gumbel-max from logits, fused with the matmul) share.
-The failure messages name the classic temperature bugs when the samples reveal one."""
+The failure messages name the classic temperature and noise bugs when the samples reveal one."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 
 from tests.graded._oracles import crafted_logits
 from tests.graded._stats import assert_samples_follow
+from tests.graded._stats import follows as _follows
 
 TEMPERATURE_AFTER_NOISE = (
     "Your samples follow softmax(logits), the distribution at temperature 1, whatever the "
@@ -16,8 +17,34 @@ TEMPERATURE_AFTER_NOISE = (
     "first, then add the noise: argmax(logits / T + G)."
 )
 TEMPERATURE_MULTIPLIED = (
-    "Your samples follow softmax(logits * T): the logits are multiplied by the temperature. "
-    "Divide them: a low temperature must sharpen the distribution, a high one flatten it."
+    "Your samples follow softmax(logits * T): are the logits multiplied by the temperature, "
+    "argmax(logits * T + G)? Or is the noise divided by it, argmax(logits + G / T)? That is the "
+    "same argmax (multiply every score by T > 0). Divide the logits, not the noise: "
+    "argmax(logits / T + G), so that a low temperature sharpens the distribution and a high one "
+    "flattens it."
+)
+EXPONENTIAL_NOISE = (
+    "Your samples follow argmax(logits / T + E) with E = -log(U), exponential noise, not "
+    "softmax(logits / T). Gumbel noise takes the log twice: G = -log(-log(U))."
+)
+NOISE_SIGN = (
+    "Your samples follow argmax(logits / T - G): the sign of the Gumbel noise is flipped "
+    "(log(-log U), or the noise subtracted). argmax(x - G) is not a softmax sample: add "
+    "G = -log(-log(U))."
+)
+SAME_NOISE = (
+    "Every row sampled token {token}, though no token has probability above {top:.2f}: do the "
+    "rows share the same noise? Draw one independent value per logit of EVERY row: "
+    "torch.rand(logits.shape), not one vector broadcast over the batch."
+)
+ARGMIN = (
+    "Every row sampled token {token}, the LOWEST score (its logit is the smallest): argmin "
+    "instead of argmax? The sample is the argmax of logits / T + G."
+)
+MASKED_SAMPLED = (
+    "Token {token}, whose logit is -inf, was sampled: -inf + G is -inf and can never win, unless "
+    "a score is NaN (argmax takes NaN as the largest value). Is U uniform in (0, 1), drawn with "
+    "torch.rand? torch.randn gives values below 0 and above 1, where -log(-log U) is NaN."
 )
 
 
@@ -31,11 +58,58 @@ def gumbel_logits(seed: int) -> torch.Tensor:
 def follows(samples: torch.Tensor, probs: torch.Tensor) -> bool:
     """Whether `samples` pass the chi-square test against `probs` (used only to word a
     failure message, never to decide whether a test fails)."""
-    try:
-        assert_samples_follow(samples, probs, "")
-    except AssertionError:
-        return False
-    return True
+    return _follows(samples, probs)
+
+
+def argmax_probs(scores: torch.Tensor, noise: str) -> torch.Tensor:
+    """P(argmax(scores + N) = k) for iid noise N: "exponential" (-log U) or "negated" (-G, G
+    standard Gumbel), by the trapezoid rule in float64: P(k) = integral of f(n) prod_{j != k}
+    F(n + s_k - s_j) dn, f and F the noise's density and CDF. Only used to word a failure."""
+    s = scores.double().cpu()
+    if noise == "exponential":
+        n = torch.linspace(0.0, 60.0, 60_001, dtype=torch.float64)
+        density = torch.exp(-n)
+
+        def cdf(t):
+            return torch.where(t > 0, -torch.expm1(-t.clamp(min=0)), 0.0)
+    else:
+        n = torch.linspace(-45.0, 10.0, 55_001, dtype=torch.float64)
+        density = torch.exp(n - torch.exp(n))
+
+        def cdf(t):
+            return -torch.expm1(-torch.exp(t.clamp(max=700)))
+
+    finite = torch.isfinite(s).nonzero()[:, 0].tolist()
+    probs = torch.zeros_like(s)
+    for k in finite:
+        integrand = density.clone()
+        for j in finite:
+            if j != k:
+                integrand = integrand * cdf(n + s[k] - s[j])
+        probs[k] = torch.trapezoid(integrand, n)
+    return probs / probs.sum()
+
+
+def noise_mistake(samples: torch.Tensor, logits: torch.Tensor, temperature: float) -> str | None:
+    """The known noise or argmax mistake the samples of `logits / temperature` show, if any."""
+    samples = samples.flatten().cpu()
+    scores = logits.double().cpu() / temperature
+    probs = scores.softmax(-1)
+    tokens = samples.unique()
+    if len(tokens) == 1 and samples.numel() > 100 and float(probs.max()) < 0.9:
+        token = int(tokens[0])
+        if 0 <= token < len(scores) and scores[token] == scores.min():
+            return ARGMIN.format(token=token)
+        return SAME_NOISE.format(token=token, top=float(probs.max()))
+    if follows(samples, argmax_probs(scores, "exponential")):
+        return EXPONENTIAL_NOISE
+    if follows(samples, argmax_probs(scores, "negated")):
+        return NOISE_SIGN
+    inside = (samples >= 0) & (samples < len(scores))
+    masked = samples[inside][probs[samples[inside]] == 0]
+    if masked.numel():
+        return MASKED_SAMPLED.format(token=int(masked[0]))
+    return None
 
 
 def assert_follows_the_tempered_softmax(samples, logits, temperature) -> None:
@@ -48,6 +122,9 @@ def assert_follows_the_tempered_softmax(samples, logits, temperature) -> None:
             raise AssertionError(f"{what}: {TEMPERATURE_AFTER_NOISE}\n{err}") from None
         if temperature != 1 and follows(samples, (logits.double() * temperature).softmax(-1)):
             raise AssertionError(f"{what}: {TEMPERATURE_MULTIPLIED}\n{err}") from None
+        mistake = noise_mistake(samples, logits, temperature)
+        if mistake:
+            raise AssertionError(f"{what}: {mistake}\n{err}") from None
         raise AssertionError(
             f"{err}\nIs G standard Gumbel noise, -log(-log(U)) with U uniform in (0, 1) "
             "(torch.rand, not torch.randn; -log(U) alone is exponential noise, not Gumbel), "

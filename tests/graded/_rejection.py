@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.graded._oracles import assert_untouched
-from tests.graded._stats import ALPHA, assert_rows_independent, assert_samples_follow
+from tests.graded._stats import ALPHA, assert_rows_independent, assert_samples_follow, follows
 
 V = 6
 # Pairs (p, q) on a 6-token vocabulary: q is 0 where p is not (token 0 of OVERLAP) and p is 0
@@ -45,6 +45,82 @@ def assert_rate(hits: torch.Tensor, rate: float, what: str) -> None:
     """`hits` (bools) look like coin flips of probability `rate` (false failure ALPHA)."""
     flips = hits.long()
     assert_samples_follow(flips, torch.tensor([1 - rate, rate]), what)
+
+
+# Known mistakes, recognised from one position's outcomes (only to word a failure message).
+FORGOT_Q = (
+    "a draft x is kept with probability p(x), as if q(x) were missing from the test: keep it "
+    "with probability min(1, p(x) / q(x)), that is when u * q(x) < p(x)"
+)
+UPSIDE_DOWN = (
+    "a draft x is kept with probability min(1, q(x) / p(x)): the ratio is upside down. Keep it "
+    "with probability min(1, p(x) / q(x)), that is when u * q(x) < p(x)"
+)
+DRAFT_FROM_P = (
+    "the draft is kept as often as a draft drawn from p would be: is the draft x drawn from p "
+    "instead of q? It must come from q (draft_probs), the draft model's distribution, and be "
+    "kept with probability min(1, p(x) / q(x))"
+)
+NEVER_KEPT = (
+    "no draft was ever reported as kept, though a draft passes u * q(x) < p(x) with probability "
+    "sum min(p, q) = {a:.2f}: return True with a kept draft"
+)
+RESAMPLED_FROM_P = (
+    "after a rejection the token follows p itself, not max(0, p - q) renormalised: p counts "
+    "again the tokens the draft already covers. Resample from the residual max(0, p - q)"
+)
+RESAMPLED_FROM_ABS = (
+    "after a rejection the token follows |p - q|, not max(0, p - q): the tokens q proposes more "
+    "often than p wants come back. Clamp the difference at 0 (clamp(min=0)), do not take abs()"
+)
+
+
+def _bernoulli(rate: float) -> torch.Tensor:
+    return torch.tensor([1 - rate, rate], dtype=torch.float64)
+
+
+def diagnose_position(tokens, kept, p, q) -> str | None:
+    """The known mistake that one position's outcomes show, if any: `tokens` and `kept` (bools)
+    over the rows that reached the position, p and q its distributions. Statistical
+    (`follows`), and only used to word a failure: a correct sampler is never judged by it."""
+    tokens, kept = tokens.cpu().flatten(), kept.cpu().flatten().bool()
+    p, q = p.double().cpu(), q.double().cpu()
+    if kept.numel() == 0:
+        return None
+    a = min_mass(p, q)
+    if a > 0.05 and not bool(kept.any()):
+        return NEVER_KEPT.format(a=a)
+    if not follows(kept.long(), _bernoulli(a)):
+        # Each known wrong rule keeps x with its own probability: both the kept rate and the
+        # kept tokens must fit it (a rate alone can fit by chance, e.g. with shared uniforms).
+        safe_p = torch.where(p > 0, p, 1.0)
+        safe_q = torch.where(q > 0, q, 1.0)
+        upside = torch.where(p > 0, torch.clamp(q / safe_p, max=1.0), 1.0)
+        from_p = torch.where(q > 0, torch.clamp(p / safe_q, max=1.0), 1.0)
+        rules = ((q * p, FORGOT_Q), (q * upside, UPSIDE_DOWN), (p * from_p, DRAFT_FROM_P))
+        for kept_mass, sentence in rules:
+            rate = float(kept_mass.sum())
+            if (
+                abs(rate - a) > 0.02
+                and follows(kept.long(), _bernoulli(rate))
+                and follows(tokens[kept], kept_mass)
+            ):
+                return sentence
+        return None
+    rejected = tokens[~kept]
+    if a < 1 and rejected.numel() and not follows(rejected, residual_of(p, q)):
+        if follows(rejected, p):
+            return RESAMPLED_FROM_P
+        if follows(rejected, (p - q).abs()):
+            return RESAMPLED_FROM_ABS
+    return None
+
+
+def diagnosed(diagnosis: str | None, err: AssertionError, where: str) -> AssertionError:
+    """`err`, led by the diagnosis when there is one (its first line is what a learner reads)."""
+    if diagnosis is None:
+        return err
+    return AssertionError(f"{where}: {diagnosis}.\n{err}")
 
 
 IN_PLACE_PROBS = (
@@ -164,15 +240,47 @@ def forced_outcomes_give_the_layout(sample, device="cpu"):
         "against target_probs[:, i + 1], the NEXT position? Position i's distribution is the one "
         "draft i was drawn for (the last position, k, is only for the bonus token)"
     )
+    kept_p0 = [f"row {r}'s draft {j}" for r, j in ((1, 1), (2, 0)) if bool(accepted[r, j])]
+    if kept_p0:
+        pytest.fail(
+            f"{' and '.join(kept_p0)} were kept, but p(draft) = 0 there (and q(draft) = 1): "
+            "they must be rejected for sure, min(1, p(x) / q(x)) = 0. Is the ratio upside down "
+            "(a draft kept with probability min(1, q(x) / p(x)), when u * p(x) < q(x))? Keep a "
+            f"draft when u * q(x) < p(x). accepted should be {expected_acc}, got "
+            f"{accepted.tolist()}"
+        )
     assert accepted.tolist() == expected_acc, (
         f"accepted should be {expected_acc}, got {accepted.tolist()}: True up to the first "
         "rejection only (row 2's second draft passes its own test, but comes after a rejection)"
     )
+    got = out.tolist()
+    if got[1][1] == 0 or got[2][0] == 4:
+        pytest.fail(
+            f"tokens should be {expected_out}, got {got}: after a rejection the token came from "
+            "the target's last position, the bonus token's distribution (row 1 rejects its "
+            "draft 1: its token must come from max(0, p - q) at position 1, token 5; row 2's, "
+            "at position 0, token 0). The bonus token is drawn only when all k drafts were kept"
+        )
+    if got[1][1] == 1:
+        pytest.fail(
+            f"tokens should be {expected_out}, got {got}: row 1's recovered token (1) comes from "
+            "position 0's distributions, but its first rejection is at position 1. Take p and q "
+            "at the position of the first rejection (n_accepted), not at position 0"
+        )
+    if got[1][2] == 3 or got[2][1:3] == [2, 3]:
+        pytest.fail(
+            f"tokens should be {expected_out}, got {got}: the rejected drafts are still in "
+            "tokens. After the main model's token (the recovered one) every column is -1: a "
+            "draft after the first rejection never counts"
+        )
     assert out.tolist() == expected_out, (
         f"tokens should be {expected_out}, got {out.tolist()}: the accepted drafts, then the "
         "recovered token (from max(0, p - q)) or, when all k were kept, the bonus token (from the "
         "target's last position), then -1"
     )
+
+
+V_ZERO = 4  # the vocabulary of the zero-residual check
 
 
 def zero_residual_draws_from_the_target(sample, device="cpu"):
@@ -182,7 +290,7 @@ def zero_residual_draws_from_the_target(sample, device="cpu"):
     # max(0, p - q) is zero everywhere. p and q are the same distribution up to rounding, and
     # the recovered token must come from p (renormalised): token 1 or 2, never -1, never 0.
     n = 2_000
-    one_hot = torch.eye(4)[3]
+    one_hot = torch.eye(V_ZERO)[3]
     p1 = torch.tensor([0.0, 0.4995, 0.5, 0.0])
     q1 = torch.tensor([0.0005, 0.4995, 0.5, 0.0])
     target = torch.stack([one_hot, p1, one_hot]).expand(n, -1, -1).contiguous()
@@ -201,6 +309,16 @@ def zero_residual_draws_from_the_target(sample, device="cpu"):
         "position 0 (p = q = one-hot) must be kept and position 1 (p(draft) = 0) rejected"
     )
     bad = (recovered < 1) | (recovered > 2)
+    last = V_ZERO - 1
+    if bad.any() and bool((recovered[bad] == last).all()) and int(bad.sum()) < n // 2:
+        pytest.fail(
+            f"after a rejection whose residual max(0, p - q) is zero everywhere, {int(bad.sum())} "
+            f"of {n} rows got token {last}, the LAST token of the vocabulary, whose probability is "
+            "0: does your draw run off the end of a distribution that is not renormalised (an "
+            "inverse-CDF draw with a uniform u in (0, 1) against cumulative sums that stop below "
+            "1; here p itself, whose total is 0.9995)? Renormalise the distribution (divide it "
+            "by its sum) before drawing from it"
+        )
     assert not bad.any(), (
         f"after a rejection whose residual max(0, p - q) is zero everywhere, row "
         f"{int(bad.nonzero()[0])} got token {int(recovered[bad][0])}: p and q are equal up to "
@@ -231,18 +349,28 @@ def draws_are_independent(sample, device="cpu"):
     tokens = torch.multinomial(draft.reshape(-1, V), 1, generator=g).reshape(N_ROWS, 2)
     out, accepted = call_batch(sample, target, draft, tokens, seed=8, device=device)
     assert_layout(out, accepted, tokens)
-    assert_rows_independent(
-        out[:, 0], p0, "the token at position 0, in rows with the same p and q (rows must not "
-        "share their uniforms)"
-    )  # fmt: skip
     kept = accepted[:, 0]
+    try:
+        assert_rows_independent(
+            out[:, 0], p0, "the token at position 0, in rows with the same p and q (rows must "
+            "not share their uniforms)"
+        )  # fmt: skip
+    except AssertionError as err:
+        # A wrong marginal fails the pairs too: name that mistake rather than the rows.
+        diagnosis = diagnose_position(out[:, 0], kept, p0, q0)
+        raise diagnosed(diagnosis, err, "rejection_sample, position 0") from None
     first = torch.minimum(p0, q0).double()
-    assert_samples_follow(
-        out[kept, 0] * V + out[kept, 1],
-        torch.outer(first / first.sum(), p1.double()).flatten(),
-        "the kept draft 0 and the token at position 1, as pairs: they must be independent "
-        "(each position decides with its own uniform, never one shared by the row's k drafts)",
-    )
+    try:
+        assert_samples_follow(
+            out[kept, 0] * V + out[kept, 1],
+            torch.outer(first / first.sum(), p1.double()).flatten(),
+            "the kept draft 0 and the token at position 1, as pairs: they must be independent "
+            "(each position decides with its own uniform, never one shared by the row's k "
+            "drafts)",
+        )
+    except AssertionError as err:
+        diagnosis = diagnose_position(out[kept, 1], accepted[kept, 1], p1, q1)
+        raise diagnosed(diagnosis, err, "rejection_sample, position 1") from None
 
 
 def greedy_keeps_the_argmax_run(sample, device="cpu"):
@@ -301,13 +429,21 @@ def every_position_follows_the_target(sample, k, device="cpu"):
         for j in range(k + 1):
             reached = n[rows] >= j
             what = "the bonus token" if j == k else f"position {j}"
-            assert_samples_follow(
-                out[rows][reached, j],
-                p_rows[j],
-                f"k={k}, {'second' if h else 'first'} half of the batch, {what}: given that the "
-                "row gets this far, its token must follow the target p of this position",
-                alpha=ALPHA,
-            )
+            try:
+                assert_samples_follow(
+                    out[rows][reached, j],
+                    p_rows[j],
+                    f"k={k}, {'second' if h else 'first'} half of the batch, {what}: given that "
+                    "the row gets this far, its token must follow the target p of this position",
+                    alpha=ALPHA,
+                )
+            except AssertionError as err:
+                q_rows = halves[h][1]
+                diagnosis = None
+                if j < k:
+                    kept = accepted[rows][reached, j]
+                    diagnosis = diagnose_position(out[rows][reached, j], kept, p_rows[j], q_rows[j])
+                raise diagnosed(diagnosis, err, f"k={k}, {what}") from None
 
 
 def acceptance_and_recovered_tokens(sample, k, device="cpu"):
@@ -316,22 +452,29 @@ def acceptance_and_recovered_tokens(sample, k, device="cpu"):
     out, accepted = call_batch(sample, target, draft, tokens, seed=1, device=device)
     n = assert_layout(out, accepted, tokens)
     p_rows, q_rows = halves[0]
-    rows = slice(0, N_ROWS // 2)
+    half = N_ROWS // 2
+    out, accepted, n = out[:half], accepted[:half], n[:half]
     for j in range(k):
-        reached = n[rows] >= j
+        reached = n >= j
         a = min_mass(p_rows[j], q_rows[j])
-        if 0 < a < 1:
-            assert_rate(
-                accepted[rows][reached, j],
-                a,
-                f"k={k}, position {j}: a draft must be kept with probability sum min(p, q) = "
-                f"{a:.2f}",
+        try:
+            if 0 < a < 1:
+                assert_rate(
+                    accepted[reached, j],
+                    a,
+                    f"k={k}, position {j}: a draft must be kept with probability sum min(p, q) = "
+                    f"{a:.2f}",
+                )
+            rejected = reached & (n == j)
+            if a < 1:
+                assert_samples_follow(
+                    out[rejected, j],
+                    residual_of(p_rows[j], q_rows[j]),
+                    f"k={k}, position {j}: the recovered token after a rejection must follow "
+                    "max(0, p - q) renormalised (not p, and not unnormalised)",
+                )
+        except AssertionError as err:
+            diagnosis = diagnose_position(
+                out[reached, j], accepted[reached, j], p_rows[j], q_rows[j]
             )
-        rejected = reached & (n[rows] == j)
-        if a < 1:
-            assert_samples_follow(
-                out[rows][rejected, j],
-                residual_of(p_rows[j], q_rows[j]),
-                f"k={k}, position {j}: the recovered token after a rejection must follow "
-                "max(0, p - q) renormalised (not p, and not unnormalised)",
-            )
+            raise diagnosed(diagnosis, err, f"k={k}, position {j}") from None

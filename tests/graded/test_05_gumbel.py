@@ -31,7 +31,15 @@ CHAPTER = "05_speculative"
 def test_gumbel_sample_follows_the_softmax(impl):
     # False failure for a correct implementation: ALPHA (1e-5). The default temperature is 1.
     logits = gumbel_logits(40)
-    samples = draw(impl.gumbel_sample, logits, seed=0, who="gumbel_sample")
+    try:
+        samples = draw(impl.gumbel_sample, logits, seed=0, who="gumbel_sample")
+    except AssertionError as err:
+        if "shape" not in str(err):
+            raise
+        raise AssertionError(
+            f"{err}: one sample per row, so the argmax runs over the vocabulary, the last "
+            "dimension (argmax(dim=-1)), never over the rows of the batch"
+        ) from None
     assert_follows_the_tempered_softmax(samples, logits, 1.0)
 
 
@@ -138,7 +146,8 @@ def test_masked_tokens_are_never_sampled(impl, temperature):
     assert got.shape == (n,), f"one token per row: expected ({n},), got {tuple(got.shape)}"
     assert int(got[0]) == 11, (
         f"row 0 has one finite logit (token 11, logit -50), every other is -inf: token 11 must "
-        f"come out, got {int(got[0])}"
+        f"come out, got {int(got[0])}. A masked score must stay -inf after the noise (no "
+        "nan_to_num, no clamp, no masked_fill of the scores): then it can never win"
     )
     picked = allowed.gather(-1, got[:, None].clamp(0, d_vocab - 1))[:, 0]
     picked &= (got >= 0) & (got < d_vocab)
@@ -230,10 +239,66 @@ def call(impl, name: str, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     assert not got.isnan().any(), (
         f"{name} returned NaN for p = {p.tolist()}, q = {q.tolist()}. A token with p_k = 0 or "
         "q_k = 0 gives 0 / 0 in p_j / p_k or q_j / q_k: leave those terms out (they contribute "
-        "0: such a token is never the argmax of both), e.g. divide by a safe value "
-        "(`torch.where(both, p, 1.0)`) and zero the term with torch.where."
+        "0: such a token is never the argmax of both): keep only the tokens possible under "
+        "BOTH, both = (p > 0) & (q > 0), divide by a safe value (`torch.where(both, p, 1.0)`) "
+        "and zero the term with torch.where."
     )
     return got
+
+
+def _ratios(p, q, op, inverted=False):
+    """The [..., k, j] ratio matrix of the shared-noise formula (op: max, or a wrong one)."""
+    both = (p > 0) & (q > 0)
+    p_k = torch.where(both, p, 1.0)[..., :, None]
+    q_k = torch.where(both, q, 1.0)[..., :, None]
+    p_j, q_j = p[..., None, :], q[..., None, :]
+    return op(p_k / p_j, q_k / q_j) if inverted else op(p_j / p_k, q_j / q_k)
+
+
+def _kept(p, q, terms):
+    return torch.where((p > 0) & (q > 0), terms, 0.0).sum(dim=-1)
+
+
+VARIANTS = {
+    "same_token_shared_gumbel": (
+        (
+            lambda p, q: _kept(p, q, 1 / _ratios(p, q, torch.minimum).sum(dim=-1)),
+            "You take min(p_j / p_k, q_j / q_k): k must beat j under p AND under q, so j's "
+            "weight in the race is the larger of the two ratios.",
+        ),
+        (
+            lambda p, q: _kept(p, q, 1 / _ratios(p, q, torch.maximum).sum(dim=-2)),
+            "Your inner sum runs over k (dim=-2) of the [k, j] ratio matrix: for each k, the "
+            "inner sum is over j (dim=-1).",
+        ),
+        (
+            lambda p, q: _kept(p, q, 1 / _ratios(p, q, torch.maximum, inverted=True).sum(-1)),
+            "Your ratios are upside down: p_k / p_j instead of p_j / p_k.",
+        ),
+        (
+            lambda p, q: (1 / _ratios(p, q, torch.maximum).sum(dim=-1)).sum(dim=-1),
+            "The terms of tokens with p_k = 0 or q_k = 0 are not dropped from the outer sum: "
+            "such a token is never the argmax of both, its term is 0.",
+        ),
+    ),
+    "same_token_independent": (
+        (
+            lambda p, q: torch.minimum(p, q).sum(dim=-1),
+            "You return sum_k min(p_k, q_k), the rejection sampler's probability.",
+        ),
+    ),
+    "same_token_rejection": (
+        (
+            lambda p, q: (p * q).sum(dim=-1),
+            "You return sum_k p_k q_k, the probability for independent draws.",
+        ),
+        (
+            lambda p, q: torch.maximum(p, q).sum(dim=-1),
+            "You return sum_k max(p_k, q_k): min, not max (the draft is kept with probability "
+            "min(1, p_k / q_k)).",
+        ),
+    ),
+}
 
 
 def assert_value(impl, name: str, p: torch.Tensor, q: torch.Tensor, expected, why: str = ""):
@@ -245,6 +310,16 @@ def assert_value(impl, name: str, p: torch.Tensor, q: torch.Tensor, expected, wh
         f"{tuple(expected.shape)} (one probability per distribution: the sum runs over the "
         f"vocabulary, the LAST dimension), got {tuple(got.shape)}"
     )
+    if not torch.allclose(got.double(), expected, atol=1e-6, rtol=0):
+        for variant, mistake in VARIANTS[name]:
+            wrong = variant(p.double(), q.double())
+            if torch.allclose(got.double(), wrong, atol=1e-6, rtol=0) and not torch.allclose(
+                wrong, expected, atol=1e-6, rtol=0
+            ):
+                pytest.fail(
+                    f"{name}(p, q) with p = {p.tolist()}, q = {q.tolist()}: expected "
+                    f"{expected.tolist()}, got {got.tolist()}. {mistake} {why}{MISTAKES[name]}"
+                )
     assert torch.allclose(got.double(), expected, atol=1e-6, rtol=0), (
         f"{name}(p, q) with p = {p.tolist()}, q = {q.tolist()}: expected "
         f"{expected.tolist()}, got {got.tolist()}. {why}{MISTAKES[name]}"

@@ -12,8 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.graded._gumbel import TEMPERATURE_AFTER_NOISE
 from tests.graded._oracles import BATCH_PROMPTS, first_difference, hf_greedy
-from tests.graded._stats import assert_samples_follow
+from tests.graded._stats import assert_samples_follow, follows
 
 CHAPTER = "05_speculative"
 
@@ -57,10 +58,32 @@ def test_positions_follow_the_definition(impl, layout):
             expected = i + j + 1
         else:
             expected = (q - 1 - levels * window) % (ngram - 1) + 1
-        assert int(offsets[q]) == expected, (
-            f"{describe(q, levels, window, ngram)} sits {expected} after `last`, got "
-            f"{int(offsets[q])}. Level j, column i guesses position i + j + 1 (level 0 starts "
-            "right after `last`, each level one further on); candidate token k is at k + 1."
+        got = int(offsets[q])
+        if got == expected:
+            continue
+        hint = (
+            "Level j, column i guesses position i + j + 1 (level 0 starts right after `last`, "
+            "each level one further on); candidate token k is at k + 1."
+        )
+        if 0 < q <= levels * window:
+            j, i = divmod(q - 1, window)
+            if j > 0 and got == i + 1:
+                hint = (
+                    f"Level {j} sits where level 0 does: each level guesses one position further "
+                    "on than the level before it. Level j, column i guesses position i + j + 1."
+                )
+            elif got == i + j:
+                hint = (
+                    "Off by one: `last` is at offset 0, and level 0, column 0 guesses the token "
+                    "right after it, at 1. Level j, column i guesses position i + j + 1."
+                )
+        elif q > 0 and got == expected - 1:
+            hint = (
+                "Off by one: candidate token k sits at k + 1 (its first token right after "
+                "`last`, which is at 0)."
+            )
+        pytest.fail(
+            f"{describe(q, levels, window, ngram)} sits {expected} after `last`, got {got}. {hint}"
         )
 
 
@@ -97,19 +120,27 @@ def test_every_token_reads_one_whole_text(impl, layout):
         assert bool(allowed[q, q]) and bool(allowed[q, 0]), (
             f"{describe(q, levels, window, ngram)} must read `last` and itself"
         )
-        assert seen == want, (
-            f"{describe(q, levels, window, ngram)} at offset {int(offsets[q])} reads tokens at "
-            f"offsets {seen}: it must read exactly one token at each of 0..{int(offsets[q])}, a "
-            "text with no gap and no position twice"
-        )
-    for j in range(levels):
-        for i in range(window):
-            q = 1 + j * window + i
+        if 0 < q <= levels * window:
+            j, i = divmod(q - 1, window)
             column = [1 + level * window + i for level in range(j + 1)]
             assert bool(allowed[q, column].all()), (
                 f"{describe(q, levels, window, ngram)} must read its own column's earlier "
                 "levels (its trajectory): that is what makes the column an n-gram the model wrote"
             )
+            level0 = [1 + c for c in range(i)]
+            own = [1 + j * window + c for c in range(i)]
+            if j > 0 and i > 0 and not allowed[q, level0].all() and allowed[q, own].any():
+                pytest.fail(
+                    f"{describe(q, levels, window, ngram)} reads its own level's earlier columns "
+                    f"(level {j}) instead of level 0's: the text before its column is level 0, "
+                    f"columns 0..{i - 1} (the oldest guesses, one per position 1..{i}), then its "
+                    "own column's trajectory"
+                )
+        assert seen == want, (
+            f"{describe(q, levels, window, ngram)} at offset {int(offsets[q])} reads tokens at "
+            f"offsets {seen}: it must read exactly one token at each of 0..{int(offsets[q])}, a "
+            "text with no gap and no position twice"
+        )
 
 
 @pytest.mark.lookahead_layout
@@ -152,6 +183,25 @@ def test_harvest_takes_each_columns_trajectory(impl):
     got = impl.harvest(levels, new)
     expected = [(10 + i, (20 + i, 30 + i, 40 + i)) for i in range(1, 5)]
     got = [(int(k), tuple(int(t) for t in c)) for k, c in got]
+    mistakes = {
+        "each n-gram is keyed on its LAST token (the new one): key it on its FIRST token, "
+        "levels[0, i], the one the verification branch will find as `last`": [
+            (40 + i, (10 + i, 20 + i, 30 + i)) for i in range(1, 5)
+        ],
+        "those are the rows of levels (and of new) read as n-grams: a row is one level, one "
+        "Jacobi iterate of the whole window. An n-gram is a COLUMN, one position per level": [
+            (10 * j + 1, (10 * j + 2, 10 * j + 3, 10 * j + 4)) for j in range(1, 5)
+        ],
+        "the oldest level, levels[0], is left out: an n-gram starts with the oldest guess of "
+        "its column (its key), then the later levels, then new[i]": [
+            (20 + i, (30 + i, 40 + i)) for i in range(1, 5)
+        ],
+    }
+    for mistake, wrong in mistakes.items():
+        if sorted(got) == wrong:
+            pytest.fail(
+                f"expected the 4-grams (key, continuation) {expected}, got {got}: {mistake}"
+            )
     assert sorted(got) == expected, (
         f"expected the 4-grams (key, continuation) {expected}, got {got}. Column i's n-gram is "
         "levels[0, i], ..., levels[-1, i], new[i]; it is keyed on its FIRST token, the one the "
@@ -203,10 +253,24 @@ def test_greedy_verify_keeps_the_longest_argmax_run(impl):
     # argmax after `last` is 0, and after 0 it is 6: candidate 2 (0, 6) is kept whole, then the
     # argmax after it (row 4 of its logits: after (0, 6) the pass gives cands[2, 1]).
     bonus = int(cands[2, 1].argmax())
+    if int(best) != 2 and int(run) < 2:
+        pytest.fail(
+            f"temperature 0: candidate 2 (0, 6) has the longest run, 2 (the argmax after `last` "
+            f"is 0, after 0 it is 6), but you kept candidate {int(best)} (run {int(run)}): choose "
+            f"the candidate with the longest run (the argmax of the runs). Expected "
+            f"([0, 6, {bonus}], 2, 2), got ({emitted}, {best}, {run})"
+        )
     assert (list(emitted), int(best), int(run)) == ([0, 6, bonus], 2, 2), (
         f"temperature 0: the argmax after `last` is 0 and after 0 it is 6, so candidate 2 (0, 6) "
         f"is kept whole and the model adds its argmax {bonus}: expected ([0, 6, {bonus}], 2, 2), "
         f"got ({emitted}, {best}, {run})"
+    )
+    lone, _, run = impl.verify(LOGITS[0], cands[:1], CANDIDATES[:1], 0.0, None)
+    assert (list(lone), int(run)) == ([0], 0), (
+        f"candidate 0 (1, 1) alone: its first token is not the argmax after `last` (0), so "
+        "nothing of it is kept, though its second token is the argmax after 1. A run stops at "
+        "the first mismatch: count the leading matches only (the cumulative product of the "
+        f"matches, not their sum). Expected [0] with run 0, got {lone} with run {run}"
     )
     none, best, run = impl.verify(LOGITS[0], cands[1:2], CANDIDATES[1:2], 0.0, None)
     assert (list(none), int(run)) == ([0], 0), (
@@ -239,13 +303,21 @@ def test_verified_tokens_follow_the_model(impl):
     temperature = 0.8
     out = draws(impl, N_VERIFY, temperature)
     first = torch.tensor([e[0] for e, _, _ in out])
-    assert_samples_follow(
-        first,
-        (LOGITS[0] / temperature).softmax(-1),
-        "the first emitted token must follow softmax(logits / T) after `last`: candidates may "
-        "only decide how many tokens one pass emits, never which. Fresh noise for each "
-        "candidate gives the likely first tokens of several candidates several chances",
-    )
+    try:
+        assert_samples_follow(
+            first,
+            (LOGITS[0] / temperature).softmax(-1),
+            "the first emitted token must follow softmax(logits / T) after `last`: candidates "
+            "may only decide how many tokens one pass emits, never which. Fresh noise for each "
+            "candidate gives the likely first tokens of several candidates several chances",
+        )
+    except AssertionError as err:
+        if follows(first, LOGITS[0].double().softmax(-1)):
+            raise AssertionError(
+                f"the first emitted token, at temperature {temperature}: "
+                f"{TEMPERATURE_AFTER_NOISE}\n{err}"
+            ) from None
+        raise
     for token, row in ((1, 1), (0, 4)):
         second = torch.tensor([e[1] for e, _, _ in out if e[0] == token])
         assert_samples_follow(
@@ -269,6 +341,118 @@ LOOKAHEAD_PROMPTS = [BATCH_PROMPTS[1], BATCH_PROMPTS[0], BATCH_PROMPTS[2] + " on
 def hf_greedy_ids(hf, shipped):
     tokenizer = shipped[1]
     return [hf_greedy(hf, tokenizer.encode(p), 50) for p in LOOKAHEAD_PROMPTS]
+
+
+ROUND_PROMPT = "HAMLET.\nMy lord, my lord, my liege, my"
+"""Its last token, " my", starts two of its own 3-grams: (" liege", ","), the most recent, then
+(" lord", ","). Greedy decoding continues " lord", ",": with `pool_from_prompt=True` the first
+pass checks candidate 0, which matches greedy at position 1 but not at position 0, and
+candidate 1, kept whole."""
+
+
+def hf_last_logits(hf, ids: list[int], positions: list[int] | None = None) -> torch.Tensor:
+    """HF's logits after `ids`, with explicit position ids if given."""
+    extra = {} if positions is None else {"position_ids": torch.tensor([positions])}
+    with torch.no_grad():
+        return hf(torch.tensor([ids]), **extra).logits[0, -1]
+
+
+@pytest.mark.lookahead_round
+def test_one_round_emits_greedys_tokens_and_caches_the_kept_run(impl, shipped, hf):
+    # Exact, greedy, one pass. Ground truth: HF's generate for the tokens; for the cache, HF's
+    # logits on the text it must hold, read through the next token.
+    model, tokenizer = shipped
+    ids = tokenizer.encode(ROUND_PROMPT)
+    window, ngram, guesses = 4, 3, 4
+    state = impl.start_lookahead(model, ids, window, ngram, guesses, pool_from_prompt=True)
+    past = state.cache.length
+    candidates = [list(c) for c in state.pool.candidates(ids[-1])[:guesses]]
+    level0 = state.levels[0].tolist()
+    n_pass = 1 + state.levels.numel() + len(candidates) * (ngram - 1)
+    greedy = hf_greedy(hf, ids, 3)[len(ids) :]
+    assert (
+        past == len(ids) - 1
+        and len(candidates) == 2
+        and candidates[0][0] != greedy[0]
+        and candidates[0][1] == greedy[1]
+        and candidates[1] == greedy[:2]
+    ), "the test's prompt no longer fits the test"
+    with torch.no_grad():
+        emitted, _ = impl.lookahead_round(model, state, ngram, guesses, 0.0, None)
+    emitted = list(emitted)
+    if emitted != greedy:
+        from_zero = all(
+            int(hf_last_logits(hf, ids + emitted[:i], [*range(past), *range(i + 1)]).argmax())
+            == emitted[i]
+            for i in range(len(emitted))
+        )
+        if from_zero:
+            pytest.fail(
+                f"one greedy pass emitted {emitted}, expected {greedy} (HF's generate): those "
+                "are the argmaxes of a pass whose positions start at 0 again, after a cache of "
+                f"{past} tokens. The pass's positions are past + offsets: `last` sits right "
+                "after the cache, at position past (the cache's length)"
+            )
+        alone = int(hf_last_logits(hf, ids[-1:], [past]).argmax())
+        if emitted and emitted[0] == alone != greedy[0]:
+            pytest.fail(
+                f"one greedy pass emitted {emitted}, expected {greedy} (HF's generate): its "
+                "first token is the model's argmax after `last` alone, so the pass does not "
+                "read the cache. Every token of the pass reads the whole cache: `allowed` "
+                "starts with past columns of True"
+            )
+        pytest.fail(
+            f"one greedy pass emitted {emitted}, expected {greedy} (HF's generate): candidate "
+            f"1 {candidates[1]} agrees with greedy decoding, so its whole run is kept, then the "
+            "model's argmax after it"
+        )
+    held = state.cache.tokens[0, : state.cache.length].tolist()
+    want = ids + emitted[:-1]  # `last`, then the kept run: the text but the newest token
+    run = len(emitted) - 1
+    if len(held) == past + n_pass:
+        pytest.fail(
+            f"after the pass the cache holds {len(held)} tokens, expected {len(want)}: it kept "
+            "every token of the pass, the window and every candidate. Keep only `last` and the "
+            "chosen candidate's kept run (keep_only): the rest were guesses"
+        )
+    if held == ids[:-1] + emitted[:-1]:
+        pytest.fail(
+            f"after the pass the cache lost `last` ({ids[-1]}): it holds {len(held)} tokens, "
+            f"expected {len(want)}. Keep the first past + 1 columns: the cache, then `last`"
+        )
+    if held == ids + level0[:run] != want:
+        pytest.fail(
+            f"after the pass the cache keeps the window's guesses (level 0, columns 0.."
+            f"{run - 1}) instead of the chosen candidate's run {emitted[:-1]}. The run's keys "
+            "sit at past + first + best * (ngram - 1), where `first` is the pass's index of "
+            "candidate 0"
+        )
+    if held == ids + candidates[0][:run] != want:
+        pytest.fail(
+            f"after the pass the cache keeps candidate 0's first {run} tokens, but the chosen "
+            f"candidate is candidate 1 {candidates[1]}: its run's keys start at past + first + "
+            "best * (ngram - 1)"
+        )
+    assert held == want, (
+        f"after the pass the cache holds the tokens {held[past:]} after the prompt's first "
+        f"{past}, expected {want[past:]}: `last`, then the chosen candidate's kept run"
+    )
+    with torch.no_grad():
+        logits, _ = impl.forward_with_cache(model, torch.tensor([[state.last]]), state.cache)
+    expected = hf_last_logits(hf, ids + emitted)
+    if not torch.allclose(logits[0, -1], expected, atol=1e-3):
+        shifted = [*range(past), *range(len(emitted)), past + len(emitted)]
+        if torch.allclose(logits[0, -1], hf_last_logits(hf, ids + emitted, shifted), atol=1e-3):
+            pytest.fail(
+                "the cache holds the right tokens, but their keys were computed at positions "
+                f"that start at 0 again after a cache of {past} tokens: the pass's positions are "
+                "past + offsets (`last` at position past, the cache's length)"
+            )
+        pytest.fail(
+            "the cache holds the right tokens, but reading the next token through it does not "
+            "give HF's logits on that text: were the kept keys computed with the pass's "
+            "positions past + offsets, and did the pass read the cache?"
+        )
 
 
 @pytest.mark.lookahead_round
@@ -297,7 +481,8 @@ def test_greedy_lookahead_equals_greedy_generate(
                 f"{common}: expected {tokenizer.decode(expected[common : common + 8])!r}, got "
                 f"{tokenizer.decode(ids[common : common + 8])!r}. Does the cache keep `last` "
                 "and the kept run of the chosen candidate only (no window, no rejected guess)? "
-                "Does the pass read the cache (allowed has the cached columns too)?"
+                "Does the pass read the cache (allowed has the cached columns too)? Are its "
+                "positions past + offsets?"
             )
     assert stats.main_passes < stats.tokens, (
         f"{stats.main_passes} passes for {stats.tokens} tokens: lookahead decoding must keep "

@@ -72,7 +72,17 @@ def test_acceptance_rate_is_the_overlap(impl):
     got = impl.acceptance_rate(ps, qs)
     assert_all_untouched((ps, qs), before, "acceptance_rate")
     expected = torch.tensor([min_mass(p, q) for p, q in zip(ps, qs, strict=True)])
-    assert tuple(got.shape) == (4,), f"one rate per row: expected shape (4,), got {got.shape}"
+    assert tuple(got.shape) == (4,), (
+        f"one rate per row: expected shape (4,), got {tuple(got.shape)}. Sum over the vocabulary "
+        "only, the last dimension (dim=-1), not over the whole batch"
+    )
+    independent = (ps * qs).sum(dim=-1)
+    if torch.allclose(got.float(), independent, atol=1e-6):
+        pytest.fail(
+            f"expected sum_x min(p(x), q(x)) = {expected.tolist()}, got sum_x p(x) q(x) = "
+            f"{got.tolist()}: the chance that two INDEPENDENT draws agree. The draft x ~ q is "
+            "kept with probability min(1, p(x) / q(x)): weighted by q(x), that is sum min(p, q)."
+        )
     assert torch.allclose(got.float(), expected, atol=1e-6), (
         f"expected sum_x min(p(x), q(x)) = {expected.tolist()}, got {got.tolist()}. The draft "
         "x ~ q is kept with probability min(1, p(x) / q(x)); sum that over x, weighted by q(x)."
@@ -91,25 +101,31 @@ def test_one_token_follows_the_target(impl, name):
     # mistake. The whole, the token following p, comes last.
     p, q, tokens, kept = run_one(impl, PAIRS[name])
     a = min_mass(p, q)
-    assert_rate(kept, a, f"{name}: the draft must be kept with probability sum min(p, q) = {a:.2f}")
-    if 0 < a:
-        assert_samples_follow(
-            tokens[kept],
-            torch.minimum(p, q),
-            f"{name}: the tokens you report as kept must be draft tokens that passed the test "
-            "u < p(x) / q(x), which follow min(p, q)",
+    try:
+        assert_rate(
+            kept, a, f"{name}: the draft must be kept with probability sum min(p, q) = {a:.2f}"
         )
-    if a < 1:
+        if 0 < a:
+            assert_samples_follow(
+                tokens[kept],
+                torch.minimum(p, q),
+                f"{name}: the tokens you report as kept must be draft tokens that passed the "
+                "test u < p(x) / q(x), which follow min(p, q)",
+            )
+        if a < 1:
+            assert_samples_follow(
+                tokens[~kept],
+                residual_of(p, q),
+                f"{name}: after a rejection the token must follow max(0, p - q), renormalised "
+                "(not p itself: p would count the tokens the draft already covers twice; not "
+                "|p - q|: that brings back the tokens q proposes more often than p wants)",
+            )
         assert_samples_follow(
-            tokens[~kept],
-            residual_of(p, q),
-            f"{name}: after a rejection the token must follow max(0, p - q), renormalised (not "
-            "p itself: p would count the tokens the draft already covers twice; not |p - q|: "
-            "that brings back the tokens q proposes more often than p wants)",
+            tokens, p, f"{name}: the token must follow p whatever q is (is the draft drawn from q?)"
         )
-    assert_samples_follow(
-        tokens, p, f"{name}: the token must follow p whatever q is (is the draft drawn from q?)"
-    )
+    except AssertionError as err:
+        diagnosis = rejection.diagnose_position(tokens, kept, p, q)
+        raise rejection.diagnosed(diagnosis, err, f"rejection_sample_one, {name}") from None
 
 
 # --------------------------------------------------------------------------- rejection_sample
@@ -179,11 +195,27 @@ def ngram_by_definition(text: list[int], k: int, n: int) -> list[int]:
 )
 def test_ngram_cases(impl, text, k, n, expected, what):
     before = list(text)
-    got = impl.ngram_propose(text, k, n)
+    got = list(impl.ngram_propose(text, k, n))
     assert text == before, "ngram_propose must not change the text it reads"
-    assert list(got) == expected, (
-        f"{what}: ngram_propose({before}, k={k}, n={n}) should be {expected}, got {list(got)}"
-    )
+    call = f"ngram_propose({before}, k={k}, n={n}) should be {expected}, got {got}"
+    starts = [s for s in range(len(text) - n) if text[s : s + n] == text[len(text) - n :]]
+    if expected and not got:
+        pytest.fail(
+            f"{call}: nothing proposed, but the last {n} tokens occur earlier. Does the search "
+            f"start at the end itself? At start = len(text) - n the last {n} tokens match "
+            "themselves, and nothing follows them: the latest EARLIER start is len(text) - n - 1"
+        )
+    if len(starts) > 1 and got == text[min(starts) + n : min(starts) + n + k] != expected:
+        pytest.fail(
+            f"{call}: that follows the OLDEST earlier match. The most recent one wins: search "
+            "backwards, from start = len(text) - n - 1 down to 0, and stop at the first match"
+        )
+    if len(expected) == k and got == expected[:-1]:
+        pytest.fail(
+            f"{call}: one token fewer than k. Propose the k tokens after the match, "
+            "text[start + n : start + n + k] (fewer only where the text ends first)"
+        )
+    assert got == expected, f"{what}: {call}"
 
 
 @pytest.mark.ngram_propose
@@ -207,6 +239,43 @@ def test_ngram_matches_the_definition_on_random_texts(impl):
 def hf_next_probs(hf_model, ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return hf_model(torch.tensor([ids])).logits[0, -1].softmax(-1)
+
+
+def drafter_mistake(hf_draft, q, prev: list[int], d: list[int], n: int, token: int) -> str:
+    """The known mistake whose text the drafter's distribution `q` is HF's on, if any: the round
+    started from `prev`, proposed drafts `d`, kept the first n and the main model gave `token`."""
+    k = len(d)
+    # The round fed `pending`, then drafts 0 .. k-2; the last draft was proposed, never fed.
+    last = [d[-1]] if n == k else []
+    flags = [j < n for j in range(k)]
+    texts = [
+        (
+            prev + d[: k - 1] + last + [token],
+            "it still reads the drafts the main model rejected. Trim its cache to the drafts "
+            "kept (keep_only): this round fed `pending` and drafts 0 .. k-2",
+        ),
+        (
+            prev + d[:n] + [d[-1]] + [token],
+            "the last draft is queued in `pending` although it was rejected. It goes before the "
+            "main model's token only when all k drafts were kept",
+        ),
+        (
+            prev + [d[j] for j in range(k - 1) if flags[j + 1]] + last + [token],
+            "the fed drafts are matched with the wrong acceptance flags (off by one). This round "
+            "fed `pending`, then drafts 0 .. k-2: their flags are accepted[:, : k - 1]",
+        ),
+        (
+            prev + d[:n] + [d[-1]],
+            "the main model's token is never fed to it: queue next_token in `pending` (after "
+            "the last draft when all k were kept)",
+        ),
+    ]
+    for text, mistake in texts:
+        if text != prev + d[:n] + [token] and torch.allclose(
+            q, hf_next_probs(hf_draft, text), atol=1e-4
+        ):
+            return mistake
+    return ""
 
 
 @pytest.mark.model_drafter
@@ -233,6 +302,7 @@ def test_drafter_forgets_the_rejected_drafts(impl, drafter_model, hf_draft, ship
         next_token = torch.tensor([(int(drafts[i, min(int(n[i]), 3)]) + 17) % 4096 for i in
                                    range(len(rows))])  # fmt: skip
         drafter.accept(accepted=decisions, drafts=drafts, next_token=next_token, done=done)
+        before = [list(t) for t in texts]
         for i in range(len(rows)):
             texts[i] += drafts[i, : int(n[i])].tolist() + [int(next_token[i])]
         probe = copy.copy(drafter)  # proposing changes the drafter: probe a copy
@@ -241,6 +311,14 @@ def test_drafter_forgets_the_rejected_drafts(impl, drafter_model, hf_draft, ship
         for i in range(len(rows)):
             expected = hf_next_probs(hf_draft, texts[i])
             if not torch.allclose(q[i, 0], expected, atol=1e-4):
+                mistake = drafter_mistake(
+                    hf_draft, q[i, 0], before[i], drafts[i].tolist(), int(n[i]), int(next_token[i])
+                )
+                if mistake:
+                    pytest.fail(
+                        f"round {round_}, row {i}, {int(n[i])} of 4 drafts kept: the drafter's "
+                        f"next distribution is the draft model's on another text: {mistake}"
+                    )
                 pytest.fail(
                     f"round {round_}, row {i}, {int(n[i])} of 4 drafts kept: the drafter's next "
                     "distribution is not the draft model's on the accepted text (HF on the "
@@ -263,6 +341,93 @@ def hf_greedy_texts(hf, shipped):
     return [tokenizer.decode(hf_greedy(hf, tokenizer.encode(p), 40)) for p in SPEC_PROMPTS]
 
 
+class FixedDrafter:
+    """A drafter whose drafts the test chooses: a sure guess (q one-hot at each draft)."""
+
+    def __init__(self, drafts: torch.Tensor):
+        self.drafts = drafts
+
+    def propose(self, k, **_sampling):
+        return self.drafts[:, :k].clone(), None
+
+    def accept(self, **_outcome):
+        pass
+
+
+ROUND_PROMPTS = [SPEC_PROMPTS[0], SPEC_PROMPTS[1], SPEC_PROMPTS[3]]
+ROUND_KEPT = [2, 4, 0]
+"""One greedy round of k = 4 drafts on prompts of 18, 6 and 21 tokens (a left-padded batch):
+row r's first ROUND_KEPT[r] drafts are greedy's next tokens, the next one is not."""
+
+
+@pytest.mark.speculative_round
+def test_one_round_keeps_the_accepted_drafts_in_the_cache(impl, shipped, hf):
+    # Exact. Ground truth: HF's greedy generate for the tokens, HF's logits on the accepted
+    # text for the cache (read through the next pass).
+    model, tokenizer = shipped
+    k = 4
+    texts = [tokenizer.encode(p) for p in ROUND_PROMPTS]
+    greedy = [hf_greedy(hf, t, k + 1)[len(t) :] for t in texts]
+    assert all(len(g) == k + 1 for g in greedy), "test set-up: greedy must not stop early"
+    rows = []
+    for g, kept in zip(greedy, ROUND_KEPT, strict=True):
+        rows.append(g[:kept] + [(t + 1) % model.cfg.d_vocab for t in g[kept:k]])
+    drafts = torch.tensor(rows)
+    cache, _, last = impl.start_speculation(
+        model, None, [list(t) for t in texts], tokenizer.eos_token_id, drafter="ngram"
+    )
+    sampling = {"temperature": 0.0, "top_k": None, "top_p": None}
+    done = torch.zeros(len(texts), dtype=torch.bool)
+    try:
+        with torch.no_grad():
+            tokens, n_new, cache = impl.speculative_round(
+                model, cache, last, FixedDrafter(drafts), k, sampling, None, done
+            )
+    except ValueError as err:
+        if "target_probs" not in str(err):
+            raise
+        pytest.fail(
+            "the main model's probabilities do not cover k + 1 positions: is the main model fed "
+            "[last, drafts] (the newest token, then the k drafts)? Its logits at `last` score "
+            "draft 0, at draft i they score draft i + 1, and at the last draft they give the "
+            f"bonus token. rejection_sample said: {err}"
+        )
+    expected = [
+        g[: kept + 1] + [-1] * (k - kept) for g, kept in zip(greedy, ROUND_KEPT, strict=True)
+    ]
+    assert tokens.tolist() == expected and n_new.tolist() == [n + 1 for n in ROUND_KEPT], (
+        f"greedy, drafts {rows}: expected tokens {expected} and n_new "
+        f"{[n + 1 for n in ROUND_KEPT]} (the accepted drafts, then the main model's own "
+        f"token), got {tokens.tolist()} and {n_new.tolist()}"
+    )
+    for r, (text, kept) in enumerate(zip(texts, ROUND_KEPT, strict=True)):
+        held = cache.tokens[r][cache.mask[r]].tolist()
+        want = text + greedy[r][:kept]  # the cache: the text but the main model's new token
+        if len(held) > len(want) and held[: len(text)] == text:
+            pytest.fail(
+                f"row {r} kept {kept} of {k} drafts, but the main model's cache still holds the "
+                f"rejected drafts: {len(held)} real tokens, expected {len(want)} (its prompt, "
+                "`last` and the accepted drafts). Rejected drafts never happened: drop them "
+                "from the cache (keep_only with a mask of the kept columns)"
+            )
+        if held != want:
+            pytest.fail(
+                f"row {r} kept {kept} of {k} drafts: the main model's cache keeps the wrong "
+                f"columns of the pass (its last {k + 1} real tokens are {held[-(k + 1) :]}, "
+                f"expected {want[-(k + 1) :]}). Column 0 of the pass is `last`, always kept; "
+                "column i + 1 is draft i, kept iff accepted[:, i]"
+            )
+    with torch.no_grad():
+        logits, _ = impl.forward_with_cache(model, tokens.gather(1, (n_new - 1)[:, None]), cache)
+        for r, (text, kept) in enumerate(zip(texts, ROUND_KEPT, strict=True)):
+            expected_logits = hf(torch.tensor([text + greedy[r][: kept + 1]])).logits[0, -1]
+            assert torch.allclose(logits[r, -1], expected_logits, atol=1e-3), (
+                f"row {r}: the next pass through the returned cache does not give HF's logits "
+                "on the accepted text. Does the cache keep the keys of `last` and of the "
+                "accepted drafts as the pass computed them?"
+            )
+
+
 @pytest.mark.speculative_round
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6])
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
@@ -281,11 +446,12 @@ def test_greedy_speculation_equals_greedy_generate(
                 common = first_difference(text, expected)
                 pytest.fail(
                     f"{drafter} drafter, k={k}, batch of {len(rows)}, prompt {r}: at temperature "
-                    f"0 speculation must give greedy generate's text exactly. It differs after "
-                    f"{expected[:common]!r}:\n  expected ...{expected[common : common + 40]!r}\n  "
-                    f"got      ...{text[common : common + 40]!r}\nIs the main model fed [last, "
-                    "drafts] and its cache trimmed to the accepted drafts (keep_only)? Does "
-                    "each row take its own number of new tokens?"
+                    "0 speculation must give greedy generate's text exactly. Is the main model "
+                    "fed [last, drafts] and its cache trimmed to the accepted drafts "
+                    "(keep_only)? Does each row take its own number of new tokens? It differs "
+                    f"after {expected[:common]!r}:\n  expected "
+                    f"...{expected[common : common + 40]!r}\n  got      "
+                    f"...{text[common : common + 40]!r}"
                 )
 
 
@@ -322,7 +488,10 @@ def test_speculation_uses_the_seed(impl, shipped, drafter_model):
         )  # fmt: skip
         for seed in (3, 3, 4)
     ]
-    assert runs[0] == runs[1], "the same seed must give the same texts"
+    assert runs[0] == runs[1], (
+        "the same seed must give the same texts: is the generator passed on to every draw "
+        "(rejection_sample(..., generator=generator), as the drafter gets it)?"
+    )
     assert runs[0] != runs[2], "different seeds must give different texts"
 
 
@@ -340,7 +509,9 @@ def test_top_p_applies_to_both_models(impl, shipped, drafter_model, hf):
         out[:, 0],
         logits[0].softmax(-1) * kept,
         "temperature 0.7 and top_p 0.8: the first token must follow the main model's "
-        "distribution after both (HF's TopPLogitsWarper)",
+        "distribution after both (HF's TopPLogitsWarper). Are the main model's probabilities "
+        "shaped by the same temperature, top_k and top_p as the drafter's "
+        "(sampling_probs(logits, **sampling))?",
     )
 
 

@@ -11,6 +11,7 @@ MUTANTS: list[Mutant] = [
         "((logits + gumbel) / temperature)",
         "the temperature divides the noisy logits: samples at temperature 1 whatever T",
         name="temperature-after-noise",
+        says=("(logits + G) / T",),
     ),
     Mutant(
         "gumbel_sample",
@@ -18,6 +19,7 @@ MUTANTS: list[Mutant] = [
         "(logits * temperature + gumbel)",
         "the logits multiplied by the temperature",
         name="temperature-multiplied",
+        says=("multiplied",),
     ),
     Mutant(
         "gumbel_sample",
@@ -25,6 +27,7 @@ MUTANTS: list[Mutant] = [
         "(logits + gumbel / temperature)",
         "the noise divided by the temperature instead of the logits",
         name="temperature-on-noise",
+        says=("G / T",),
     ),
     Mutant(
         "gumbel_sample",
@@ -32,6 +35,7 @@ MUTANTS: list[Mutant] = [
         "",
         "temperature 0 not special-cased: logits / 0 gives inf and NaN",
         name="no-greedy",
+        says=("temperature == 0",),
     ),
     Mutant(
         "gumbel_sample",
@@ -39,6 +43,7 @@ MUTANTS: list[Mutant] = [
         "logits /= temperature\n    return (logits + gumbel).argmax(dim=-1)",
         "the logits divided in place: the caller's tensor changes",
         name="in-place",
+        says=("in place",),
     ),
     # gumbel_sample: the noise
     Mutant(
@@ -47,6 +52,7 @@ MUTANTS: list[Mutant] = [
         "gumbel = -torch.log(u)",
         "G = -log(U): exponential noise, not Gumbel",
         name="exponential-noise",
+        says=("exponential",),
     ),
     Mutant(
         "gumbel_sample",
@@ -54,6 +60,7 @@ MUTANTS: list[Mutant] = [
         "gumbel = torch.log(-torch.log(u))",
         "G = log(-log U): the sign of the Gumbel noise flipped",
         name="noise-sign",
+        says=("sign",),
     ),
     Mutant(
         "gumbel_sample",
@@ -61,6 +68,7 @@ MUTANTS: list[Mutant] = [
         "u = torch.randn(logits.shape, generator=generator, device=logits.device)",
         "U drawn from a normal distribution (randn) instead of uniform",
         name="randn",
+        says=("randn",),
     ),
     Mutant(
         "gumbel_sample",
@@ -68,6 +76,7 @@ MUTANTS: list[Mutant] = [
         "u = torch.rand(logits.shape, device=logits.device)",
         "the generator not passed to torch.rand",
         name="no-generator",
+        says=("generator",),
     ),
     Mutant(
         "gumbel_sample",
@@ -75,6 +84,7 @@ MUTANTS: list[Mutant] = [
         "u = torch.rand(logits.shape[-1], generator=generator, device=logits.device)",
         "one noise vector shared by every row of the batch",
         name="noise-shared-by-rows",
+        says=("same noise",),
     ),
     # gumbel_sample: the argmax
     Mutant(
@@ -83,6 +93,7 @@ MUTANTS: list[Mutant] = [
         "return (logits / temperature + gumbel).argmin(dim=-1)",
         "argmin instead of argmax",
         name="argmin",
+        says=("argmin",),
     ),
     Mutant(
         "gumbel_sample",
@@ -90,6 +101,7 @@ MUTANTS: list[Mutant] = [
         "return (logits / temperature + gumbel).argmax(dim=0)",
         "the argmax over the batch instead of the vocabulary",
         name="argmax-dim-0",
+        says=("vocabulary", "dim=-1"),
     ),
     Mutant(
         "gumbel_sample",
@@ -97,6 +109,7 @@ MUTANTS: list[Mutant] = [
         "return (logits / temperature + gumbel).argmax(dim=-1).squeeze()",
         "squeeze() drops the batch dimension of a batch of one row",
         name="squeeze",
+        says=("squeeze",),
     ),
     Mutant(
         "gumbel_sample",
@@ -104,6 +117,7 @@ MUTANTS: list[Mutant] = [
         "return (logits / temperature + gumbel).nan_to_num(neginf=0.0).argmax(dim=-1)",
         "-inf scores replaced by 0 to keep them finite: masked tokens can be sampled",
         name="masked-finite",
+        says=("stay -inf",),
     ),
     # coupling: the shared-noise formula
     Mutant(
@@ -112,6 +126,7 @@ MUTANTS: list[Mutant] = [
         "ratios = torch.minimum(p[..., None, :] / p_k, q[..., None, :] / q_k)",
         "min instead of max in the shared-noise formula",
         name="shared-min",
+        says=("min(p_j / p_k, q_j / q_k)",),
     ),
     Mutant(
         "coupling",
@@ -119,6 +134,7 @@ MUTANTS: list[Mutant] = [
         "return torch.where(both, 1 / ratios.sum(dim=-2), 0.0).sum(dim=-1)",
         "the inner sum over k instead of j (the wrong dimension of the ratio matrix)",
         name="shared-inner-dim",
+        says=("inner sum",),
     ),
     Mutant(
         "coupling",
@@ -126,6 +142,7 @@ MUTANTS: list[Mutant] = [
         "return torch.where(both, 1 / ratios.sum(dim=-1), 0.0).sum(dim=0)",
         "the outer sum over the first dimension instead of the vocabulary",
         name="shared-outer-dim",
+        says=("last dimension",),
     ),
     Mutant(
         "coupling",
@@ -139,6 +156,7 @@ MUTANTS: list[Mutant] = [
         "    return (1 / ratios.sum(dim=-1)).sum(dim=-1)",
         "the formula as written, with no care for zeros: 0 / 0 gives NaN",
         name="shared-nan",
+        says=("0 / 0",),
     ),
     Mutant(
         "coupling",
@@ -146,6 +164,7 @@ MUTANTS: list[Mutant] = [
         "both = (p > 0) | (q > 0)",
         "tokens possible under p OR q kept in the sum: 0 / 0 gives NaN",
         name="shared-or",
+        says=("(p > 0) & (q > 0)",),
     ),
     Mutant(
         "coupling",
@@ -153,6 +172,7 @@ MUTANTS: list[Mutant] = [
         "return (1 / ratios.sum(dim=-1)).sum(dim=-1)",
         "terms of tokens impossible under p or q not dropped",
         name="shared-zeros-kept",
+        says=("not dropped",),
     ),
     Mutant(
         "coupling",
@@ -160,6 +180,7 @@ MUTANTS: list[Mutant] = [
         "ratios = torch.maximum(p_k / p[..., None, :], q_k / q[..., None, :])",
         "the ratios upside down: p_k / p_j instead of p_j / p_k",
         name="shared-inverted",
+        says=("upside down",),
     ),
     # coupling: independent and rejection
     Mutant(
@@ -168,6 +189,7 @@ MUTANTS: list[Mutant] = [
         "return torch.minimum(p, q).sum(dim=-1)",
         "independent draws given the rejection sampler's value, sum min(p, q)",
         name="independent-min",
+        says=("rejection sampler's",),
     ),
     Mutant(
         "coupling",
@@ -175,6 +197,7 @@ MUTANTS: list[Mutant] = [
         "return (p * q).sum(dim=-1)",
         "the rejection sampler given the independent value, sum p q",
         name="rejection-product",
+        says=("independent draws",),
     ),
     Mutant(
         "coupling",
@@ -182,6 +205,7 @@ MUTANTS: list[Mutant] = [
         "return torch.maximum(p, q).sum(dim=-1)",
         "max instead of min for the rejection sampler",
         name="rejection-max",
+        says=("max(p_k, q_k)",),
     ),
     Mutant(
         "coupling",
@@ -189,6 +213,7 @@ MUTANTS: list[Mutant] = [
         "return (p * q).sum(dim=0)",
         "the independent sum over the first dimension instead of the vocabulary",
         name="independent-dim-0",
+        says=("last dimension",),
     ),
     Mutant(
         "coupling",
@@ -196,6 +221,7 @@ MUTANTS: list[Mutant] = [
         "return torch.minimum(p, q).sum()",
         "the rejection sum over everything: one number for the whole batch",
         name="rejection-sum-all",
+        says=("last dimension",),
     ),
     Mutant(
         "coupling",
@@ -203,5 +229,6 @@ MUTANTS: list[Mutant] = [
         "return p.clamp_(max=q).sum(dim=-1)",
         "min(p, q) written into p with clamp_: the caller's p changes",
         name="rejection-in-place",
+        says=("in place",),
     ),
 ]

@@ -11,18 +11,21 @@ MUTANTS: list[Mutant] = [
         "offsets[q] = i + j",
         "window positions off by one: level 0 starts at `last`'s own position",
         name="window-offsets-off-by-one",
+        says=("off by one",),
     ),
     Mutant(
         "lookahead_layout",
         "offsets[q] = 1 + i + j",
         "offsets[q] = 1 + i",
         "every level at the same positions (the levels' shift forgotten)",
+        says=("one position further",),
     ),
     Mutant(
         "lookahead_layout",
         "offsets[q] = 1 + k",
         "offsets[q] = k",
         "candidate positions off by one",
+        says=("k + 1",),
     ),
     Mutant(
         "lookahead_layout",
@@ -30,6 +33,7 @@ MUTANTS: list[Mutant] = [
         "allowed[q, 1 : q + 1] = True",
         "a candidate reads the whole window and the candidates before it",
         name="candidate-reads-the-window",
+        says=("candidate", "may read window"),
     ),
     Mutant(
         "lookahead_layout",
@@ -37,24 +41,28 @@ MUTANTS: list[Mutant] = [
         "allowed[:, 0] = True\n    allowed[1 : 1 + L * W, 1 + L * W :] = True",
         "the window reads the verification branch",
         name="window-reads-the-candidates",
+        says=("window", "may read candidate"),
     ),
     Mutant(
         "lookahead_layout",
         "allowed[q, [at(0, c) for c in range(i)]] = True",
         "allowed[q, [at(j, c) for c in range(i)]] = True",
         "a window token reads its own level's earlier columns instead of level 0's",
+        says=("instead of level 0's",),
     ),
     Mutant(
         "lookahead_layout",
         "allowed[q, [at(level, i) for level in range(j + 1)]] = True",
         "allowed[q, q] = True",
         "a window token reads only itself in its column: no trajectory",
+        says=("trajectory",),
     ),
     Mutant(
         "lookahead_layout",
         "allowed[q, first + g * C : q + 1] = True",
         "allowed[q, first + g * C : q] = True",
         "a candidate token does not read itself",
+        says=("itself",),
     ),
     # lookahead_harvest
     Mutant(
@@ -63,18 +71,21 @@ MUTANTS: list[Mutant] = [
         "return [(int(g[-1]), tuple(g[:-1].tolist())) for g in grams]",
         "the n-gram keyed on its last token (the new one)",
         name="pool-keyed-on-the-wrong-token",
+        says=("keyed on its last token",),
     ),
     Mutant(
         "lookahead_harvest",
         "grams = torch.cat([levels, new[None]], dim=0).T",
         "grams = torch.cat([levels, new[None]], dim=0)",
         "levels read as n-grams (rows) instead of columns",
+        says=("rows of levels",),
     ),
     Mutant(
         "lookahead_harvest",
         "grams = torch.cat([levels, new[None]], dim=0).T",
         "grams = torch.cat([levels[1:], new[None]], dim=0).T",
         "the oldest level left out: (n - 1)-grams keyed one position late",
+        says=("oldest level",),
     ),
     # lookahead_verify
     Mutant(
@@ -83,30 +94,35 @@ MUTANTS: list[Mutant] = [
         "noise = gumbel_noise((n_cand, n + 1, logits.shape[-1]), generator)",
         "fresh noise for every candidate: the naive verifier, biased",
         name="fresh-noise-per-candidate",
+        says=("fresh noise",),
     ),
     Mutant(
         "lookahead_verify",
         "runs = matches.int().cumprod(dim=1).sum(dim=1)",
         "runs = matches.int().sum(dim=1)",
         "counts every match, not the leading run",
+        says=("first mismatch",),
     ),
     Mutant(
         "lookahead_verify",
         "picks = (logits / temperature + noise).argmax(dim=-1)",
         "picks = ((logits + noise) / temperature).argmax(dim=-1)",
         "the temperature divides the noise too",
+        says=("(logits + G) / T",),
     ),
     Mutant(
         "lookahead_verify",
         "noise = gumbel_noise((n + 1, logits.shape[-1]), generator)",
         "noise = gumbel_noise((n + 1, logits.shape[-1]), None)",
         "the noise ignores the generator",
+        says=("generator",),
     ),
     Mutant(
         "lookahead_verify",
         "best = int(runs.argmax())",
         "best = 0",
         "always candidate 0's run",
+        says=("longest run",),
     ),
     # lookahead_round
     Mutant(
@@ -115,35 +131,41 @@ MUTANTS: list[Mutant] = [
         "keep[past + 1 : past + 1 + run] = True",
         "the cache keeps the window's first columns instead of the chosen candidate's run",
         name="cache-keeps-the-guesses",
+        says=("window's guesses",),
     ),
     Mutant(
         "lookahead_round",
         "start = past + first + best * (ngram - 1)",
         "start = past + first",
         "the cache keeps candidate 0's run, not the chosen one's",
+        says=("candidate 0",),
     ),
     Mutant(
         "lookahead_round",
         "state.cache = cache.keep_only(keep[None])",
         "state.cache = cache",
         "the cache keeps every token of the pass",
+        says=("every token of the pass",),
     ),
     Mutant(
         "lookahead_round",
         "main, feed[None], state.cache, positions=past + offsets, allowed=allowed",
         "main, feed[None], state.cache, positions=offsets, allowed=allowed",
         "positions without the cache's length",
+        says=("positions", "past"),
     ),
     Mutant(
         "lookahead_round",
         "torch.ones(len(feed), past, dtype=torch.bool), allowed_new",
         "torch.zeros(len(feed), past, dtype=torch.bool), allowed_new",
         "the pass does not read the cache",
+        says=("does not read the cache",),
     ),
     Mutant(
         "lookahead_round",
         "keep[: past + 1] = True",
         "keep[:past] = True",
         "the cache forgets `last`",
+        says=("lost `last`",),
     ),
 ]
