@@ -152,6 +152,15 @@ def test_lr_factor_matches_transformers(impl, warmup, total, min_ratio):
     for step in range(total + 1):
         expected = hf.lr_lambdas[0](step)
         got = impl.lr_factor(step, warmup, total, min_ratio)
+        to_zero = get_cosine_with_min_lr_schedule_with_warmup(
+            opt, num_warmup_steps=warmup, num_training_steps=total, min_lr_rate=0.0
+        ).lr_lambdas[0](step)
+        if min_ratio and not math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-9):
+            if math.isclose(got, to_zero, rel_tol=1e-6, abs_tol=1e-9):
+                pytest.fail(
+                    f"step {step}: your cosine decays towards 0; it must end at min_lr_ratio "
+                    f"({min_ratio}): min + (1 - min) * (1 + cos(pi * progress)) / 2."
+                )
         assert math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-9), (
             f"step {step} (warmup {warmup}, total {total}, min {min_ratio}): expected "
             f"{expected:.6f}, got {got:.6f}. Warm-up is step / warmup_steps; then "

@@ -197,6 +197,7 @@ MUTANTS = [
         "residual = self.embed(tokens) + self.pos_embed(tokens)",
         "residual = self.embed(tokens)",
         "the positional embedding forgotten",
+        says=("positional embedding",),
     ),
     Mutant(
         "transformer",

@@ -88,6 +88,7 @@ MUTANTS = [
         "return min_lr_ratio + (1.0 - min_lr_ratio) * cosine",
         "return cosine",
         "the cosine decays to 0, ignoring min_lr_ratio",
+        says=("min_lr_ratio", "towards 0"),
     ),
     Mutant(
         "lr_schedule",
