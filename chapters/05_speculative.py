@@ -1591,6 +1591,21 @@ print(f"v of lookahead's widest pass ({look_width} tokens): "
       f"{speed.v_at(costs, look_width, speed.CACHE_LEN):.2f}")  # fmt: skip
 
 # %% [markdown]
+# **Predict, then run.** The next cell prints, for each drafter and $k$, the fraction $\alpha$ of
+# tested drafts that were kept, then the tokens per pass. Before you read the tokens per pass,
+# put its $\alpha$ into $E[\text{tokens per round}] = 1 + \alpha + \dots + \alpha^k$: will
+# the run match the formula, and for which $k$ must it?
+#
+# <details><summary>What to expect</summary>
+#
+# At $k = 1$ they must agree: a round tests one draft, so it emits $1 + \alpha$ tokens on
+# average whatever the text. For larger $k$ the formula assumes that every draft is kept with
+# the same probability, independently of the ones before it, and a real text is not like that
+# (a loop is easy to guess all the way through, a new line is not): the cell prints the
+# formula's value beside each measurement, so you see how far your run is from it.
+#
+# </details>
+#
 # Now the real thing, greedy, on the chapter's timing prompt (the looping kind): both drafters
 # for each $k$, and lookahead decoding with and without `pool_from_prompt`, against chapter
 # 4's cached sampler. Each prediction
@@ -1644,9 +1659,10 @@ with one_thread(), torch.inference_mode():
             measured[name].append(m)
             predicted[name].append(p)
             rounds[(name, k)] = (stats, calibrated)
+            iid = sum(stats.acceptance**i for i in range(k + 1))  # 1 + a + ... + a^k
             print(f"{name:5} k={k}: alpha {stats.acceptance:.2f}, tokens per pass "
-                  f"{stats.tokens_per_pass:.2f}, measured {m:.2f}x, predicted "
-                  f"{p:.2f}x")  # fmt: skip
+                  f"{stats.tokens_per_pass:.2f} (the formula says {iid:.2f}), measured "
+                  f"{m:.2f}x, predicted {p:.2f}x")  # fmt: skip
     for pool_from_prompt in [False, True]:
         name = "lookahead + text" if pool_from_prompt else "lookahead"
         setting = (*look, pool_from_prompt)
@@ -1663,6 +1679,11 @@ plot_speedup(
     {labels[n]: v for n, v in predicted.items()},
     title=f"Greedy, {n_time} tokens, one thread: against chapter 4's cached sampler",
 )
+
+# %% tags=["claim"]
+for _name in ["model", "ngram"]:  # "What to expect": at k = 1, tokens per pass is 1 + alpha
+    _stats = rounds[(_name, 1)][0]
+    assert abs(_stats.tokens_per_pass - 1 - _stats.acceptance) < 1e-9, _name
 
 # %% [markdown]
 # What your run says, in numbers: the next cell writes it out from the measurements above (the
