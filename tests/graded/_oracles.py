@@ -72,6 +72,13 @@ BEAM_SCORE_ATOL = 2e-3
 """A beam's score (a sum of up to a few dozen float32 log-probabilities) against HF's."""
 
 
+def close_f32(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Equal within float32 rounding (the bounds of `assert_close_f32`), shapes included."""
+    return actual.shape == expected.shape and torch.allclose(
+        actual, expected, atol=F32_ATOL, rtol=F32_RTOL
+    )
+
+
 def assert_close_f32(actual: torch.Tensor, expected: torch.Tensor, msg: str) -> None:
     """Equal within float32 rounding (`F32_ATOL`, `F32_RTOL`), or fail with `msg`."""
     torch.testing.assert_close(actual, expected, atol=F32_ATOL, rtol=F32_RTOL, msg=msg)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.graded._oracles import F32_ATOL, F32_RTOL
+from tests.graded._oracles import F32_ATOL, close_f32
 from utils.models import load_weights, params_under
 
 CHAPTER = "01_transformer"
@@ -32,19 +32,13 @@ def randn(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-def close(actual, expected) -> bool:
-    return actual.shape == expected.shape and torch.allclose(
-        actual, expected, atol=F32_ATOL, rtol=F32_RTOL
-    )
-
-
 def assert_matches(actual, expected, what: str, hint: str = "") -> None:
     assert isinstance(actual, torch.Tensor), f"{what} must return a tensor, got {type(actual)}"
     assert actual.shape == expected.shape, (
         f"{what} returned shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
     )
     diff = (actual - expected).abs().max().item()
-    assert close(actual, expected), (
+    assert close_f32(actual, expected), (
         f"{what} differs from the reference model by up to {diff:.3g}. {hint}".strip()
     )
 
@@ -104,7 +98,7 @@ def test_layernorm_epsilon_inside_sqrt(impl, reference):
     out = ln(x)
     centered = x - x.mean(-1, keepdim=True)
     outside = centered / (centered.pow(2).mean(-1, keepdim=True).sqrt() + cfg.layer_norm_eps)
-    if close(out, outside * p["w"] + p["b"]):
+    if close_f32(out, outside * p["w"] + p["b"]):
         pytest.fail("Is your epsilon outside the sqrt? It goes inside: sqrt(var + eps).")
     assert_matches(out, expected, "LayerNorm on a low-variance input", "Epsilon inside the sqrt?")
 
@@ -135,7 +129,7 @@ def test_layernorm_biased_variance(impl):
     unbiased = (x - x.mean(-1, keepdim=True)) / (
         x.var(-1, keepdim=True) + cfg.layer_norm_eps
     ).sqrt()
-    if close(out, unbiased * p["w"] + p["b"]):
+    if close_f32(out, unbiased * p["w"] + p["b"]):
         pytest.fail("Use the biased variance (divide by d_model): var(unbiased=False).")
     assert_matches(out, expected, "LayerNorm with d_model=4")
 
@@ -168,7 +162,7 @@ def test_embed_matches_reference(impl, reference, ref_run):
     tokens, _, cache = ref_run
     embed = build(impl.Embed, reference.cfg, params_under(reference.params, "embed."))
     out, expected = embed(tokens), cache["hook_embed"]
-    if isinstance(out, torch.Tensor) and close(out, expected * reference.cfg.d_model**0.5):
+    if isinstance(out, torch.Tensor) and close_f32(out, expected * reference.cfg.d_model**0.5):
         pytest.fail(
             "Your embeddings are scaled by sqrt(d_model), as the original Transformer's are; "
             "GPT-2 does not scale them: row t of W_E as it is."
@@ -231,7 +225,7 @@ def test_attention_matches_reference(impl, reference, ref_run):
     x = cache["blocks.0.ln1.hook_out"]
     expected = cache["blocks.0.hook_attn_out"]
     out = build(impl.Attention, cfg, params)(x)
-    if not close(out, expected):
+    if not close_f32(out, expected):
         # Diagnose the scale: rescaling the queries undoes a wrong score scale exactly.
         for factor, mistake in [
             (cfg.d_head**-0.5, "Did you forget to divide the scores by sqrt(d_head)?"),
@@ -239,12 +233,12 @@ def test_attention_matches_reference(impl, reference, ref_run):
             ((cfg.d_model / cfg.d_head) ** 0.5, "Divide by sqrt(d_head), not sqrt(d_model)."),
         ]:
             scaled = dict(params, W_Q=params["W_Q"] * factor, b_Q=params["b_Q"] * factor)
-            if close(build(impl.Attention, cfg, scaled)(x), expected):
+            if close_f32(build(impl.Attention, cfg, scaled)(x), expected):
                 pytest.fail(mistake)
         # A forgotten bias shifts every output by a constant vector (attention rows sum to 1).
         v_shift = torch.einsum("hd,hdm->m", params["b_V"], params["W_O"])
         for shift, bias in [(params["b_O"], "b_O"), (v_shift, "b_V")]:
-            if close(out, expected - shift):
+            if close_f32(out, expected - shift):
                 pytest.fail(f"Did you forget the bias {bias}? Add it as you add the others.")
     assert_matches(out, expected, "Attention (block 0)", "Check the biases and the softmax dim.")
 
@@ -299,17 +293,17 @@ def test_mlp_matches_reference(impl, reference, ref_run):
     x = cache["blocks.0.ln2.hook_out"]
     expected = cache["blocks.0.hook_mlp_out"]
     out = build(impl.MLP, reference.cfg, p)(x)
-    if not close(out, expected):
+    if not close_f32(out, expected):
         exact_gelu = F.gelu(x @ p["W_in"] + p["b_in"]) @ p["W_out"] + p["b_out"]
-        if close(out, exact_gelu):
+        if close_f32(out, exact_gelu):
             pytest.fail("GPT-2 uses the tanh approximation of GELU: use gelu_new.")
         relu = F.relu(x @ p["W_in"] + p["b_in"]) @ p["W_out"] + p["b_out"]
-        if close(out, relu):
+        if close_f32(out, relu):
             pytest.fail("GPT-2's MLP uses GELU (gelu_new, its tanh approximation), not ReLU.")
         no_bias = F.gelu(x @ p["W_in"], approximate="tanh") @ p["W_out"]
-        if close(out, no_bias):
+        if close_f32(out, no_bias):
             pytest.fail("Did you drop the biases b_in and b_out?")
-        if close(out, no_bias + p["b_out"]):
+        if close_f32(out, no_bias + p["b_out"]):
             pytest.fail("Did you forget b_in? It is added before the GELU.")
     assert_matches(out, expected, "MLP (block 0)")
 
@@ -376,17 +370,17 @@ def test_transformer_matches_bridge(impl, reference, ref_run):
     last = cache[f"blocks.{reference.cfg.n_layers - 1}.hook_resid_post"]
     unembed = params_under(reference.params, "unembed.")
     no_ln_final = last @ unembed["W_U"] + unembed["b_U"]
-    if isinstance(out, torch.Tensor) and close(out, no_ln_final):
+    if isinstance(out, torch.Tensor) and close_f32(out, no_ln_final):
         pytest.fail(
             "Your logits are the unembedding of the last block's output as it is: apply "
             "ln_final to the residual stream before unembed."
         )
-    if isinstance(out, torch.Tensor) and not close(out, logits):
+    if isinstance(out, torch.Tensor) and not close_f32(out, logits):
         with torch.no_grad():  # the reference, run without its positional embedding
             no_positions = reference.bridge.run_with_hooks(
                 tokens, fwd_hooks=[("hook_pos_embed", lambda t, hook: torch.zeros_like(t))]
             )
-        if close(out, no_positions):
+        if close_f32(out, no_positions):
             pytest.fail(
                 "Your logits are the reference's with no positional embedding: add pos_embed's "
                 "output to the token embeddings before the first block."

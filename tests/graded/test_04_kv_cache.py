@@ -22,10 +22,9 @@ from transformers import (
 from tests.graded._oracles import (
     BATCH_PROMPTS,
     BEAM_SCORE_ATOL,
-    F32_ATOL,
-    F32_RTOL,
     PROMPT,
     assert_close_f32,
+    close_f32,
     hf_beam_search,
     hf_greedy,
     hf_window_greedy,
@@ -200,13 +199,6 @@ def test_causal_mask_hides_the_keys_after_each_query(impl, n_query, n_key):
 def head_first(t: torch.Tensor) -> torch.Tensor:
     """transformer-lens's [batch, pos, head, d_head] as the cache's [batch, head, pos, d_head]."""
     return t.transpose(1, 2)
-
-
-def close_f32(actual: torch.Tensor, expected: torch.Tensor) -> bool:
-    """Equal within float32 rounding (the bounds of `assert_close_f32`), shapes included."""
-    return actual.shape == expected.shape and torch.allclose(
-        actual, expected, atol=F32_ATOL, rtol=F32_RTOL
-    )
 
 
 def attention_by_hand(attn, acts, layer: int, n_past: int, n_new: int, allowed=None, scale=None):
