@@ -53,6 +53,11 @@
 # sets from their definitions, logits chosen first and then built into hidden states and
 # weights for the fused kernel, and chapter 5's checks for the rejection sampler.
 #
+# **On a GPU, the same blocks.** On a GPU the wrappers choose blocks of thousands of columns,
+# longer than the tests' rows. So there the tests give the wrappers the interpreter's smaller
+# blocks, and a kernel that mishandles a row's second block fails on a GPU as it does on the
+# CPU. The GPU-only tests of a real vocabulary's size keep the wrappers' own blocks.
+#
 # **Time:** about 5 hours 35 minutes (the seven exercises' estimates below add up to it). **You
 # need:** chapter 3's sampling rules (temperature, top-k, top-p) and chapter 5's Gumbel-max trick
 # and rejection sampler.

@@ -17,9 +17,8 @@ from torch import Tensor
 
 from solutions.kernels.runtime import (
     DEVICE,
-    INTERPRET,
     kernel_tensor,
-    next_power_of_2,
+    row_block,
     rows_per_program,
 )
 from solutions.speculative import check_rejection_args
@@ -200,7 +199,7 @@ def rejection_sample(
     u = torch.rand(batch, k + 1, generator=generator, device=where).to(DEVICE)
     out = torch.full((batch, k + 1), -1, dtype=torch.int64, device=DEVICE)
     accepted = torch.zeros(batch, k, dtype=torch.int8, device=DEVICE)
-    block_v = min(next_power_of_2(n_vocab), 1024 if INTERPRET else 4096)
+    block_v, _ = row_block(n_vocab, gpu_block=4096)
     block_b = rows_per_program(batch, block_v)
     rejection_kernel[(triton.cdiv(batch, block_b),)](
         target_probs,

@@ -47,6 +47,12 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+# The most columns a block may hold on a GPU, or None for the wrappers' own choice. The graded
+# tests set it to the interpreter's 1,024 (tests/graded/test_06_kernels.py), so that their rows
+# of a few thousand columns span several blocks on a GPU too, as they do under the interpreter.
+GPU_BLOCK_CAP: int | None = None
+
+
 def row_block(n_cols: int, gpu_block: int) -> tuple[int, int]:
     """(BLOCK_V, num_warps) for a kernel that walks each row in blocks of BLOCK_V columns.
 
@@ -58,7 +64,7 @@ def row_block(n_cols: int, gpu_block: int) -> tuple[int, int]:
     each of 64 rows. A block of 4,096 float32 holds 16 KB; one of 16,384, 64 KB."""
     if INTERPRET:
         return min(next_power_of_2(n_cols), 1024), 4
-    return gpu_row_block(n_cols, gpu_block)
+    return gpu_row_block(n_cols, min(gpu_block, GPU_BLOCK_CAP or gpu_block))
 
 
 def gpu_row_block(n_cols: int, gpu_block: int) -> tuple[int, int]:

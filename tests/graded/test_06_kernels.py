@@ -35,7 +35,8 @@ from transformers.generation.logits_process import TopPLogitsWarper
 if importlib.util.find_spec("triton") is None:  # Triton is a Linux-only dependency
     pytest.skip("chapter 6 needs Triton (Linux)", allow_module_level=True)
 
-from solutions.kernels.runtime import DEVICE, INTERPRET  # noqa: E402  (sets the mode first)
+from solutions.kernels import runtime  # noqa: E402  (sets the mode first)
+from solutions.kernels.runtime import DEVICE, INTERPRET  # noqa: E402
 from tests.graded import _rejection as rejection  # noqa: E402
 from tests.graded._compile import COMPILE_BUDGET_S, assert_compiles_for_a_gpu  # noqa: E402
 from tests.graded._gumbel import (  # noqa: E402
@@ -70,6 +71,17 @@ def gpu(test):
     minutes)."""
     skip = pytest.mark.skipif(INTERPRET, reason="GPU only: real vocabulary sizes")
     return pytest.mark.gpu(skip(test))
+
+
+@pytest.fixture(autouse=True)
+def several_blocks_on_a_gpu_too(request, monkeypatch):
+    """On a GPU the given wrappers' blocks hold 4,096 to 16,384 columns, so a row of LONG_V
+    would fit in one, and a kernel that mishandles the second block (a sum not rescaled, a
+    block's start forgotten, a prefix sum that restarts) would pass there. The tests of this
+    file cap a GPU's blocks at the interpreter's 1,024 columns, so that a GPU walks the same
+    blocks as the interpreter; the `gpu` tests keep the wrappers' own blocks."""
+    if not INTERPRET and request.node.get_closest_marker("gpu") is None:
+        monkeypatch.setattr(runtime, "GPU_BLOCK_CAP", 1024)
 
 
 def rows_of(vector: torch.Tensor, n: int) -> torch.Tensor:

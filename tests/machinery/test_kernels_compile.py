@@ -107,11 +107,33 @@ def test_the_compiled_launches_are_the_wrappers_own(monkeypatch):
             "top_k_top_p",
             lambda: k.top_k_top_p_sample(torch.ones(2, 8) / 8, top_p=0.9),
         ),
+        "rejection_kernel": (
+            "rejection",
+            lambda: k.rejection_sample(
+                torch.ones(2, 3, 8) / 8, torch.ones(2, 2, 8) / 8, torch.zeros(2, 2).long()
+            ),
+        ),
     }
     for name, (module, call) in wrappers.items():
         monkeypatch.setattr(f"solutions.kernels.{module}.row_block", spy(name))
         call()
         block, warps = runtime.gpu_row_block(V, asked[name])
         for launch in LAUNCHES[name]:
-            assert launch.options == {"num_warps": warps}, (name, launch.options)
+            # The rejection wrapper passes no num_warps: Triton's default, 4.
+            options = launch.options or {"num_warps": 4}
+            assert options == {"num_warps": warps}, (name, launch.options)
             assert {b["BLOCK_V"] for b in launch.branches} == {block}, (name, launch.branches)
+
+
+def test_the_graded_tests_cap_gpu_blocks_at_the_interpreters(monkeypatch):
+    # On a GPU the wrappers' blocks hold 4,096 to 16,384 columns, so the graded tests' rows of
+    # 2,500 would fit in one block there, and a kernel that mishandles a second block would
+    # pass. runtime.GPU_BLOCK_CAP, which chapter 6's graded tests set, gives a GPU the
+    # interpreter's 1,024-column blocks; unset, the wrappers' own choice stands.
+    from solutions.kernels import runtime
+
+    monkeypatch.setattr(runtime, "INTERPRET", False)  # the GPU's branch, without a GPU
+    assert runtime.row_block(2_500, gpu_block=16_384) == (4_096, 4)
+    monkeypatch.setattr(runtime, "GPU_BLOCK_CAP", 1_024)
+    assert runtime.row_block(2_500, gpu_block=16_384) == (1_024, 4)
+    assert runtime.row_block(500, gpu_block=4_096) == (512, 4)
