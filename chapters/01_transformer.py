@@ -201,7 +201,8 @@ print(token_strings(tokenizer, "Tokens, not characters: that is what a model rea
 # ## 2. The big picture
 #
 # Here is all of GPT-2, read from the bottom up: tokens in, one vector of scores per position
-# out. In a block, `x_mid = x + attn(ln1(x))`, then `x_out = x_mid + mlp(ln2(x_mid))`.
+# out. Each block holds an attention layer and then an MLP; each of the two reads a LayerNorm
+# of the stream and adds its output back (section 7 writes the block's equations).
 
 # %%
 from utils.plots import plot_transformer_diagram

@@ -10,8 +10,9 @@ from solutions import checks
 class TokenWindows(Dataset):
     """Windows of `n_ctx` tokens over one token stream, starting every `stride` tokens.
 
-    Window `i` is `(x, y)` with `x = tokens[s : s + n_ctx]` and `y = tokens[s + 1 : s + n_ctx + 1]`
-    where `s = i * stride`: the target at every position is the token that comes next.
+    Window `i` starts at token `i * stride` and is a pair `(x, y)`: `x` holds the `n_ctx`
+    tokens from its start on, `y` the `n_ctx` tokens one further on, so the target at every
+    position is the token that comes next. A window needs `n_ctx + 1` tokens from its start.
     """
 
     def __init__(self, tokens: Int[Tensor, " n_tokens"], n_ctx: int, stride: int | None = None):
