@@ -75,6 +75,7 @@ from utils.models import load_model
 from utils.plots import (
     plot_coupling,
     plot_lookahead_mask,
+    plot_lookahead_window,
     plot_rejection_sampling,
     plot_speculative_rounds,
     plot_speedup,
@@ -1037,7 +1038,91 @@ for step, guesses in enumerate(history):
 # it, a whole text, and the model cannot tell it is in a crowd. Chapter 4's
 # `forward_with_cache` takes this layout as `positions` (each token's position: the cache's
 # length plus its offset) and `allowed` (`[new, cached + new]`).
+
+# %% [markdown]
+# ### One pass, by hand
 #
+# A toy, with words for tokens: $W = 3$ columns, $N = 3$ (two levels), $G = 2$. The text ends
+# in `the`, which is `last`. Earlier passes left this window, and the pool holds two n-grams
+# keyed on `the`: (`queen`, `is`) and (`king`, `is`). Offsets count from `last`:
+#
+# | offset | 0 | 1 | 2 | 3 | 4 |
+# |---|---|---|---|---|---|
+# | `last` | `the` | | | | |
+# | level 0 | | `king` | `the` | `of` | |
+# | level 1 | | | `is` | `king` | `the` |
+#
+# Level 0's three guesses sit at offsets 1, 2 and 3, level 1's at 2, 3 and 4: each column runs
+# down a diagonal. The pass is 11 tokens, `last`, the two levels and the two candidates, at
+# offsets 0 | 1 2 3 | 2 3 4 | 1 2 | 1 2. Suppose the model predicts what the steps below say.
+#
+# 1. **The lookahead branch.** Each level-1 token reads its own text and predicts the next
+#    position. Column 0's `is` reads `the king is` (`last`, its column's `king`, itself) and
+#    predicts `dead`, at offset 3. Column 1's `king` reads `the king the king` (`last`, level
+#    0's `king` before its column, then its own column: `the`, `king`) and predicts `is`.
+#    Column 2's `the` reads `the king the of the` and predicts `king`. None of these texts will
+#    be written; they are nearly right texts, and what the model writes after them is often
+#    right.
+# 2. **The verification branch.** The model's prediction after `last` is `king`. Candidate 0,
+#    `queen is`, fails at its first token: a run of 0. Candidate 1, `king is`: `king` matches;
+#    the prediction after `the king` is `is`, which matches; the prediction after `the king
+#    is` is `dead`, the bonus token. The pass emits `king is dead`, three tokens.
+# 3. **The cache** keeps `the` and candidate 1's `king is` (the run). `dead`, emitted but not
+#    yet read by the model, is the new `last`. Nothing of the window is kept.
+# 4. **The pool.** The window is full ($N - 1$ levels), so each column plus its prediction is
+#    an n-gram: `king is dead`, `the king is` and `of the king`, keyed on `king`, `the` and
+#    `of`. The second is candidate 1 again: seen anew, it moves to the front of `the`'s list.
+# 5. **The window** moves on by one level: level 1 becomes level 0 (`is`, `king`, `the`), the
+#    predictions become level 1 (`dead`, `is`, `king`), and the oldest level is dropped. The
+#    next pass reads them as guesses for offsets 1, 2, 3 and 2, 3, 4 after `dead`, although
+#    `last` moved on by three positions: they are only guesses.
+#
+# The figure draws steps 1 and 4: each column's trajectory down its diagonal, the dashed box at
+# its end the pass's prediction, and at the right the n-gram that goes into the pool.
+
+# %%
+plot_lookahead_window(
+    "the", [["king", "the", "of"], ["is", "king", "the"]], new=["dead", "is", "king"],
+    title="The toy pass: W = 3, N = 3",
+)  # fmt: skip
+
+# %% tags=["claim"]
+# The pass worked by hand, replayed by the reference code: its offsets, its verification with
+# a model that predicts what the steps say, and its harvest.
+from solutions import lookahead as _reference
+
+_words = ["the", "king", "of", "is", "dead", "queen"]
+
+
+def _ids(text):
+    return torch.tensor([_words.index(w) for w in text.split()])
+
+
+def _predicts(text):  # logits whose greedy token is each word of `text`
+    return F.one_hot(_ids(text), len(_words)).float()
+
+
+_offsets, _allowed = _reference.lookahead_layout(2, 3, 2, 3)
+assert _offsets.tolist() == [0, 1, 2, 3, 2, 3, 4, 1, 2, 1, 2], "the toy pass's offsets"
+# Level 1's king (index 5) reads last, level 0's king and the, and itself; level 1's the
+# (index 6) reads `the king the of the`; candidate 1's is (index 10) reads last and king is.
+assert [_allowed[q].nonzero().flatten().tolist() for q in (5, 6, 10)] == [
+    [0, 1, 2, 5], [0, 1, 2, 3, 6], [0, 9, 10]]  # fmt: skip
+_emitted, _best, _run = _reference.verify(
+    _predicts("king")[0], torch.stack([_predicts("is dead"), _predicts("is dead")]),
+    torch.stack([_ids("queen is"), _ids("king is")]), 0.0, None,
+)  # fmt: skip
+assert ([_words[t] for t in _emitted], _best, _run) == (["king", "is", "dead"], 1, 2)
+_grams = _reference.harvest(torch.stack([_ids("king the of"), _ids("is king the")]),
+                            _ids("dead is king"))  # fmt: skip
+assert [[_words[t] for t in (key, *rest)] for key, rest in _grams] == [
+    ["king", "is", "dead"], ["the", "king", "is"], ["of", "the", "king"]]  # fmt: skip
+_pool = _reference.NgramPool(3, 2)
+for _cont in ["king is", "queen is", "king is"]:  # added in this order: queen, then king, first
+    _pool.add(_words.index("the"), tuple(_ids(_cont).tolist()))
+assert _pool.candidates(_words.index("the"))[0] == tuple(_ids("king is").tolist())
+
+# %% [markdown]
 # ### Exercise: `lookahead_layout`
 #
 # *About 30 minutes.*
@@ -1324,6 +1409,44 @@ check("lookahead_verify")
 
 # %%
 check("lookahead_round")
+
+# %% [markdown]
+# The same with the model's own tokens: your `lookahead_round`, greedy, ten passes after the
+# first lines of *Coriolanus* ($W = 4$, $N = 3$, $G = 4$). Each line is a pass: `last`, how many
+# pooled candidates it checked, what it emitted, and the n-grams it harvested (from the second
+# pass on: the first starts from one level of prompt tokens and adds the second). The figure
+# draws the fifth pass's window. Read each column down its diagonal. Then find a pass that
+# emits more than one token, and the earlier pass that harvested the n-gram it kept: the pool
+# keeps an n-gram until `last` is its key, which may be many passes later, or never.
+
+# %%
+window_prompt = tokenizer.encode(
+    "FIRST CITIZEN.\nBefore we proceed any further, hear me speak.\n\nALL.\nSpeak, speak.\n\n"
+    "FIRST CITIZEN.\n"
+)
+window_state = start_lookahead(main, window_prompt, window=4, ngram=3, guesses=4)
+emitted_per_pass = []
+for pass_number in range(1, 11):
+    levels, last = window_state.levels.clone(), window_state.last
+    emitted, checked = lookahead_round(main, window_state, ngram=3, guesses=4, temperature=0.0,
+                                       generator=None)  # fmt: skip
+    new = window_state.levels[-1]  # this pass's predictions, now the newest level
+    full = len(levels) == 2  # N - 1 levels: this pass harvested
+    grams = [tokenizer.decode([key, *rest]) for key, rest in harvest(levels, new)] if full else []
+    emitted_per_pass.append(len(emitted))
+    print(f"pass {pass_number:2}: last {tokenizer.decode([last])!r:11} {checked} checked, emitted "
+          f"{tokenizer.decode(emitted)!r:14} harvested {grams}")  # fmt: skip
+    if pass_number == 5:
+        drawn = (last, levels, new)
+
+last, levels, new = drawn
+plot_lookahead_window(
+    tokenizer.decode([last]), [[tokenizer.decode([t]) for t in level] for level in levels.tolist()],
+    new=[tokenizer.decode([t]) for t in new.tolist()], title="Pass 5: W = 4, N = 3, G = 4",
+)  # fmt: skip
+
+# %% tags=["claim"]
+assert max(emitted_per_pass) >= 2, "the prose asks for a pass that emits more than one token"
 
 # %% [markdown]
 # **Predict, then run.** Greedy text from the four prompts of section 3, by chapter 4's

@@ -1083,3 +1083,86 @@ def plot_lookahead_mask(
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     ax.set_title(title or f"Lookahead pass: W = {window}, N = {ngram}, {n_cand} candidates")
     plt.show()
+
+
+def plot_lookahead_window(
+    last: str,
+    levels: Sequence[Sequence[str]],
+    new: Sequence[str] | None = None,
+    title: str = "",
+) -> None:
+    """The lookahead branch of one pass, laid out by position: `last` at offset 0, then level
+    j, column i at offset i + j + 1 (`levels` oldest first, each `window` token texts), so each
+    column climbs down a diagonal. With `new` (the pass's prediction after each column's newest
+    guess, `window` texts) the diagonals gain one more token, and the panel at the right lists
+    the n-gram each column gives the pool: its oldest token is the key, the rest the
+    continuation. Each column has its own colour; a dashed box is a prediction of this pass."""
+    rows = [list(map(str, level)) for level in levels]
+    if not rows or not rows[0] or any(len(row) != len(rows[0]) for row in rows):
+        raise ValueError(
+            "levels must be a non-empty list of levels of the same non-zero length (the window's"
+            f" width); got lengths {[len(row) for row in rows]}"
+        )
+    n_levels, window = len(rows), len(rows[0])
+    if new is not None and len(new) != window:
+        raise ValueError(f"new must hold one token per column ({window}), got {len(new)}")
+    n_rows = n_levels + (new is not None)
+    last_offset = window + n_rows - 1  # the furthest position drawn
+    colours = plt.get_cmap("tab10")(np.arange(window) % 10)
+    fig, axes = plt.subplots(
+        1,
+        2 if new is not None else 1,
+        figsize=(1.0 * (last_offset + 2) + (3.2 if new is not None else 0), 0.75 * n_rows + 2.0),
+        gridspec_kw={"width_ratios": [last_offset + 2, 3.2]} if new is not None else None,
+        layout="constrained",
+        squeeze=False,
+    )
+    ax = axes[0][0]
+
+    def box(x: float, y: float, token: str, colour, dashed: bool = False) -> None:
+        ax.add_patch(
+            FancyBboxPatch(
+                (x - 0.44, y - 0.3),
+                0.88,
+                0.6,
+                boxstyle="round,pad=0,rounding_size=0.1",
+                facecolor=0.8 + 0.2 * np.asarray(colour[:3]),  # a pale, opaque fill
+                edgecolor=colour,
+                linestyle="--" if dashed else "-",
+                linewidth=1.4,
+                zorder=2,
+            )
+        )
+        ax.text(x, y, readable_token(token, max_chars=8), ha="center", va="center", fontsize=8,
+                family="monospace", zorder=3)  # fmt: skip
+
+    box(0, 0, str(last), np.array(plt.get_cmap("Greys")(0.6)))
+    for i in range(window):
+        trajectory = [(i + j + 1, j + 1) for j in range(n_rows)]
+        xs, ys = zip(*trajectory, strict=True)
+        ax.plot(xs, ys, color=colours[i], linewidth=2, alpha=0.5, zorder=1)  # the trajectory
+        for j in range(n_levels):
+            box(i + j + 1, j + 1, rows[j][i], colours[i])
+        if new is not None:
+            box(i + n_rows, n_rows, str(new[i]), colours[i], dashed=True)
+    names = ["text (last)"] + [f"level {j}" for j in range(n_levels)]
+    names += ["this pass predicts"] if new is not None else []
+    ax.set_yticks(range(n_rows + 1), names, fontsize=8)
+    ax.set_xticks(range(last_offset + 1))
+    ax.tick_params(labelsize=8)
+    ax.set(xlim=(-0.6, last_offset + 0.6), ylim=(n_rows + 0.6, -0.6))
+    ax.set_xlabel("offset after last (the position each token guesses)", fontsize=8)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(title or f"The lookahead window: {window} columns, {n_levels} levels", fontsize=10)
+    if new is not None:
+        panel = axes[0][1]
+        panel.axis("off")
+        panel.set(xlim=(0, 1), ylim=(window + 1, -0.5))
+        panel.text(0, 0, "into the pool\n(key → continuation)", fontsize=8, va="center")
+        for i in range(window):
+            gram = [rows[j][i] for j in range(n_levels)] + [str(new[i])]
+            key, rest = gram[0], " ".join(readable_token(t, max_chars=8) for t in gram[1:])
+            panel.text(0, i + 1, f"column {i}: {readable_token(key, max_chars=8)} → {rest}",
+                       fontsize=8, va="center", family="monospace", color=colours[i])  # fmt: skip
+    plt.show()

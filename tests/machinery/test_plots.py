@@ -498,3 +498,47 @@ def test_dual_pivot_rounds_halve_the_interval_and_keep_a_top_p_token():
     widths = fig.axes[-1].lines[0].get_ydata()
     assert list(widths) == [r["high"] - r["low"] for r in rounds]
     assert "top-p = 0.3" in fig._suptitle.get_text()
+
+
+def test_lookahead_window_puts_level_j_column_i_at_offset_i_plus_j_plus_1():
+    from utils.plots import plot_lookahead_window
+
+    levels = [["king", "the", "of"], ["is", "king", "the"]]
+    plot_lookahead_window("the", levels, new=["dead", "is", "king"], title="toy")
+    fig = plt.gcf()
+    ax, panel = fig.axes
+    assert ax.get_title() == "toy"
+    placed = {(round(t.get_position()[0]), round(t.get_position()[1])): t.get_text()
+              for t in ax.texts}  # fmt: skip
+    expected = {(0, 0): "the"}
+    expected |= {
+        (i + j + 1, j + 1): w for j, level in enumerate(levels) for i, w in enumerate(level)
+    }
+    expected |= {(i + 3, 3): w for i, w in enumerate(["dead", "is", "king"])}
+    assert placed == expected
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "text (last)", "level 0", "level 1", "this pass predicts"]  # fmt: skip
+    # One trajectory per column, down its diagonal: (i + 1, 1), (i + 2, 2), (i + 3, 3).
+    for i, line in enumerate(ax.get_lines()):
+        assert list(line.get_xdata()) == [i + 1, i + 2, i + 3]
+        assert list(line.get_ydata()) == [1, 2, 3]
+    harvested = [t.get_text() for t in panel.texts][1:]
+    assert harvested == [
+        "column 0: king → is dead",
+        "column 1: the → king is",
+        "column 2: of → the king",
+    ]
+    assert [box.get_linestyle() for box in ax.patches].count("--") == 3  # the predictions
+
+
+def test_lookahead_window_without_predictions_and_bad_input():
+    from utils.plots import plot_lookahead_window
+
+    plot_lookahead_window(" a", [[" b", "\n"]])
+    fig = plt.gcf()
+    assert len(fig.axes) == 1
+    assert {t.get_text() for t in fig.axes[0].texts} == {"␣a", "␣b", "\\n"}
+    with pytest.raises(ValueError, match="^levels must be a non-empty list"):
+        plot_lookahead_window("a", [["b", "c"], ["d"]])
+    with pytest.raises(ValueError, match=r"^new must hold one token per column \(2\), got 1"):
+        plot_lookahead_window("a", [["b", "c"]], new=["d"])
