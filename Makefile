@@ -26,11 +26,15 @@ lab: $(STAMP) lab-settings
 	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks $(LAB_FLAGS)
 
 # JupyterLab's defaults for the course's environment: no "get notified about Jupyter news?"
-# pop-up over the notebook on first open, no update check (the course is offline after setup).
+# pop-up over the notebook on first open, no update check (the course is offline after setup),
+# and a server that gives a notebook its kernel's metadata as it opens it, so that a notebook
+# just opened is not "modified" (utils/lab_contents.py).
 LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
+SERVER_CONFIG := $(VENV)/etc/jupyter/jupyter_server_config.json
 lab-settings:
-	mkdir -p $(dir $(LAB_SETTINGS))
+	mkdir -p $(dir $(LAB_SETTINGS)) $(dir $(SERVER_CONFIG))
 	cp utils/lab-overrides.json $(LAB_SETTINGS)
+	cp utils/jupyter_server_config.json $(SERVER_CONFIG)
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -323,6 +323,21 @@ class Notebook:
     def __init__(self, page):
         self.page = page
 
+    def wait_for_kernel(self, timeout_s: float) -> None:
+        """Until the notebook's kernel is started and idle."""
+        indicator = self.page.locator(".jp-NotebookPanel:visible .jp-Notebook-ExecutionIndicator")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if indicator.count() and indicator.first.get_attribute("data-status") == "idle":
+                time.sleep(1)  # the kernel's info reaches the notebook's metadata
+                return
+            time.sleep(0.3)
+        pytest.fail(f"the kernel was not idle after {timeout_s} s")
+
+    def modified(self) -> bool:
+        """Whether the notebook's tab shows unsaved changes."""
+        return self.page.locator(".lm-TabBar-tab.jp-mod-dirty").count() > 0
+
     def cell(self, index: int):
         return self.page.locator(".jp-NotebookPanel:visible .jp-Notebook .jp-Cell").nth(index)
 
@@ -461,6 +476,14 @@ def test_layernorm_check_in_jupyterlab(tmp_path, capsys):
                 page.goto(f"{lab.base}/lab/tree/{NOTEBOOK.name}?token={lab.token}")
                 nb = Notebook(page)
                 nb.cell(layout["check"]).wait_for(state="attached", timeout=UI_LOAD_S * 1000)
+                # Opened, its kernel started and nothing run: not modified. JupyterLab writes the
+                # kernel's metadata into the notebook; the course's server gives the notebook
+                # that metadata already (utils/lab_contents.py, make lab-settings).
+                nb.wait_for_kernel(SETUP_CELL_S)
+                assert nb.modified() is False, (
+                    "the notebook shows as modified as soon as it opens, before anything ran: "
+                    "is utils/jupyter_server_config.json in the environment (make lab-settings)?"
+                )
 
                 nb.run(layout["setup"], SETUP_CELL_S)
                 nb.assert_no_error(layout["setup"], "setup")
