@@ -1060,9 +1060,10 @@ for step, guesses in enumerate(history):
 #    position. Column 0's `is` reads `the king is` (`last`, its column's `king`, itself) and
 #    predicts `dead`, at offset 3. Column 1's `king` reads `the king the king` (`last`, level
 #    0's `king` before its column, then its own column: `the`, `king`) and predicts `is`.
-#    Column 2's `the` reads `the king the of the` and predicts `king`. None of these texts will
-#    be written; they are nearly right texts, and what the model writes after them is often
-#    right.
+#    Column 2's `the` reads `the king the of the` and predicts `king`. Column 0's text happens
+#    to be the one this pass will write (step 2); columns 1 and 2 read texts that nobody will
+#    write. Their predictions go into the pool all the same: an n-gram only has to be right
+#    after its own first token, wherever that token comes up later.
 # 2. **The verification branch.** The model's prediction after `last` is `king`. Candidate 0,
 #    `queen is`, fails at its first token: a run of 0. Candidate 1, `king is`: `king` matches;
 #    the prediction after `the king` is `is`, which matches; the prediction after `the king
