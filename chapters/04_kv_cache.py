@@ -406,10 +406,11 @@ print("rows [1, 1, 0]:", tuple(empty[torch.tensor([1, 1, 0])].keys[0].shape))
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# `offset = n_key - n_query`. `torch.triu(ones, diagonal=d)` keeps `True` where column $\ge$ row
-# $+ d$; which $d$ hides exactly the keys after position $\text{offset} + i$ in row $i$? Check
-# your answer on the picture: 3 queries and 5 keys must hide keys 3 and 4 in row 0 and nothing
-# in row 2. Create `ones` as a bool tensor `[n_query, n_key]` on `device`.
+# The keys are the cached positions, then the queries: the two sizes give the offset.
+# `torch.triu(ones, diagonal=d)` keeps `True` where column $\ge$ row $+ d$; which $d$ hides
+# exactly the keys after position $\text{offset} + i$ in row $i$? Check your answer on the
+# picture: 3 queries and 5 keys must hide keys 3 and 4 in row 0 and nothing in row 2. Create
+# `ones` as a bool tensor `[n_query, n_key]` on `device`.
 #
 # </details>
 #
@@ -719,11 +720,11 @@ for name, mistake in mistakes.items():
 # previous call, and returns the logits `[1, d_vocab]` for the token after it, keeping
 # `self.cache` up to date. Three cases:
 #
-# 1. **The first step, a prefill** (`self.cache is None`): run `forward_with_cache` on the
+# 1. **The first step, a prefill** (there is no cache yet): run `forward_with_cache` on the
 #    prompt, at most its last `n_ctx` tokens, as a batch of one.
 # 2. **The usual step**: run it on the one token sampled last, with the cache. Everything
 #    before it is in the cache already.
-# 3. **The cache is full** (`self.cache.length == n_ctx`): there is no room for the new token.
+# 3. **The cache is full** (it holds `n_ctx` positions): there is no room for the new token.
 #    See below.
 #
 # Keep the cache that `forward_with_cache` returns in `self.cache`, and return the logits at
@@ -928,7 +929,7 @@ assert torch.equal(outputs["cached, window_shift=1"], outputs["chapter 3, uncach
 #    how a cache picks rows). Then row $i$ of the cache is beam $i$'s past. (On the first step
 #    there is no cache yet.)
 # 2. **Run the model**. If there is no cache (the prompt, a single beam) or it is full
-#    (`cache.length == n_ctx`), prefill from the last `n_ctx` tokens of each beam, which is
+#    (it holds `n_ctx` positions), prefill from the last `n_ctx` tokens of each beam, which is
 #    exactly what the uncached beams read. Otherwise run only the newest token of each beam,
 #    with the cache: it holds every token of the beam but the one `top_continuations`
 #    appended last step.

@@ -277,7 +277,7 @@ assert abs(alpha_demo - 0.5) < 1e-6, "'What to expect' says alpha = 0.5 for this
 # `rejection_sample(target_probs, draft_probs, draft_tokens, generator=None, greedy=False)`
 # takes `target_probs` `[batch, k + 1, d_vocab]`, `draft_probs` `[batch, k, d_vocab]` and
 # `draft_tokens` `[batch, k]`, and returns `(tokens, accepted)` as above. The given
-# `check_rejection_args` (in the cell before) checks the shapes, that every row is a
+# `check_rejection_args` (imported by the setup cell) checks the shapes, that every row is a
 # probability distribution, that the ids are in range and, when sampling, that no draft token
 # has $q = 0$.
 #
@@ -356,9 +356,6 @@ assert abs(alpha_demo - 0.5) < 1e-6, "'What to expect' says alpha = 0.5 for this
 # reference implementation. Read it, then close it and write your own.
 #
 # </details>
-
-# %% tags=["source"]
-# solution: solutions.speculative.check_rejection_args
 
 # %% tags=["exercise"] exercise="rejection_sample"
 # solution: solutions.speculative.rejection_sample

@@ -460,8 +460,8 @@ check("inverse_transform")
 # top_p, generator)` returns a token of the top-p set and the number of rounds it took. Each
 # round: draw $j$ from `probs` restricted to $p > \text{low}$ (`torch.multinomial` accepts
 # weights that do not sum to 1); keep $j$ if the tokens strictly more likely hold less than
-# top-p; otherwise set `low` to $p_j$. The kernel later does the same per row, with a second
-# pivot and without a Python loop.
+# top-p; otherwise rule out $j$ and every token at most as likely, for the rounds after. The
+# kernel later does the same per row, with a second pivot and without a Python loop.
 #
 # Common mistakes: `<=` for `<` (a token whose more likely tokens hold exactly top-p is out);
 # summing the tokens at least as likely as $j$ (itself included); drawing from the whole row

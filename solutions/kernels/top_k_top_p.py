@@ -41,7 +41,8 @@ def top_p_one_pivot(
     """The idea in PyTorch, for one row (summing to 1), with one pivot: a token of the top-p set,
     renormalised, and the number of rounds it took. Each round draws j from p restricted to
     {p > low} and keeps it if the tokens strictly more likely than j hold less than top_p;
-    otherwise every token at most as likely as j is out: low = p_j."""
+    otherwise every token at most as likely as j is out, and the next round draws only among
+    the tokens more likely than j."""
     if top_p is None:
         raise ValueError("top_p must be a number in (0, 1], got None")
     check_sampling_args(top_p=top_p)
