@@ -1004,10 +1004,11 @@ for step, guesses in enumerate(history):
 #
 # - **`last`**, at offset 0.
 # - **The lookahead branch**: a window of $W$ columns and $N - 1$ levels of past guesses.
-#   Level $j$, column $i$ guesses the token at offset $i + j + 1$. Each level is one Jacobi
-#   iteration newer than the one below it and one position further on, so column $i$ read
-#   bottom-up is a run of $N - 1$ consecutive positions: a trajectory. The newest level's
-#   predictions become the next level; the oldest is dropped.
+#   Level $j$, column $i$ guesses the token at offset $i + j + 1$. Level 0 is the oldest; each
+#   level is one Jacobi iteration newer than the one before it and one position further on, so
+#   column $i$ read from level 0 to the newest level is a run of $N - 1$ consecutive
+#   positions: a trajectory. The newest level's predictions become the next level; the oldest
+#   is dropped.
 # - **The verification branch**: up to $G$ candidate n-grams from the **pool** whose first
 #   token is `last`; their other $N - 1$ tokens sit at offsets $1, \dots, N - 1$.
 #
