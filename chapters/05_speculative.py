@@ -1433,8 +1433,10 @@ for pass_number in range(1, 11):
     full = len(levels) == 2  # N - 1 levels: this pass harvested
     grams = [tokenizer.decode([key, *rest]) for key, rest in harvest(levels, new)] if full else []
     emitted_per_pass.append(len(emitted))
-    print(f"pass {pass_number:2}: last {tokenizer.decode([last])!r:11} {checked} checked, emitted "
-          f"{tokenizer.decode(emitted)!r:14} harvested {grams}")  # fmt: skip
+    print(f"pass {pass_number:2}: last {tokenizer.decode([last])!r}, {checked} checked, emitted "
+          f"{tokenizer.decode(emitted)!r}")  # fmt: skip
+    if grams:
+        print("         harvested", "  ".join(map(repr, grams)))
     if pass_number == 5:
         drawn = (last, levels, new)
 
