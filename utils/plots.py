@@ -36,6 +36,23 @@ def readable_token(text: str, max_chars: int | None = None) -> str:
     return shown
 
 
+def _token_box(ax, x: float, y: float, token: str, max_chars: int, fontsize: int,
+               text_colour: str = "black", height: float = 0.64, **patch) -> None:  # fmt: skip
+    """A token as a rounded box 0.88 wide centred on (x, y), with its readable text in monospace
+    (`patch`: the box's facecolor, edgecolor, linestyle... as FancyBboxPatch takes them)."""
+    ax.add_patch(
+        FancyBboxPatch(
+            (x - 0.44, y - height / 2),
+            0.88,
+            height,
+            boxstyle="round,pad=0,rounding_size=0.1",
+            **patch,
+        )
+    )
+    ax.text(x, y, readable_token(token, max_chars=max_chars), ha="center", va="center",
+            fontsize=fontsize, color=text_colour, family="monospace", zorder=3)  # fmt: skip
+
+
 def plot_temperature_curves(
     by_temperature: Mapping[float, Float[Tensor, "d_vocab"]], n_ranks: int | None = None
 ) -> None:
@@ -876,26 +893,9 @@ def plot_speculative_rounds(rounds: Sequence[Mapping], k: int, title: str = "") 
     text_colour = {"kept": "white", "rejected": "white", "ignored": "dimgrey", "main": "white"}
 
     def box(x: float, y: float, token: str, kind: str) -> None:
-        ax.add_patch(
-            FancyBboxPatch(
-                (x - 0.44, y - 0.32),
-                0.88,
-                0.64,
-                boxstyle="round,pad=0,rounding_size=0.1",
-                facecolor=SPEC_COLOURS[kind],
-                edgecolor="none" if kind != "ignored" else "darkgrey",
-            )
-        )
-        ax.text(
-            x,
-            y,
-            readable_token(token, max_chars=9),
-            ha="center",
-            va="center",
-            fontsize=9,
-            color=text_colour[kind],
-            family="monospace",
-        )
+        edge = "none" if kind != "ignored" else "darkgrey"
+        _token_box(ax, x, y, token, max_chars=9, fontsize=9, text_colour=text_colour[kind],
+                   facecolor=SPEC_COLOURS[kind], edgecolor=edge)  # fmt: skip
 
     for r, rnd in enumerate(rounds):
         y, n = -r, accepted[r]
@@ -1120,21 +1120,10 @@ def plot_lookahead_window(
     ax = axes[0][0]
 
     def box(x: float, y: float, token: str, colour, dashed: bool = False) -> None:
-        ax.add_patch(
-            FancyBboxPatch(
-                (x - 0.44, y - 0.3),
-                0.88,
-                0.6,
-                boxstyle="round,pad=0,rounding_size=0.1",
-                facecolor=0.8 + 0.2 * np.asarray(colour[:3]),  # a pale, opaque fill
-                edgecolor=colour,
-                linestyle="--" if dashed else "-",
-                linewidth=1.4,
-                zorder=2,
-            )
-        )
-        ax.text(x, y, readable_token(token, max_chars=8), ha="center", va="center", fontsize=8,
-                family="monospace", zorder=3)  # fmt: skip
+        _token_box(ax, x, y, token, max_chars=8, fontsize=8, height=0.6,
+                   facecolor=0.8 + 0.2 * np.asarray(colour[:3]),  # a pale, opaque fill
+                   edgecolor=colour, linestyle="--" if dashed else "-", linewidth=1.4,
+                   zorder=2)  # fmt: skip
 
     box(0, 0, str(last), np.array(plt.get_cmap("Greys")(0.6)))
     for i in range(window):
