@@ -53,16 +53,16 @@ test: $(STAMP)
 	@echo "needed); beside it the graded tests on the solutions, then on the blank stubs, where every"
 	@echo "graded test must FAIL (inverted: a pass there means it does not), then the learner-style"
 	@echo "mutants (tests/machinery/mutants/), each of which must fail a test of its exercise."
-	@echo "The peers' own tests (tests/peers/: HF, vLLM, FlashInfer) on the solutions, one in each lane."
+	@echo "Then, in the second lane, the peers' own tests (tests/peers/: HF, vLLM, FlashInfer) on"
+	@echo "the solutions."
 	$(LANES) "$(OFFLINE) $(PYTEST) -rs tests/machinery/test_notebooks_run.py \
 		 tests/machinery/test_browser.py && \
 		 $(OFFLINE) $(PYTEST) tests/machinery/test_grading.py \
-		 tests/machinery/test_kernels_compile.py && \
-		 $(OFFLINE) $(PYTEST) -q tests/peers --ignore=tests/peers/test_flashinfer_sampling.py" \
+		 tests/machinery/test_kernels_compile.py" \
 		"$(OFFLINE) $(PYTEST) tests/graded --impl solutions && \
 		 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail && \
 		 $(OFFLINE) $(PYTEST) tests/graded --mutants -q && \
-		 $(OFFLINE) $(PYTEST) -q tests/peers/test_flashinfer_sampling.py"
+		 $(OFFLINE) $(PYTEST) -q tests/peers"
 
 # Everything `make test` runs, then the tests marked slow (larger sizes of the peers' tests,
 # statistical tests repeated over many seeds).
