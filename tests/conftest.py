@@ -268,6 +268,21 @@ class MutantRun:
             skip = pytest.mark.skip(reason="no mutants of this exercise")
             metafunc.parametrize("impl", [pytest.param(None, marks=skip)], indirect=True)
 
+    def pytest_collection_modifyitems(self, items):
+        """A mutant's `try_first` test moves to the front of its module's tests (order only)."""
+        from tests.machinery.mutants import all_mutants
+
+        first = {m.id: m.try_first for m in all_mutants().values() if m.try_first}
+        start: dict[str, int] = {}  # each module's first position, so modules stay together
+        for i, item in enumerate(items):
+            start.setdefault(item.nodeid.split("::")[0], i)
+
+        def early(item) -> bool:
+            mutant = self._mutant_of(item)
+            return mutant in first and item.originalname == first[mutant]
+
+        items.sort(key=lambda item: (start[item.nodeid.split("::")[0]], not early(item)))
+
     @staticmethod
     def _mutant_of(item) -> str | None:
         callspec = getattr(item, "callspec", None)

@@ -38,6 +38,11 @@ class Mutant:
     # contain each (case-insensitive), so that it names this mistake and not another one.
     # Written from the mistake, not copied from today's message.
     says: tuple[str, ...] = ()
+    # A graded test to run first for this mutant (its function's name), for a mutant that
+    # computes right and that only a late test kills (a kernel that runs under the interpreter
+    # and that a GPU compiler refuses or wraps): the tests before it would all pass, slowly.
+    # Order only: if this test does not kill the mutant, every other test still runs.
+    try_first: str = ""
 
     @property
     def id(self) -> str:

@@ -202,6 +202,7 @@ MUTANTS: list[Mutant] = [
         "interpreter, refused by a GPU compiler",
         name="break-when-all-found",
         says=("break",),
+        try_first="test_inverse_transform_compiles_for_a_gpu",
     ),
     # top_k_top_p
     Mutant(
@@ -325,6 +326,7 @@ MUTANTS: list[Mutant] = [
         "is not a constexpr, which the interpreter reads and a GPU compiler refuses",
         name="interpret-global",
         says=("INTERPRET", "constexpr"),
+        try_first="test_fused_matmul_compiles_for_a_gpu",
     ),
     Mutant(
         "fused_matmul",
@@ -473,6 +475,7 @@ MUTANTS: list[Mutant] = [
         "the row offset in int32 (no .to(tl.int64)): it wraps past 2**31 elements on a GPU",
         name="int32-offsets",
         says=("int32", "int64"),
+        try_first="test_softmax_kernel_compiles_for_a_gpu",
     ),
     Mutant(
         "inverse_transform",
@@ -481,6 +484,7 @@ MUTANTS: list[Mutant] = [
         "the row offset in int32 (no .to(tl.int64)): it wraps past 2**31 elements on a GPU",
         name="int32-offsets",
         says=("int32", "int64"),
+        try_first="test_inverse_transform_compiles_for_a_gpu",
     ),
     Mutant(
         "top_k_top_p",
@@ -489,6 +493,7 @@ MUTANTS: list[Mutant] = [
         "the row offset in int32 (no .to(tl.int64)): it wraps past 2**31 elements on a GPU",
         name="int32-offsets",
         says=("int32", "int64"),
+        try_first="test_top_k_top_p_compiles_for_a_gpu",
     ),
     Mutant(
         "fused_matmul",
@@ -497,6 +502,7 @@ MUTANTS: list[Mutant] = [
         "the row offset in int32 (no .to(tl.int64)): it wraps past 2**31 elements on a GPU",
         name="int32-offsets",
         says=("int32", "int64"),
+        try_first="test_fused_matmul_compiles_for_a_gpu",
     ),
     Mutant(
         "rejection_kernel",
@@ -505,5 +511,6 @@ MUTANTS: list[Mutant] = [
         "the row offset in int32 (no .to(tl.int64)): it wraps past 2**31 elements on a GPU",
         name="int32-offsets",
         says=("int32", "int64"),
+        try_first="test_rejection_kernel_compiles_for_a_gpu",
     ),
 ]
