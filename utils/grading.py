@@ -31,6 +31,7 @@ Rules, the same for `pytest`, `course grade` and `check(...)`:
 from __future__ import annotations
 
 import ast
+import contextlib
 import itertools
 import linecache
 import os
@@ -515,6 +516,23 @@ def failure_report(err: BaseException) -> str:
     return report + ("\n\nwhere:\n" + "\n".join(where) if where else "")
 
 
+def is_not_implemented(err: BaseException | None) -> bool:
+    """NotImplementedError raised, or a blank kernel refused by Triton's compiler at its
+    `raise NotImplementedError()`: on a GPU a kernel is compiled before it runs, and the
+    compiler takes no `raise` (UnsupportedLanguageConstruct, seen on an H100), where the
+    interpreter runs the line and raises."""
+    if _caused_by(err, NotImplementedError) is not None:
+        return True
+    while err is not None:
+        node = getattr(err, "node", None)
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if isinstance(exc, ast.Name) and exc.id == "NotImplementedError":
+                return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
 def _caused_by(err: BaseException | None, kind: type) -> BaseException | None:
     while err is not None:
         if isinstance(err, kind):
@@ -523,9 +541,40 @@ def _caused_by(err: BaseException | None, kind: type) -> BaseException | None:
     return None
 
 
-def _prepare_child(impl: Impl, exercise: str) -> None:
+@contextlib.contextmanager
+def _prepared(impl: Impl, exercise: str):
+    """The namespace as `_prepare_child` sets it for one test, then as it was before. In a
+    forked child the undoing is moot; a test run in this process (no fork: Windows, or CUDA
+    available) must give the learner's namespace and classes back as it found them. Only what
+    the grader bound is undone: what the learner's code binds stays, as it would in their
+    notebook (Triton's interpreter, for one, binds a name in a kernel's globals once)."""
+    ns = impl.namespace
+    before = dict(ns)
+    patched: list[tuple[object, str, object]] = []  # (object, attribute, value before)
+    _prepare_child(impl, exercise, patched)
+    bound = {n for n in ns if ns[n] is not before.get(n, _MISSING)}
+    try:
+        yield
+    finally:
+        for name in bound:
+            if name in before:
+                ns[name] = before[name]
+            else:
+                ns.pop(name, None)
+        for obj, attr, value in reversed(patched):
+            if value is _MISSING:
+                delattr(obj, attr)
+            else:
+                setattr(obj, attr, value)
+
+
+_MISSING = object()
+
+
+def _prepare_child(impl: Impl, exercise: str, patched: list) -> None:
     """In the test's child: the setup names as the setup cell bound them, the reference for
-    every broken other exercise, and looping functions of this one failing at once."""
+    every broken other exercise, and looping functions of this one failing at once (each
+    attribute replaced is noted in `patched`, with its value before)."""
     ns = impl.namespace
     for name, value in impl.setup_values.items():
         ns[name] = value
@@ -544,6 +593,7 @@ def _prepare_child(impl: Impl, exercise: str) -> None:
         if attr is None:
             ns[name] = fail_at_once
         elif name in ns:
+            patched.append((ns[name], attr, getattr(ns[name], "__dict__", {}).get(attr, _MISSING)))
             setattr(ns[name], attr, fail_at_once)
 
 
@@ -571,13 +621,13 @@ def run_graded_test(
     budget_s = test_budget_s() if budget_s is None else budget_s
 
     def child():
-        _prepare_child(impl, exercise)
-        return call()
+        with _prepared(impl, exercise):
+            return call()
 
     def summarise(err: BaseException) -> dict:
         unavailable = _caused_by(err, ExerciseUnavailable)
         name_error = _caused_by(err, NameError)
-        not_implemented = _caused_by(err, NotImplementedError) is not None
+        not_implemented = is_not_implemented(err)
         # A full report only where it will be shown (rendering one reads source: slow).
         plain = kind_of(err) == "error" and not (unavailable or not_implemented)
         return {

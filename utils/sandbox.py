@@ -12,8 +12,15 @@ a picklable summary. Whatever the learner's code does there, the grader survives
     anything else fatal    the child dies; the parent reports how (exit code or signal)
     in-place changes       to shared models, tensors or globals stay in the child
 
-Without `os.fork` (Windows) calls run in this process under the same summary rules; an
-infinite loop is then stopped by pytest-timeout only.
+Where a child cannot do the work, calls run in this process under the same summary rules; the
+grader then undoes the names it bound for the test (utils/grading.py, `_prepared`), but an
+in-place change to a shared object stays:
+    no `os.fork`           Windows: an infinite loop is then stopped by pytest-timeout only
+    CUDA available         a child forked after its parent used CUDA, or only asked whether it
+                           is available, cannot use it ("Cannot re-initialize CUDA in forked
+                           subprocess", seen on an H100). SIGALRM still stops a loop in Python
+                           code
+    COURSE_NO_FORK=1       the same, for the machinery tests of this path on a CPU
 """
 
 from __future__ import annotations
@@ -114,6 +121,15 @@ def guarded(budget_s: float | None):
                 signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-3))
 
 
+def cuda_available() -> bool:
+    """Would a forked child be refused CUDA? PyTorch refuses it in a child forked after this
+    process initialised CUDA (PyTorch's documented rule) or merely asked whether CUDA is
+    available (importing the course asks; seen on an H100, torch 2.11), so: wherever CUDA is
+    available."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_available()
+
+
 def _single_threaded_torch() -> None:
     # OpenMP's thread pool does not survive fork: the child's first parallel op would wait for
     # threads that do not exist. One thread is also what small graded inputs want.
@@ -145,8 +161,8 @@ def call_isolated(
     """Run `fn()` in a forked child with `budget_s` seconds; `summarise(exception)` runs in the
     child on any exception (Hang, SystemExit and ExitCalled included) and must return something
     picklable. Returns the Outcome; never raises because of what `fn` did."""
-    if not CAN_FORK:
-        return _run_here(fn, summarise, None)
+    if not CAN_FORK or cuda_available() or os.environ.get("COURSE_NO_FORK") == "1":
+        return _run_here(fn, summarise, budget_s)
     read_fd, write_fd = os.pipe()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # "multi-threaded, use of fork()"

@@ -105,7 +105,8 @@ def test_pasting_the_solutions_passes(clean_run):
     assert {k: v for k, v in results.items() if v[1] != "passed"} == {}
 
 
-def test_faults_inside_methods_fail_only_their_exercise(tmp_path, clean_run):
+def faults_inside_methods():
+    """Chapter 1 with a fault planted inside five exercises and two cells that read others."""
     nb = build_notebook(CHAPTER, teacher=True)
     # an infinite loop, nested in a loop body, inside a function
     cell(nb, "token_strings").source = textwrap.dedent("""\
@@ -131,21 +132,39 @@ def test_faults_inside_methods_fail_only_their_exercise(tmp_path, clean_run):
         nbformat.v4.new_code_cell("def centre(x):\n    return x - x.mean(dim=-1, keepdim=True)"),
     )
     cell(nb, "block").source += "\n\nprint(TransformerBlock(cfg))\n"
+    return nb
 
-    results, elapsed = run_graded(tmp_path, nb)
-    assert_graded(
-        by_exercise(results),
-        {
-            "token_strings": "an infinite loop in `token_strings` (the `token_strings` cell, "
-            "line 5)",
-            "transformer": "`Unembed.forward` (the `transformer` cell",
-            "attention": "`sys.exit()` (or `exit()`) called in `Attention.forward` (the "
-            "`attention` cell",
-            "mlp": "not implemented yet",
-            "embed": "the `embed` cell rebinds `torch` (defined by the setup cell) to None",
-        },
-    )
+
+FAULTS_INSIDE_METHODS = {
+    "token_strings": "an infinite loop in `token_strings` (the `token_strings` cell, line 5)",
+    "transformer": "`Unembed.forward` (the `transformer` cell",
+    "attention": "`sys.exit()` (or `exit()`) called in `Attention.forward` (the `attention` cell",
+    "mlp": "not implemented yet",
+    "embed": "the `embed` cell rebinds `torch` (defined by the setup cell) to None",
+}
+
+
+@pytest.fixture(scope="module")
+def forked_faults(tmp_path_factory):
+    return run_graded(tmp_path_factory.mktemp("forked"), faults_inside_methods())
+
+
+def test_faults_inside_methods_fail_only_their_exercise(forked_faults, clean_run):
+    results, elapsed = forked_faults
+    assert_graded(by_exercise(results), FAULTS_INSIDE_METHODS)
     assert elapsed <= 2 * clean_run[1] + 30, (elapsed, clean_run[1])
+
+
+def test_graded_in_this_process_as_in_a_child(tmp_path, forked_faults, monkeypatch):
+    """Where the grader cannot fork (CUDA initialised in it: a GPU notebook's kernel; or
+    Windows) the tests run in its own process. The same faults get the same verdict for every
+    test, so the grader undoes what each test bound (the reference standing in for `mlp`,
+    a looping method replaced) before the next one."""
+    monkeypatch.setenv("COURSE_NO_FORK", "1")
+    results, _ = run_graded(tmp_path, faults_inside_methods())
+    assert_graded(by_exercise(results), FAULTS_INSIDE_METHODS)
+    forked = {test: outcome for test, (_, outcome, _) in forked_faults[0].items()}
+    assert {test: outcome for test, (_, outcome, _) in results.items()} == forked
 
 
 def test_faults_at_the_top_level_of_cells_fail_only_their_exercise(tmp_path, clean_run):
@@ -304,3 +323,34 @@ def test_pytest_shows_a_wrong_exercise_as_the_tutor_wrote_it(tmp_path):
     assert "Impl(" not in out and "tensor(" not in out and "where False" not in out, out
     assert "AssertionError:" not in out, "the test's sentence, not the exception's name"
     assert len(out.splitlines()) < 60, out
+
+
+def test_a_test_run_in_this_process_leaves_the_namespace_as_it_found_it(monkeypatch):
+    """What a graded test binds in the learner's namespace (the reference standing in for a
+    broken exercise, a looping method made to fail at once) is undone after it, when it ran in
+    this process: in a GPU notebook that namespace is the learner's own."""
+    from utils.grading import Impl, run_graded_test
+
+    monkeypatch.setenv("COURSE_NO_FORK", "1")
+
+    class Unembed:
+        def forward(self):
+            return "the learner's"
+
+    def learners_mlp():
+        raise NotImplementedError
+
+    ns = {"MLP": learners_mlp, "Unembed": Unembed, "kept": 1}
+    impl = Impl(source="a test", chapter=CHAPTER, namespace=ns, isolated=True)
+    impl.broken["mlp"] = "your `mlp` exercise is not implemented yet"
+    impl.hung[("Unembed", "forward")] = "an infinite loop in `Unembed.forward`?"
+    seen = {}
+
+    def call():
+        seen["MLP"], seen["forward"] = ns["MLP"], ns["Unembed"].forward
+
+    verdict = run_graded_test(impl, "transformer", call, str)
+    assert verdict.passed, verdict.message
+    assert seen["MLP"] is not learners_mlp and seen["forward"] is not Unembed.forward
+    assert ns == {"MLP": learners_mlp, "Unembed": Unembed, "kept": 1}
+    assert "forward" in vars(Unembed) and Unembed().forward() == "the learner's"
