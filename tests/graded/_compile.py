@@ -234,8 +234,12 @@ def _as_launched(fn, launch: dict, constexprs: dict, backend):
         )
     kwargs = {**constexprs, **launch["options"]}
     kwargs["debug"] = fn.debug or knobs.runtime.debug  # as JITFunction.run sets them
-    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-    kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+    # The compilation knobs the launcher adds differ between Triton versions: 3.9 has
+    # fpsan_homomorphic_casts, 3.6 and 3.7.1 do not (the compile check failed on them for every
+    # kernel, seen on an H100 with 3.6). Add those this Triton has.
+    for knob in ("instrumentation_mode", "fpsan_homomorphic_casts"):
+        if hasattr(knobs.compilation, knob):
+            kwargs[knob] = getattr(knobs.compilation, knob)
     args = [_Tensor(a) if isinstance(a, str) else a for a in launch["args"]]
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, specialization, options = binder(*args, **kwargs)

@@ -137,3 +137,59 @@ def test_the_graded_tests_cap_gpu_blocks_at_the_interpreters(monkeypatch):
     monkeypatch.setattr(runtime, "GPU_BLOCK_CAP", 1_024)
     assert runtime.row_block(2_500, gpu_block=16_384) == (1_024, 4)
     assert runtime.row_block(500, gpu_block=4_096) == (512, 4)
+
+
+STUB_ON_A_GPU = """
+import ast, sys
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from utils.grading import is_not_implemented
+
+
+@triton.jit
+def blank(x_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    raise NotImplementedError()
+
+
+@triton.jit
+def refuses(x_ptr, n, BLOCK: tl.constexpr):
+    raise ValueError("n")
+
+
+for kernel in (blank, refuses):
+    source = ASTSource(
+        kernel, signature={"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+        constexprs={"BLOCK": 16},
+    )
+    try:
+        triton.compile(source, target=GPUTarget("cuda", 90, 32))
+        print(kernel.__name__, "compiled")
+    except Exception as err:
+        print(kernel.__name__, type(err).__name__, is_not_implemented(err))
+"""
+
+
+def test_a_blank_kernel_refused_by_a_gpu_compiler_is_not_implemented(tmp_path):
+    """On a GPU a kernel compiles before it runs, and the compiler takes no `raise`: the blank
+    kernel's `raise NotImplementedError()` fails to compile (seen on an H100) where the
+    interpreter raises. Grading must still call it not implemented yet, and only it."""
+    import os
+    import subprocess
+    import sys
+
+    from utils import REPO_ROOT
+
+    script = tmp_path / "stub_on_a_gpu.py"
+    script.write_text(STUB_ON_A_GPU)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.stdout.split("\n")[:2] == [
+        "blank UnsupportedLanguageConstruct True",
+        "refuses UnsupportedLanguageConstruct False",
+    ], done.stdout + done.stderr[-2000:]
