@@ -105,3 +105,30 @@ def test_a_chapters_total_is_the_sum_of_its_exercises(chapter):
     assert total == sum(parts), (
         f"{chapter}: the total is {total} min, its parts add up to {sum(parts)}"
     )
+
+
+def test_kernel_figures_are_the_recorded_run():
+    run = _record("kernels")["result"]
+    g = run["goals"]
+    said = [
+        f"sampling from probabilities took {g['from_probs_1_5x_floor']['x_floor']} times one "
+        "read of them",
+        f"Gumbel sampling took {g['gumbel_6x_floor']['x_floor']} times one read of the logits",
+        f"top-p was {g['top_p_3x']['speedup']} times faster than the sort-based path",
+        f"top-k took {g['top_k_3x_floor_per_round']['x_floor_per_round']} reads per round over "
+        f"its slowest row's {g['top_k_3x_floor_per_round']['rounds_max']} rounds",
+        f"the fused matmul + sample took {g['fused']['x_matmul']} times the matmul alone and was "
+        f"{g['fused']['speedup_vs_torch']} times faster",
+    ]
+    missing = [text for text in said if not says(text)]
+    assert not missing, f"the README's kernel figures should include: {missing}"
+    assert says(f"one run on a lent {run['environment']['device']}")
+    met = {True: "met", False: "not met"}
+    for goal, words in [
+        ("from_probs_1_5x_floor", "one read of them: "),
+        ("gumbel_6x_floor", "one read of the logits: "),
+        ("top_p_3x", "the sort-based path: "),
+        ("top_k_3x_floor_per_round", "rounds: "),
+        ("fused", "matmul + softmax + multinomial: "),
+    ]:
+        assert says(words + met[g[goal]["passed"]] + " (goal"), goal
