@@ -603,12 +603,14 @@ assert (whole - expected).abs().max() < 1e-5 and (rest - expected[:, 5:]).abs().
 # with `logits`.
 #
 # The function has two slots. The first computes `positions` and `allowed` (changes 1 and 2);
-# the second runs the model (change 3). The given `start_forward` (the cell before yours)
-# checks every argument and returns the cache to extend (an empty one for `cache=None`) and
-# `mask` `[batch, all]`, `True` at every real token, cached or new. It is all `True` here. A
-# batch of prompts of different lengths has padding, where it is `False`; the given branch
-# hands that case to `positions_and_allowed`, an exercise of section 8, where batching needs
-# it. Until then it stays unimplemented, and the tests of this section use no padding.
+# the second runs the model (change 3). The given `start_forward` (in the cell before yours,
+# beside `explicit_layout`, which checks the positions and mask that chapter 5's lookahead
+# decoding passes) checks every argument and returns the cache to extend (an empty one for
+# `cache=None`) and `mask` `[batch, all]`, `True` at every real token, cached or new. It is
+# all `True` here. A batch of prompts of different lengths has padding, where it is `False`;
+# the given branch hands that case to `positions_and_allowed`, an exercise of section 8, where
+# batching needs it. Until then it stays unimplemented, and the tests of this section use no
+# padding.
 #
 # Common mistakes: positions from 0 at every step (a sneaky bug: the first new token is still
 # right, since it comes from the prefill, whose positions do start at 0; many later ones are
@@ -656,6 +658,7 @@ assert (whole - expected).abs().max() < 1e-5 and (rest - expected[:, 5:]).abs().
 
 # %% tags=["source"]
 # solution: solutions.cached_model.start_forward
+# solution: solutions.cached_model.explicit_layout
 
 # %% tags=["exercise"] exercise="forward_with_cache"
 # solution: solutions.cached_model.forward_with_cache
