@@ -137,9 +137,11 @@ assert len(tokenizer) == 4096 and round(len(tokenizer) - 256 - 1, -2) == 3800, (
 # There is one **special token**, `<|endoftext|>`. It marks the boundary between documents
 # during training (the course's training text puts one after every play). It also serves as
 # a "beginning of sequence" token: GPT-2's tokenizer names it both `eos_token` and `bos_token`,
-# and so does ours, and OpenAI's GPT-2 code starts its unconditional samples from it. We will
-# usually put it in front of a prompt, so that the first real token has something before it.
-# `tokenizer.encode(text, add_special_tokens=False)` never adds it.
+# and so does ours, and OpenAI's GPT-2 code starts its unconditional samples from it. The
+# course's own code does not put it in front of a prompt: `tokenizer.encode(text)` gives only
+# the text's tokens (with or without `add_special_tokens=False`), and that is how every prompt
+# in chapters 2–5 is encoded. The one exception is the reference model's `to_tokens`, below,
+# which prepends `<|endoftext|>` by default.
 
 # %%
 print(tokenizer.eos_token, "has id", tokenizer.eos_token_id)

@@ -123,8 +123,10 @@ print("held out:", ", ".join(VALIDATION_PLAYS))
 # Here is how a play looks. Note the layout, because the model will learn it: the speaker's
 # name in capitals on a line of its own, ending with a full stop, then the speech. Most plays of
 # this edition follow it; *Hamlet*, *King Lear* and *Romeo and Juliet* write the names in
-# ordinary case instead (`Ham.`, `Kent.`, `Romeo.`: *Hamlet* abbreviates them), and *A Midsummer
-# Night's Dream* leaves out the full stop.
+# ordinary case instead (`Ham.`, `Kent.`, `Romeo.`), and *A Midsummer Night's Dream* leaves out
+# the full stop. Three of the 37 plays also shorten many speakers' names: *Hamlet* and *King
+# Lear* (`Ham.`, `Pol.`, `Glou.`, `Edm.`) and, in capitals, *Henry IV, Part 1* (`FAL.`, `HOT.`);
+# *Romeo and Juliet* spells them out.
 
 # %%
 macbeth = val_plays["macbeth"]
@@ -528,7 +530,7 @@ assert f"{loss:.3f}" == "8.321", "section 5 says the untrained model scores 8.32
 # far. Almost every transformer is trained with a learning rate that changes over the run, by
 # a **schedule**. Ours is the one GPT-3 was trained with (Brown et al. 2020, appendix B: a linear
 # warm-up, then a cosine decay to 10% of the peak), and many open models since, LLaMA among them
-# (Touvron et al. 2023, section 2.2):
+# (Touvron et al. 2023, section 2.3):
 #
 # 1. **Linear warm-up** from 0 to the peak over the first `warmup_steps` steps. At the start the
 #    weights are random, the gradients large and erratic, and the Adam optimizer has no good

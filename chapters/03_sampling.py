@@ -1375,12 +1375,17 @@ continuing.print("after two steps: the 3 best of 16 candidates")
 #    table per step, with a title that names the step (the tree after the walk-through below
 #    is drawn from these tables).
 # 5. **Stop?** Only once `num_beams` sequences have finished, and then by one of two rules,
-#    HF's two settings of `early_stopping`:
+#    HF's settings `True` and `False` of `early_stopping`:
 #    - `early_stopping=True`: stop right away.
 #    - `early_stopping=False`: stop once the best running beam cannot beat the worst of the
 #      finished sequences, that is once its score is `<=` the worst finished score. Since
 #      scores only go down, a running beam that is already behind can never catch up, so this
 #      rule gives up nothing.
+#
+#    HF accepts a third setting, `early_stopping="never"`, which you need not write: in
+#    transformers 5.24.0 (`_check_early_stop_heuristic` in `generation/utils.py`) it differs
+#    from `False` only under a positive length penalty, so with `length_penalty=0.0` it stops
+#    exactly where `False` does.
 #
 # If the loop runs out of tokens without stopping, the beams still running are complete too:
 # they compete with the finished sequences for the `num_beams` places. (A `for ... else:` block
@@ -1395,12 +1400,12 @@ continuing.print("after two steps: the 3 best of 16 candidates")
 # The tests compare your sequences and scores with `GPT2LMHeadModel.generate(num_beams=...,
 # length_penalty=0.0)` on four configurations of beams, returned sequences and n-gram bans; and,
 # since our model rarely ends a text within a dozen tokens, on a crafted model whose logits make
-# `<|endoftext|>` common, with both settings of `early_stopping`, so that every stopping rule is
-# exercised, including a table where five sequences finish within three steps with four beams,
-# so HF stops with the best four. When your output differs, the message shows where the first
-# differing sequence departs from HF's, both lists with their scores, and the likely mistake;
-# where your output is exactly HF's under a known mistake (the other `early_stopping`, one
-# token too few, no n-gram ban), it says so.
+# `<|endoftext|>` common, with `early_stopping=True` and with `False`, so that every stopping
+# rule is exercised, including a table where five sequences finish within three steps with four
+# beams, so HF stops with the best four. When your output differs, the message shows where the
+# first differing sequence departs from HF's, both lists with their scores, and the likely
+# mistake; where your output is exactly HF's under a known mistake (the other `early_stopping`,
+# one token too few, no n-gram ban), it says so.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #

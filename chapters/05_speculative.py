@@ -1256,9 +1256,14 @@ check("lookahead_harvest")
 # distribution? The lookahead project's pull request 6 (closed unmerged) discussed Gumbel noise
 # for it; the released code samples with SpecInfer's multi-candidate rejection sampling
 # (`lade/decoding.py`, `jacobi_sample_multilevel`, at commit `eed010da` of
-# `github.com/hao-ai-lab/LookaheadDecoding`). This course uses an equivalent rule built on
-# section 4 (the same distribution of the emitted tokens, and of their number per pass), which
-# needs one argmax per candidate and position and no loop over the candidates.
+# `github.com/hao-ai-lab/LookaheadDecoding`). This course uses a rule built on section 4 that
+# needs one argmax per candidate and position and no loop over the candidates. It gives the
+# emitted tokens, and the number of candidate tokens kept, the same distribution as the
+# rejection rule. Tokens per pass still differ in one case, a candidate kept whole: `verify`
+# then adds the model's token after the candidate's $N - 1$ tokens, up to $N$ tokens per pass,
+# while the released code draws no token after a fully kept candidate and emits at most
+# $N - 1$ (its `LEVEL` is $N$; `jacobi_sample_multilevel` and `jacobi_greedy_search_multilevel`
+# both check `GUESS_SIZE = LEVEL - 1` positions and stop there; same file and commit).
 # Draw **one** vector of Gumbel noise per position, $z_0, \dots, z_{N-1}$, shared by every
 # candidate, and let each candidate's pick at position $k$ be
 # $\arg\max(\text{logits}_{g,k} / T + z_k)$. Keep each candidate's run of picks equal to its

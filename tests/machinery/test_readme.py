@@ -84,6 +84,8 @@ def test_speculative_figures_are_the_recorded_run():
         f"measured alpha ({what_if['alpha']}, k = {what_if['k']}) gives "
         f"{what_if['measured_c_and_v']['speedup']} times",
         f"and {what_if['gpu_like']['speedup']} times with c = {what_if['gpu_like']['c']}",
+        f"{run['prompts_per_workload']} prompts per workload, {run['runs']} runs) has "
+        f"{run['new_tokens_per_prompt']} new tokens per prompt",
     ]
     missing = [text for text in said if not says(text)]
     assert not missing, f"the README's speculative figures should include: {missing}"
