@@ -1172,9 +1172,9 @@ print(pad_mask)
 # <details><summary>Hint 2: the approach</summary>
 #
 # - **Positions** `[batch, new]`: `torch.cumsum` of the bool mask along a row counts the real
-#   tokens up to *and including* each column. What turns that into the count *before* each
-#   column, and what does it then give at left padding? (`Tensor.clamp` has a `min`.) Keep
-#   the last `n_new` columns.
+#   tokens up to *and including* each column. What turns that into the number of real tokens
+#   *before* a real token? At left padding the same arithmetic falls below 0, where padding's
+#   position is 0 (`Tensor.clamp` has a `min`). Keep the last `n_new` columns.
 # - **Causal** `[new, all]`: from section 3's `causal_mask`, as in `forward_with_cache`, on
 #   the mask's device (`all` is the mask's width).
 # - **Own key** `[new, all]`: `True` at `[i, j]` when key column `j` is new query `i`'s

@@ -12,6 +12,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
@@ -19,6 +20,7 @@ from transformers import (
     TopKLogitsWarper,
 )
 
+from tests.graded._device import made_without_a_device
 from tests.graded._oracles import (
     BATCH_PROMPTS,
     BEAM_SCORE_ATOL,
@@ -215,6 +217,45 @@ def attention_by_hand(attn, acts, layer: int, n_past: int, n_new: int, allowed=N
     return torch.einsum("bhpe,hed->bpd", z, attn.W_O) + attn.b_O
 
 
+def biases_by_position(attn, x_new, past_keys, past_values, allowed):
+    """The attention output when b_Q, b_K and b_V [n_heads, d_head] are added without their
+    head axis: they then line up with the positions (as many as there are heads), new position
+    p getting head p's bias in every head. The slip runs only where the shapes allow it."""
+    n_new = x_new.shape[1]
+
+    def project(W, b):  # [batch, n_heads, new, d_head]
+        return torch.einsum("bpd,hde->bhpe", x_new, W) + b[:n_new][None, None]
+
+    q, k, v = project(attn.W_Q, attn.b_Q), project(attn.W_K, attn.b_K), project(attn.W_V, attn.b_V)
+    keys, values = torch.cat([past_keys, k], dim=2), torch.cat([past_values, v], dim=2)
+    scores = (q @ keys.transpose(-1, -2) * attn.cfg.d_head**-0.5).masked_fill(~allowed, -torch.inf)
+    z = scores.softmax(dim=-1) @ values
+    return torch.einsum("bhpe,hed->bpd", z, attn.W_O) + attn.b_O
+
+
+BIAS_WITHOUT_HEAD_AXIS = (
+    "the query, key and value biases (b_Q, b_K, b_V, each [n_heads, d_head]) were added to the "
+    "projections ([..., n_heads, positions, d_head]) without their head axis, so broadcasting "
+    "lined them up with the positions: one new position does not fit, and as many positions "
+    "as heads get one head's bias each. Give each bias the head axis it belongs to."
+)
+
+
+def bias_slip_in_a_chunk(impl, attn, acts, layer: int, n_past: int) -> bool:
+    """Whether the learner's attention, on as many new positions as heads (where the slip runs),
+    computes `biases_by_position`."""
+    n_new = attn.cfg.n_heads
+    x = acts[f"blocks.{layer}.ln1.hook_out"][:, n_past : n_past + n_new]
+    keys, values = (head_first(acts[f"blocks.{layer}.attn.hook_{n}"])[:, :, :n_past] for n in "kv")
+    allowed = torch.arange(n_past + n_new)[None, :] <= torch.arange(n_past, n_past + n_new)[:, None]
+    try:
+        with torch.no_grad():
+            out, _, _ = impl.attention_with_cache(attn, x, keys, values, allowed)
+    except Exception:  # noqa: BLE001 - a probe: any failure means "not this slip"
+        return False
+    return close_f32(out, biases_by_position(attn, x, keys, values, allowed))
+
+
 @pytest.mark.attention_with_cache
 @pytest.mark.parametrize("layer,n_past", [(0, 20), (2, 27), (3, 0)])
 def test_attention_of_one_new_position_matches_reference(impl, shipped, ref_run, layer, n_past):
@@ -222,10 +263,15 @@ def test_attention_of_one_new_position_matches_reference(impl, shipped, ref_run,
     attn = shipped[0].blocks[layer].attn
     x = acts[f"blocks.{layer}.ln1.hook_out"]
     keys, values = (head_first(acts[f"blocks.{layer}.attn.hook_{n}"]) for n in "kv")
-    with torch.no_grad():
-        out, k, v = impl.attention_with_cache(
-            attn, x[:, n_past : n_past + 1], keys[:, :, :n_past], values[:, :, :n_past]
-        )
+    try:
+        with torch.no_grad():
+            out, k, v = impl.attention_with_cache(
+                attn, x[:, n_past : n_past + 1], keys[:, :, :n_past], values[:, :, :n_past]
+            )
+    except RuntimeError:
+        if bias_slip_in_a_chunk(impl, attn, acts, layer, n_past):
+            pytest.fail(BIAS_WITHOUT_HEAD_AXIS)
+        raise
     assert k.shape == (1, attn.cfg.n_heads, n_past + 1, attn.cfg.d_head), (
         f"return the keys of ALL positions, past and new, as [batch, n_heads, pos, d_head]; "
         f"got {tuple(k.shape)}"
@@ -274,6 +320,11 @@ def test_attention_of_a_chunk_matches_reference(impl, shipped, ref_run):
         )
     expected = acts["blocks.1.hook_attn_out"][:, n_past : n_past + n_new]
     if not close_f32(out, expected):
+        if n_new == attn.cfg.n_heads and close_f32(
+            out, biases_by_position(attn, x[:, n_past : n_past + n_new], keys[:, :, :n_past],
+                                    values[:, :, :n_past], allowed)
+        ):  # fmt: skip
+            pytest.fail(BIAS_WITHOUT_HEAD_AXIS)
         top_left = torch.arange(n_past + n_new)[None, :] <= torch.arange(n_new)[:, None]
         if close_f32(out, attention_by_hand(attn, acts, 1, n_past, n_new, top_left)):
             pytest.fail(
@@ -304,6 +355,20 @@ def attention_reading_every_key(attn, x: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bhpe,hed->bpd", z, attn.W_O) + attn.b_O
 
 
+def attention_reading_later_keys(attn, x: torch.Tensor) -> torch.Tensor:
+    """Attention whose mask is the causal mask the wrong way round: each query reads only the
+    keys after it (the last one none), through PyTorch's fused attention, as a learner who
+    passes causal_mask as `allowed` computes it."""
+    q, k, v = (
+        torch.einsum("bpd,hde->bhpe", x, W) + b[:, None]
+        for W, b in [(attn.W_Q, attn.b_Q), (attn.W_K, attn.b_K), (attn.W_V, attn.b_V)]
+    )
+    n = x.shape[1]
+    later = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(diagonal=1)
+    z = F.scaled_dot_product_attention(q, k, v, attn_mask=later)
+    return torch.einsum("bhpe,hed->bpd", z, attn.W_O) + attn.b_O
+
+
 def uncached_variant(model, tokens, ln1=True, mlp_after_attn=True, final_ln=True, causal=True):
     """model(tokens) written out from the model's own layers, or with one known mistake: the
     attention reads the residual stream without ln1, the MLP reads the stream from before the
@@ -312,9 +377,12 @@ def uncached_variant(model, tokens, ln1=True, mlp_after_attn=True, final_ln=True
     residual = model.embed(tokens) + model.pos_embed(tokens)
     for block in model.blocks:
         attn_in = block.ln1(residual) if ln1 else residual
-        attn_out = (
-            block.attn(attn_in) if causal else attention_reading_every_key(block.attn, attn_in)
-        )
+        if causal == "inverted":
+            attn_out = attention_reading_later_keys(block.attn, attn_in)
+        elif causal:
+            attn_out = block.attn(attn_in)
+        else:
+            attn_out = attention_reading_every_key(block.attn, attn_in)
         mlp_in = residual + attn_out if mlp_after_attn else residual
         residual = residual + attn_out + block.mlp(block.ln2(mlp_in))
     return model.unembed(model.ln_final(residual) if final_ln else residual)
@@ -328,6 +396,12 @@ def diagnose_prefill(model, tokens, logits) -> None:
             dict(causal=False),
             "every query reads every key, the later ones too: a chunk of several new tokens "
             "needs the causal mask (only a single new token may read every key)",
+        ),
+        (
+            dict(causal="inverted"),
+            "each query reads only the keys after it: `allowed` is True where a query may read "
+            "a key, and causal_mask is True where a key is hidden, so passing causal_mask as "
+            "`allowed` as it is turns the rule around",
         ),
         (
             dict(final_ln=False),
@@ -344,6 +418,13 @@ def diagnose_prefill(model, tokens, logits) -> None:
             "the attention output first, then the MLP reads ln2 of the sum",
         ),
     ]
+    if logits.isnan().any():
+        pytest.fail(
+            "with no cache, your logits hold NaN: some query could read no key at all (a "
+            "softmax over a row of -inf). `allowed` is True where a query may read a key, and "
+            "causal_mask is True where a key is hidden: was causal_mask passed as `allowed` "
+            "as it is, the wrong way round?"
+        )
     for changes, mistake in variants:
         if (logits - uncached_variant(model, tokens, **changes)).abs().max() <= 1e-5:
             pytest.fail(f"with no cache, your logits are those of a model in which {mistake}.")
@@ -404,6 +485,21 @@ def test_cached_logits_equal_uncached_logits(impl, shipped64, shipped, chunks):
         )
         pytest.fail(f"logits differ from the uncached model from position {first_bad} on. {hint}")
     assert cache.length == tokens.shape[1]
+
+
+def assert_made_on_the_inputs_device(fn, what: str, whose: str) -> None:
+    """Every tensor `fn` makes says where it goes: see tests/graded/_device.py."""
+    found = made_without_a_device(fn)
+    assert not found, (
+        f"{what} makes {', '.join(found)} without a device: on a GPU that tensor sits on the "
+        f"CPU while {whose} are on the GPU, and the next operation fails (here, on a CPU, "
+        f"nothing shows). Make each new tensor on {whose}' device."
+    )
+
+
+@pytest.mark.forward_with_cache
+def test_forward_with_cache_makes_its_tensors_on_the_tokens_device(impl):
+    assert_made_on_the_inputs_device(impl.forward_with_cache, "forward_with_cache", "the tokens")
 
 
 @pytest.mark.forward_with_cache
@@ -476,13 +572,14 @@ def test_positions_count_real_tokens(impl, case):
         f"{what}: positions must be [batch, new] = {(batch, n_new)}, got {tuple(positions.shape)}"
     )
     positions = positions.expand(batch, n_new)
-    # HF GPT-2's convention in `generate`: the count of real tokens so far, minus one.
-    expected = (mask.long().cumsum(-1) - 1)[:, -n_new:]
+    # HF GPT-2's convention in `generate`: the number of real tokens before a token, and 0 at
+    # left padding (the notebook's definition, which the messages print).
+    expected = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, -n_new:]
     real = mask[:, -n_new:]
     if not torch.equal(positions[real], expected[real]):
         hint = (
             "Do you count padding in the positions? A token's position is the number of real "
-            "tokens before it in its row: mask.cumsum(dim=1) - 1."
+            "tokens before it in its row (a running count of the mask along the row, less one)."
         )
         counted = mask.long().cumsum(-1) - 1
         if n_new < mask.shape[1] and any(
@@ -491,8 +588,8 @@ def test_positions_count_real_tokens(impl, case):
         ):
             hint = "These are the positions of the FIRST n_new columns; the new ones are the LAST."
         pytest.fail(
-            f"{what}: at real tokens the positions should be {expected.tolist()} (padding "
-            f"columns aside), got {positions.tolist()}. {hint}"
+            f"{what}: the positions should be {expected.tolist()} (padding gets 0, and only "
+            f"the real tokens' positions are graded here), got {positions.tolist()}. {hint}"
         )
     pad_positions = positions[~real]
     assert bool((pad_positions >= 0).all()), (
@@ -545,6 +642,29 @@ def test_allowed_hides_padding_and_the_future(impl, case):
         )
         assert not bool(allowed[b, i, col + 1 :].any()), (
             f"{what}: the padding query of row {b} in column {col} sees later keys"
+        )
+
+
+@pytest.mark.positions_and_allowed
+def test_positions_and_allowed_are_made_on_the_masks_device(impl):
+    """PyTorch's `meta` device (shapes, no values) shows here what a GPU would: a tensor made
+    without `device=` lands on the CPU and cannot meet the mask's."""
+    mask = torch.tensor([[False, True, True, True, True], [True] * 5], device="meta")
+    try:
+        positions, allowed = impl.positions_and_allowed(mask, 2)
+    except RuntimeError as err:
+        if "device" not in str(err):
+            raise
+        pytest.fail(
+            f"with the mask on another device (PyTorch's meta device, standing in for a GPU), "
+            f"positions_and_allowed raised: {str(err).splitlines()[0]}. A tensor made without "
+            "a device (the columns' numbers, say) sits on the CPU: make each new tensor on the "
+            "mask's device."
+        )
+    for name, t in (("positions", positions), ("allowed", allowed)):
+        assert t.device.type == "meta", (
+            f"with the mask on the meta device, {name} came back on {t.device}: make it on the "
+            "mask's device"
         )
 
 
@@ -606,8 +726,8 @@ def test_padding_positions_see_only_their_own_key(impl, shipped, hf):
             if layer == 0:
                 hint = (
                     "Layer 0 is already different, before any attention: padding must get "
-                    "position 0 (clamp mask.cumsum(dim=1) - 1 at 0; -1 would index the LAST "
-                    "row of W_pos)."
+                    "position 0 (a count of real tokens before it gives -1 there, and -1 "
+                    "indexes the LAST row of W_pos)."
                 )
             else:
                 hint = (
@@ -679,6 +799,27 @@ def explain_cached_greedy(hf, expected: list[int], got: list[int], n_prompt: int
     return (
         "The prefill is right (the first new token matches) and a later step is not: feed only "
         "the newest token, with the cache, and keep the cache forward_with_cache returns."
+    )
+
+
+@pytest.mark.cached_sample
+def test_the_sampler_keeps_its_cache_and_feeds_one_token_a_step(impl, shipped):
+    model, tokenizer = shipped
+    ids = tokenizer.encode(BATCH_PROMPTS[0])
+    sampler = impl.CachedTransformerSampler(model, tokenizer)
+    sampler.sample(ids, 10, temperature=0.0, stop_at_eos=False)
+    assert sampler.cache is not None, (
+        "after sampling 10 tokens, self.cache is still None: the cache that forward_with_cache "
+        "returns was not kept in self.cache, so every step is a prefill of the whole text "
+        "(right tokens, and none of the cache's speed)."
+    )
+    expected = len(ids) + 10 - 1  # the prompt's prefill, then one token a step; the last
+    assert sampler.cache.length == expected, (  # sampled token is never fed
+        f"after a prompt of {len(ids)} tokens and 10 new ones, self.cache holds "
+        f"{sampler.cache.length} positions; it should hold {expected}: the prefill's "
+        f"{len(ids)}, then one per step for the newest token (the tenth is sampled, not fed). "
+        "Is self.cache the cache the last step returned, and does each step feed only the "
+        "newest token?"
     )
 
 
@@ -768,6 +909,27 @@ def test_cached_sampling_of_a_prompt_longer_than_n_ctx(impl, shipped, hf):
 # --------------------------------------------------------------------------- cached beams
 
 
+def diagnose_beams_cache_length(impl, model, tokenizer) -> None:
+    """Fail if, after a few steps, CachedBeams' cache does not hold every token but each beam's
+    newest (which the next step feeds)."""
+    beams = impl.CachedBeams(
+        model, tokenizer, torch.zeros(1), ids_of(tokenizer, BATCH_PROMPTS[0]), None, None
+    )
+    for k in (3, 2, 2):
+        beams = beams.generate(k)
+    if beams.cache is None:
+        return
+    n_text = beams.tokens.shape[1]
+    if beams.cache.length > n_text - 1:
+        pytest.fail(
+            f"after three steps the beams hold {n_text} tokens and their cache "
+            f"{beams.cache.length} positions, more than the {n_text - 1} before each beam's "
+            "newest token: a step fed a token that was already cached. After the first step "
+            "the cache holds every token but the newest one, so each step feeds the newest "
+            "alone."
+        )
+
+
 def diagnose_parents(impl, model, tokenizer) -> None:
     """Fail if CachedBeams.generate's `parents` do not say which beam each new one continues
     (new beam i's tokens, but the last, are those of beam parents[i])."""
@@ -817,6 +979,7 @@ def test_cached_beam_search_equals_hf(impl, shipped, hf, cfg):
         )
     expected = hf_beam_search(hf, tokenizer.encode(BATCH_PROMPTS[0]), **cfg)
     if [t.tolist() for _, t in got] != [t.tolist() for _, t in expected]:
+        diagnose_beams_cache_length(impl, model, tokenizer)
         diagnose_parents(impl, model, tokenizer)
     assert [t.tolist() for _, t in got] == [t.tolist() for _, t in expected], (
         "beams differ from HF's: does each candidate's cache row follow its parent beam "
@@ -828,6 +991,12 @@ def test_cached_beam_search_equals_hf(impl, shipped, hf, cfg):
         atol=BEAM_SCORE_ATOL,
         rtol=0,
     )
+
+
+@pytest.mark.cached_beams
+def test_cached_beams_make_their_tensors_on_the_tokens_device(impl):
+    generate = impl.CachedBeams.generate
+    assert_made_on_the_inputs_device(generate, "CachedBeams.generate", "the tokens")
 
 
 @pytest.mark.cached_beams
@@ -909,6 +1078,12 @@ def hint_for_batch(tokenizer, wrong: list[int], texts: list[str], expected: list
 
 
 @pytest.mark.generate_batch
+def test_generate_batch_makes_its_tensors_on_the_tokens_device(impl):
+    generate = impl.generate_batch_tokens
+    assert_made_on_the_inputs_device(generate, "generate_batch_tokens", "the tokens")
+
+
+@pytest.mark.generate_batch
 def test_batched_greedy_equals_hf_on_each_prompt(impl, shipped, hf):
     model, tokenizer = shipped
     texts = impl.generate_batch(
@@ -919,6 +1094,13 @@ def test_batched_greedy_equals_hf_on_each_prompt(impl, shipped, hf):
     expected = [hf_greedy(hf, ids, 30) for ids in prompts]
     expected_texts = [tokenizer.decode(ids) for ids in expected]
     wrong = [i for i, t in enumerate(texts) if t != expected_texts[i]]
+    if wrong and all(texts[i] == tokenizer.decode(expected[i][:-1]) for i in wrong):
+        pytest.fail(
+            f"rows {wrong} are the prompt generated alone (HF, greedy) without its last token: "
+            "the last sampled token was never fed to the model, and the text is read from the "
+            "cache's tokens, which hold only what was fed. Feed every sampled token, the last "
+            "one too."
+        )
     if wrong:
         i = wrong[0]
         pytest.fail(
@@ -1128,5 +1310,6 @@ def test_finished_rows_are_fed_padding(impl, shipped, boosted_greedy):
         assert row[end:] == [eos] * (cache.length - end), (
             f"row {i} ended at step {len(want) - len(ids) - 1}, but then wrote "
             f"{[t for t in row[end:] if t != eos][:5]}...: a finished row's new token is "
-            "padding, the end-of-text id (next_token = torch.where(done, eos, next_token))"
+            "padding, the end-of-text id, whatever was sampled for it: choose each row's token "
+            "by whether that row is done"
         )

@@ -310,4 +310,71 @@ MUTANTS = [
         "the frequency penalty counts the prompt only, not the generated tokens",
         says=("frequency penalty", "generated"),
     ),
+    # issue 33: slips a learner's run of the blank notebook made, each to be named
+    Mutant(
+        "attention_with_cache",
+        "return (rows @ W + b[:, None]).unflatten(1, x.shape[:2]).transpose(0, 1)",
+        "return (rows @ W + b).unflatten(1, x.shape[:2]).transpose(0, 1)",
+        "the bias added without its head axis: it lines up with the positions instead",
+        says=("bias", "head axis"),
+    ),
+    Mutant(
+        "forward_with_cache",
+        "allowed = None if n_new == 1 else ~causal_mask(n_new, n_all, device=tokens.device)",
+        "allowed = None if n_new == 1 else causal_mask(n_new, n_all, device=tokens.device)",
+        "causal_mask passed as `allowed` without inverting it: it is True where keys are hidden",
+        says=("causal_mask", "hidden", "allowed"),
+    ),
+    Mutant(
+        "cached_sample",
+        "logits, self.cache = forward_with_cache(self.model, input_ids[None, -n_ctx:])",
+        "logits, cache = forward_with_cache(self.model, input_ids[None, -n_ctx:])",
+        "the prefill's cache kept in a local variable: self.cache stays None, every step a prefill",
+        says=("self.cache", "prefill"),
+    ),
+    Mutant(
+        "cached_beams",
+        "logits, cache = forward_with_cache(self.model, self.tokens[:, -1:], cache)",
+        "logits, cache = forward_with_cache(self.model, self.tokens[:, -2:], cache)",
+        "each step feeds the last two tokens: the one before the newest is cached already",
+        says=("newest", "already"),
+    ),
+    Mutant(
+        "generate_batch",
+        "        next_token = torch.where(done, eos, next_token)\n",
+        "        next_token = torch.where(done, eos, next_token)\n"
+        "        if _ == max_tokens_generated - 1:\n"
+        "            break\n",
+        "the last sampled token never fed: the text, read from the cache, loses it",
+        says=("last", "fed"),
+    ),
+    # made on the CPU whatever the device (a GPU's failure, found on a CPU: tests/graded/_device.py)
+    Mutant(
+        "forward_with_cache",
+        "positions = torch.arange(cache.length, n_all, device=tokens.device)",
+        "positions = torch.arange(cache.length, n_all)",
+        "the positions made on the CPU whatever the tokens' device",
+        says=("without a device", "tokens' device"),
+    ),
+    Mutant(
+        "positions_and_allowed",
+        "column = torch.arange(n_all, device=mask.device)",
+        "column = torch.arange(n_all)",
+        "the columns' numbers made on the CPU whatever the mask's device",
+        says=("without a device", "mask's device"),
+    ),
+    Mutant(
+        "cached_beams",
+        "parents = torch.arange(len(self), device=tokens.device).repeat_interleave(k)",
+        "parents = torch.arange(len(self)).repeat_interleave(k)",
+        "the parents made on the CPU whatever the tokens' device",
+        says=("without a device", "tokens' device"),
+    ),
+    Mutant(
+        "generate_batch",
+        "done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)",
+        "done = torch.zeros(tokens.shape[0], dtype=torch.bool)",
+        "`done` made on the CPU whatever the tokens' device",
+        says=("without a device", "tokens' device"),
+    ),
 ]
