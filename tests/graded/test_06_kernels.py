@@ -35,6 +35,7 @@ from transformers.generation.logits_process import TopPLogitsWarper
 if importlib.util.find_spec("triton") is None:  # Triton is a Linux-only dependency
     pytest.skip("chapter 6 needs Triton (Linux)", allow_module_level=True)
 
+from solutions.kernels import gumbel_sample as reference_gumbel_sample  # noqa: E402
 from solutions.kernels import runtime  # noqa: E402  (sets the mode first)
 from solutions.kernels.runtime import DEVICE, INTERPRET  # noqa: E402
 from tests.graded import _rejection as rejection  # noqa: E402
@@ -1152,6 +1153,28 @@ def test_fused_samples_follow_the_softmax_of_the_product(impl, temperature):
                 "The scores are h W^T / T + G, G = -log(-log(U)) added: the argmax of those."
                 f"\n{err}"
             ) from None
+
+
+@pytest.mark.fused_matmul
+def test_fused_draws_what_the_gumbel_kernel_draws_from_the_product(impl):
+    # The section says so: both kernels add gumbel_noise's number at each (row, column), so on
+    # the same product and seed they pick the same token; the reference Gumbel kernel (on the
+    # given gumbel_noise) draws it here. 64 rows that differ, 300 columns (several tiles, the
+    # last partial). A GPU's tl.dot rounds the product otherwise (TF32): a few near-ties may go
+    # the other way there, none under the interpreter.
+    g = torch.Generator().manual_seed(11)
+    h = torch.randn(64, 32, generator=g)
+    w = torch.randn(300, 32, generator=g) / 2
+    fused = fused_draw(impl, h, w, 1.0, seed=21)
+    plain = tokens_of(reference_gumbel_sample((h @ w.T).to(DEVICE), 1.0, seed=21), 64, "gumbel")
+    differ = (fused != plain).nonzero().flatten().tolist()
+    assert len(differ) <= (0 if INTERPRET else 3), (
+        f"fused_matmul_sample drew another token than the Gumbel kernel on the same product and "
+        f"seed in rows {differ[:10]} of 64: both must add gumbel_noise's number at each (row, "
+        "column). Does each row's noise start at its own place, its row times the vocabulary "
+        "size (gumbel_noise's n_cols is d_vocab, not the tile's width)? With the tile's width, "
+        "neighbouring rows share noise."
+    )
 
 
 @pytest.mark.fused_matmul

@@ -513,4 +513,11 @@ MUTANTS: list[Mutant] = [
         says=("int32", "int64"),
         try_first="test_rejection_kernel_compiles_for_a_gpu",
     ),
+    Mutant(
+        "fused_matmul",
+        "gumbel_noise(seed, rows, tile * BLOCK_V, n_vocab, BLOCK_B, BLOCK_V)",
+        "gumbel_noise(seed, rows, tile * BLOCK_V, BLOCK_V, BLOCK_B, BLOCK_V)",
+        "the noise's row stride the tile's width, not d_vocab: neighbouring rows share noise",
+        says=("share noise", "vocabulary size"),
+    ),
 ]
