@@ -638,6 +638,7 @@ def run_graded_test(
             "unavailable": str(unavailable) if unavailable else None,
             "name_error": None if name_error is None else name_error_hint(name_error, impl.live),
             "exit": exit_description(err) if kind_of(err) == "exit" else "",
+            "argument_check": isinstance(err, ValueError),
         }
 
     try:
@@ -654,6 +655,10 @@ def _run_attempts(impl, exercise, child, summarise, budget_s) -> Verdict:
             break
         info = outcome.value
         in_exercise = [p for p in info["places"] if p.exercise is not None]
+        if in_exercise[1:] and info["argument_check"] and info["places"][0].exercise is None:
+            # A given check (start_forward, say) refused the arguments an exercise's function
+            # received: its caller passed them, and the function that ran the check is right.
+            in_exercise = in_exercise[1:]
         culprit = in_exercise[0] if in_exercise else None
         blamable = culprit is not None and culprit.exercise != exercise
         if not blamable or culprit.exercise in impl.broken or info["unavailable"]:

@@ -26,7 +26,7 @@ CHAPTER = "01_transformer"
 BUDGET_S = "4"  # per graded test: plenty for chapter 1's tests on the solutions
 
 
-def run_graded(tmp_path, notebook, chapter=CHAPTER, *extra):
+def run_graded(tmp_path, notebook, chapter=CHAPTER, *extra, budget_s=BUDGET_S):
     """Grade `notebook` in a subprocess: ({test id: (exercise, outcome, message)}, seconds)."""
     nb_dir = tmp_path / "notebooks"
     nb_dir.mkdir()
@@ -36,7 +36,7 @@ def run_graded(tmp_path, notebook, chapter=CHAPTER, *extra):
         **os.environ,
         "COURSE_NOTEBOOKS_DIR": str(nb_dir),
         "COURSE_CELL_TIMEOUT": "2",
-        "COURSE_TEST_BUDGET": BUDGET_S,
+        "COURSE_TEST_BUDGET": budget_s,
     }
     start = time.monotonic()
     done = subprocess.run(
@@ -354,3 +354,20 @@ def test_a_test_run_in_this_process_leaves_the_namespace_as_it_found_it(monkeypa
     assert seen["MLP"] is not learners_mlp and seen["forward"] is not Unembed.forward
     assert ns == {"MLP": learners_mlp, "Unembed": Unembed, "kept": 1}
     assert "forward" in vars(Unembed) and Unembed().forward() == "the learner's"
+
+
+def test_a_given_check_refusing_a_callers_arguments_blames_the_caller(tmp_path):
+    """Chapter 4's cached beams that rebuild a full cache on top of itself: the given
+    `start_forward` check inside the learner's (correct) `forward_with_cache` refuses the
+    arguments. The caller passed them: the reference must not stand in for
+    `forward_with_cache`, and the message must not say it is broken."""
+    nb = build_notebook("04_kv_cache", teacher=True)
+    rebuild = "logits, cache = forward_with_cache(self.model, self.tokens[:, -n_ctx:])"
+    assert rebuild in cell(nb, "cached_beams").source
+    cell(nb, "cached_beams").source = cell(nb, "cached_beams").source.replace(
+        rebuild, rebuild[:-1] + ", cache)"
+    )
+    results, _ = run_graded(tmp_path, nb, "04_kv_cache", "-m", "cached_beams", budget_s="60")
+    failed = [m for _, outcome, m in results.values() if outcome == "failed"]
+    assert failed and all("would pass n_ctx" in m for m in failed), failed
+    assert not any("stood in" in m for m in failed), failed[0][-600:]
