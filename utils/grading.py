@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import io
 import itertools
 import linecache
 import os
@@ -250,7 +251,10 @@ def impl_from_notebook(nb: nbformat.NotebookNode, chapter: str, source: str) -> 
     for cell in graded_cells(nb):
         tags = cell.metadata.get("tags", [])
         label = _label(cell, pristine)
-        error = run_cell(cell.source, namespace, label, CELL_TIMEOUT_S)
+        # What the cells print is not the learner's failure: pytest would show it under
+        # "Captured stdout setup" beside every failing test of the chapter.
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            error = run_cell(cell.source, namespace, label, CELL_TIMEOUT_S)
         if "setup" in tags or "source" in tags:
             impl.setup_values.update(
                 {n: namespace[n] for n in defined_by(cell.source) if n in namespace}

@@ -371,3 +371,16 @@ def test_a_given_check_refusing_a_callers_arguments_blames_the_caller(tmp_path):
     failed = [m for _, outcome, m in results.values() if outcome == "failed"]
     assert failed and all("would pass n_ctx" in m for m in failed), failed
     assert not any("stood in" in m for m in failed), failed[0][-600:]
+
+
+def test_what_the_graded_cells_print_is_not_shown_with_a_failure(capsys):
+    """Grading runs the cells that define names (a demo that prints, say): their output is not
+    the learner's failure, and pytest would show it under "Captured stdout setup"."""
+    from utils.grading import impl_from_notebook
+
+    nb = build_notebook(CHAPTER, teacher=True)
+    cell(nb, "mlp").source += "\n\nprint('a demo line')\n"
+    impl = impl_from_notebook(nb, CHAPTER, source="a test")
+    assert "MLP" in impl.namespace
+    captured = capsys.readouterr()
+    assert "a demo line" not in captured.out + captured.err
