@@ -178,6 +178,11 @@ def test_pos_embed_depends_on_position_not_token(impl, reference):
     out = pos(tokens)
     assert out.shape == (2, 4, cfg.d_model), f"expected shape (2, 4, d_model), got {out.shape}"
     expected = reference.params["pos_embed.W_pos"][:4]
+    if torch.allclose(out[0], reference.params["pos_embed.W_pos"][1:5]):
+        pytest.fail(
+            "A sequence of 4 tokens got rows 1, 2, 3, 4 of W_pos: each position got the next "
+            "position's row. Positions count from 0: the first token gets row 0."
+        )
     if torch.allclose(out[0], reference.params["pos_embed.W_pos"][-4:]):
         pytest.fail(
             "A sequence of 4 tokens got the LAST 4 rows of W_pos: positions count from the "
@@ -305,6 +310,12 @@ def test_mlp_matches_reference(impl, reference, ref_run):
             pytest.fail("Did you drop the biases b_in and b_out?")
         if close_f32(out, no_bias + p["b_out"]):
             pytest.fail("Did you forget b_in? It is added before the GELU.")
+        gelu = F.gelu(x @ p["W_in"] + p["b_in"], approximate="tanh")
+        if close_f32(out, gelu @ p["W_out"]):
+            pytest.fail("Did you forget b_out? It is added after W_out.")
+        late_b_in = F.gelu(x @ p["W_in"], approximate="tanh") + p["b_in"]
+        if close_f32(out, late_b_in @ p["W_out"] + p["b_out"]):
+            pytest.fail("b_in was added after the GELU: it belongs inside, before the GELU.")
     assert_matches(out, expected, "MLP (block 0)")
 
 
@@ -327,8 +338,9 @@ def test_block_matches_reference(impl, reference, ref_run, layer):
         out,
         cache[f"blocks.{layer}.hook_resid_post"],
         f"TransformerBlock {layer}",
-        "Pre-LN: resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + "
-        "mlp(ln2(resid_mid)).",
+        "Pre-LN, as the text draws it: the attention reads ln1 of resid_pre, and its output "
+        "added to resid_pre is resid_mid; the MLP reads ln2 of resid_mid (not of resid_pre), "
+        "and its output is added to resid_mid.",
     )
 
 
@@ -385,6 +397,25 @@ def test_transformer_matches_bridge(impl, reference, ref_run):
                 "Your logits are the reference's with no positional embedding: add pos_embed's "
                 "output to the token embeddings before the first block."
             )
+        n = reference.cfg.n_layers
+        embedded = cache["blocks.0.hook_resid_pre"]
+        last_in = cache[f"blocks.{n - 1}.hook_resid_pre"]
+        variants = [  # the reference run with one known mistake, by hooks
+            (
+                "the last block is skipped (its output is its input): does every block run?",
+                [(f"blocks.{n - 1}.hook_resid_post", lambda t, hook: last_in)],
+            ),
+            (
+                "each block reads the embeddings, not the previous block's output: the residual "
+                "stream flows from block to block",
+                [(f"blocks.{i}.hook_resid_pre", lambda t, hook: embedded) for i in range(1, n)],
+            ),
+        ]
+        for mistake, hooks in variants:
+            with torch.no_grad():
+                wrong = reference.bridge.run_with_hooks(tokens, fwd_hooks=hooks)
+            if close_f32(out, wrong):
+                pytest.fail(f"Your logits are the reference's when {mistake}")
     assert_matches(out, logits, "DemoTransformer logits")
 
 

@@ -206,4 +206,41 @@ MUTANTS = [
         "one block repeated n_layers times: every layer shares its weights",
         says=("block",),
     ),
+    # issue 33: slips a learner's run of the blank notebook made, each to be named
+    Mutant(
+        "embed",
+        "self.W_pos[:seq_len]",
+        "self.W_pos[1 : seq_len + 1]",
+        "positions counted from 1: each position gets the next position's row",
+        says=("count from 0", "row 0"),  # the message's "Positions count from 0"
+    ),
+    Mutant(
+        "mlp",
+        "return post @ self.W_out + self.b_out",
+        "return post @ self.W_out",
+        "the output bias b_out forgotten",
+        says=("b_out",),
+    ),
+    Mutant(
+        "mlp",
+        "pre = normalized_resid_mid @ self.W_in + self.b_in\n        post = gelu_new(pre)",
+        "pre = normalized_resid_mid @ self.W_in\n        post = gelu_new(pre) + self.b_in",
+        "b_in added after the GELU",
+        says=("b_in", "before the gelu"),
+    ),
+    Mutant(
+        "transformer",
+        "for block in self.blocks:\n            residual = block(residual)",
+        "for block in self.blocks[:-1]:\n            residual = block(residual)",
+        "the last block skipped",
+        says=("last block", "every block"),
+    ),
+    Mutant(
+        "transformer",
+        "for block in self.blocks:\n            residual = block(residual)",
+        "embedded = residual\n"
+        "        for block in self.blocks:\n            residual = block(embedded)",
+        "every block reads the embeddings, not the previous block's output",
+        says=("embeddings", "block to block"),
+    ),
 ]
