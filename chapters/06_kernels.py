@@ -172,7 +172,10 @@ assert round(B * row / 1e6) == 33 and round(B * row / 3.35e12 * 1e6) == 10, (
 #
 # - **Rows per program.** Program `pid` handles rows `pid * BLOCK_B ... + BLOCK_B - 1`, a
 #   `[BLOCK_B, BLOCK_V]` tile at a time: `rows[:, None] * n_cols + cols[None, :]` are the
-#   offsets of the tile, `(rows < n_rows)[:, None] & (cols < n_cols)[None, :]` its mask. On a
+#   offsets of the tile, `(rows < n_rows)[:, None] & (cols < n_cols)[None, :]` its mask.
+#   `rows` holds 32-bit integers, and past 2**31 elements (16,744 rows of 128,256 columns) a
+#   32-bit `rows * n_cols` wraps round to a wrong address: make the rows 64-bit before the
+#   product (`.to(tl.int64)`), as the exercises' GPU compile checks ask. On a
 #   GPU, `BLOCK_B = 1`: many programs, spread over the 132 multiprocessors. Under the
 #   interpreter, which pays per program and per block operation rather than per element, the
 #   wrappers choose large `BLOCK_B` (`rows_per_program`): a few programs of many rows.

@@ -35,6 +35,9 @@ from transformers.generation.logits_process import TopPLogitsWarper
 if importlib.util.find_spec("triton") is None:  # Triton is a Linux-only dependency
     pytest.skip("chapter 6 needs Triton (Linux)", allow_module_level=True)
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from solutions.kernels import gumbel_sample as reference_gumbel_sample  # noqa: E402
 from solutions.kernels import runtime  # noqa: E402  (sets the mode first)
 from solutions.kernels.runtime import DEVICE, INTERPRET  # noqa: E402
@@ -514,6 +517,34 @@ def test_inverse_transform_finds_the_only_possible_token(impl):
     assert got.tolist() == columns, (
         f"{told} The token is the first column whose inclusive prefix sum exceeds u; its "
         "column is the block's start plus its index in the block."
+    )
+
+
+@triton.jit
+def _row_uniforms(out_ptr, n, seed, BLOCK: tl.constexpr):
+    """out[r] = tl.rand(seed, r), the uniform the inverse-transform kernel's docstring gives row
+    r: the test builds rows whose prefix sums reach it exactly."""
+    rows = tl.arange(0, BLOCK)
+    tl.store(out_ptr + rows, tl.rand(seed, rows), mask=rows < n)
+
+
+@pytest.mark.inverse_transform
+def test_inverse_transform_takes_the_first_prefix_that_exceeds_u(impl):
+    # Exact. Row r is [u_r, 0, 1 - u_r, 0, ...] with u_r = tl.rand(seed, r), the row's own
+    # uniform: its prefix sums are u_r, u_r, about 1. Only column 2's EXCEEDS u_r; column 0's
+    # only reaches it, and column 1 has probability 0.
+    n, seed = 64, 5
+    u = torch.empty(n, device=DEVICE)
+    _row_uniforms[(1,)](u, n, seed, BLOCK=n)
+    probs = torch.zeros(n, 40, device=DEVICE)
+    probs[:, 0], probs[:, 2] = u, 1.0 - u
+    got = tokens_of(impl.sample_from_probs(probs, seed), n, "sample_from_probs")
+    wrong = sorted(set(got[got != 2].tolist()))
+    assert not wrong, (
+        f"rows [u, 0, 1 - u, 0, ...], u each row's own uniform (tl.rand(seed, row)): the "
+        f"prefix sums are u, u, 1, and only column 2's exceeds u; yours returned column(s) "
+        f"{wrong}. A prefix that only reaches u (equal to it) does not cross it, and a column "
+        "of probability 0 cannot be the first to cross."
     )
 
 

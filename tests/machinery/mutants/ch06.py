@@ -520,4 +520,20 @@ MUTANTS: list[Mutant] = [
         "the noise's row stride the tile's width, not d_vocab: neighbouring rows share noise",
         says=("share noise", "vocabulary size"),
     ),
+    Mutant(
+        "inverse_transform",
+        "crossed = (prefix > u[:, None]) & (p > 0)",
+        "crossed = prefix >= u[:, None]",
+        "a prefix that only reaches u taken as crossing it (>=), zero columns not excluded",
+        name="prefix-reaching-u-and-zero-columns",
+        says=("only reaches u", "probability 0"),
+    ),
+    Mutant(
+        "inverse_transform",
+        "crossed = (prefix > u[:, None]) & (p > 0)",
+        "crossed = (prefix >= u[:, None]) & (p > 0)",
+        "a prefix that only reaches u taken as crossing it (>= instead of >)",
+        name="prefix-reaching-u",
+        says=("only reaches u",),
+    ),
 ]
