@@ -225,10 +225,43 @@ def test_train_step_matches_a_pytorch_step(impl):
     loss = impl.train_step(model, opt, sched, x, y, 0.5)
     assert isinstance(loss, float), "train_step returns the loss as a Python float (.item())"
     assert math.isclose(loss, expected_loss, rel_tol=1e-5), "return the loss BEFORE the update"
+    same = all(
+        torch.allclose(p, q, atol=1e-6)
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True)
+    )
+    if not same and all(
+        torch.equal(p, q) for p, q in zip(model.parameters(), TinyLM().parameters(), strict=True)
+    ):
+        pytest.fail(
+            "the weights did not move at all: the optimizer found no gradients. Were they "
+            "zeroed after backward() instead of before it?"
+        )
+    if not same:  # the known mistakes, each one step of PyTorch's own pieces
+        for mistake, lr, clip in [
+            (
+                "the step used the NEXT step's learning rate: the scheduler moved on before the "
+                "optimizer used the current one",
+                0.05 / 2,
+                0.5,
+            ),
+            (
+                "the update used the gradients as they were, not clipped: clipping after the "
+                "optimizer's step (or not at all) changes nothing it uses",
+                0.05,
+                math.inf,
+            ),
+        ]:
+            variant = TinyLM()
+            _reference_step(variant, x, y, lr=lr, clip=clip)
+            if all(
+                torch.allclose(p, q, atol=1e-6)
+                for p, q in zip(model.parameters(), variant.parameters(), strict=True)
+            ):
+                pytest.fail(f"the weights after train_step are those of a step in which {mistake}.")
     for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-6), (
-            f"{name} differs from one PyTorch step: zero_grad, backward, clip the gradient "
-            "norm to grad_clip, optimizer.step()"
+            f"{name} differs from one step of PyTorch's own pieces (AdamW at the learning rate "
+            "of this step, the gradient norm clipped to grad_clip)"
         )
     assert math.isclose(opt.param_groups[0]["lr"], 0.05 / 2), (
         "call scheduler.step() once per train_step, after optimizer.step()"

@@ -169,4 +169,21 @@ MUTANTS = [
         "one batch more than max_batches",
         says=("max_batches",),
     ),
+    # issue 33: slips a learner's run of the blank notebook made, each to be named
+    Mutant(
+        "train_step",
+        "    optimizer.step()\n    scheduler.step()  # the schedule moves once per optimizer step",
+        "    scheduler.step()\n    optimizer.step()",
+        "the scheduler stepped before the optimizer: the update uses the next step's rate",
+        says=("next step's learning rate", "scheduler"),
+    ),
+    Mutant(
+        "train_step",
+        "    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)\n"
+        "    optimizer.step()\n",
+        "    optimizer.step()\n"
+        "    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)\n",
+        "the gradients clipped after the optimizer's step: the update used them unclipped",
+        says=("not clipped", "after the optimizer's step"),
+    ),
 ]
