@@ -451,9 +451,15 @@ class Place:
     qualname: str
     line: int
     target: tuple[str, str | None]  # what to replace to make calling it fail at once
+    cell: str = "a cell of yours"  # the cell's label, as tracebacks show it
+
+    @property
+    def given(self) -> bool:
+        """Code the course wrote (a given, setup or unchanged cell), not the learner."""
+        return self.exercise is None and not self.cell.startswith(("your ", "a cell of yours"))
 
     def describe(self) -> str:
-        where = f"the `{self.exercise}` cell" if self.exercise else "a cell of yours"
+        where = f"the `{self.exercise}` cell" if self.exercise else self.cell
         what = "its top level" if self.qualname == "<module>" else f"`{self.qualname}`"
         return f"{what} ({where}, line {self.line})"
 
@@ -481,8 +487,9 @@ def _learner_places(err: BaseException, impl: Impl) -> list[Place]:
             code = frame.f_code
             parts = code.co_qualname.split(".")
             target = (parts[0], parts[1] if len(parts) > 1 and parts[1] != "<locals>" else None)
+            cell = code.co_filename.strip("<>").rsplit(" #", 1)[0]  # run_cell's label
             places.append(
-                Place(impl.exercise_of_code(code), code.co_qualname, tb.tb_lineno, target)
+                Place(impl.exercise_of_code(code), code.co_qualname, tb.tb_lineno, target, cell)
             )
         tb = tb.tb_next
     return places[::-1]
@@ -658,6 +665,8 @@ def _run_attempts(impl, exercise, child, summarise, budget_s) -> Verdict:
         if outcome.kind in ("ok", "died", "killed"):
             break
         info = outcome.value
+        if outcome.kind == "hang" and info["places"] and info["places"][0].given:
+            break  # stopped in the course's own code (a busy machine?): nobody's to blame
         in_exercise = [p for p in info["places"] if p.exercise is not None]
         if in_exercise[1:] and info["argument_check"] and info["places"][0].exercise is None:
             # A given check (start_forward, say) refused the arguments an exercise's function
@@ -703,7 +712,14 @@ def _failure(impl: Impl, exercise: str, outcome: Outcome, info: dict, budget_s: 
         # Broken, not just wrong: the other exercises' tests use the reference instead.
         impl.broken.setdefault(exercise, _reason(outcome.kind, info, here))
     if outcome.kind == "hang":
-        if here is not None:
+        # Stopped inside the course's own code: no loop of the learner's was running then.
+        if here is not None and here.given:
+            message = (
+                f"did not finish within {budget_s:.0f} s, inside the course's own code "
+                f"({places[0].describe()}), with none of yours running: a busy machine? "
+                "COURSE_TEST_BUDGET=60 gives each test 60 s"
+            )
+        elif here is not None:
             message = (
                 f"did not finish within {budget_s:.0f} s: an infinite loop in {here.describe()}?"
             )
