@@ -179,10 +179,8 @@ MUTANTS = [
     ),
     Mutant(
         "train_step",
-        "    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)\n"
-        "    optimizer.step()\n",
-        "    optimizer.step()\n"
-        "    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)\n",
+        "    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)\n    optimizer.step()\n",
+        "    optimizer.step()\n    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)\n",
         "the gradients clipped after the optimizer's step: the update used them unclipped",
         says=("not clipped", "after the optimizer's step"),
     ),
