@@ -143,6 +143,16 @@ def test_apply_temperature_divides_the_logits(impl, temperature):
         "logits; write `logits / temperature`, which makes a new tensor.",
     )
     expected = before / temperature
+    after_softmax = before.log_softmax(-1) - math.log(temperature)
+    if not torch.allclose(got, expected, atol=1e-6) and torch.allclose(
+        got, after_softmax, atol=1e-5
+    ):
+        pytest.fail(
+            f"at temperature {temperature} your result is the log of the probabilities divided "
+            "by T: the temperature was applied after the softmax, where it only shifts every "
+            "log-probability by the same amount. It divides the logits themselves, before any "
+            "softmax."
+        )
     assert torch.allclose(got, expected, atol=1e-6), (
         "logits at temperature T are the logits divided by T (multiplying by T makes low "
         "temperatures flatter, which is backwards)"
@@ -364,7 +374,17 @@ def test_filter_top_k_keeps_what_hf_keeps(impl):
 def test_filter_top_k_works_row_by_row(impl):
     logits = torch.randn(4, 25, generator=torch.Generator().manual_seed(21))
     before = logits.clone()
-    got = torch.isfinite(impl.filter_top_k(logits, 3))
+    try:
+        got = torch.isfinite(impl.filter_top_k(logits, 3))
+    except RuntimeError as err:
+        if "must match the size" not in str(err):
+            raise
+        pytest.fail(
+            f"filter_top_k on 4 rows of 25 logits raised RuntimeError: {str(err).splitlines()[0]}"
+            ". The threshold, one k-th largest logit per row, has shape [batch]: against "
+            "[batch, d_vocab] broadcasting lines it up with the vocabulary, not with the rows. "
+            "Keep a size-1 axis for the vocabulary."
+        )
     assert_untouched(logits, before, "filter_top_k", IN_PLACE)
     expected = hf_kept(TopKLogitsWarper(top_k=3), logits)
     assert torch.equal(got, expected), "each row keeps its own top k (use dim=-1)"

@@ -407,4 +407,19 @@ MUTANTS = [
         "early_stopping read the wrong way round",
         says=("early_stopping", "wrong way round"),
     ),
+    # issue 33: slips a learner's run of the blank notebook made, each to be named
+    Mutant(
+        "greedy_and_temperature",
+        "return logits / temperature  # the same T for every logit of every row",
+        "return (logits.softmax(dim=-1) / temperature).log()",
+        "the temperature applied after the softmax",
+        says=("after the softmax",),
+    ),
+    Mutant(
+        "sample_top_k",
+        "kth_largest = logits.topk(min(k, logits.shape[-1]), dim=-1).values[:, -1:]",
+        "kth_largest = logits.topk(min(k, logits.shape[-1]), dim=-1).values[:, -1]",
+        "the threshold shaped [batch]: it lines up with the vocabulary, not the rows",
+        says=("threshold", "size-1 axis"),
+    ),
 ]
