@@ -752,6 +752,29 @@ def crafted_probs(seed: int, v: int = 24) -> torch.Tensor:
 
 
 @pytest.mark.top_k_top_p
+def test_a_row_that_is_done_sits_out_the_later_rounds(impl):
+    # Exact. top_k=1 on rows that alternate: a one-hot row, whose only token is kept in round
+    # 1, and a row of 100 likely tokens, which takes several rounds. Rows share a program under
+    # the interpreter (BLOCK_B > 1), so the program's loop runs on for the slow rows.
+    g = torch.Generator().manual_seed(80)
+    slow = torch.rand(100, generator=g).pow(8)
+    rows = torch.stack([torch.eye(100)[7], slow / slow.sum()] * 8)
+    out, rounds = impl.top_k_top_p_sample(rows.to(DEVICE), top_k=1, seed=0, return_rounds=True)
+    got, rounds = tokens_of(out, 16, "top_k=1"), rounds.cpu()
+    one_hot = torch.arange(16) % 2 == 0
+    assert bool((got[one_hot] == 7).all()), (
+        f"top_k=1 on one-hot rows (all their mass on token 7) returned {got[one_hot].tolist()}"
+    )
+    late = one_hot & (rounds != 1)
+    assert not late.any(), (
+        f"one-hot rows keep their token in round 1, but report {rounds[one_hot].tolist()} "
+        "rounds: a row that is done went on drawing in the rounds that the program's other rows "
+        "still needed. A row that is done sits out every later round (its token, its rounds and "
+        "its interval stay as they are)."
+    )
+
+
+@pytest.mark.top_k_top_p
 def test_top_k_of_one_is_the_argmax(impl):
     # Exact, and cheap: a kernel that never accepts runs into its round cap on 16 rows only.
     g = torch.Generator().manual_seed(79)

@@ -536,4 +536,12 @@ MUTANTS: list[Mutant] = [
         name="prefix-reaching-u",
         says=("only reaches u",),
     ),
+    Mutant(
+        "top_k_top_p",
+        "        active = ~done\n",
+        "        active = row_ok\n",
+        "rows that are done keep drawing in the rounds the program's other rows still need",
+        name="done-rows-keep-drawing",
+        says=("sits out", "done"),
+    ),
 ]
