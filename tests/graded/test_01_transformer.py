@@ -63,8 +63,8 @@ def test_token_strings_rebuild_the_text(impl, reference, text):
         "token, or split into characters instead of tokens?"
     )
     assert "".join(pieces) == text, (
-        f"the pieces join to {''.join(pieces)!r}, not {text!r}: decode each id separately with "
-        "tokenizer.decode([id]) (convert_ids_to_tokens gives the raw 'Ġ' form)"
+        f"the pieces join to {''.join(pieces)!r}, not {text!r}: decode each id on its own, "
+        "as a text of one token (convert_ids_to_tokens gives the raw 'Ġ' form)"
     )
 
 
@@ -99,7 +99,7 @@ def test_layernorm_epsilon_inside_sqrt(impl, reference):
     centered = x - x.mean(-1, keepdim=True)
     outside = centered / (centered.pow(2).mean(-1, keepdim=True).sqrt() + cfg.layer_norm_eps)
     if close_f32(out, outside * p["w"] + p["b"]):
-        pytest.fail("Is your epsilon outside the sqrt? It goes inside: sqrt(var + eps).")
+        pytest.fail("Is your epsilon outside the sqrt? It is added to the variance, inside it.")
     assert_matches(out, expected, "LayerNorm on a low-variance input", "Epsilon inside the sqrt?")
 
 
@@ -130,7 +130,10 @@ def test_layernorm_biased_variance(impl):
         x.var(-1, keepdim=True) + cfg.layer_norm_eps
     ).sqrt()
     if close_f32(out, unbiased * p["w"] + p["b"]):
-        pytest.fail("Use the biased variance (divide by d_model): var(unbiased=False).")
+        pytest.fail(
+            "Your variance divides by d_model - 1 (Bessel's correction): LayerNorm's divides by "
+            "d_model. Tensor.var's `correction` says which."
+        )
     assert_matches(out, expected, "LayerNorm with d_model=4")
 
 
@@ -215,7 +218,7 @@ def test_causal_mask(impl, reference):
     future = torch.ones(6, 6, dtype=torch.bool).triu(1)
     assert torch.equal(masked[..., ~future], scores[..., ~future]), (
         "Scores on and below the diagonal must be unchanged: a token attends to itself and "
-        "to earlier tokens (is your mask off by one? use diagonal=1)."
+        "to earlier tokens (is your mask off by one? Which diagonal does it start from?)."
     )
     assert (masked[..., future] <= -1e4).all(), (
         "Every score above the diagonal (a key AFTER its query) must become self.IGNORE."
@@ -265,8 +268,7 @@ def test_attention_makes_its_tensors_on_the_inputs_device(impl, reference):
             "Attention made a tensor on the CPU while its input was on another device (here "
             f"PyTorch's meta device; on a GPU, the GPU): {str(err).splitlines()[0]} Is your causal "
             "mask made with torch.ones / torch.triu without device=? Make every tensor you "
-            "create in forward or apply_causal_mask on the scores' device: "
-            "device=attn_scores.device."
+            "create in forward or apply_causal_mask on the scores' device."
         )
     assert out.device.type == "meta" and out.shape == (2, 5, cfg.d_model)
 
