@@ -77,7 +77,7 @@ def assert_uses_the_generator(sampler, logits, probs, what: str, **kwargs) -> No
     assert one.shape == (1,), (
         f"{what}: a batch of one row must give one token, shape (1,), got shape "
         f"{tuple(one.shape)}. `squeeze()` without a dimension also drops the batch dimension "
-        "when the batch has one row: squeeze only the sample dimension, `.squeeze(-1)`."
+        "when the batch has one row: squeeze only the sample dimension."
     )
     batch = logits.expand(GENERATOR_ROWS, -1).clone()  # the test's own batch, checked after
     a = sampler(batch, generator=torch.Generator().manual_seed(7), **kwargs)
@@ -140,7 +140,7 @@ def test_apply_temperature_divides_the_logits(impl, temperature):
         before,
         "apply_temperature",
         "`logits /= temperature` divides the caller's "
-        "logits; write `logits / temperature`, which makes a new tensor.",
+        "logits in place: a division that makes a new tensor leaves them as they were.",
     )
     expected = before / temperature
     after_softmax = before.log_softmax(-1) - math.log(temperature)
@@ -166,7 +166,9 @@ def test_temperature_near_zero_becomes_greedy(impl):
     for temperature in [1e-2, 1e-3]:
         row, before = logits[None], logits[None].clone()
         scaled = impl.apply_temperature(row, temperature)
-        assert_untouched(row, before, "apply_temperature", "Write `logits / temperature`.")
+        assert_untouched(
+            row, before, "apply_temperature", "Divide into a new tensor, not in place."
+        )
         assert torch.isfinite(scaled).all(), f"temperature {temperature} gave non-finite logits"
         probs = scaled.softmax(-1)[0]
         assert probs[5] > 0.9999, (
@@ -297,7 +299,8 @@ def test_sample_basic_is_unchanged_by_shifting_every_logit(impl, shift):
         f"With every logit shifted by {shift:+g} the distribution is the same (softmax does "
         "not change when all logits move together), but exp(logits) "
         + ("overflows to inf" if shift > 0 else "underflows to 0")
-        + " in float32. Use `logits.softmax(dim=-1)`, which subtracts the row's max first; "
+        + " in float32. Which of PyTorch's functions turns logits into probabilities and "
+        "subtracts the row's max first? "
         "do not hand exp(logits) (or exp(logits) / its sum) to torch.multinomial."
     )
     try:
@@ -323,7 +326,7 @@ def test_sample_basic_on_a_batch_of_one_row(impl):
     got = impl.sample_basic(logits, generator=torch.Generator().manual_seed(0))
     assert got.shape == (1,), (
         f"a batch of one row must give shape (1,), got {tuple(got.shape)}: `squeeze()` without "
-        "a dimension drops the batch dimension too; write `.squeeze(-1)`"
+        "a dimension drops the batch dimension too; squeeze only the sample dimension"
     )
     assert got.tolist() == [13], f"token 13 is the only one possible, got {got.tolist()}"
 
@@ -533,7 +536,8 @@ def test_filter_top_p_at_a_boundary_reached_through_rounding_matches_hf(impl):
             + (
                 "Is the mass before each token computed as `cumulative - p`? That subtraction "
                 "rounds (0.89999998 - 0.09999999 is 0.79999995, under 0.8). Use the running "
-                "total one place back: a 0 in front, then cumulative[:, :-1]."
+                "total one place back: the sum of the tokens before each one, added up "
+                "without a subtraction."
                 if n_kept > n_hf
                 else "A token is kept while the tokens before it sum to LESS than top_p."
             )
@@ -917,8 +921,8 @@ def test_generate_extends_each_beam_with_its_best_tokens(impl, shipped, hf, ngra
         pytest.fail(
             "the new beams' prefixes cycle through the parents (beam 0, 1, 2, 0, 1, ...), so "
             "continuations are glued to the wrong parent. Beam b's k continuations come "
-            "together, each after its own parent: repeat each parent k times in a row "
-            "(`repeat_interleave`, not `repeat`)."
+            "together, each after its own parent: each parent repeats k times in a row, not "
+            "the whole list of parents k times over."
         )
     for b in range(3):
         for j in range(k):

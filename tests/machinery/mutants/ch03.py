@@ -326,7 +326,7 @@ MUTANTS = [
         "[tokens.repeat_interleave(k, dim=0), top.indices.flatten()[:, None]]",
         "[tokens.repeat(k, 1), top.indices.flatten()[:, None]]",
         "repeat instead of repeat_interleave: continuations glued to the wrong parents",
-        says=("parent", "repeat_interleave"),
+        says=("parent", "k times in a row"),
     ),
     Mutant(
         "beams",
