@@ -203,12 +203,12 @@ def test_ngram_cases(impl, text, k, n, expected, what):
         pytest.fail(
             f"{call}: nothing proposed, but the last {n} tokens occur earlier. Does the search "
             f"start at the end itself? At start = len(text) - n the last {n} tokens match "
-            "themselves, and nothing follows them: the latest EARLIER start is len(text) - n - 1"
+            "themselves, and nothing follows them: the search starts one place earlier"
         )
     if len(starts) > 1 and got == text[min(starts) + n : min(starts) + n + k] != expected:
         pytest.fail(
             f"{call}: that follows the OLDEST earlier match. The most recent one wins: search "
-            "backwards, from start = len(text) - n - 1 down to 0, and stop at the first match"
+            "backwards, from the latest earlier start down to 0, and stop at the first match"
         )
     if len(expected) == k and got == expected[:-1]:
         pytest.fail(
@@ -262,7 +262,7 @@ def drafter_mistake(hf_draft, q, prev: list[int], d: list[int], n: int, token: i
         (
             prev + [d[j] for j in range(k - 1) if flags[j + 1]] + last + [token],
             "the fed drafts are matched with the wrong acceptance flags (off by one). This round "
-            "fed `pending`, then drafts 0 .. k-2: their flags are accepted[:, : k - 1]",
+            "fed `pending`, then drafts 0 .. k-2: draft j's flag is the j-th, not the one after",
         ),
         (
             prev + d[:n] + [d[-1]],
@@ -510,8 +510,7 @@ def test_top_p_applies_to_both_models(impl, shipped, drafter_model, hf):
         logits[0].softmax(-1) * kept,
         "temperature 0.7 and top_p 0.8: the first token must follow the main model's "
         "distribution after both (HF's TopPLogitsWarper). Are the main model's probabilities "
-        "shaped by the same temperature, top_k and top_p as the drafter's "
-        "(sampling_probs(logits, **sampling))?",
+        "shaped by the same temperature, top_k and top_p as the drafter's?",
     )
 
 
