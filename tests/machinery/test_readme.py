@@ -19,6 +19,11 @@ def says(text: str) -> bool:
     return " ".join(text.split()) in WORDS
 
 
+def assert_says_all(said: list[str], what: str) -> None:
+    missing = [text for text in said if not says(text)]
+    assert not missing, f"the README's {what} should include: {missing}"
+
+
 def _metrics(model: str) -> dict:
     return json.loads((REPO_ROOT / "models" / model / "metrics.json").read_text())
 
@@ -87,8 +92,7 @@ def test_speculative_figures_are_the_recorded_run():
         f"{run['prompts_per_workload']} prompts per workload, {run['runs']} runs) has "
         f"{run['new_tokens_per_prompt']} new tokens per prompt",
     ]
-    missing = [text for text in said if not says(text)]
-    assert not missing, f"the README's speculative figures should include: {missing}"
+    assert_says_all(said, "speculative figures")
     assert says(f"step costs c = {run['cost_model']['c_model']} of a main step")
     for n in "1234":  # "- Goal N (...) is met" or "is not met", as the record says
         sentence = next(part for part in README.split("- Goal ") if part.startswith(n))
@@ -122,8 +126,7 @@ def test_kernel_figures_are_the_recorded_run():
         f"the fused matmul + sample took {g['fused']['x_matmul']} times the matmul alone and was "
         f"{g['fused']['speedup_vs_torch']} times faster",
     ]
-    missing = [text for text in said if not says(text)]
-    assert not missing, f"the README's kernel figures should include: {missing}"
+    assert_says_all(said, "kernel figures")
     assert says(f"one run on a lent {run['environment']['device']}")
     met = {True: "met", False: "not met"}
     for goal, words in [
