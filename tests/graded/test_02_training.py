@@ -41,7 +41,8 @@ def test_windows_cover_the_stream(impl, n_tokens, n_ctx, stride):
     starts = [s for s in range(0, n_tokens, stride) if s + n_ctx + 1 <= n_tokens]
     assert len(data) == len(starts), (
         f"{n_tokens} tokens, n_ctx={n_ctx}, stride={stride}: expected {len(starts)} windows, "
-        f"got {len(data)}. The last window needs n_ctx + 1 tokens (its last target too)."
+        f"got {len(data)}. Windows start every `stride` tokens from 0, and one that starts at s "
+        "needs the tokens s to s + n_ctx (its last target too): count the starts that fit."
     )
     for i, s in enumerate(starts):
         x, y = data[i]
@@ -164,7 +165,8 @@ def test_lr_factor_matches_transformers(impl, warmup, total, min_ratio):
         assert math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-9), (
             f"step {step} (warmup {warmup}, total {total}, min {min_ratio}): expected "
             f"{expected:.6f}, got {got:.6f}. Warm-up is step / warmup_steps; then "
-            "min + (1 - min) * (1 + cos(pi * progress)) / 2."
+            "min + (1 - min) * (1 + cos(pi * progress)) / 2, the progress counted from the end "
+            "of the warm-up (0 there) to total_steps (1 there, and after)."
         )
 
 
