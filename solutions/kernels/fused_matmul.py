@@ -42,8 +42,9 @@ def fused_matmul_kernel(
     """For rows tile tl.program_id(0) and vocabulary tile t = tl.program_id(1): the logits
     h[rows] @ w[cols].T (h contiguous [n_rows, d_model], w contiguous [n_vocab, d_model]), each
     times inv_temperature plus the Gumbel noise gumbel_noise(seed, rows, t * BLOCK_V, n_vocab,
-    BLOCK_B, BLOCK_V) (no noise when GREEDY); stores each row's best score in score[row, t] and
-    its column in col[row, t] (both contiguous [n_rows, n_tiles]). UPCAST: convert the loaded
+    BLOCK_B, BLOCK_V); when GREEDY, the plain logits (inv_temperature is then 0 and unused).
+    Stores each row's best score in score[row, t] and its column in col[row, t] (both
+    contiguous [n_rows, n_tiles]). UPCAST: convert the loaded
     blocks to float32 before tl.dot (Triton's interpreter holds bfloat16 as raw 16-bit integers,
     and its tl.dot would multiply those; a GPU multiplies bfloat16 directly, on its tensor
     cores)."""

@@ -91,7 +91,7 @@ INT32_OFFSET = (
     "a pointer offset is an int32 product of a program id and a size ({line}): `rows * n_cols` "
     "in int32 wraps past 2**31 elements (a batch of 16,384 rows of 131,072 columns is 2**31), "
     "and the kernel then reads and writes someone else's memory on a GPU. Make the row index "
-    "int64 before multiplying: rows.to(tl.int64) * n_cols"
+    "int64 before multiplying (section 2)"
 )
 _SSA = re.compile(r"%[\w.#]+")
 

@@ -351,7 +351,7 @@ def test_gumbel_kernel_near_zero_temperature_is_argmax(impl, temperature):
         f"{told} Each row's best logit leads by 0.1, {0.1 / temperature:g} once divided by "
         "T: more than the noise can make up. Is the noise added before dividing, "
         "argmax((x + G) / T)? Dividing every score by the same T cannot change that argmax: it "
-        "samples at T = 1. Scale the logits first, then add the noise: x * inv_temperature + G."
+        "samples at T = 1. Scale the logits first, then add the noise to them."
     )
 
 
@@ -520,34 +520,6 @@ def test_inverse_transform_finds_the_only_possible_token(impl):
     )
 
 
-@triton.jit
-def _row_uniforms(out_ptr, n, seed, BLOCK: tl.constexpr):
-    """out[r] = tl.rand(seed, r), the uniform the inverse-transform kernel's docstring gives row
-    r: the test builds rows whose prefix sums reach it exactly."""
-    rows = tl.arange(0, BLOCK)
-    tl.store(out_ptr + rows, tl.rand(seed, rows), mask=rows < n)
-
-
-@pytest.mark.inverse_transform
-def test_inverse_transform_takes_the_first_prefix_that_exceeds_u(impl):
-    # Exact. Row r is [u_r, 0, 1 - u_r, 0, ...] with u_r = tl.rand(seed, r), the row's own
-    # uniform: its prefix sums are u_r, u_r, about 1. Only column 2's EXCEEDS u_r; column 0's
-    # only reaches it, and column 1 has probability 0.
-    n, seed = 64, 5
-    u = torch.empty(n, device=DEVICE)
-    _row_uniforms[(1,)](u, n, seed, BLOCK=n)
-    probs = torch.zeros(n, 40, device=DEVICE)
-    probs[:, 0], probs[:, 2] = u, 1.0 - u
-    got = tokens_of(impl.sample_from_probs(probs, seed), n, "sample_from_probs")
-    wrong = sorted(set(got[got != 2].tolist()))
-    assert not wrong, (
-        f"rows [u, 0, 1 - u, 0, ...], u each row's own uniform (tl.rand(seed, row)): the "
-        f"prefix sums are u, u, 1, and only column 2's exceeds u; yours returned column(s) "
-        f"{wrong}. A prefix that only reaches u (equal to it) does not cross it, and a column "
-        "of probability 0 cannot be the first to cross."
-    )
-
-
 @pytest.mark.inverse_transform
 def test_inverse_transform_follows_the_probabilities(impl):
     # False failure: ALPHA.
@@ -616,6 +588,34 @@ def test_inverse_transform_on_rows_of_many_blocks(impl):
         f"sample_from_probs over {LONG_V} tokens (several blocks): the prefix sum must carry "
         "the total of the blocks before (a prefix that restarts at each block picks tokens "
         "too early)",
+    )
+
+
+@triton.jit
+def _row_uniforms(out_ptr, n, seed, BLOCK: tl.constexpr):
+    """out[r] = tl.rand(seed, r), the uniform the inverse-transform kernel's docstring gives row
+    r: the test builds rows whose prefix sums reach it exactly."""
+    rows = tl.arange(0, BLOCK)
+    tl.store(out_ptr + rows, tl.rand(seed, rows), mask=rows < n)
+
+
+@pytest.mark.inverse_transform
+def test_inverse_transform_takes_the_first_prefix_that_exceeds_u(impl):
+    # Exact. Row r is [u_r, 0, 1 - u_r, 0, ...] with u_r = tl.rand(seed, r), the row's own
+    # uniform: its prefix sums are u_r, u_r, about 1. Only column 2's EXCEEDS u_r; column 0's
+    # only reaches it, and column 1 has probability 0.
+    n, seed = 64, 5
+    u = torch.empty(n, device=DEVICE)
+    _row_uniforms[(1,)](u, n, seed, BLOCK=n)
+    probs = torch.zeros(n, 40, device=DEVICE)
+    probs[:, 0], probs[:, 2] = u, 1.0 - u
+    got = tokens_of(impl.sample_from_probs(probs, seed), n, "sample_from_probs")
+    wrong = sorted(set(got[got != 2].tolist()))
+    assert not wrong, (
+        f"rows [u, 0, 1 - u, 0, ...], u each row's own uniform (tl.rand(seed, row)): the "
+        f"prefix sums are u, u, 1, and only column 2's exceeds u; yours returned column(s) "
+        f"{wrong}. A prefix that only reaches u (equal to it) does not cross it, and a column "
+        "of probability 0 cannot be the first to cross."
     )
 
 
@@ -749,29 +749,6 @@ def filtered_draw(impl, probs, n, seed=0, **kwargs):
 
 def crafted_probs(seed: int, v: int = 24) -> torch.Tensor:
     return crafted_logits(seed, v).double().softmax(-1)
-
-
-@pytest.mark.top_k_top_p
-def test_a_row_that_is_done_sits_out_the_later_rounds(impl):
-    # Exact. top_k=1 on rows that alternate: a one-hot row, whose only token is kept in round
-    # 1, and a row of 100 likely tokens, which takes several rounds. Rows share a program under
-    # the interpreter (BLOCK_B > 1), so the program's loop runs on for the slow rows.
-    g = torch.Generator().manual_seed(80)
-    slow = torch.rand(100, generator=g).pow(8)
-    rows = torch.stack([torch.eye(100)[7], slow / slow.sum()] * 8)
-    out, rounds = impl.top_k_top_p_sample(rows.to(DEVICE), top_k=1, seed=0, return_rounds=True)
-    got, rounds = tokens_of(out, 16, "top_k=1"), rounds.cpu()
-    one_hot = torch.arange(16) % 2 == 0
-    assert bool((got[one_hot] == 7).all()), (
-        f"top_k=1 on one-hot rows (all their mass on token 7) returned {got[one_hot].tolist()}"
-    )
-    late = one_hot & (rounds != 1)
-    assert not late.any(), (
-        f"one-hot rows keep their token in round 1, but report {rounds[one_hot].tolist()} "
-        "rounds: a row that is done went on drawing in the rounds that the program's other rows "
-        "still needed. A row that is done sits out every later round (its token, its rounds and "
-        "its interval stay as they are)."
-    )
 
 
 @pytest.mark.top_k_top_p
@@ -979,6 +956,29 @@ def test_top_p_is_exact_in_a_bounded_number_of_rounds(impl, shape):
         f"bound is {bound}. Each rejected round must move low up to the rejected pivot (or to "
         "the second pivot when it is rejected too) and high down to the second pivot when "
         "that one passes, so that high - low at least halves."
+    )
+
+
+@pytest.mark.top_k_top_p
+def test_a_row_that_is_done_sits_out_the_later_rounds(impl):
+    # Exact. top_k=1 on rows that alternate: a one-hot row, whose only token is kept in round
+    # 1, and a row of 100 likely tokens, which takes several rounds. Rows share a program under
+    # the interpreter (BLOCK_B > 1), so the program's loop runs on for the slow rows.
+    g = torch.Generator().manual_seed(80)
+    slow = torch.rand(100, generator=g).pow(8)
+    rows = torch.stack([torch.eye(100)[7], slow / slow.sum()] * 8)
+    out, rounds = impl.top_k_top_p_sample(rows.to(DEVICE), top_k=1, seed=0, return_rounds=True)
+    got, rounds = tokens_of(out, 16, "top_k=1"), rounds.cpu()
+    one_hot = torch.arange(16) % 2 == 0
+    assert bool((got[one_hot] == 7).all()), (
+        f"top_k=1 on one-hot rows (all their mass on token 7) returned {got[one_hot].tolist()}"
+    )
+    late = one_hot & (rounds != 1)
+    assert not late.any(), (
+        f"one-hot rows keep their token in round 1, but report {rounds[one_hot].tolist()} "
+        "rounds: a row that is done went on drawing in the rounds that the program's other rows "
+        "still needed. A row that is done sits out every later round (its token, its rounds and "
+        "its interval stay as they are)."
     )
 
 
@@ -1214,8 +1214,8 @@ def test_fused_draws_what_the_gumbel_kernel_draws_from_the_product(impl):
     # The section says so: both kernels add gumbel_noise's number at each (row, column), so on
     # the same product and seed they pick the same token; the reference Gumbel kernel (on the
     # given gumbel_noise) draws it here. 64 rows that differ, 300 columns (several tiles, the
-    # last partial). A GPU's tl.dot rounds the product otherwise (TF32): a few near-ties may go
-    # the other way there, none under the interpreter.
+    # last partial). On a GPU the product is summed in another order (and a kernel may round
+    # it to TF32): a few near-ties may go the other way there, none under the interpreter.
     g = torch.Generator().manual_seed(11)
     h = torch.randn(64, 32, generator=g)
     w = torch.randn(300, 32, generator=g) / 2
