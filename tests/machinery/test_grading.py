@@ -319,7 +319,7 @@ def test_pytest_shows_a_wrong_exercise_as_the_tutor_wrote_it(tmp_path):
     )  # fmt: skip
     out = done.stdout
     assert done.returncode == 1, out[-3000:]
-    assert "Is your epsilon outside the sqrt? It goes inside" in out, out
+    assert "Is your epsilon outside the sqrt? It is added to the variance" in out, out
     assert "Impl(" not in out and "tensor(" not in out and "where False" not in out, out
     assert "AssertionError:" not in out, "the test's sentence, not the exception's name"
     assert len(out.splitlines()) < 60, out
