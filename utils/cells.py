@@ -10,6 +10,7 @@ does) must find the version it was compiled from, not a later notebook's edit of
 
 from __future__ import annotations
 
+import ast
 import itertools
 import linecache
 import symtable
@@ -39,6 +40,7 @@ def register_source(filename: str, source: str) -> None:
 class Names:
     bound: frozenset[str]  # names the cell binds at its top level (assignments, defs, imports)
     free: frozenset[str]  # global names the cell (or any function in it) reads but not binds
+    free_at_top: frozenset[str]  # those of them read at the top level, as the cell runs
 
 
 def cell_names(cell_source: str) -> Names | None:
@@ -59,7 +61,16 @@ def cell_names(cell_source: str) -> Names | None:
             elif sym.is_global() and sym.is_referenced():
                 free.add(sym.get_name())
         stack.extend(scope.get_children())
-    return Names(frozenset(bound), frozenset(free - bound))
+    at_top = {s.get_name() for s in table.get_symbols() if s.is_referenced()} - bound
+    return Names(frozenset(bound), frozenset(free - bound), frozenset(at_top))
+
+
+def raises_not_implemented(node: ast.AST | None) -> bool:
+    """Whether `node` is a `raise NotImplementedError` (or `...()`): the blank exercise's line."""
+    if not isinstance(node, ast.Raise) or node.exc is None:
+        return False
+    exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+    return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
 
 
 def defined_by(cell_source: str) -> frozenset[str]:

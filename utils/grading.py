@@ -47,7 +47,13 @@ from pathlib import Path
 import nbformat
 
 from utils import TESTS_DIR
-from utils.cells import cell_names, defined_by, name_error_hint, run_cell
+from utils.cells import (
+    cell_names,
+    defined_by,
+    name_error_hint,
+    raises_not_implemented,
+    run_cell,
+)
 from utils.chapters import Chapter, Exercise, import_object, read_chapter, solution_paths
 from utils.sandbox import Outcome, call_isolated, exit_description, kind_of
 
@@ -535,11 +541,8 @@ def is_not_implemented(err: BaseException | None) -> bool:
     if _caused_by(err, NotImplementedError) is not None:
         return True
     while err is not None:
-        node = getattr(err, "node", None)
-        if isinstance(node, ast.Raise) and node.exc is not None:
-            exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
-            if isinstance(exc, ast.Name) and exc.id == "NotImplementedError":
-                return True
+        if raises_not_implemented(getattr(err, "node", None)):
+            return True
         err = err.__cause__ or err.__context__
     return False
 

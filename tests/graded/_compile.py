@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from utils import REPO_ROOT
-from utils.cells import cell_names
+from utils.cells import cell_names, raises_not_implemented
 
 TARGET = ("cuda", 90, 32)  # an H100: compute capability 9.0, warps of 32 threads
 GPU_NAME = "an H100 (sm_90)"
@@ -461,12 +461,7 @@ def _source(fn: types.FunctionType) -> str:
 
 def still_a_stub(fn: types.FunctionType) -> bool:
     """Whether the function still raises NotImplementedError (the blank exercise does)."""
-    for node in ast.walk(_definition(fn)):
-        if isinstance(node, ast.Raise) and node.exc is not None:
-            exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
-            if isinstance(exc, ast.Name) and exc.id == "NotImplementedError":
-                return True
-    return False
+    return any(raises_not_implemented(node) for node in ast.walk(_definition(fn)))
 
 
 def _literal(value) -> str | None:

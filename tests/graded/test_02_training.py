@@ -210,6 +210,12 @@ def _reference_step(model, x, y, lr, clip):
     return loss.item()
 
 
+def same_weights(a: nn.Module, b: nn.Module) -> bool:
+    return all(
+        torch.allclose(p, q, atol=1e-6) for p, q in zip(a.parameters(), b.parameters(), strict=True)
+    )
+
+
 def _batch(seed=1, d_vocab=11):
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, d_vocab, (4, 6), generator=gen), torch.randint(
@@ -227,10 +233,7 @@ def test_train_step_matches_a_pytorch_step(impl):
     loss = impl.train_step(model, opt, sched, x, y, 0.5)
     assert isinstance(loss, float), "train_step returns the loss as a Python float (.item())"
     assert math.isclose(loss, expected_loss, rel_tol=1e-5), "return the loss BEFORE the update"
-    same = all(
-        torch.allclose(p, q, atol=1e-6)
-        for p, q in zip(model.parameters(), ref.parameters(), strict=True)
-    )
+    same = same_weights(model, ref)
     if not same and all(
         torch.equal(p, q) for p, q in zip(model.parameters(), TinyLM().parameters(), strict=True)
     ):
@@ -255,10 +258,7 @@ def test_train_step_matches_a_pytorch_step(impl):
         ]:
             variant = TinyLM()
             _reference_step(variant, x, y, lr=lr, clip=clip)
-            if all(
-                torch.allclose(p, q, atol=1e-6)
-                for p, q in zip(model.parameters(), variant.parameters(), strict=True)
-            ):
+            if same_weights(model, variant):
                 pytest.fail(f"the weights after train_step are those of a step in which {mistake}.")
     for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-6), (

@@ -344,13 +344,18 @@ def test_attention_of_a_chunk_matches_reference(impl, shipped, ref_run):
 # --------------------------------------------------------------------------- forward_with_cache
 
 
-def attention_reading_every_key(attn, x: torch.Tensor) -> torch.Tensor:
-    """Chapter 1's attention from the layer's own weights, WITHOUT the causal mask: every query
-    reads every key (a known mistake's attention)."""
-    q, k, v = (
+def queries_keys_values(attn, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The layer's own q, k and v of the positions `x`, each [batch, n_heads, pos, d_head]."""
+    return tuple(
         torch.einsum("bpd,hde->bhpe", x, W) + b[:, None]
         for W, b in [(attn.W_Q, attn.b_Q), (attn.W_K, attn.b_K), (attn.W_V, attn.b_V)]
     )
+
+
+def attention_reading_every_key(attn, x: torch.Tensor) -> torch.Tensor:
+    """Chapter 1's attention from the layer's own weights, WITHOUT the causal mask: every query
+    reads every key (a known mistake's attention)."""
+    q, k, v = queries_keys_values(attn, x)
     z = (q @ k.transpose(-1, -2) / attn.cfg.d_head**0.5).softmax(dim=-1) @ v
     return torch.einsum("bhpe,hed->bpd", z, attn.W_O) + attn.b_O
 
@@ -359,10 +364,7 @@ def attention_reading_later_keys(attn, x: torch.Tensor) -> torch.Tensor:
     """Attention whose mask is the causal mask the wrong way round: each query reads only the
     keys after it (the last one none), through PyTorch's fused attention, as a learner who
     passes causal_mask as `allowed` computes it."""
-    q, k, v = (
-        torch.einsum("bpd,hde->bhpe", x, W) + b[:, None]
-        for W, b in [(attn.W_Q, attn.b_Q), (attn.W_K, attn.b_K), (attn.W_V, attn.b_V)]
-    )
+    q, k, v = queries_keys_values(attn, x)
     n = x.shape[1]
     later = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(diagonal=1)
     z = F.scaled_dot_product_attention(q, k, v, attn_mask=later)

@@ -11,46 +11,31 @@ looks up when it runs, by some cell of the notebook (chapter 4's `forward_with_c
 section 8's `positions_and_allowed` for padded batches, which come after section 8)."""
 
 import builtins
-import symtable
 
 import nbformat
 import pytest
 
 from utils.build import build_notebook
-from utils.cells import python_source
+from utils.cells import cell_names
 from utils.chapters import chapter_names
 
 # What a Jupyter kernel defines besides Python's builtins.
 KERNEL_NAMES = {"display", "get_ipython", "In", "Out", "exit", "quit"}
 
 
-def names_of(source: str) -> tuple[set[str], set[str], set[str]]:
-    """(bound at the top level, read at the top level, read as globals inside functions)."""
-    table = symtable.symtable(python_source(source), "<cell>", "exec")
-    top = table.get_symbols()
-    bound = {s.get_name() for s in top if s.is_assigned() or s.is_imported()}
-    read_top = {s.get_name() for s in top if s.is_referenced()} - bound
-    read_later: set[str] = set()
-    stack = list(table.get_children())
-    while stack:
-        scope = stack.pop()
-        read_later |= {s.get_name() for s in scope.get_symbols() if s.is_global()}
-        stack.extend(scope.get_children())
-    return bound, read_top, read_later - bound
-
-
 def undefined_names(nb) -> list[str]:
     """'cell N (what): name, ...' for each exercise or given cell that reads a name the
     notebook does not define where the read needs it."""
     code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
-    names = {i: names_of(c.source) for i, c in code}
+    names = {i: cell_names(c.source) for i, c in code}
     anywhere = set(dir(builtins)) | KERNEL_NAMES
-    for bound, _, _ in names.values():
-        anywhere |= bound
+    for found in names.values():
+        anywhere |= found.bound
     above = set(dir(builtins)) | KERNEL_NAMES
     problems = []
     for i, cell in code:
-        bound, read_top, read_later = names[i]
+        found = names[i]
+        bound, read_top, read_later = found.bound, found.free_at_top, found.free
         tags = cell.metadata.get("tags", [])
         what = cell.metadata.get("exercise") and f"exercise {cell.metadata['exercise']}"
         what = what or ("given code" if "source" in tags else None)
