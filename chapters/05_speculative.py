@@ -1312,8 +1312,9 @@ check("lookahead_harvest")
 # <details><summary>Hint 2: the approach</summary>
 #
 # - Temperature 0: no noise; the picks are the argmax over the vocabulary, `[n_cand, n + 1]`.
-# - Otherwise `gumbel_noise(shape, generator)` (given above) draws the noise. Which shape gives
-#   one vector per position, the same for every candidate, and broadcasts against `logits`?
+# - Otherwise `gumbel_noise(shape, generator, device)` (given above) draws the noise, on the
+#   logits' device. Which shape gives one vector per position, the same for every candidate,
+#   and broadcasts against `logits`?
 #   The temperature divides the logits only (section 4); then the argmax.
 # - A candidate's run: compare its $n$ tokens with the picks at the positions they occupy (the
 #   picks have $n + 1$ columns: which $n$?), then count the leading matches, as

@@ -36,7 +36,7 @@ def jacobi_step(
 ) -> Int[Tensor, "n"]:
     """One Jacobi iteration for one text: the main model's greedy token at each of the n
     positions after `last`, each read from the CURRENT guesses before it (not yet updated)."""
-    feed = torch.cat([torch.tensor([last]), guesses])[None]  # [1, n + 1]
+    feed = torch.cat([guesses.new_tensor([last]), guesses])[None]  # [1, n + 1]
     logits, _ = forward_with_cache(main, feed, cache)  # the cache is read, not kept
     # The logits at `last` predict position 1; those at guess i, position i + 1. The last
     # guess's prediction falls outside the n positions.
@@ -50,10 +50,11 @@ def jacobi_decode(
     """Jacobi iteration from `start` (default: n copies of the prompt's last token) to its fixed
     point, which is greedy decoding's next n tokens. Returns every iterate, the start first."""
     checks.integer("n", n, low=1)
+    device = next(main.parameters()).device
     cache = None
     if len(prompt) > 1:
-        _, cache = forward_with_cache(main, torch.tensor([prompt[:-1]]))
-    guesses = torch.full((n,), prompt[-1]) if start is None else start
+        _, cache = forward_with_cache(main, torch.tensor([prompt[:-1]], device=device))
+    guesses = torch.full((n,), prompt[-1], device=device) if start is None else start
     history = [guesses]
     for _ in range(n):  # position i is exact after i iterations at most: n always suffice
         guesses = jacobi_step(main, cache, prompt[-1], guesses)
@@ -134,9 +135,15 @@ class NgramPool:
         return list(self.table.get(key, []))
 
 
-def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator | None) -> Tensor:
-    """Standard Gumbel noise, -log(-log U) (U kept above 0, where log would be -inf)."""
-    u = torch.rand(shape, generator=generator).clamp(min=torch.finfo(torch.float32).tiny)
+def gumbel_noise(
+    shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device | None = None
+) -> Tensor:
+    """Standard Gumbel noise, -log(-log U) (U kept above 0, where log would be -inf), on
+    `device` (by default the generator's, or the CPU without one)."""
+    if device is None:
+        device = generator.device if generator is not None else torch.device("cpu")
+    u = torch.rand(shape, generator=generator, device=device)
+    u = u.clamp(min=torch.finfo(torch.float32).tiny)
     return -torch.log(-torch.log(u))
 
 
@@ -166,7 +173,7 @@ def verify(
         # ONE draw of noise per position, shared by every candidate: candidates that agree so
         # far have the same logits there, so they pick the same token; that token is a sample
         # of the model's distribution given the text so far (the Gumbel-max trick).
-        noise = gumbel_noise((n + 1, logits.shape[-1]), generator)
+        noise = gumbel_noise((n + 1, logits.shape[-1]), generator, logits.device)
         picks = (logits / temperature + noise).argmax(dim=-1)
     matches = picks[:, :n] == candidates  # [n_cand, n]
     runs = matches.int().cumprod(dim=1).sum(dim=1)  # each candidate's kept run
@@ -189,7 +196,8 @@ def verify_naive(
         return verify(first_logits, candidate_logits, candidates, temperature, generator)
     n_cand, n = candidates.shape
     logits = torch.cat([first_logits.expand(n_cand, 1, -1), candidate_logits], dim=1).float()
-    noise = gumbel_noise((n_cand, n + 1, logits.shape[-1]), generator)  # one draw per candidate
+    # One draw of noise per candidate:
+    noise = gumbel_noise((n_cand, n + 1, logits.shape[-1]), generator, logits.device)
     picks = (logits / temperature + noise).argmax(dim=-1)
     runs = (picks[:, :n] == candidates).int().cumprod(dim=1).sum(dim=1)
     best = int(runs.argmax())
@@ -221,15 +229,20 @@ def lookahead_round(
     up to `guesses` pooled n-grams that start with `last`. Updates `state` (cache, last,
     window, pool); returns the emitted tokens and the number of candidates checked."""
     n_levels, window = state.levels.shape
+    device = state.levels.device  # the model's (start_lookahead put the window there)
     found = state.pool.candidates(state.last)[:guesses]
-    candidates = torch.tensor(found, dtype=torch.long).reshape(len(found), ngram - 1)
+    candidates = torch.tensor(found, dtype=torch.long, device=device)
+    candidates = candidates.reshape(len(found), ngram - 1)
     offsets, allowed_new = lookahead_layout(n_levels, window, len(found), ngram)
-    feed = torch.cat([torch.tensor([state.last]), state.levels.flatten(), candidates.flatten()])
+    offsets, allowed_new = offsets.to(device), allowed_new.to(device)
+    last = torch.tensor([state.last], device=device)
+    feed = torch.cat([last, state.levels.flatten(), candidates.flatten()])
     past = state.cache.length
     first = 1 + n_levels * window  # the pass's index of candidate 0's first token
     # BEGIN SOLUTION
     # Every token of the pass reads the whole cache, then what the layout allows.
-    allowed = torch.cat([torch.ones(len(feed), past, dtype=torch.bool), allowed_new], dim=1)
+    read_cache = torch.ones(len(feed), past, dtype=torch.bool, device=device)
+    allowed = torch.cat([read_cache, allowed_new], dim=1)
     logits, cache = forward_with_cache(
         main, feed[None], state.cache, positions=past + offsets, allowed=allowed
     )
@@ -238,7 +251,7 @@ def lookahead_round(
     emitted, best, run = verifier(logits[0], candidate_logits, candidates, temperature, generator)
     # The cache keeps `last` and the kept run of the chosen candidate, nothing of the window:
     # those keys were computed from guesses. The run's keys read only `last` and the run itself.
-    keep = torch.zeros(cache.length, dtype=torch.bool)
+    keep = torch.zeros(cache.length, dtype=torch.bool, device=device)
     keep[: past + 1] = True
     start = past + first + best * (ngram - 1)
     keep[start : start + run] = True
@@ -274,7 +287,7 @@ def start_lookahead(
         _, cache = forward_with_cache(main, torch.tensor([prompt[:-1]], device=device))
     # Prompt tokens picked by a generator of its own: the caller's seed is for the samples.
     picks = torch.randint(len(prompt), (window,), generator=torch.Generator().manual_seed(0))
-    levels = torch.tensor(prompt)[picks][None]  # [1, window]
+    levels = torch.tensor(prompt)[picks][None].to(device)  # [1, window], the model's device
     pool = NgramPool(ngram, guesses)
     if pool_from_prompt:
         pool.add_text(prompt)

@@ -86,7 +86,19 @@ def test_layernorm_matches_torch(impl, reference):
     ln, p = _random_ln(impl, cfg)
     x = 3 * randn(2, 5, cfg.d_model) + 1
     expected = F.layer_norm(x, (cfg.d_model,), p["w"], p["b"], cfg.layer_norm_eps)
-    assert_matches(ln(x), expected, "LayerNorm", "Mean and variance over d_model, then * w + b?")
+    try:
+        out = ln(x)
+    except RuntimeError as err:
+        if "must match the size" not in str(err):
+            raise
+        pytest.fail(
+            f"LayerNorm on a (2, 5, {cfg.d_model}) input raised a shape error "
+            f"({str(err).splitlines()[0]}). A mean over d_model has one dimension fewer than "
+            "the residual, shape (batch, posn), so it does not line up with the residual's "
+            "last axis: keep the reduced dimension (size 1, `keepdim`) and it broadcasts "
+            "over d_model."
+        )
+    assert_matches(out, expected, "LayerNorm", "Mean and variance over d_model, then * w + b?")
 
 
 @pytest.mark.layernorm
@@ -248,6 +260,12 @@ def test_attention_matches_reference(impl, reference, ref_run):
         for shift, bias in [(params["b_O"], "b_O"), (v_shift, "b_V")]:
             if close_f32(out, expected - shift):
                 pytest.fail(f"Did you forget the bias {bias}? Add it as you add the others.")
+        if close_f32(out, expected + (cfg.n_heads - 1) * params["b_O"]):
+            pytest.fail(
+                f"Your output carries b_O {cfg.n_heads} times: it was added to each head's "
+                "output before the heads were summed. b_O is one bias for the whole layer, "
+                "added once, after the sum over heads."
+            )
     assert_matches(out, expected, "Attention (block 0)", "Check the biases and the softmax dim.")
 
 

@@ -84,7 +84,18 @@ def test_lm_loss_matches_torch_cross_entropy(impl):
     logits = 3 * torch.randn(4, 7, 13, generator=gen)
     targets = torch.randint(0, 13, (4, 7), generator=gen)
     expected = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-    loss = impl.lm_loss(logits, targets)
+    try:
+        loss = impl.lm_loss(logits, targets)
+    except RuntimeError as err:
+        if "Expected target size" not in str(err):
+            raise
+        pytest.fail(
+            f"lm_loss on logits (4, 7, 13) and targets (4, 7) raised {str(err).splitlines()[0]!r}. "
+            "F.cross_entropy and F.nll_loss read the classes from dim 1 of a 3-d input, so they "
+            "took the 7 positions for the classes. Flatten batch and positions into one axis "
+            "first (logits (28, 13), targets (28,)), or take the log-softmax over the last dim "
+            "yourself."
+        )
     assert isinstance(loss, torch.Tensor) and loss.shape == (), "return a scalar tensor"
     over_positions = -logits.log_softmax(dim=1).gather(-1, targets[..., None]).mean()
     if torch.allclose(loss, over_positions, atol=1e-5):
@@ -130,7 +141,13 @@ def test_lm_loss_is_finite_when_a_confident_model_is_wrong(impl):
 @pytest.mark.lm_loss
 def test_lm_loss_has_gradients(impl):
     logits = torch.randn(2, 3, 5, requires_grad=True)
-    impl.lm_loss(logits, torch.zeros(2, 3, dtype=torch.long)).backward()
+    loss = impl.lm_loss(logits, torch.zeros(2, 3, dtype=torch.long))
+    assert isinstance(loss, torch.Tensor) and loss.requires_grad, (
+        "lm_loss returned a loss with no gradient to follow back to the logits (it has no "
+        "grad_fn): the loss must stay differentiable, so no .item(), .detach() or "
+        "torch.tensor(...) around it inside lm_loss; the optimiser's step needs its graph."
+    )
+    loss.backward()
     assert logits.grad is not None and logits.grad.abs().sum() > 0, (
         "the loss must stay differentiable: no .item() or .detach() inside lm_loss"
     )
@@ -152,7 +169,20 @@ def test_lr_factor_matches_transformers(impl, warmup, total, min_ratio):
     )
     for step in range(total + 1):
         expected = hf.lr_lambdas[0](step)
-        got = impl.lr_factor(step, warmup, total, min_ratio)
+        try:
+            got = impl.lr_factor(step, warmup, total, min_ratio)
+        except ZeroDivisionError:
+            phase = (
+                "with warmup_steps = 0 there is no warm-up, and your warm-up divides by its 0 steps"
+                if warmup == 0
+                else "with total_steps = warmup_steps the cosine phase lasts 0 steps, and your "
+                "progress divides by that length"
+            )
+            pytest.fail(
+                f"lr_factor({step}, warmup_steps={warmup}, total_steps={total}) divided by "
+                f"zero: {phase}. A phase of no steps must still give a factor: count its length "
+                "as at least 1 step, as HF's schedule does."
+            )
         to_zero = get_cosine_with_min_lr_schedule_with_warmup(
             opt, num_warmup_steps=warmup, num_training_steps=total, min_lr_rate=0.0
         ).lr_lambdas[0](step)

@@ -869,6 +869,10 @@ def test_banned_ngram_tokens_match_hf(impl, ngram_size):
             "ngram_size=1 that is tokens[:, -0:], and -0 is 0: the whole row, not an empty "
             "slice."
             if ngram_size == 1
+            else f" A row of {seq_len} tokens holds no complete n-gram of {ngram_size}: "
+            "nothing can be repeated yet, so no token is banned (all False). A window longer "
+            "than the row is an error to unfold and an empty slice to indexing."
+            if seq_len < ngram_size
             else ""
         )
         raise AssertionError(

@@ -53,6 +53,13 @@ MUTANTS = [
         "the mean over positions instead of over d_model",
         says=("d_model",),
     ),
+    Mutant(
+        "layernorm",
+        "residual = residual - residual.mean(dim=-1, keepdim=True)",
+        "residual = residual - residual.mean(dim=-1)",
+        "the mean taken without keepdim, so it does not broadcast against the residual",
+        says=("keepdim", "broadcast"),
+    ),
     # Embeddings
     Mutant(
         "embed",
@@ -117,6 +124,13 @@ MUTANTS = [
         '"b q h e, h e d -> b q d")',
         "the output bias b_O forgotten",
         says=("b_O",),
+    ),
+    Mutant(
+        "attention",
+        'return einops.einsum(z, self.W_O, "b q h e, h e d -> b q d") + self.b_O',
+        'return (einops.einsum(z, self.W_O, "b q h e, h e d -> b q h d") + self.b_O).sum(dim=2)',
+        "b_O added to each head's output before the sum over heads",
+        says=("each head", "once"),
     ),
     Mutant(
         "attention",

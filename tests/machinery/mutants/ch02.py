@@ -75,6 +75,20 @@ MUTANTS = [
         "log(softmax(x)) instead of log_softmax(x): -inf where a probability underflows to 0",
         says=("log_softmax",),
     ),
+    Mutant(
+        "lm_loss",
+        "return -correct.mean()",
+        "return torch.nn.functional.cross_entropy(logits, targets)",
+        "F.cross_entropy on 3-d logits without flattening: it reads the classes from dim 1",
+        says=("dim 1", "flatten"),
+    ),
+    Mutant(
+        "lm_loss",
+        "return -correct.mean()",
+        "return -correct.mean().detach()",
+        "the loss detached from the graph, so no gradient reaches the model",
+        says=("no gradient", ".detach()"),
+    ),
     # lr_factor
     Mutant(
         "lr_schedule",
@@ -103,6 +117,13 @@ MUTANTS = [
         "progress = min(1.0, step / max(1, total_steps))",
         "the decay measured from step 0 instead of from the end of the warm-up",
         says=("warm-up",),
+    ),
+    Mutant(
+        "lr_schedule",
+        "/ max(1, total_steps - warmup_steps))",
+        "/ (total_steps - warmup_steps))",
+        "the cosine phase's length used as it is: zero division when total_steps == warmup_steps",
+        says=("cosine phase lasts 0 steps", "at least 1 step"),
     ),
     # train_step
     Mutant(

@@ -306,6 +306,13 @@ MUTANTS = [
         "the first token of the matching n-gram banned instead of the one that would follow",
         says=("first token", "follow"),
     ),
+    Mutant(
+        "no_repeat_ngram",
+        "    if seq < ngram_size:\n        return banned  # not one complete n-gram yet\n",
+        "",
+        "rows shorter than ngram_size not handled: unfold refuses a window longer than the row",
+        says=("no complete n-gram", "no token is banned"),
+    ),
     # Beams: top_continuations and filter
     Mutant(
         "beams",

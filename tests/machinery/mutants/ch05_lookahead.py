@@ -90,8 +90,8 @@ MUTANTS: list[Mutant] = [
     # lookahead_verify
     Mutant(
         "lookahead_verify",
-        "noise = gumbel_noise((n + 1, logits.shape[-1]), generator)",
-        "noise = gumbel_noise((n_cand, n + 1, logits.shape[-1]), generator)",
+        "noise = gumbel_noise((n + 1, logits.shape[-1]), generator, logits.device)",
+        "noise = gumbel_noise((n_cand, n + 1, logits.shape[-1]), generator, logits.device)",
         "fresh noise for every candidate: the naive verifier, biased",
         name="fresh-noise-per-candidate",
         says=("fresh noise",),
@@ -112,8 +112,8 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "lookahead_verify",
-        "noise = gumbel_noise((n + 1, logits.shape[-1]), generator)",
-        "noise = gumbel_noise((n + 1, logits.shape[-1]), None)",
+        "noise = gumbel_noise((n + 1, logits.shape[-1]), generator, logits.device)",
+        "noise = gumbel_noise((n + 1, logits.shape[-1]), None, logits.device)",
         "the noise ignores the generator",
         says=("generator",),
     ),
@@ -156,8 +156,8 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "lookahead_round",
-        "torch.ones(len(feed), past, dtype=torch.bool), allowed_new",
-        "torch.zeros(len(feed), past, dtype=torch.bool), allowed_new",
+        "read_cache = torch.ones(len(feed), past, dtype=torch.bool, device=device)",
+        "read_cache = torch.zeros(len(feed), past, dtype=torch.bool, device=device)",
         "the pass does not read the cache",
         says=("does not read the cache",),
     ),
