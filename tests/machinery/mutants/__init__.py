@@ -38,10 +38,12 @@ class Mutant:
     # contain each (case-insensitive), so that it names this mistake and not another one.
     # Written from the mistake, not copied from today's message.
     says: tuple[str, ...] = ()
-    # A graded test to run first for this mutant (its function's name), for a mutant that
-    # computes right and that only a late test kills (a kernel that runs under the interpreter
-    # and that a GPU compiler refuses or wraps): the tests before it would all pass, slowly.
-    # Order only: if this test does not kill the mutant, every other test still runs.
+    # A graded test to run first for this mutant (its function's name), for a mutant that only
+    # a late test kills: the tests before it all pass on it, slowly (a kernel that runs right
+    # under the interpreter and that a GPU compiler refuses; a slip that shows only past n_ctx).
+    # Since they pass, the killing test's message is still the first the learner reads. Order
+    # only: if this test does not kill the mutant, every other test still runs. Set where a run
+    # measured a second or more spent before the kill (`make test` pays it for every mutant).
     try_first: str = ""
 
     @property

@@ -226,6 +226,7 @@ MUTANTS = [
         "input_ids[None, -self.cfg.n_ctx :], logits, generator=generator, **kwargs",
         "the frequency penalty counts only the tokens the model still sees",
         says=("frequency penalty", "n_ctx"),
+        try_first="test_frequency_penalty_counts_tokens_the_model_no_longer_sees",
     ),
     Mutant(
         "sample",
@@ -241,6 +242,7 @@ MUTANTS = [
         '                print(self.tokenizer.decode(next_token), end="", flush=True)\n',
         "stops before appending the end-of-text token",
         says=("end-of-text", "last token"),
+        try_first="test_sampling_stops_at_end_of_text",
     ),
     Mutant(
         "sample",
@@ -248,6 +250,7 @@ MUTANTS = [
         "if next_token.item() == eos:",
         "stop_at_eos=False ignored",
         says=("stop_at_eos",),
+        try_first="test_sampling_goes_on_past_end_of_text_without_stop_at_eos",
     ),
     Mutant(
         "sample",
@@ -255,6 +258,7 @@ MUTANTS = [
         "input_ids[None], logits, **kwargs",
         "the seeded generator not passed on",
         says=("generator",),
+        try_first="test_seeded_sampling_is_reproducible",
     ),
     Mutant(
         "sample",
@@ -276,6 +280,7 @@ MUTANTS = [
         "return self._finish(prompt, input_ids[-self.cfg.n_ctx :], verbose)",
         "the returned text cropped to n_ctx tokens",
         says=("return", "whole sequence"),
+        try_first="test_sampling_past_the_context_window_reads_the_last_n_ctx_tokens",
     ),
     Mutant(
         "sample",
@@ -371,6 +376,7 @@ MUTANTS = [
         "candidates = beams.generate(num_beams, no_repeat_ngram_size)",
         "num_beams continuations per beam instead of num_beams + 1",
         says=("num_beams + 1",),
+        try_first="test_beam_search_end_of_text_and_stopping_rules",
     ),
     Mutant(
         "beam_search",
@@ -378,6 +384,7 @@ MUTANTS = [
         "early_stopping or beams.logprob_sums.max().item() <= finished[0][0]",
         "compares with the best finished score instead of the worst",
         says=("worst",),
+        try_first="test_beam_search_end_of_text_and_stopping_rules",
     ),
     Mutant(
         "beam_search",
@@ -385,6 +392,7 @@ MUTANTS = [
         "if len(finished) >= 1 and (",
         "stops once one sequence has finished",
         says=("num_beams sequences",),
+        try_first="test_beam_search_end_of_text_and_stopping_rules",
     ),
     Mutant(
         "beam_search",
@@ -392,6 +400,7 @@ MUTANTS = [
         "        finished = finished or beams.to_list()\n",
         "out of tokens, the running beams do not compete with the finished ones",
         says=("out of tokens", "compete"),
+        try_first="test_beam_search_end_of_text_and_stopping_rules",
     ),
     Mutant(
         "beam_search",
@@ -399,6 +408,7 @@ MUTANTS = [
         "key=lambda b: -b[0])\n        if verbose:",
         "more than num_beams finished sequences kept",
         says=("past num_beams",),
+        try_first="test_beam_search_keeps_only_num_beams_finished_sequences",
     ),
     Mutant(
         "beam_search",
@@ -406,6 +416,7 @@ MUTANTS = [
         "finished = (finished + newly_finished.to_list())[:num_beams]",
         "finished sequences kept in the order they finished, not best first",
         says=("sorted", "best first"),
+        try_first="test_beam_search_end_of_text_and_stopping_rules",
     ),
     Mutant(
         "beam_search",
@@ -413,6 +424,7 @@ MUTANTS = [
         "not early_stopping or beams.logprob_sums.max().item() <= finished[-1][0]",
         "early_stopping read the wrong way round",
         says=("early_stopping", "wrong way round"),
+        try_first="test_beam_search_end_of_text_and_stopping_rules",
     ),
     # issue 33: slips a learner's run of the blank notebook made, each to be named
     Mutant(

@@ -176,6 +176,7 @@ MUTANTS = [
         "the prefill reads the whole prompt: a prompt longer than n_ctx overflows the positions",
         name="prefill-not-cropped",
         says=("prefill", "last n_ctx"),
+        try_first="test_cached_sampling_of_a_prompt_longer_than_n_ctx",
     ),
     Mutant(
         "cached_sample",
@@ -183,6 +184,7 @@ MUTANTS = [
         "keep = n_ctx - self.window_shift",
         "the rebuilt window one token short",
         says=("window_shift", "n_ctx - window_shift + 1"),
+        try_first="test_cached_sampling_past_n_ctx_slides_the_window",
     ),
     Mutant(
         "cached_sample",
@@ -190,6 +192,7 @@ MUTANTS = [
         "        elif self.cache.length > n_ctx:\n",
         "the window slid one step too late (the cache overflows n_ctx)",
         says=("full", "n_ctx"),
+        try_first="test_cached_sampling_past_n_ctx_slides_the_window",
     ),
     # CachedBeams
     Mutant(
@@ -254,6 +257,7 @@ MUTANTS = [
         "generator=generator, **kwargs",
         "padding counted by the frequency penalty",
         says=("padding", "frequency penalty"),
+        try_first="test_batched_frequency_penalty_counts_each_row_alone",
     ),
     Mutant(
         "generate_batch",
@@ -268,6 +272,7 @@ MUTANTS = [
         "",
         "finished rows keep writing real tokens",
         says=("finished row", "padding"),
+        try_first="test_finished_rows_are_fed_padding",
     ),
     Mutant(
         "generate_batch",
@@ -275,6 +280,7 @@ MUTANTS = [
         "if bool(done.any()):",
         "stops when the first row finishes",
         says=("every row",),
+        try_first="test_batched_frequency_penalty_counts_each_row_alone",
     ),
     Mutant(
         "generate_batch",
@@ -282,6 +288,7 @@ MUTANTS = [
         "done = done | (next_token == eos)",
         "stop_at_eos=False ignored",
         says=("stop_at_eos",),
+        try_first="test_batched_without_stop_at_eos_writes_every_token",
     ),
     Mutant(
         "generate_batch",
@@ -289,6 +296,7 @@ MUTANTS = [
         "model, next_token[:, None], cache",
         "a finished row's padding fed as real tokens",
         says=("finished row", "attention_mask=~done"),
+        try_first="test_finished_rows_are_fed_padding",
     ),
     Mutant(
         "generate_batch",
@@ -302,6 +310,7 @@ MUTANTS = [
         "        )\n",
         "a row marked done before its end-of-text is fed: the text loses that token",
         says=("end-of-text", "done"),
+        try_first="test_batched_frequency_penalty_counts_each_row_alone",
     ),
     Mutant(
         "generate_batch",
@@ -309,6 +318,7 @@ MUTANTS = [
         "tokens, logits[:, -1], generator=generator, attention_mask=mask, **kwargs",
         "the frequency penalty counts the prompt only, not the generated tokens",
         says=("frequency penalty", "generated"),
+        try_first="test_batched_frequency_penalty_counts_each_row_alone",
     ),
     # issue 33: slips a learner's run of the blank notebook made, each to be named
     Mutant(
@@ -331,6 +341,7 @@ MUTANTS = [
         "logits, cache = forward_with_cache(self.model, input_ids[None, -n_ctx:])",
         "the prefill's cache kept in a local variable: self.cache stays None, every step a prefill",
         says=("self.cache", "prefill"),
+        try_first="test_the_sampler_keeps_its_cache_and_feeds_one_token_a_step",
     ),
     Mutant(
         "cached_beams",

@@ -240,6 +240,7 @@ MUTANTS: list[Mutant] = [
         "target, draft_probs, drafts, greedy=temperature == 0",
         "the sampler does not get the generator",
         says=("generator",),
+        try_first="test_speculation_uses_the_seed",
     ),
     Mutant(
         "speculative_round",
@@ -247,6 +248,7 @@ MUTANTS: list[Mutant] = [
         "target = sampling_probs(logits, temperature)  # [batch, k + 1, d_vocab]",
         "top-k / top-p applied to the drafter only",
         says=("top_p", "main model's probabilities"),
+        try_first="test_top_p_applies_to_both_models",
     ),
     # ngram_propose
     Mutant(

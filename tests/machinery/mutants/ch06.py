@@ -93,6 +93,7 @@ MUTANTS: list[Mutant] = [
         "the noise forgets the block's start: every block of a row gets the first block's noise",
         name="noise-without-block-start",
         says=("own noise", "block's start"),
+        try_first="test_gumbel_kernel_on_rows_of_many_blocks",
     ),
     Mutant(
         "gumbel_kernel",
@@ -126,6 +127,7 @@ MUTANTS: list[Mutant] = [
         "the prefix sum restarts at each block",
         name="prefix-restarts",
         says=("prefix", "restarts"),
+        try_first="test_inverse_transform_on_rows_of_many_blocks",
     ),
     Mutant(
         "inverse_transform",
@@ -142,6 +144,7 @@ MUTANTS: list[Mutant] = [
         "the running total is never carried from block to block",
         name="total-not-carried",
         says=("carry the total",),
+        try_first="test_inverse_transform_on_rows_of_many_blocks",
     ),
     Mutant(
         "inverse_transform",
@@ -212,6 +215,7 @@ MUTANTS: list[Mutant] = [
         "top-p keeps a token whose more likely tokens hold exactly top_p",
         name="top-p-boundary-kept",
         says=("exactly", "<="),
+        try_first="test_top_p_at_a_boundary_reached_exactly_or_through_rounding",
     ),
     Mutant(
         "top_k_top_p",
@@ -220,6 +224,7 @@ MUTANTS: list[Mutant] = [
         "round i of row r draws with offset r + i: row r + 1's first round reuses it",
         name="round-offset-overlaps-next-row",
         says=("round", "overlap"),
+        try_first="test_top_k_top_p_rows_are_independent",
     ),
     Mutant(
         "top_k_top_p",
@@ -285,6 +290,7 @@ MUTANTS: list[Mutant] = [
         "the temperature divides the noisy logits: (x + G) / T samples at T = 1",
         name="temperature-after-noise",
         says=("noise", "before dividing"),
+        try_first="test_fused_samples_follow_the_softmax_of_the_product",
     ),
     Mutant(
         "fused_matmul",
@@ -293,6 +299,7 @@ MUTANTS: list[Mutant] = [
         "the noise subtracted: -G is not Gumbel noise, and the draws follow another law",
         name="noise-subtracted",
         says=("added", "subtract"),
+        try_first="test_fused_rows_are_independent",
     ),
     Mutant(
         "fused_matmul",
@@ -301,6 +308,7 @@ MUTANTS: list[Mutant] = [
         "columns past the vocabulary keep their score: the last tile's padding can win",
         name="last-tile-unmasked",
         says=("past the vocabulary", "-inf"),
+        try_first="test_fused_rows_are_independent",
     ),
     Mutant(
         "fused_matmul",
@@ -351,6 +359,7 @@ MUTANTS: list[Mutant] = [
         "the noise of row 0 for every row: all rows draw the same token",
         name="noise-without-row",
         says=("same noise", "row"),
+        try_first="test_fused_rows_are_independent",
     ),
     Mutant(
         "fused_matmul",
@@ -359,6 +368,7 @@ MUTANTS: list[Mutant] = [
         "the noise of the first tile's columns in every tile: column c and c + BLOCK_V share it",
         name="noise-without-tile-start",
         says=("own noise", "tile's start"),
+        try_first="test_fused_samples_follow_the_softmax_of_the_product",
     ),
     # rejection_kernel
     Mutant(
@@ -376,6 +386,7 @@ MUTANTS: list[Mutant] = [
         "one uniform reused for the k drafts of a row",
         name="one-u-per-row",
         says=("own uniform",),
+        try_first="test_rejection_kernel_rows_and_positions_draw_independently",
     ),
     Mutant(
         "rejection_kernel",
@@ -408,6 +419,7 @@ MUTANTS: list[Mutant] = [
         "the recovered token resampled from p, not from max(0, p - q)",
         name="resample-from-p",
         says=("max(0, p - q)", "p itself"),
+        try_first="test_rejection_kernel_acceptance_and_recovered_tokens",
     ),
     Mutant(
         "rejection_kernel",
@@ -416,6 +428,7 @@ MUTANTS: list[Mutant] = [
         "the residual sampled as if its mass were 1 (not renormalised)",
         name="residual-not-renormalised",
         says=("renormalised",),
+        try_first="test_rejection_kernel_acceptance_and_recovered_tokens",
     ),
     Mutant(
         "rejection_kernel",
@@ -460,6 +473,7 @@ MUTANTS: list[Mutant] = [
         "token = int(torch.multinomial(candidates, 1))",
         "draws without the generator",
         says=("generator=generator",),
+        try_first="test_one_pivot_uses_the_generator",
     ),
     Mutant(
         "one_pivot",
@@ -519,6 +533,7 @@ MUTANTS: list[Mutant] = [
         "gumbel_noise(seed, rows, tile * BLOCK_V, BLOCK_V, BLOCK_B, BLOCK_V)",
         "the noise's row stride the tile's width, not d_vocab: neighbouring rows share noise",
         says=("share noise", "vocabulary size"),
+        try_first="test_fused_draws_what_the_gumbel_kernel_draws_from_the_product",
     ),
     Mutant(
         "inverse_transform",
@@ -527,6 +542,7 @@ MUTANTS: list[Mutant] = [
         "a prefix that only reaches u taken as crossing it (>=), zero columns not excluded",
         name="prefix-reaching-u-and-zero-columns",
         says=("only reaches u", "probability 0"),
+        try_first="test_inverse_transform_takes_the_first_prefix_that_exceeds_u",
     ),
     Mutant(
         "inverse_transform",
@@ -535,6 +551,7 @@ MUTANTS: list[Mutant] = [
         "a prefix that only reaches u taken as crossing it (>= instead of >)",
         name="prefix-reaching-u",
         says=("only reaches u",),
+        try_first="test_inverse_transform_takes_the_first_prefix_that_exceeds_u",
     ),
     Mutant(
         "top_k_top_p",
@@ -543,5 +560,6 @@ MUTANTS: list[Mutant] = [
         "rows that are done keep drawing in the rounds the program's other rows still need",
         name="done-rows-keep-drawing",
         says=("sits out", "done"),
+        try_first="test_a_row_that_is_done_sits_out_the_later_rounds",
     ),
 ]
