@@ -490,12 +490,13 @@ def test_greedy_lookahead_equals_greedy_generate(
     )
 
 
-N_COPIES = 1_200
+N_COPIES = 400
 SAMPLE_PROMPT = "CLOWN.\nWhat is the matter? What is the news? What is the reason? What is"
 """Its last token, " is", starts three of its own 3-grams (" is the matter", " is the news",
 " is the reason"): with `pool_from_prompt=True` the first pass checks three candidates that
 share their first token, which the model gives about 0.18 (fresh noise per candidate would emit
-it about 0.45 of the time)."""
+it about 0.45 of the time). With N_COPIES = 400 that bias gives a chi-square of 185 against a
+critical value of 48.7 (measured with `verifier=verify_naive`), so 400 copies are plenty."""
 
 
 @pytest.mark.lookahead_round
