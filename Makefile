@@ -14,7 +14,7 @@ TORCH_INDEX := $(if $(TORCH_CPU),--index-url https://download.pytorch.org/whl/cp
 PYTEST := $(BIN)/python -m pytest
 # Run with the network blocked where the machine allows it: after setup the course is offline.
 OFFLINE := $(BIN)/python -m utils.offline
-# Two commands side by side: the tests run torch on one thread, so the second core is free.
+# Commands side by side: the tests run torch on one thread each, so two lanes fill two cores.
 LANES := $(BIN)/python -m utils.lanes
 
 .PHONY: lab lab-settings test test-all setup build grade clean-venv
@@ -38,31 +38,31 @@ lab-settings:
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	@echo "The machinery's own tests; beside them, online (pip needs the package registry), a"
-	@echo "notebook's Colab cell installs the course into a fresh virtual environment."
-	$(LANES) "COURSE_TEST_THREADS=2 $(PYTEST) tests/machinery \
-		 --ignore=tests/machinery/test_notebooks_run.py --ignore=tests/machinery/test_grading.py \
-		 --ignore=tests/machinery/test_kernels_compile.py --ignore=tests/machinery/test_browser.py \
-		 --ignore=tests/machinery/test_colab_setup.py" \
-		"$(PYTEST) tests/machinery/test_colab_setup.py"
 	$(BIN)/course corpus
-	@echo "Offline from here on, in two lanes: every chapter's notebook in a kernel started from a"
-	@echo "learner's environment (teacher builds: every check passes; blank builds: every check"
-	@echo "fails), chapter 1 in JupyterLab in a headless Chromium (skipped, saying why, without"
-	@echo "one), the grading of broken notebooks and chapter 6's kernels compiled for a GPU (no GPU"
-	@echo "needed); beside it the graded tests on the solutions, then on the blank stubs, where every"
-	@echo "graded test must FAIL (inverted: a pass there means it does not), then the learner-style"
-	@echo "mutants (tests/machinery/mutants/), each of which must fail a test of its exercise."
-	@echo "Then, in the second lane, the peers' own tests (tests/peers/: HF, vLLM, FlashInfer) on"
-	@echo "the solutions."
+	@echo "Three lanes at once. Two offline, on one torch thread each: every chapter's notebook in"
+	@echo "a kernel started from a learner's environment (teacher builds: every check passes; blank"
+	@echo "builds: every check fails), chapter 1 in JupyterLab in a headless Chromium (skipped,"
+	@echo "saying why, without one), the grading of broken notebooks, chapter 6's kernels compiled"
+	@echo "for a GPU (no GPU needed) and the graded tests on the blank stubs, where every graded"
+	@echo "test must FAIL (inverted: a pass there means it does not); beside them the machinery's"
+	@echo "own tests, the graded tests on the solutions, the learner-style mutants"
+	@echo "(tests/machinery/mutants/), each of which must fail a test of its exercise, and the"
+	@echo "peers' own tests (tests/peers/: HF, vLLM, FlashInfer) on the solutions. The third lane"
+	@echo "is online (pip needs the package registry): a notebook's Colab cell installs the course"
+	@echo "into a fresh virtual environment."
 	$(LANES) "$(OFFLINE) $(PYTEST) -rs tests/machinery/test_notebooks_run.py \
 		 tests/machinery/test_browser.py && \
 		 $(OFFLINE) $(PYTEST) tests/machinery/test_grading.py \
-		 tests/machinery/test_kernels_compile.py" \
-		"$(OFFLINE) $(PYTEST) tests/graded --impl solutions && \
-		 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail && \
+		 tests/machinery/test_kernels_compile.py && \
+		 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail" \
+		"$(OFFLINE) $(PYTEST) tests/machinery \
+		 --ignore=tests/machinery/test_notebooks_run.py --ignore=tests/machinery/test_grading.py \
+		 --ignore=tests/machinery/test_kernels_compile.py --ignore=tests/machinery/test_browser.py \
+		 --ignore=tests/machinery/test_colab_setup.py && \
+		 $(OFFLINE) $(PYTEST) tests/graded --impl solutions && \
 		 $(OFFLINE) $(PYTEST) tests/graded --mutants -q && \
-		 $(OFFLINE) $(PYTEST) -q tests/peers"
+		 $(OFFLINE) $(PYTEST) -q tests/peers" \
+		"$(PYTEST) tests/machinery/test_colab_setup.py"
 
 # Everything `make test` runs, then the tests marked slow (larger sizes of the peers' tests,
 # statistical tests repeated over many seeds).
