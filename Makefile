@@ -43,7 +43,7 @@ test: $(STAMP)
 	@echo "a kernel started from a learner's environment (teacher builds: every check passes; blank"
 	@echo "builds: every check fails), chapter 1 in JupyterLab in a headless Chromium (skipped,"
 	@echo "saying why, without one), the grading of broken notebooks and the course command,"
-	@echo "chapter 6's kernels compiled for a GPU (no GPU needed) and the graded tests on the blank"
+	@echo "chapter 8's kernels compiled for a GPU (no GPU needed) and the graded tests on the blank"
 	@echo "stubs, where every graded test must FAIL (inverted: a pass there means it does not);"
 	@echo "beside them the rest of the machinery's own tests, the graded tests on the solutions,"
 	@echo "the learner-style mutants (tests/machinery/mutants/), each of which must fail a test of"

@@ -1,4 +1,4 @@
-"""Chapter 6's kernels against the PyTorch path and against the memory limit, on a GPU.
+"""Chapter 8's kernels against the PyTorch path and against the memory limit, on a GPU.
 
     python benchmarks/kernels.py [--device cuda|cpu] [--interpret] [--vocab 50257,128256]
                                  [--batch 1,16,64,256] [--fused 50257x768,128256x4096]
@@ -28,10 +28,10 @@ Interpreter timings say nothing about a GPU. Progress goes to stderr. Prints one
   valid ids of positive probability (and, for top-k / top-p, in the kept set), and the mean
   probability of the drawn token against its expectation, sum p^2 over the kept set.
 - `rejection`: the speculative kernel (k = 4, V = the first vocabulary, each batch; Zipf
-  target and draft rows, drafts drawn from the draft rows) against chapter 5's PyTorch
+  target and draft rows, drafts drawn from the draft rows) against chapter 6's PyTorch
   `rejection_sample`. Its floor is a read of one target and one draft row per sequence (the
   residual at the first rejection); both wrappers also check every probability first
-  (chapter 5's contract: all 2k + 1 rows read, with a few device syncs: one per check),
+  (chapter 6's contract: all 2k + 1 rows read, with a few device syncs: one per check),
   so x_floor counts that.
 - `fused`: for each (V, D) and B, bf16 hidden [B, D] (standard normal) and W_U [V, D]
   (normal / sqrt(D)); float16 below compute capability 8.0 (a T4; `fused_dtype` says which):
@@ -60,7 +60,7 @@ Interpreter timings say nothing about a GPU. Progress goes to stderr. Prints one
   Zipf rows takes 2 or 3 rounds (a simulation of these rows: 2 in 69 % of batches, 3 in 29 %),
   so 5 to 8 reads. The sort-based path (torch_top_p below) moves at least 22 reads' worth:
   sort 4 (values and int64 indices), cumsum 2, cumsum - sorted and the mask about 6, sum and
-  divide 3, torch.multinomial 7 (chapter 6, section 1, counts the same way), and more in the
+  divide 3, torch.multinomial 7 (chapter 8, section 1, counts the same way), and more in the
   sort's passes: 22 / 6.5 is more than 3.
   `top_k_3x_floor_per_round`: top-k (50) within 3 reads per round of its slowest row
   (x_floor / rounds max). A round is 2.4 reads (a draw of 822 instructions per thread per

@@ -1,4 +1,4 @@
-"""Speculative and lookahead decoding's speed: chapter 5's generators against chapter 4's.
+"""Speculative and lookahead decoding's speed: chapter 6's generators against chapter 4's.
 
     python benchmarks/speculative.py [--runs 3] [--ks 1,2,3,4,5,6] [--temperatures 0,0.7,1]
                                      [--lookahead 5,3,5/5,3,5,p/7,4,7,p] [--tokens 150]

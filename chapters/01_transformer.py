@@ -140,7 +140,7 @@ assert len(tokenizer) == 4096 and round(len(tokenizer) - 256 - 1, -2) == 3800, (
 # and so does ours, and OpenAI's GPT-2 code starts its unconditional samples from it. The
 # course's own code does not put it in front of a prompt: `tokenizer.encode(text)` gives only
 # the text's tokens (with or without `add_special_tokens=False`), and that is how every prompt
-# in chapters 2–5 is encoded. The one exception is the reference model's `to_tokens`, below,
+# of the later chapters is encoded. The one exception is the reference model's `to_tokens`, below,
 # which prepends `<|endoftext|>` by default.
 
 # %%

@@ -1175,7 +1175,7 @@ assert val_text.isascii(), "section 12 says the held-out text is all ASCII, 8 bi
 # course train --model draft   # models/shakespeare-draft, a 2-layer model: about 20 minutes
 # ```
 #
-# reproduces them from their seed (the draft model serves chapter 5, speculative decoding). The
+# reproduces them from their seed (the draft model serves chapter 6, speculative decoding). The
 # times are those of the runs that made the shipped models, which their model cards record. On
 # the same machine, with the same version of PyTorch and number of threads, the run repeats
 # itself exactly; elsewhere floating-point additions done in a different order round

@@ -320,7 +320,7 @@ assert round(step_flops(cfg, 255, True) / 1e6) == 6, "section 9: about 6 million
 # - `cache[rows]`: the cache of some of the sequences, picked by an index tensor. Beam search
 #   uses it to make the cache follow the beams it keeps.
 # - `keep_only(mask)`: the cache with some of each row's last positions turned into padding,
-#   compacted. Chapter 5 uses it to forget the guesses its main model rejected; not needed here.
+#   compacted. Chapter 6 uses it to forget the guesses its main model rejected; not needed here.
 # - `check_next(cfg, tokens)`: raises a `ValueError` with a clear message when `tokens` cannot
 #   be the next tokens of these sequences. `forward_with_cache` calls it first. It catches a
 #   cache made for a model of another shape (layers, heads, `d_head`, `n_ctx`), a batch of the
@@ -575,7 +575,7 @@ assert (whole - expected).abs().max() < 1e-5 and (rest - expected[:, 5:]).abs().
 # - **Prefill**: the whole prompt at once, `cache=None`. One forward pass, like chapter 3's
 #   first step.
 # - **Decoding**: one token, the one just sampled. The usual step.
-# - **Chunks** of several tokens after a cache: chapter 5's speculative decoding checks
+# - **Chunks** of several tokens after a cache: chapter 6's speculative decoding checks
 #   several guessed tokens in one pass this way.
 #
 # It reads the weights of the model's chapter-1 modules, `model.embed`, `model.pos_embed.W_pos`
@@ -604,7 +604,7 @@ assert (whole - expected).abs().max() < 1e-5 and (rest - expected[:, 5:]).abs().
 #
 # The function has two slots. The first computes `positions` and `allowed` (changes 1 and 2);
 # the second runs the model (change 3). The given `start_forward` (in the cell before yours,
-# beside `explicit_layout`, which checks the positions and mask that chapter 5's lookahead
+# beside `explicit_layout`, which checks the positions and mask that chapter 6's lookahead
 # decoding passes) checks every argument and returns the cache to extend (an empty one for
 # `cache=None`) and `mask` `[batch, all]`, `True` at every real token, cached or new. It is
 # all `True` here. A batch of prompts of different lengths has padding, where it is `False`;
@@ -1520,7 +1520,7 @@ print(
 # give each kernel launch and each byte read more work to do. **Batching** does (the same
 # weights serve many rows); **CUDA graphs** record a step's kernels once and replay them with
 # one launch; **fused kernels** do several operations in one launch without writing the
-# intermediate results to memory. Chapter 6 writes fused sampling kernels in Triton.
+# intermediate results to memory. Chapter 8 writes fused sampling kernels in Triton.
 
 # %% [markdown]
 # ## Check your understanding
@@ -1665,7 +1665,7 @@ print(
 # ## What's next
 #
 # Each cached step still produces one token for one full pass through the model. In
-# **chapter 5**, speculative decoding, a small **draft** model (`models/shakespeare-draft`,
+# **chapter 6**, speculative decoding, a small **draft** model (`models/shakespeare-draft`,
 # 2 layers, the same tokenizer) guesses several tokens cheaply, one cached step each, and the
 # main model checks all the guesses in **one** forward pass: `forward_with_cache` on a chunk of
 # several new tokens after its cache. Both models keep a cache, and where the main model

@@ -32,7 +32,7 @@ Chapter 4 makes generation fast:
     cached_beams.py    CachedBeams: the cache follows the beams
     batched.py         left_pad and generate_batch: many prompts at once
 
-Chapter 5 speeds it up again without changing what it samples:
+Chapter 6 speeds it up again without changing what it samples:
 
     speculative.py            rejection sampling: one distribution, then a batch of k drafts
     drafters.py               who guesses: n-gram prompt lookup, a draft model with its cache
@@ -40,7 +40,7 @@ Chapter 5 speeds it up again without changing what it samples:
     gumbel.py                 the Gumbel-max trick; how often two samplers agree
     lookahead.py              lookahead decoding: Jacobi iteration, the one-pass layout, n-grams
 
-Chapter 6's kernels live in solutions/kernels/; importing this package first decides how they
+Chapter 8's kernels live in solutions/kernels/; importing this package first decides how they
 run (triton_mode.py), before anything else can import Triton.
 """
 

@@ -120,7 +120,7 @@ def explicit_layout(
     positions: Int[Tensor, "new"] | None,
     allowed: Bool[Tensor, "new all"] | None,
 ) -> tuple[Int[Tensor, "new"], Bool[Tensor, "new all"]]:
-    """Check a caller's own `positions` and `allowed` (chapter 5's lookahead decoding, where
+    """Check a caller's own `positions` and `allowed` (chapter 6's lookahead decoding, where
     the new tokens are not one sequence but several branches)."""
     n_all = mask.shape[1]
     if positions is None or allowed is None:
@@ -152,7 +152,7 @@ def forward_with_cache(
     """Logits for the NEW tokens only, given the cache of everything before them, and the
     longer cache. `cache=None` starts from an empty cache: the logits are then those of
     `model(tokens)` (up to float rounding). `attention_mask` (False at left padding) lets the
-    rows of a batch hold prompts of different lengths. Chapter 5's lookahead decoding passes
+    rows of a batch hold prompts of different lengths. Chapter 6's lookahead decoding passes
     its own `positions` [new] and `allowed` [new, cached + new] (True where a new token may
     read a key) instead of the causal ones."""
     cache, mask = start_forward(model, tokens, cache, attention_mask)

@@ -592,7 +592,7 @@ def beam_tree_steps(
     return steps
 
 
-# --------------------------------------------------------------------------- chapter 5
+# --------------------------------------------------------------------------- chapter 6
 
 # Okabe and Ito's colour-blind-safe palette, in the order the curves of one figure take it.
 OKABE_ITO = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000"]
@@ -947,7 +947,7 @@ def dual_pivot_rounds(
     probs: Float[Tensor, "d_vocab"], top_p: float, generator: torch.Generator
 ) -> list[dict]:
     """The rounds of dual-pivot top-p sampling on one row, written plainly in PyTorch for the
-    figure (chapter 6's kernel does the same with one pass per step): each round's interval
+    figure (chapter 8's kernel does the same with one pass per step): each round's interval
     (low, high], the drawn token, its two pivots, and whether the token was kept."""
     probs = probs.double() / probs.sum()
     low, high, rounds = 0.0, 1.0, []

@@ -1,6 +1,6 @@
 """What speculative and lookahead decoding cost, and the speed-up a cost model predicts from it.
 
-Chapter 5's section 7 and `benchmarks/speculative.py` both use this module, so that the notebook
+Chapter 6's section 7 and `benchmarks/speculative.py` both use this module, so that the notebook
 and the benchmark measure the same things the same way:
 
 - the workloads: open-ended text, greedy text that loops, and an input-grounded task;

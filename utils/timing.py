@@ -2,7 +2,7 @@
 
 On a busy machine, a parallel operation waits for its slowest thread, and one noisy run says
 more about the neighbours than about the code: the minimum of a few runs is the closest to what
-the code costs. Chapters 4 and 5 time their demos with these.
+the code costs. Chapters 4 and 6 time their demos with these.
 """
 
 from __future__ import annotations

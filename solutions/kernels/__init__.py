@@ -1,4 +1,4 @@
-"""Chapter 6: GPU sampling kernels in Triton, each the same contract as a PyTorch reference of
+"""Chapter 8: GPU sampling kernels in Triton, each the same contract as a PyTorch reference of
 an earlier chapter. Importing this package chooses how kernels run (runtime.py): compiled on a
 CUDA GPU, else through Triton's interpreter on the CPU.
 
@@ -8,7 +8,7 @@ CUDA GPU, else through Triton's interpreter on the CPU.
     inverse_transform.py  sample_from_probs(probs, seed): one uniform, block-wise prefix sums
     top_k_top_p.py        top_k_top_p_sample(probs, top_k, top_p, seed): dual-pivot rejection
     fused_matmul.py       fused_matmul_sample(hidden, W_U, temperature, seed): no logits in memory
-    rejection.py          rejection_sample(...): chapter 5's speculative sampler as one kernel
+    rejection.py          rejection_sample(...): chapter 6's speculative sampler as one kernel
 """
 
 # First: runtime sets TRITON_INTERPRET (no GPU) before any kernel below is defined.

@@ -1,4 +1,4 @@
-"""Chapter 5's speculative rejection sampler as one kernel: same arguments, same layout.
+"""Chapter 6's speculative rejection sampler as one kernel: same arguments, same layout.
 
 A program takes BLOCK_B rows and decides their k drafts in order (keep draft j iff
 u_j * q(x_j) < p(x_j), and only while every earlier draft was kept), then draws the one token
@@ -6,7 +6,7 @@ the main model adds: from max(0, p - q) renormalised at the first rejection (fro
 all zero), or from the target's last position (the bonus token) when all k were kept. Only the
 k drafted tokens' probabilities are gathered for the decisions; the one distribution that is
 sampled is read twice (its mass, then the crossing). The uniforms come from the caller's
-generator, drawn by the wrapper, so that chapter 5's `generator` argument keeps its meaning.
+generator, drawn by the wrapper, so that chapter 6's `generator` argument keeps its meaning.
 """
 
 import torch
@@ -187,14 +187,14 @@ def rejection_sample(
     generator: torch.Generator | None = None,
     greedy: bool = False,
 ) -> tuple[Int[Tensor, "batch k_plus_1"], Bool[Tensor, "batch k"]]:
-    """Chapter 5's `rejection_sample`, as one kernel: `tokens` [batch, k + 1] (accepted drafts,
+    """Chapter 6's `rejection_sample`, as one kernel: `tokens` [batch, k + 1] (accepted drafts,
     then the recovered or bonus token, then -1) and `accepted` [batch, k]."""
     k = check_rejection_args(target_probs, draft_probs, draft_tokens, greedy)
     target_probs = kernel_tensor("target_probs [batch, k + 1, d_vocab]", target_probs, ndim=3)
     draft_probs = kernel_tensor("draft_probs [batch, k, d_vocab]", draft_probs, ndim=3)
     draft_tokens = kernel_tensor("draft_tokens [batch, k]", draft_tokens, 2, floating=False)
     batch, _, n_vocab = target_probs.shape
-    # The generator decides, as in chapter 5: drawn where it lives, then moved to the kernels.
+    # The generator decides, as in chapter 6: drawn where it lives, then moved to the kernels.
     where = generator.device if generator is not None else DEVICE
     u = torch.rand(batch, k + 1, generator=generator, device=where).to(DEVICE)
     out = torch.full((batch, k + 1), -1, dtype=torch.int64, device=DEVICE)

@@ -1,4 +1,4 @@
-"""Where chapter 6's kernels run, and what every kernel's wrapper shares.
+"""Where chapter 8's kernels run, and what every kernel's wrapper shares.
 
 With a CUDA GPU, Triton compiles each kernel for it. Without one, Triton's interpreter runs the
 same kernel source on the CPU, one program after another, with numpy standing in for the GPU's
@@ -23,7 +23,7 @@ try:
     import triton.language  # noqa: F401
 except ImportError as error:  # pragma: no cover - Triton is a Linux-only dependency
     raise ImportError(
-        "chapter 6 needs Triton, which is installed with the course on Linux only "
+        "chapter 8 needs Triton, which is installed with the course on Linux only "
         "(pip install triton). On macOS and Windows the chapter cannot run its kernels."
     ) from error
 
@@ -31,8 +31,8 @@ if INTERPRET and triton_mode.imported_compiled():
     raise RuntimeError(
         "Triton was imported before TRITON_INTERPRET=1 was set, so its own library is compiled "
         "code that the interpreter cannot run (something imported triton before `solutions` or "
-        "`utils` was imported). Restart the kernel and run the setup cell first; chapters 1-5 "
-        "do not need Triton and grade as usual."
+        "`utils` was imported). Restart the kernel and run the setup cell first; the other "
+        "chapters do not need Triton and grade as usual."
     )
 
 
@@ -48,7 +48,7 @@ def next_power_of_2(n: int) -> int:
 
 
 # The most columns a block may hold on a GPU, or None for the wrappers' own choice. The graded
-# tests set it to the interpreter's 1,024 (tests/graded/test_06_kernels.py), so that their rows
+# tests set it to the interpreter's 1,024 (tests/graded/test_08_kernels.py), so that their rows
 # of a few thousand columns span several blocks on a GPU too, as they do under the interpreter.
 GPU_BLOCK_CAP: int | None = None
 

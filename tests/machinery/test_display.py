@@ -45,7 +45,7 @@ def test_a_failing_parametrized_test_is_one_line_with_its_count():
     from utils.check import TestResult, failure_lines
 
     def failed(nodeid, message):
-        return TestResult(nodeid, "05_speculative", "lookahead_layout", "failed", message)
+        return TestResult(nodeid, "06_speculative", "lookahead_layout", "failed", message)
 
     same = "Positions are one too many: the window's level j reads j + i + 1."
     lines = failure_lines(

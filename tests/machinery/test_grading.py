@@ -388,7 +388,7 @@ def test_what_the_graded_cells_print_is_not_shown_with_a_failure(capsys):
 
 def test_a_test_that_runs_out_of_time_in_given_code_does_not_blame_the_learner(tmp_path):
     """A busy machine can stop a test while the course's own code runs (seen under load in
-    chapter 5). The message says so; it must not call given code "a cell of yours", nor make
+    chapter 6). The message says so; it must not call given code "a cell of yours", nor make
     the given function fail at once in later tests."""
     nb = build_notebook("04_kv_cache", teacher=True)
     given = next(c for c in nb.cells if c.source.startswith("def start_forward("))

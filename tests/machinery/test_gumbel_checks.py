@@ -1,4 +1,4 @@
-"""Chapter 5's Gumbel-max and coupling code and graded tests, checked from the outside.
+"""Chapter 6's Gumbel-max and coupling code and graded tests, checked from the outside.
 
 - Every bad argument raises a ValueError that names it (the checks are given code).
 - The graded tests' oracles are right: the Gumbel integral against the closed form and against
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import solutions.gumbel as gumbel_mod
-from tests.graded import test_05_gumbel as graded
+from tests.graded import test_06_gumbel as graded
 from tests.graded._oracles import N_SAMPLES
 from tests.graded._stats import ALPHA, assert_samples_follow
 

@@ -16,7 +16,7 @@ import torch
 from utils import REPO_ROOT
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None, reason="chapter 6 needs Triton (Linux)"
+    importlib.util.find_spec("triton") is None, reason="chapter 8 needs Triton (Linux)"
 )
 
 KERNELS = ("sample_from_probs", "gumbel", "top_p", "top_k", "softmax")

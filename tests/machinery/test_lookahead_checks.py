@@ -1,8 +1,8 @@
-"""Chapter 5's lookahead decoding: its given code checked from the outside (bad arguments and a
+"""Chapter 6's lookahead decoding: its given code checked from the outside (bad arguments and a
 bad layout raise a ValueError that says what is wrong; the learner does not write these, so
 they are tested here rather than graded). Its exercises are graded in
-tests/graded/test_05_lookahead.py, and its learner-style mutants live in
-tests/machinery/mutants/ch05_lookahead.py."""
+tests/graded/test_06_lookahead.py, and its learner-style mutants live in
+tests/machinery/mutants/ch06_lookahead.py."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ def test_a_mutants_first_test_is_a_graded_test_of_its_exercise():
 
     import tests.graded as graded
 
-    pytest.importorskip("triton")  # chapter 6's graded tests, where every try_first is today
+    pytest.importorskip("triton")  # chapter 8's graded tests, where every try_first is today
 
     marked: dict[str, set[str]] = {}  # test function name -> the exercises it is marked with
     for info in pkgutil.iter_modules(graded.__path__):
@@ -28,7 +28,7 @@ def test_a_mutants_first_test_is_a_graded_test_of_its_exercise():
             continue
         try:
             module = importlib.import_module(f"tests.graded.{info.name}")
-        except BaseException:  # a module that skips itself (chapter 6 without Triton)
+        except BaseException:  # a module that skips itself (chapter 8 without Triton)
             continue
         for name, function in vars(module).items():
             if name.startswith("test_") and callable(function):

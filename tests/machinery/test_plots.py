@@ -290,7 +290,7 @@ def test_beam_tree_steps_finds_parents_by_prefix():
         beam_tree_steps([history[0], [(-1.0, torch.tensor([9, 9, 9, 9]))]], CharTokenizer())
 
 
-# --------------------------------------------------------------------------- chapter 5
+# --------------------------------------------------------------------------- chapter 6
 
 
 def legend_texts(legend) -> list[str]:

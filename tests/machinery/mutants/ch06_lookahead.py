@@ -1,4 +1,4 @@
-"""Chapter 5's learner-style mutants of lookahead decoding: the pass's layout, the harvest, the
+"""Chapter 6's learner-style mutants of lookahead decoding: the pass's layout, the harvest, the
 verification and the round (see tests/machinery/mutants/__init__.py)."""
 
 from tests.machinery.mutants import Mutant

@@ -1,4 +1,4 @@
-"""Chapter 5's learner-style mutants: the Gumbel-max trick and the coupling probabilities (see
+"""Chapter 6's learner-style mutants: the Gumbel-max trick and the coupling probabilities (see
 tests/machinery/mutants/__init__.py)."""
 
 from tests.machinery.mutants import Mutant

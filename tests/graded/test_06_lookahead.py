@@ -1,4 +1,4 @@
-"""Chapter 5, lookahead decoding: graded against HF and exact probabilities.
+"""Chapter 6, lookahead decoding: graded against HF and exact probabilities.
 
 Ground truth: each token of a lookahead pass must get the logits HF's model gives the text its
 mask lets it read (one token per position, no gaps); at temperature 0 the text must be HF's
@@ -16,7 +16,7 @@ from tests.graded._gumbel import TEMPERATURE_AFTER_NOISE
 from tests.graded._oracles import BATCH_PROMPTS, first_difference, hf_greedy
 from tests.graded._stats import assert_samples_follow, follows
 
-CHAPTER = "05_speculative"
+CHAPTER = "06_speculative"
 
 # (levels, window, candidates, ngram): a window still filling, a full one, no candidates, 2-grams.
 LAYOUTS = [(1, 4, 2, 3), (2, 4, 3, 3), (3, 5, 2, 4), (2, 3, 0, 3), (1, 5, 4, 2)]

@@ -1,4 +1,4 @@
-"""Chapter 5: the Gumbel-max trick and the three couplings, graded against exact probabilities.
+"""Chapter 6: the Gumbel-max trick and the three couplings, graded against exact probabilities.
 
 - `gumbel_sample`: frequencies against softmax(logits / T) by a chi-square test
   (tests/graded/_stats.py, false failure ALPHA per comparison); T -> 0 and T = 0 against the
@@ -22,7 +22,7 @@ from tests.graded._gumbel import assert_follows_the_tempered_softmax, greedy_row
 from tests.graded._oracles import IN_PLACE, assert_untouched, draw
 from tests.graded._stats import ALPHA
 
-CHAPTER = "05_speculative"
+CHAPTER = "06_speculative"
 
 # --------------------------------------------------------------------------- gumbel_sample
 

@@ -1,4 +1,4 @@
-"""Chapter 5: speculative sampling, graded against exact probabilities.
+"""Chapter 6: speculative sampling, graded against exact probabilities.
 
 Ground truth is the definition, not the course's code: the output at every position must be
 distributed as the target p, whatever the draft q; the draft is kept with probability
@@ -29,7 +29,7 @@ from tests.graded._rejection import (
 )
 from tests.graded._stats import assert_samples_follow
 
-CHAPTER = "05_speculative"
+CHAPTER = "06_speculative"
 
 # --------------------------------------------------------------------------- rejection_sample_one
 
@@ -130,7 +130,7 @@ def test_one_token_follows_the_target(impl, name):
 
 # --------------------------------------------------------------------------- rejection_sample
 
-# The checks live in tests/graded/_rejection.py: chapter 6's kernel is graded by the same ones.
+# The checks live in tests/graded/_rejection.py: chapter 8's kernel is graded by the same ones.
 
 
 @pytest.mark.rejection_sample

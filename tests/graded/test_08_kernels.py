@@ -1,4 +1,4 @@
-"""Chapter 6: the Triton kernels, graded against exact probabilities and PyTorch.
+"""Chapter 8: the Triton kernels, graded against exact probabilities and PyTorch.
 
 Without a GPU the kernels run through Triton's interpreter (solutions/kernels/runtime.py sets
 TRITON_INTERPRET=1 before Triton is imported), so the shapes here are small and every
@@ -9,7 +9,7 @@ Ground truth: torch.softmax for the softmax; exact probabilities (chi-square,
 `assert_samples_follow`, false failure ALPHA = 1e-5 per comparison, each test states its total)
 for every sampler; the exact top-k / top-p sets built here from their definitions (chapter 3's
 tie rule); for the fused kernel, hidden states and weights built from chosen logits, so that
-softmax(h W^T / T) is known before the kernel runs; chapter 5's rejection-sampling checks
+softmax(h W^T / T) is known before the kernel runs; chapter 6's rejection-sampling checks
 (tests/graded/_rejection.py) for the speculative kernel. Rows are made long enough to span
 several blocks, with a length that is no multiple of any block size, so a prefix sum that
 restarts at each block, a running maximum that forgets the block's offset, or a last block read
@@ -33,7 +33,7 @@ import torch
 from transformers.generation.logits_process import TopPLogitsWarper
 
 if importlib.util.find_spec("triton") is None:  # Triton is a Linux-only dependency
-    pytest.skip("chapter 6 needs Triton (Linux)", allow_module_level=True)
+    pytest.skip("chapter 8 needs Triton (Linux)", allow_module_level=True)
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -63,7 +63,7 @@ from tests.graded._stats import (  # noqa: E402
     assert_samples_follow,
 )
 
-CHAPTER = "06_kernels"
+CHAPTER = "08_kernels"
 
 N_ROWS = 20_000  # samples per distribution, drawn as the rows of one call
 LONG_V = 2_500  # longer than any block the interpreter uses, and no multiple of a power of 2
@@ -1195,7 +1195,7 @@ def test_fused_samples_follow_the_softmax_of_the_product(impl, temperature):
         )
         try:
             assert_samples_follow(rows, (logits_i / temperature).softmax(-1), what)
-        except AssertionError as err:  # worded from what the samples show (chapter 5's words)
+        except AssertionError as err:  # worded from what the samples show (chapter 6's words)
             if temperature != 1 and follows(rows, logits_i.softmax(-1)):
                 raise AssertionError(f"{what}: {TEMPERATURE_AFTER_NOISE}\n{err}") from None
             if temperature != 1 and follows(rows, (logits_i * temperature).softmax(-1)):
@@ -1238,7 +1238,7 @@ def test_fused_matmul_compiles_for_a_gpu(impl):
 
 
 # --------------------------------------------------------------------------- rejection_kernel
-# Chapter 5's checks of `rejection_sample`, on the kernel (tests/graded/_rejection.py), after an
+# Chapter 6's checks of `rejection_sample`, on the kernel (tests/graded/_rejection.py), after an
 # exact check of its own: the decisions replayed from the generator name the classic mistakes.
 
 

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Chapter 6 — Sampling kernels in Triton
+# # Chapter 8 — Sampling kernels in Triton
 #
 # Every token the course has generated ended the same way: a row of `d_vocab` logits, then
 # softmax, perhaps a sort for top-p, a cumulative sum, `torch.multinomial`. On a GPU each of
@@ -19,7 +19,7 @@
 # from an earlier chapter:
 #
 # - `softmax_kernel`: a row-wise softmax, the Triton programming model on a known problem;
-# - `gumbel_kernel`: chapter 5's Gumbel-max trick, one pass over the logits, the random numbers
+# - `gumbel_kernel`: chapter 6's Gumbel-max trick, one pass over the logits, the random numbers
 #   made inside the kernel;
 # - `inverse_transform_kernel`: sampling from probabilities with one uniform per row and a
 #   prefix sum carried from block to block, no sort;
@@ -29,7 +29,7 @@
 #   dual-pivot rejection sampling;
 # - `fused_matmul_kernel`: the unembedding's matrix product and Gumbel-max sampling in one
 #   kernel, so the `[batch, d_vocab]` logits are never written to memory;
-# - `rejection_kernel`: chapter 5's speculative rejection sampler as one kernel.
+# - `rejection_kernel`: chapter 6's speculative rejection sampler as one kernel.
 #
 # **Where this runs.** With an NVIDIA GPU, Triton compiles each kernel for it. Without one,
 # Triton's **interpreter** runs the same kernel source on the CPU (numpy standing in for the
@@ -51,7 +51,7 @@
 # **Ground truth**, as before, comes from outside the code under test: `torch.softmax`, exact
 # probabilities (chi-square tests of stated false-failure probability), the top-k and top-p
 # sets from their definitions, logits chosen first and then built into hidden states and
-# weights for the fused kernel, and chapter 5's checks for the rejection sampler.
+# weights for the fused kernel, and chapter 6's checks for the rejection sampler.
 #
 # **On a GPU, the same blocks.** On a GPU the wrappers choose blocks of thousands of columns,
 # longer than the tests' rows. So there the tests give the wrappers the interpreter's smaller
@@ -59,7 +59,7 @@
 # CPU. The GPU-only tests of a real vocabulary's size keep the wrappers' own blocks.
 #
 # **Time:** about 5 hours 35 minutes (the seven exercises' estimates below add up to it). **You
-# need:** chapter 3's sampling rules (temperature, top-k, top-p) and chapter 5's Gumbel-max trick
+# need:** chapter 3's sampling rules (temperature, top-k, top-p) and chapter 6's Gumbel-max trick
 # and rejection sampler.
 #
 # ## How this notebook works
@@ -288,7 +288,7 @@ check("softmax_kernel")
 #
 # *About 30 minutes.*
 #
-# Chapter 5's `gumbel_sample` as a kernel: for each row, the argmax of
+# Chapter 6's `gumbel_sample` as a kernel: for each row, the argmax of
 # $\ell / T + G$ with $G = -\log(-\log u)$, $u$ uniform, one per logit. In one pass over the
 # row: each block's best score and its column, compared with the best so far. No softmax, no
 # probabilities, no normalisation: the noise does it all. Temperature 0 is the plain argmax
@@ -308,7 +308,7 @@ check("softmax_kernel")
 # `-tl.log(-tl.log(u))` with a float32 $u$ stops at about 16.6.
 #
 # Common mistakes: the temperature applied to the noise too, $(\ell + G) / T$ (the argmax then
-# ignores $T$: chapter 5's bug); the noise subtracted ($-G$ is not Gumbel noise); the noise of
+# ignores $T$: chapter 6's bug); the noise subtracted ($-G$ is not Gumbel noise); the noise of
 # the wrong rows (every row then gets the same noise, and the same token) or of the wrong block
 # (`start` 0: every block of a row reuses the first block's noise, and the tests check rows
 # of several blocks); the block's argmax returned without adding the block's start column; at
@@ -795,7 +795,7 @@ check("fused_matmul")
 #
 # *About 60 minutes.*
 #
-# Chapter 5's `rejection_sample` (same arguments, same `[batch, k + 1]` layout with -1 padding
+# Chapter 6's `rejection_sample` (same arguments, same `[batch, k + 1]` layout with -1 padding
 # and the bonus token), as one kernel. Three small `@triton.jit` helpers are given just above
 # the exercise cell: `_row_argmax` (greedy mode), `_residual_block` (one block of the
 # distribution the main model's token is drawn from) and `_mass` (the total of those blocks).
@@ -803,10 +803,10 @@ check("fused_matmul")
 # the caller's generator, drawn by the wrapper: `u[:, j]` decides draft $j$ (keep iff
 # $u \cdot q < p$), `u[:, k]` draws the recovered or bonus token by inverse transform, from
 # $\max(0, p - q)$ renormalised (its mass in one pass, the crossing in another) or from the
-# target's last position. Chapter 5's edge case too: a residual of zero mass ($p \le q$
+# target's last position. Chapter 6's edge case too: a residual of zero mass ($p \le q$
 # everywhere, the two equal up to rounding) is drawn from $p$ instead, as the bonus token is.
 #
-# Common mistakes: chapter 5's, now in a kernel: drafts kept after the first rejection, a bonus
+# Common mistakes: chapter 6's, now in a kernel: drafts kept after the first rejection, a bonus
 # token after a rejection, the residual not renormalised (scale $u$ by its mass).
 #
 # <details><summary>Hint 1: a nudge</summary>

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Chapter 5 — Speculative decoding
+# # Chapter 6 — Speculative decoding
 #
 # Chapter 4 made each step cheap: one token through the model, reading the cache. It is still
 # one step, one main-model pass, per token. **Speculative decoding** lets a big model emit
@@ -739,7 +739,7 @@ with torch.inference_mode():
 # $i$ beats every other works out to $e^{z_i/T} / \sum_j e^{z_j/T}$ (the same calculation shows
 # that exponential races, "who arrives first", pick $i$ with probability proportional to its
 # rate). No softmax, no cumulative sum, no sort: one pass over the logits with an argmax. That
-# is why chapter 6 has a Gumbel-max kernel, and a kernel that samples inside the matrix product
+# is why chapter 8 has a Gumbel-max kernel, and a kernel that samples inside the matrix product
 # that makes the logits, without ever holding a whole row of probabilities.
 #
 # **Temperature goes on the logits, not on the noise.** The classic bug is
@@ -2022,7 +2022,7 @@ with one_thread(), torch.inference_mode():
 #
 # ## What's next
 #
-# Chapter 6 writes the sampling steps of chapters 3 and 5 as GPU kernels in Triton: Gumbel-max
+# Chapter 8 writes the sampling steps of chapters 3 and 6 as GPU kernels in Triton: Gumbel-max
 # sampling fused into the unembedding's matrix product (no row of probabilities ever stored),
 # top-k and top-p without sorting, and this chapter's rejection sampler, each checked against
-# exact probabilities and against the PyTorch versions of chapters 3 and 5.
+# exact probabilities and against the PyTorch versions of chapters 3 and 6.
