@@ -684,10 +684,7 @@ def _run_attempts(impl, exercise, child, summarise, budget_s) -> Verdict:
     if outcome.kind == "ok":
         verdict = Verdict(True)
     elif outcome.kind in ("died", "killed"):
-        message = (
-            f"the test did not finish: {outcome.detail}. Does your code end the process or "
-            "run for ever inside a library call?"
-        )
+        message = unfinished_message(outcome)
         verdict = Verdict(False, message, message)
     else:
         verdict = _failure(impl, exercise, outcome, outcome.value, budget_s)
@@ -705,6 +702,21 @@ def _run_attempts(impl, exercise, child, summarise, budget_s) -> Verdict:
         reasons = "; ".join(f"`{other}`: {why}" for other, why in stood_in.items())
         verdict.longrepr += f"\n\n(The reference stood in for what is broken: {reasons}.)"
     return verdict
+
+
+def unfinished_message(outcome: Outcome) -> str:
+    """What to tell a learner whose test's process died or was killed."""
+    if outcome.kind == "died" and ("SIGSEGV" in outcome.detail or "SIGBUS" in outcome.detail):
+        return (
+            f"the test did not finish: {outcome.detail}, a read or write of memory outside "
+            "every tensor. In a Triton kernel: a tl.load or tl.store whose mask does not cover "
+            "the block's columns past the end of the row (or no mask at all); elsewhere, an "
+            "index past the end reaching a library's unchecked code"
+        )
+    return (
+        f"the test did not finish: {outcome.detail}. Does your code end the process or run "
+        "for ever inside a library call?"
+    )
 
 
 def _failure(impl: Impl, exercise: str, outcome: Outcome, info: dict, budget_s: float) -> Verdict:

@@ -210,6 +210,13 @@ def test_ngram_cases(impl, text, k, n, expected, what):
             f"{call}: that follows the OLDEST earlier match. The most recent one wins: search "
             "backwards, from the latest earlier start down to 0, and stop at the first match"
         )
+    shorter = ngram_by_definition(text, k, n - 1)
+    if shorter != expected and got == shorter:
+        pytest.fail(
+            f"{call}: that follows the latest earlier occurrence of the last {n - 1} token(s), "
+            f"so the search matched only the last n - 1 tokens. All n = {n} must match: compare "
+            "the n tokens from each start with the text's last n"
+        )
     if len(expected) == k and got == expected[:-1]:
         pytest.fail(
             f"{call}: one token fewer than k. Propose the k tokens after the match, "

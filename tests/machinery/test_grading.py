@@ -402,3 +402,25 @@ def test_a_test_that_runs_out_of_time_in_given_code_does_not_blame_the_learner(t
     for message in messages:
         assert "inside the course's own code" in message, message[:400]
         assert "the given cell `def start_forward(`" in message and "a cell of yours" not in message
+
+
+def test_a_test_whose_process_crashes_on_memory_is_told_about_masks():
+    """An unmasked tl.load past the end of a row can crash the interpreter's process: the
+    learner must read about the mask, not "does your code end the process?"."""
+    import signal
+
+    from utils import sandbox
+    from utils.grading import unfinished_message
+
+    if not sandbox.CAN_FORK or sandbox.cuda_available() or os.environ.get("COURSE_NO_FORK"):
+        pytest.skip("graded calls run in this process here: a crash would end the test run")
+
+    def crash():
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+    outcome = sandbox.call_isolated(crash, lambda err: {}, 10)
+    assert outcome.kind == "died" and "SIGSEGV" in outcome.detail, outcome
+    message = unfinished_message(outcome)
+    assert "tl.load" in message and "mask" in message, message
+    hang = sandbox.Outcome("killed", detail="stuck for 20 s, inside a library call")
+    assert "end the process" in unfinished_message(hang)

@@ -272,4 +272,11 @@ MUTANTS: list[Mutant] = [
         "one token fewer than k",
         says=("fewer than k",),
     ),
+    Mutant(
+        "ngram_propose",
+        "if text[start : start + n] == pattern:",
+        "if text[start + 1 : start + n] == pattern[1:]:",
+        "only the last n - 1 tokens compared",
+        says=("only the last n - 1 tokens",),
+    ),
 ]
