@@ -53,3 +53,13 @@ def made_without_a_device(fn) -> list[str]:
         ):
             found.append(f"torch.{node.func.attr}(...) on line {first + node.lineno - 1}")
     return found
+
+
+def assert_made_on_the_inputs_device(fn, what: str, whose: str) -> None:
+    """Every tensor `fn` makes says where it goes."""
+    found = made_without_a_device(fn)
+    assert not found, (
+        f"{what} makes {', '.join(found)} without a device: on a GPU that tensor sits on the "
+        f"CPU while {whose} are on the GPU, and the next operation fails (here, on a CPU, "
+        f"nothing shows). Make each new tensor on {whose}' device."
+    )

@@ -25,6 +25,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from tests.graded._device import assert_made_on_the_inputs_device
 from tests.graded._oracles import (
     BEAM_SCORE_ATOL,
     IN_PLACE,
@@ -1020,6 +1021,12 @@ def test_filter_keeps_the_best_continuing_and_the_finished(impl, shipped):
     assert beams.logprob_sums.tolist() == scores and beams.tokens[:, -1].tolist() == last, (
         "filter changed the beams it was called on (sorted them in place?): return new Beams"
     )
+
+
+@pytest.mark.beams
+def test_beams_make_their_tensors_on_the_beams_device(impl):
+    for fn, what in [(impl.top_continuations, "top_continuations"), (impl.Beams.filter, "filter")]:
+        assert_made_on_the_inputs_device(fn, what, "the beams' tensors")
 
 
 # --------------------------------------------------------------------------- beam_search

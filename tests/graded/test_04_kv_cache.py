@@ -20,7 +20,7 @@ from transformers import (
     TopKLogitsWarper,
 )
 
-from tests.graded._device import made_without_a_device
+from tests.graded._device import assert_made_on_the_inputs_device
 from tests.graded._oracles import (
     BATCH_PROMPTS,
     BEAM_SCORE_ATOL,
@@ -487,16 +487,6 @@ def test_cached_logits_equal_uncached_logits(impl, shipped64, shipped, chunks):
         )
         pytest.fail(f"logits differ from the uncached model from position {first_bad} on. {hint}")
     assert cache.length == tokens.shape[1]
-
-
-def assert_made_on_the_inputs_device(fn, what: str, whose: str) -> None:
-    """Every tensor `fn` makes says where it goes: see tests/graded/_device.py."""
-    found = made_without_a_device(fn)
-    assert not found, (
-        f"{what} makes {', '.join(found)} without a device: on a GPU that tensor sits on the "
-        f"CPU while {whose} are on the GPU, and the next operation fails (here, on a CPU, "
-        f"nothing shows). Make each new tensor on {whose}' device."
-    )
 
 
 @pytest.mark.forward_with_cache

@@ -321,6 +321,13 @@ MUTANTS = [
     # Beams: top_continuations and filter
     Mutant(
         "beams",
+        "in_top = torch.arange(len(order), device=order.device) < num_beams",
+        "in_top = torch.arange(len(order)) < num_beams",
+        "filter's ranks made without a device: on the CPU beside a GPU's beams",
+        says=("without a device",),
+    ),
+    Mutant(
+        "beams",
         "logprobs = logits.float().log_softmax(dim=-1)",
         "logprobs = logits.float()",
         "raw logits added up as scores instead of log-probabilities",
