@@ -1145,6 +1145,20 @@ def diagnose_beams(got, hf: HFBeams, eos: int, n_prompt: int) -> str:
         )
     if len(got) > len(expected):
         return f"you return {len(got)} sequences, not num_return_sequences={len(expected)}"
+    scores = [score for score, _ in got]
+    for per, lengths in [
+        ("new token", [max(len(t) - n_prompt, 1) for _, t in got]),
+        ("token", [len(t) for _, t in got]),
+    ]:
+        means = [score / n for score, n in zip(scores, lengths, strict=True)]
+        if scores != sorted(scores, reverse=True) and means == sorted(means, reverse=True):
+            return (
+                f"your sequences are ranked by their mean log-probability per {per} (scores "
+                f"{[round(x, 3) for x in scores]}, not best first): a length normalisation. "
+                "Here a sequence's score is the SUM of its tokens' log-probabilities, and the "
+                "ranking (of finished sequences, of beams, of the result) uses that sum, as HF "
+                "does with length_penalty=0"
+            )
     if sorted(got_seqs) == sorted(hf_seqs):
         return "the right sequences in the wrong order: return them best first (highest score)"
     for seq in got_seqs:

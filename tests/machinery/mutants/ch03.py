@@ -427,6 +427,14 @@ MUTANTS = [
     ),
     Mutant(
         "beam_search",
+        "finished = sorted(finished + newly_finished.to_list(), key=lambda b: -b[0])[:num_beams]",
+        "finished = sorted(finished + newly_finished.to_list(), key=lambda b: -b[0] / len(b[1]))"
+        "[:num_beams]",
+        "finished sequences ranked by their mean log-probability per token",
+        says=("mean log-probability", "sum"),
+    ),
+    Mutant(
+        "beam_search",
         "early_stopping or beams.logprob_sums.max().item() <= finished[-1][0]",
         "not early_stopping or beams.logprob_sums.max().item() <= finished[-1][0]",
         "early_stopping read the wrong way round",
