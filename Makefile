@@ -42,26 +42,26 @@ test: $(STAMP)
 	@echo "Three lanes at once. Two offline, on one torch thread each: every chapter's notebook in"
 	@echo "a kernel started from a learner's environment (teacher builds: every check passes; blank"
 	@echo "builds: every check fails), chapter 1 in JupyterLab in a headless Chromium (skipped,"
-	@echo "saying why, without one), the grading of broken notebooks and the course command,"
-	@echo "chapter 8's kernels compiled for a GPU (no GPU needed) and the graded tests on the blank"
-	@echo "stubs, where every graded test must FAIL (inverted: a pass there means it does not);"
-	@echo "beside them the rest of the machinery's own tests, the graded tests on the solutions,"
-	@echo "the learner-style mutants (tests/machinery/mutants/), each of which must fail a test of"
-	@echo "its exercise, and the peers' own tests (tests/peers/: HF, vLLM, FlashInfer) on the"
-	@echo "solutions. The third lane is online (pip needs the package registry): a notebook's Colab"
-	@echo "cell installs the course into a fresh virtual environment."
+	@echo "saying why, without one), the grading of broken notebooks, the course command and"
+	@echo "chapter 8's kernels compiled for a GPU (no GPU needed); beside them the rest of the"
+	@echo "machinery's own tests, the graded tests on the solutions, then on the blank stubs, where"
+	@echo "every graded test must FAIL (inverted: a pass there means it does not), the learner-style"
+	@echo "mutants (tests/machinery/mutants/), each of which must fail a test of its exercise, and"
+	@echo "the peers' own tests (tests/peers/: HF, vLLM, FlashInfer) on the solutions. The third lane"
+	@echo "is online (pip needs the package registry): a notebook's Colab cell installs the course"
+	@echo "into a fresh virtual environment."
 	$(LANES) "$(OFFLINE) $(PYTEST) -rs tests/machinery/test_notebooks_run.py \
 		 tests/machinery/test_browser.py && \
 		 $(OFFLINE) $(PYTEST) tests/machinery/test_grading.py \
 		 tests/machinery/test_kernels_compile.py tests/machinery/test_cli.py \
-		 tests/machinery/test_triton_mode.py && \
-		 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail" \
+		 tests/machinery/test_triton_mode.py" \
 		"$(OFFLINE) $(PYTEST) tests/machinery \
 		 --ignore=tests/machinery/test_notebooks_run.py --ignore=tests/machinery/test_grading.py \
 		 --ignore=tests/machinery/test_kernels_compile.py --ignore=tests/machinery/test_browser.py \
 		 --ignore=tests/machinery/test_colab_setup.py --ignore=tests/machinery/test_cli.py \
 		 --ignore=tests/machinery/test_triton_mode.py && \
 		 $(OFFLINE) $(PYTEST) tests/graded --impl solutions && \
+		 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail && \
 		 $(OFFLINE) $(PYTEST) tests/graded --mutants -q && \
 		 $(OFFLINE) $(PYTEST) -q tests/peers" \
 		"$(PYTEST) tests/machinery/test_colab_setup.py"

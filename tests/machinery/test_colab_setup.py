@@ -110,8 +110,10 @@ def test_the_colab_cell_installs_the_course_in_a_fresh_environment(tmp_path):
         line for line in (REPO_ROOT / "Makefile").read_text().splitlines()
         if line.startswith("TORCH ?=")
     ).split("=", 1)[1].strip()  # fmt: skip
+    # --no-compile: pip would byte-compile every installed module (torch's thousands) up front;
+    # Python compiles what it imports anyway. Only the test's time changes.
     subprocess.run(
-        [py, "-m", "pip", "install", "-q", torch, "ipykernel", "nbclient"],
+        [py, "-m", "pip", "install", "-q", "--no-compile", torch, "ipykernel", "nbclient"],
         check=True,
         capture_output=True,
     )
@@ -131,6 +133,7 @@ def test_the_colab_cell_installs_the_course_in_a_fresh_environment(tmp_path):
         "HOME": str(home),
         "LANG": "C.UTF-8",
         "COURSE_SETUP_FROM": str(source),
+        "PIP_NO_COMPILE": "1",  # as above, for the cell's own pip install
     }
     done = subprocess.run(
         [py, "driver.py", "chapter.ipynb"], cwd=outside, env=env, capture_output=True, text=True
