@@ -17,7 +17,10 @@ Methods:
 - `fast_eager`, `fast_compiled`: `FastTransformerSampler` without and with `torch.compile`.
 
 Against the arithmetic: a prefill position's cost is a forward pass over n_ctx positions divided
-by n_ctx, the floor a one-position step could reach if it had no fixed cost.
+by n_ctx, the floor a one-position step could reach if it had no fixed cost. Against the memory:
+a step multiplies one row by every weight matrix, and a one-row product runs at the speed of the
+memory that feeds it (`weight_reads`: that speed, measured on the unembedding, and the time the
+step's matrices take to read at it).
 """
 
 from __future__ import annotations
@@ -127,6 +130,24 @@ def bench(model_name: str, runs: int) -> dict:
             prefill.append(time.perf_counter() - start)
     per_position = statistics.median(prefill) / n_ctx
 
+    # The other floor: a step reads every weight matrix once for one row, and a one-row matrix
+    # product is as fast as the memory that feeds it. Measured on the unembedding (the largest
+    # matrix), then applied to all the bytes a step's matrix products read.
+    w_u = model.unembed.W_U.detach()
+    row = torch.randn(1, w_u.shape[0])
+    reads = []
+    for _ in range(max(runs, 3)):
+        start = time.perf_counter()
+        for _ in range(100):
+            row @ w_u
+        reads.append((time.perf_counter() - start) / 100)
+    bytes_per_s = w_u.numel() * w_u.element_size() / statistics.median(reads)
+    matrices = [
+        p for name, p in model.named_parameters() if p.ndim >= 2 and "pos_embed" not in name
+    ]
+    matrices = [p for p in matrices if p is not model.embed.W_E]  # embedding: one row read
+    step_bytes = sum(p.numel() * p.element_size() for p in matrices)
+
     tps = {name: new / statistics.median(t) for name, t in times.items()}
 
     def ratio(fast: str, slow: str) -> float | None:
@@ -167,6 +188,11 @@ def bench(model_name: str, runs: int) -> dict:
         "ratios": ratios,
         "us_per_token": {k: round(1e6 * v, 1) for k, v in step.items()},
         "us_per_prefill_position": round(1e6 * per_position, 1),
+        "weight_reads": {
+            "one_row_matmul_gb_per_s": round(bytes_per_s / 1e9, 1),
+            "mb_of_matrices_per_step": round(step_bytes / 1e6, 2),
+            "us_per_step_at_that_rate": round(1e6 * step_bytes / bytes_per_s, 1),
+        },
         "compiled": compiled,
         "goals": goals,
         "same_tokens_as_hf": {name: out == expected for name, out in outputs.items()},
