@@ -116,15 +116,17 @@ class FastTransformerSampler(SamplerBase):
         penalty = kwargs.pop("frequency_penalty", 0.0)
         eos = self.tokenizer.eos_token_id
         cache = self._cache_for(device)
-        cache.check_step(self.model, input_ids[None], torch.arange(n_prompt, device=device))
+        slots = torch.arange(n_prompt, device=device)  # the prompt's slots and positions
+        cache.check_step(self.model, input_ids[None], slots)
         # BEGIN SOLUTION
-        # Prefill, eager (its shape is the prompt's): slots and positions 0 .. n_prompt - 1.
-        slots = torch.arange(n_prompt, device=device)
+        # Prefill, eager (its shape is the prompt's).
         logits = forward_static(self.model, input_ids[None], cache, slots, slots[None])[:, -1]
         # Every buffer the loop writes exists before it starts: the text, the penalty's counts.
         text = torch.full((n_prompt + max_tokens_generated,), eos, device=device)
         text[:n_prompt] = input_ids
-        counts = torch.bincount(input_ids, minlength=self.cfg.d_vocab).float()[None]
+        if penalty:
+            counts = torch.bincount(input_ids, minlength=self.cfg.d_vocab).float()[None]
+            one = torch.ones(1, 1, device=device)
         done = torch.zeros(1, dtype=torch.bool, device=device)
         slot = torch.tensor([n_prompt], device=device)  # the next token's slot and position
         n_new = 0
@@ -137,7 +139,8 @@ class FastTransformerSampler(SamplerBase):
                 token = torch.where(done, eos, token)
                 done |= token == eos
             text[n_prompt + i : n_prompt + i + 1] = token
-            counts.index_add_(1, token, torch.ones(1, 1, device=device))
+            if penalty:
+                counts.index_add_(1, token, one)
             n_new = i + 1
             if verbose:
                 self.host_reads += 1
