@@ -1664,7 +1664,11 @@ print(
 #
 # ## What's next
 #
-# Each cached step still produces one token for one full pass through the model. In
+# Section 9 found that most of a cached step of this model is fixed cost, not arithmetic.
+# **Chapter 5** measures where that time goes and removes it: a static cache written in place,
+# a loop that never waits for its results, and the step compiled into one graph.
+#
+# And each cached step still produces one token for one full pass through the model. In
 # **chapter 6**, speculative decoding, a small **draft** model (`models/shakespeare-draft`,
 # 2 layers, the same tokenizer) guesses several tokens cheaply, one cached step each, and the
 # main model checks all the guesses in **one** forward pass: `forward_with_cache` on a chunk of

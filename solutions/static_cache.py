@@ -43,12 +43,15 @@ class StaticKeyValueCache:
         if not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
         self.cfg, self.batch, self.dtype = cfg, batch, dtype
+        # BEGIN SOLUTION
         shape = (batch, cfg.n_heads, cfg.n_ctx, cfg.d_head)
+        # One buffer per layer and per tensor: each layer writes its own keys and values.
         self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
         self.mask = torch.zeros(batch, cfg.n_ctx, dtype=torch.bool, device=device)
         slots = torch.arange(cfg.n_ctx, device=device)
         self.causal = slots[None, :] <= slots[:, None]  # [query slot, key slot]
+        # END SOLUTION
 
     @property
     def device(self) -> torch.device:

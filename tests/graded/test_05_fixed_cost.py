@@ -1,0 +1,669 @@
+"""Chapter 5: the fixed cost of a step, graded against NumPy's least squares, transformer-lens
+activations, HF GPT-2's logits and `generate` on HF's own static cache, chapter 3's sampler
+(graded against HF), dynamo's own counters, and PyTorch's quantization observer and quantizer.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+from torch._dynamo.utils import counters
+
+from solutions.config import Config
+from tests.graded._oracles import BATCH_PROMPTS, PROMPT, assert_close_f32, close_f32
+from tests.graded.test_04_kv_cache import (
+    EOS_BOOST,
+    describe_difference,
+    eos_boosted,
+    head_first,
+    left_padded,
+    uncached_variant,
+)
+
+CHAPTER = "05_fixed_cost"
+
+PAD_ID = 1000
+"""Left padding's id in the padded tests: neither 0 nor end-of-text."""
+
+
+# --------------------------------------------------------------------------- fit_step_cost
+
+PER_OP, PER_CACHED = 1.3e-6, 4.0e-10
+"""The costs the fit tests make their steps from: neither 0 nor 1, nor each other's size."""
+
+
+def made_steps(noise: float = 0.0, seed: int = 0, dtype=torch.float64):
+    """Steps of two kinds of model at several positions, with times made from known costs (and
+    `noise`, relative, when asked): n_ops, floor, cached, seconds."""
+    g = torch.Generator().manual_seed(seed)
+    positions = torch.tensor([3, 40, 97, 160, 230, 255, 10, 120, 250], dtype=torch.float64)
+    n_ops = torch.tensor([911.0] * 6 + [499.0] * 3, dtype=torch.float64)
+    cached = positions * torch.where(n_ops > 900, 2 * 4 * 192.0, 2 * 2 * 128.0)
+    floor = torch.where(n_ops > 900, 3.1e-4, 1.1e-4) + 1e-8 * positions
+    seconds = floor + PER_OP * n_ops + PER_CACHED * cached
+    if noise:
+        seconds = seconds * (
+            1 + noise * torch.randn(len(seconds), generator=g, dtype=torch.float64)
+        )
+    return tuple(c.to(dtype) for c in (n_ops, floor, cached, seconds))
+
+
+def numpy_fit(n_ops, floor, cached, seconds) -> tuple[float, float]:
+    """The oracle: NumPy's least squares on the time above the floor, in float64."""
+    A = np.stack([n_ops.double().numpy(), cached.double().numpy()], axis=1)
+    b = seconds.double().numpy() - floor.double().numpy()
+    per_op, per_cached = np.linalg.lstsq(A, b, rcond=None)[0]
+    return float(per_op), float(per_cached)
+
+
+def fit_mistake(impl, n_ops, floor, cached, seconds, got) -> str:
+    """The likely mistake behind a wrong fit, recognised by refitting under its hypothesis."""
+    no_floor = numpy_fit(n_ops, torch.zeros_like(floor), cached, seconds)
+    if np.allclose([got.per_op, got.per_cached], no_floor, rtol=1e-4, atol=0):
+        return (
+            " That is the fit of `seconds` itself: fit the time above the floor, seconds - floor "
+            "(the floor is added back by predict)."
+        )
+    expected = numpy_fit(n_ops, floor, cached, seconds)
+    if np.allclose([got.per_cached, got.per_op], expected, rtol=1e-4, atol=0):
+        return " per_op and per_cached are swapped: return them in StepCost's order."
+    if np.allclose([got.per_op, got.per_cached], expected, rtol=1e-2, atol=0):
+        return (
+            " Close, but not to the digits a float64 solve gives: convert the columns to "
+            "float64 before solving (in float32, counts near a million and times near a "
+            "millisecond keep few correct digits)."
+        )
+    return ""
+
+
+@pytest.mark.fit_step_cost
+def test_the_fit_finds_the_costs_the_steps_were_made_from(impl):
+    n_ops, floor, cached, seconds = made_steps()
+    got = impl.fit_step_cost(n_ops, floor, cached, seconds)
+    ok = np.allclose([got.per_op, got.per_cached], [PER_OP, PER_CACHED], rtol=1e-8, atol=0)
+    assert ok, (
+        f"steps made from per_op={PER_OP:g} s and per_cached={PER_CACHED:g} s, with no noise: "
+        f"the fit found per_op={got.per_op:g}, per_cached={got.per_cached:g}."
+        + fit_mistake(impl, n_ops, floor, cached, seconds, got)
+    )
+
+
+@pytest.mark.fit_step_cost
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_fit_agrees_with_numpys_least_squares(impl, seed):
+    n_ops, floor, cached, seconds = made_steps(noise=0.1, seed=seed)
+    expected = numpy_fit(n_ops, floor, cached, seconds)
+    got = impl.fit_step_cost(n_ops, floor, cached, seconds)
+    assert np.allclose([got.per_op, got.per_cached], expected, rtol=1e-9, atol=0), (
+        f"noisy steps: numpy.linalg.lstsq finds per_op={expected[0]:g}, "
+        f"per_cached={expected[1]:g}; yours per_op={got.per_op:g}, per_cached={got.per_cached:g}."
+        + fit_mistake(impl, n_ops, floor, cached, seconds, got)
+    )
+
+
+@pytest.mark.fit_step_cost
+def test_the_fit_of_float32_measurements_is_solved_in_float64(impl):
+    columns = made_steps(noise=0.1, seed=2, dtype=torch.float32)
+    expected = numpy_fit(*columns)
+    got = impl.fit_step_cost(*columns)
+    assert isinstance(got.per_op, float) and isinstance(got.per_cached, float), (
+        f"return plain Python floats in StepCost, got {type(got.per_op).__name__} and "
+        f"{type(got.per_cached).__name__} (`.tolist()` or `float(...)` of the solution)"
+    )
+    assert np.allclose([got.per_op, got.per_cached], expected, rtol=1e-9, atol=0), (
+        f"float32 measurements: numpy (in float64) finds per_op={expected[0]:g}, "
+        f"per_cached={expected[1]:g}; yours per_op={got.per_op:g}, per_cached={got.per_cached:g}. "
+        "Convert the columns to float64 before solving: with counts near a million and times "
+        "near a millisecond, a float32 solve keeps few correct digits."
+        + fit_mistake(impl, *columns, got)
+    )
+
+
+# --------------------------------------------------------------------------- StaticKeyValueCache
+
+ODD = Config(d_model=10, n_heads=2, d_head=5, n_layers=3, n_ctx=7, d_vocab=11, d_mlp=12)
+"""A configuration whose sizes are all different, so that a swapped dimension shows."""
+
+
+@pytest.mark.static_cache
+def test_the_buffers_have_the_static_layout(impl):
+    cache = impl.StaticKeyValueCache(ODD, batch=4, dtype=torch.float64)
+    for name in ("keys", "values"):
+        buffers = getattr(cache, name)
+        assert isinstance(buffers, list | tuple) and len(buffers) == ODD.n_layers, (
+            f"cache.{name} must hold one buffer per layer ({ODD.n_layers}), got "
+            f"{type(buffers).__name__} of {len(buffers) if hasattr(buffers, '__len__') else '?'}"
+        )
+        for b in buffers:
+            assert tuple(b.shape) == (4, ODD.n_heads, ODD.n_ctx, ODD.d_head), (
+                f"each buffer is [batch, n_heads, n_ctx, d_head] = (4, 2, 7, 5) here (chapter 4's "
+                f"layout, with room for all n_ctx positions), got {tuple(b.shape)}"
+            )
+            assert b.dtype == torch.float64, (
+                f"make the buffers in the dtype asked for, got {b.dtype}"
+            )
+            assert not b.any(), "the buffers start as zeros"
+    assert cache.mask.shape == (4, ODD.n_ctx) and cache.mask.dtype == torch.bool, (
+        f"mask is [batch, n_ctx] bool, got {cache.mask.dtype} {tuple(cache.mask.shape)}"
+    )
+    assert not cache.mask.any(), "no slot holds a token yet: the mask starts all False"
+
+
+@pytest.mark.static_cache
+def test_every_layer_has_buffers_of_its_own(impl):
+    cache = impl.StaticKeyValueCache(ODD, batch=2)
+    buffers = list(cache.keys) + list(cache.values)
+    where = [b.untyped_storage().data_ptr() for b in buffers]
+    if len(set(where)) < len(where):
+        same_list = [b.untyped_storage().data_ptr() for b in cache.keys] == [
+            b.untyped_storage().data_ptr() for b in cache.values
+        ]
+        pytest.fail(
+            "two buffers share their memory: "
+            + (
+                "keys and values are the same tensors (`self.values = self.keys`?): make each "
+                "list of its own."
+                if same_list
+                else "`[torch.zeros(...)] * n_layers` lists ONE tensor n_layers times, so every "
+                "layer would write into the same buffer: make a new tensor for each layer (a list "
+                "comprehension)."
+            )
+        )
+
+
+@pytest.mark.static_cache
+def test_the_causal_mask_lets_each_slot_read_itself_and_the_slots_before(impl):
+    cache = impl.StaticKeyValueCache(ODD, batch=1)
+    got = cache.causal
+    expected = torch.tensor([[k <= q for k in range(ODD.n_ctx)] for q in range(ODD.n_ctx)])
+    assert got.dtype == torch.bool and tuple(got.shape) == (ODD.n_ctx, ODD.n_ctx), (
+        f"causal is [n_ctx, n_ctx] bool, got {got.dtype} {tuple(got.shape)}"
+    )
+    if torch.equal(got, expected):
+        return
+    if torch.equal(got, expected.T):
+        pytest.fail("causal is transposed: rows are the query's slot, columns the key's (k <= q)")
+    if torch.equal(got, ~expected):
+        pytest.fail(
+            "causal is True where attention is hidden: here True means the query MAY read the "
+            "key (the convention of F.scaled_dot_product_attention's boolean mask)"
+        )
+    if torch.equal(got, expected & ~torch.eye(ODD.n_ctx, dtype=torch.bool)):
+        pytest.fail("a query must read its own key too: k <= q, not k < q")
+    pytest.fail(
+        f"causal must be True exactly where the key's slot k <= the query's slot q:\n{got.int()}"
+    )
+
+
+@pytest.mark.static_cache
+def test_the_cache_is_made_on_the_device_it_is_given(impl):
+    cache = impl.StaticKeyValueCache(ODD, batch=2, device="meta")
+    tensors = {"keys[0]": cache.keys[0], "values[-1]": cache.values[-1], "mask": cache.mask}
+    tensors["causal"] = cache.causal
+    wrong = [name for name, t in tensors.items() if t.device.type != "meta"]
+    assert not wrong, (
+        f"asked for device='meta', but {', '.join(wrong)} were made on another device: pass "
+        "device= to every tensor you make (also the arange behind the causal mask)"
+    )
+
+
+# --------------------------------------------------------------------------- attention_static
+
+
+def fresh_buffers(cfg, fill: float = 0.0):
+    shape = (1, cfg.n_heads, cfg.n_ctx, cfg.d_head)
+    return torch.full(shape, fill), torch.full(shape, fill)
+
+
+def allowed_for(n_ctx: int, slots: torch.Tensor, written: int) -> torch.Tensor:
+    """The test's own mask: a query in slot q reads slots k <= q that hold a token."""
+    k = torch.arange(n_ctx)
+    return ((k[None, :] <= slots[:, None]) & (k[None, :] < written))[None, None]
+
+
+@pytest.mark.attention_static
+@pytest.mark.parametrize("layer", [0, 2])
+def test_a_prefill_writes_its_keys_and_matches_the_reference(impl, shipped, ref_run, layer):
+    _, _, acts = ref_run
+    attn = shipped[0].blocks[layer].attn
+    cfg = attn.cfg
+    x = acts[f"blocks.{layer}.ln1.hook_out"]
+    n = x.shape[1]
+    keys, values = fresh_buffers(cfg)
+    where = (keys.data_ptr(), values.data_ptr())
+    slots = torch.arange(n)
+    with torch.no_grad():
+        out = impl.attention_static(attn, x, keys, values, slots, allowed_for(cfg.n_ctx, slots, n))
+    assert (keys.data_ptr(), values.data_ptr()) == where
+    if not keys.any():
+        pytest.fail(
+            "the key buffer is still all zeros: write the new keys and values INTO the buffers "
+            "passed in, in place (Tensor.index_copy_ at `slots`); torch.cat or index_copy (no "
+            "underscore) make a new tensor that the cache never sees"
+        )
+    ref_k, ref_v = (head_first(acts[f"blocks.{layer}.attn.hook_{c}"]) for c in "kv")
+    assert_close_f32(keys[:, :, :n], ref_k, "keys written to slots 0..n-1 (vs transformer-lens)")
+    assert_close_f32(values[:, :, :n], ref_v, "values written to slots 0..n-1")
+    assert not keys[:, :, n:].any(), "only the slots asked for may be written"
+    check_output(out, acts[f"blocks.{layer}.hook_attn_out"], attn)
+
+
+def check_output(out, expected, attn) -> None:
+    if close_f32(out, expected):
+        return
+    if out.shape == expected.shape and close_f32(out, expected - attn.b_O):
+        pytest.fail("Did you forget the output bias b_O? It is added after W_O.")
+    assert_close_f32(
+        out,
+        expected,
+        "attention output (vs transformer-lens). Read all n_ctx slots through `allowed` "
+        "(attn_mask=allowed: True means may read), scaled by 1/sqrt(d_head)",
+    )
+
+
+@pytest.mark.attention_static
+@pytest.mark.parametrize("t", [9, 30])
+def test_a_step_writes_its_own_slot_and_reads_the_cache(impl, shipped, ref_run, t):
+    _, _, acts = ref_run
+    layer = 1
+    attn = shipped[0].blocks[layer].attn
+    cfg = attn.cfg
+    ref_k, ref_v = (head_first(acts[f"blocks.{layer}.attn.hook_{c}"]) for c in "kv")
+    # Slots before t hold the reference's keys; every slot after holds 7.0, which the mask hides
+    # and which must still be there afterwards.
+    keys, values = fresh_buffers(cfg, fill=7.0)
+    keys[:, :, :t], values[:, :, :t] = ref_k[:, :, :t], ref_v[:, :, :t]
+    before_k, before_v = keys.clone(), values.clone()
+    slot = torch.tensor([t])
+    x = acts[f"blocks.{layer}.ln1.hook_out"][:, t : t + 1]
+    with torch.no_grad():
+        out = impl.attention_static(
+            attn, x, keys, values, slot, allowed_for(cfg.n_ctx, slot, t + 1)
+        )
+    if torch.equal(keys, before_k):
+        pytest.fail(
+            "the key buffer is unchanged: write the new key into slot `slots` of the buffer "
+            "passed in, in place (index_copy_)"
+        )
+    if close_f32(keys[:, :, :1], ref_k[:, :, t : t + 1]) and not close_f32(
+        keys[:, :, t : t + 1], ref_k[:, :, t : t + 1]
+    ):
+        pytest.fail(
+            f"the new key went to slot 0, not to slot {t}: write at the slots given (`slots`), "
+            "not at 0, 1, ..."
+        )
+    assert_close_f32(keys[:, :, t : t + 1], ref_k[:, :, t : t + 1], f"the key written to slot {t}")
+    assert_close_f32(values[:, :, t : t + 1], ref_v[:, :, t : t + 1], f"the value in slot {t}")
+    others = torch.ones(cfg.n_ctx, dtype=torch.bool)
+    others[t] = False
+    assert torch.equal(keys[:, :, others], before_k[:, :, others]) and torch.equal(
+        values[:, :, others], before_v[:, :, others]
+    ), "slots other than `slots` must be left as they were"
+    check_output(out, acts[f"blocks.{layer}.hook_attn_out"][:, t : t + 1], attn)
+
+
+# --------------------------------------------------------------------------- forward_static
+
+
+def hf_logits(hf, rows: list[list[int]]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [hf(torch.tensor([r])).logits[0] for r in rows]
+
+
+@pytest.mark.forward_static
+def test_a_prefill_and_steps_give_hfs_logits(impl, shipped, hf):
+    model, tokenizer = shipped
+    ids = tokenizer.encode(PROMPT)
+    more = [17, 250, 3]
+    expected = hf_logits(hf, [ids + more])[0]
+    n = len(ids)
+    cache = impl.StaticKeyValueCache(model.cfg, batch=1)
+    where = [b.data_ptr() for b in list(cache.keys) + list(cache.values)]
+    slots = torch.arange(n)
+    with torch.no_grad():
+        logits = impl.forward_static(model, torch.tensor([ids]), cache, slots, slots[None])
+    assert tuple(logits.shape) == (1, n, model.cfg.d_vocab), (
+        f"logits of every new token, [batch, new, d_vocab]: got {tuple(logits.shape)}"
+    )
+    if not close_f32(logits[0], expected[:n]):
+        later = (logits[0] - expected[:n]).abs().amax(dim=-1) > 1e-3
+        with torch.no_grad():
+            every_key = uncached_variant(model, torch.tensor([ids]), causal=False)[0]
+        if close_f32(logits[0], every_key):
+            hint = (
+                "they are the logits of queries that read every slot, those after their own too: "
+                "keep the causal part of the mask (cache.causal[slots])."
+            )
+        elif not close_f32(logits[0, :1], expected[:1]):
+            hint = "already at the first position: check the embeddings, blocks and unembedding."
+        else:
+            hint = (
+                f"from position {int(later.nonzero()[0])} on, while the first is right: a query "
+                "reads slots it may not (the causal part, cache.causal[slots]) or not the ones it "
+                "may (cache.mask must record the new slots before attention reads it)."
+            )
+        pytest.fail(f"prefill logits differ from HF's {hint}")
+    assert cache.mask[0, :n].all() and not cache.mask[0, n:].any(), (
+        "after a prefill of n tokens, cache.mask is True at slots 0..n-1 and False after"
+    )
+    for i, token in enumerate(more):
+        slot = torch.tensor([n + i])
+        with torch.no_grad():
+            step = impl.forward_static(model, torch.tensor([[token]]), cache, slot, slot[None])
+        assert_close_f32(step[0, -1], expected[n + i], f"the logits of decoding step {i + 1}")
+    assert [b.data_ptr() for b in list(cache.keys) + list(cache.values)] == where, (
+        "the cache's buffers moved: write into them in place"
+    )
+
+
+@pytest.mark.forward_static
+def test_a_left_padded_batch_gives_each_rows_own_logits(impl, shipped, hf):
+    model, tokenizer = shipped
+    rows = [tokenizer.encode(p) for p in BATCH_PROMPTS]
+    tokens, real = left_padded(rows, PAD_ID)
+    width = tokens.shape[1]
+    positions = (real.cumsum(dim=1) - 1).clamp(min=0)
+    cache = impl.StaticKeyValueCache(model.cfg, batch=len(rows))
+    with torch.no_grad():
+        logits = impl.forward_static(model, tokens, cache, torch.arange(width), positions, real)
+        nxt = torch.tensor([[7], [9], [11]])
+        slot = torch.tensor([width])
+        step = impl.forward_static(model, nxt, cache, slot, positions[:, -1:] + 1)
+    expected = hf_logits(hf, [r + [int(nxt[b])] for b, r in enumerate(rows)])
+    for b, row in enumerate(rows):
+        padded = width > len(row)
+        ok = close_f32(logits[b, -1], expected[b][len(row) - 1]) and close_f32(
+            step[b, -1], expected[b][len(row)]
+        )
+        if ok:
+            continue
+        if padded:
+            with torch.no_grad():
+                by_slot = hf(tokens[b : b + 1], attention_mask=real[b : b + 1].long()).logits
+            if close_f32(logits[b, -1], by_slot[0, -1]):
+                pytest.fail(
+                    f"row {b} is left-padded and its logits are those of its tokens at their "
+                    "SLOTS: embed each token at its position (`positions`, which counts real "
+                    "tokens), not at its slot"
+                )
+            pytest.fail(
+                f"row {b} is left-padded ({width - len(row)} padding tokens) and its logits differ "
+                "from the prompt's alone: record `real` in cache.mask (padding is not a token to "
+                "read), embed at `positions`, and let each query read real slots up to its own"
+            )
+        pytest.fail(f"row {b} (no padding) differs from HF's logits for the prompt alone")
+
+
+# --------------------------------------------------------------------------- fast_sample
+
+
+def hf_static_greedy(hf, ids: list[int], n: int, stop_at_eos: bool) -> list[int]:
+    """HF's greedy `generate` on ITS static cache (transformers' StaticCache)."""
+    eos = hf.generation_config.eos_token_id
+    with torch.no_grad():
+        out = hf.generate(
+            torch.tensor([ids]), max_new_tokens=n, do_sample=False, top_k=None,
+            cache_implementation="static", pad_token_id=eos,
+            eos_token_id=eos if stop_at_eos else None,
+        )  # fmt: skip
+    return out[0].tolist()
+
+
+@pytest.mark.fast_sample
+@pytest.mark.parametrize("prompt", BATCH_PROMPTS[:2])
+def test_greedy_tokens_are_hf_generates_on_its_static_cache(impl, shipped, hf, prompt):
+    model, tokenizer = shipped
+    ids = tokenizer.encode(prompt)
+    sampler = impl.FastTransformerSampler(model, tokenizer, compile=False)
+    got = sampler.sample(ids, 40, temperature=0.0, stop_at_eos=False).tolist()
+    expected = hf_static_greedy(hf, ids, 40, stop_at_eos=False)
+    assert got == expected, (
+        f"greedy text differs from HF's generate(cache_implementation='static'): "
+        f"{describe_difference(tokenizer, expected, got, len(ids))}. Feed each sampled token to "
+        "the next step, at the next slot (advance `slot` after each step)"
+    )
+
+
+SAMPLING_CASES = [
+    {"temperature": 1.0, "seed": 3},
+    {"temperature": 0.8, "top_k": 10, "seed": 1},
+    {"temperature": 1.0, "top_p": 0.9, "seed": 2},
+    {"temperature": 1.0, "frequency_penalty": 1.5, "seed": 4},
+    {"temperature": 1.2, "seed": 5, "stop_at_eos": False},
+]
+
+
+@pytest.mark.fast_sample
+@pytest.mark.parametrize("kwargs", SAMPLING_CASES, ids=lambda k: ",".join(map(str, k)))
+def test_sampled_tokens_are_chapter_3s_under_the_same_seed(impl, shipped, kwargs):
+    model, tokenizer = shipped
+    sampler = impl.FastTransformerSampler(model, tokenizer, compile=False)
+    expected = impl.TransformerSampler(model, tokenizer).sample(PROMPT, 60, **kwargs)
+    got = sampler.sample(PROMPT, 60, **kwargs)
+    if got != expected:
+        n_prompt = len(tokenizer.encode(PROMPT))
+        where = describe_difference(tokenizer, tokenizer.encode(expected), got, n_prompt)
+        hint = ""
+        if kwargs.get("frequency_penalty"):
+            hint = (
+                " With a frequency penalty, subtract penalty * counts from the logits, and add "
+                "each sampled token to counts (index_add_) before the next step."
+            )
+        pytest.fail(
+            f"{kwargs}: the text differs from chapter 3's sampler under the same seed: {where}. "
+            "Call sample_next_token once per token, with the generator and the sampling "
+            f"arguments, in chapter 3's order.{hint}"
+        )
+
+
+class ReadCounter:
+    """Counts the times Python reads a tensor's value: `.item()`, `.tolist()`, `bool(t)`,
+    `int(t)`, `float(t)`, and a tensor used as an index."""
+
+    NAMES = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self, monkeypatch):
+        self.reads = 0
+        for name in self.NAMES:
+            original = getattr(torch.Tensor, name)
+
+            def counted(tensor, *args, _original=original, **kwargs):
+                self.reads += 1
+                return _original(tensor, *args, **kwargs)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+
+
+@pytest.mark.fast_sample
+@pytest.mark.parametrize("stop_at_eos", [True, False])
+def test_the_loop_reads_the_device_once_every_sync_every_tokens(
+    impl, shipped, monkeypatch, stop_at_eos
+):
+    model, tokenizer = shipped
+    sampler = impl.FastTransformerSampler(model, tokenizer, compile=False, sync_every=16)
+    ids = tokenizer.encode(PROMPT)
+    counts = []
+    with monkeypatch.context() as patch:
+        counter = ReadCounter(patch)
+        for n_tokens in (64, 128):
+            counter.reads = 0
+            sampler.sample(ids, n_tokens, temperature=1.0, seed=0, stop_at_eos=stop_at_eos)
+            counts.append(counter.reads)
+    allowed = 64 // 16 if stop_at_eos else 0
+    assert counts[1] - counts[0] <= allowed, (
+        f"64 more tokens made {counts[1] - counts[0]} more host reads (.item(), .tolist(), "
+        f"bool(tensor), int(tensor), `if tensor:`...); "
+        + (
+            f"a loop that waits only every sync_every=16 tokens makes {allowed}. "
+            if stop_at_eos
+            else "without stop_at_eos there is nothing to check before the end: 0. "
+        )
+        + "Keep the token a tensor, write it into `text`, and mark the end of text with a mask "
+        "(torch.where) instead of an `if`"
+    )
+
+
+@pytest.mark.fast_sample
+def test_the_loop_stops_soon_after_the_end_of_text(impl, shipped):
+    model, tokenizer = shipped
+    crafted = eos_boosted(model, tokenizer, EOS_BOOST)  # greedy text ends after 19 new tokens
+    sampler = impl.FastTransformerSampler(crafted, tokenizer, compile=False, sync_every=8)
+    calls = []
+    step = sampler.step
+    sampler.step = lambda *args: (calls.append(1), step(*args))[1]
+    prompt = BATCH_PROMPTS[0]
+    expected = impl.TransformerSampler(crafted, tokenizer).sample(prompt, 100, temperature=0.0)
+    got = sampler.sample(prompt, 100, temperature=0.0)
+    n_prompt = len(tokenizer.encode(prompt))
+    where = describe_difference(tokenizer, tokenizer.encode(expected), got, n_prompt)
+    assert got == expected, f"greedy on a model that likes end-of-text: {where}"
+    n_new = len(tokenizer.encode(expected)) - n_prompt
+    assert len(calls) <= n_new + 8, (
+        f"the text ended after {n_new} new tokens, and the loop ran {len(calls)} decoding steps "
+        "(of 99 at most): with sync_every=8 it must stop within 8 steps of the end. Mark done "
+        "when the token is end-of-text (done |= token == eos), and every sync_every tokens "
+        "stop if done"
+    )
+
+
+@pytest.mark.fast_sample
+def test_the_model_is_not_called_after_the_last_token(impl, shipped):
+    model, tokenizer = shipped
+    sampler = impl.FastTransformerSampler(model, tokenizer, compile=False)
+    calls = []
+    step = sampler.step
+    sampler.step = lambda *args: (calls.append(1), step(*args))[1]
+    out = sampler.sample(PROMPT, 20, temperature=0.0, stop_at_eos=False)
+    assert len(tokenizer.encode(out)) - len(tokenizer.encode(PROMPT)) == 20
+    assert len(calls) == 19, (
+        f"20 new tokens take the prefill and 19 decoding steps (the last token is never fed to "
+        f"the model), got {len(calls)} calls of self.step"
+    )
+
+
+@pytest.mark.fast_sample
+def test_a_compiled_step_is_one_graph_compiled_once_for_a_whole_generation(impl, shipped):
+    model, tokenizer = shipped
+    torch._dynamo.reset()
+    counters.clear()
+    sampler = impl.FastTransformerSampler(model, tokenizer, compile="eager")
+    ints = (
+        "a compiled step is guarded on every Python number it is given. Pass the slot and the "
+        "position as tensors (and advance the slot in place, slot += 1), never as Python ints"
+    )
+    try:
+        first = sampler.sample(PROMPT, 24, temperature=1.0, seed=3, stop_at_eos=False)
+        sampler.sample("KING.\nWhat", 12, temperature=0.0)
+    except torch._dynamo.exc.FailOnRecompileLimitHit:
+        torch._dynamo.reset()
+        pytest.fail(f"decode_step was compiled again and again until dynamo's limit: {ints}")
+    entries = len(_debug_get_cache_entry_list(impl.decode_step.__code__))
+    breaks = dict(counters["graph_break"])
+    torch._dynamo.reset()
+    assert not breaks, (
+        f"the compiled step has graph breaks: {breaks}. Inside a step, no .item(), no Python "
+        "branch on a tensor, nothing dynamo cannot trace"
+    )
+    assert entries == 1, f"decode_step was compiled {entries} times over two generations: {ints}"
+    expected = impl.TransformerSampler(model, tokenizer).sample(
+        PROMPT, 24, temperature=1.0, seed=3, stop_at_eos=False
+    )
+    assert first == expected, "compiled with dynamo, the text must still be chapter 3's"
+
+
+# --------------------------------------------------------------------------- quantize_int8
+
+
+def oracle_int8(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch's own: the symmetric per-channel observer's scales (range ±127), and
+    torch.quantize_per_channel's integers, one matrix at a time (channel: a column)."""
+    from torch.ao.quantization.observer import PerChannelMinMaxObserver
+
+    qs, scales = [], []
+    for M in W.reshape(-1, *W.shape[-2:]):
+        observer = PerChannelMinMaxObserver(
+            ch_axis=1, dtype=torch.qint8, qscheme=torch.per_channel_symmetric,
+            quant_min=-127, quant_max=127,
+        )  # fmt: skip
+        observer(M)
+        scale, zero = observer.calculate_qparams()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # quantized tensors are deprecated, not gone
+            q = torch.quantize_per_channel(M, scale.double(), zero, 1, torch.qint8).int_repr()
+        qs.append(q)
+        scales.append(scale)
+    return torch.stack(qs).reshape(W.shape), torch.stack(scales).reshape(*W.shape[:-2], -1)
+
+
+def quantized(impl, W) -> tuple[torch.Tensor, torch.Tensor]:
+    """The learner's (q, scale), with a scale of the wrong shape named where it breaks."""
+    try:
+        return impl.quantize_int8(W)
+    except RuntimeError as error:
+        if "size of tensor" in str(error) or "must match" in str(error):
+            pytest.fail(
+                f"quantize_int8 of a {tuple(W.shape)} matrix raised `{error}`. W / scale must "
+                "broadcast: is your scale per row (per input)? A channel is a column: the max "
+                "over d_in (dim=-2), one scale per d_out, then unsqueeze(-2) to divide."
+            )
+        raise
+
+
+def int8_mistake(W, q, scale) -> str:
+    rows = W.abs().amax(dim=-1) / 127
+    if scale.shape == rows.shape and torch.allclose(scale, rows):
+        return " Your scales are per ROW (per input): a channel is a column, the max over d_in."
+    expected = W.abs().amax(dim=-2) / 127
+    for k in (128, 255, 127.5):
+        if scale.shape == expected.shape and torch.allclose(scale * k, expected * 127):
+            return f" Your scales divide by {k}: by 127, so that the largest weight is ±127 steps."
+    if torch.equal(q, torch.trunc(W / expected.unsqueeze(-2)).to(torch.int8)):
+        return " Round to the nearest integer before converting: .to(torch.int8) truncates."
+    return ""
+
+
+@pytest.mark.quantize_int8
+@pytest.mark.parametrize("shape", [(6, 24, 8), (40, 16)])
+def test_int8_matches_pytorchs_observer_and_quantizer(impl, shape):
+    g = torch.Generator().manual_seed(sum(shape))
+    W = torch.randn(shape, generator=g) * torch.rand(shape[-1], generator=g)  # scales differ
+    before = W.clone()
+    q, scale = quantized(impl, W)
+    assert torch.equal(W, before), "quantize_int8 must leave W as it was"
+    assert q.dtype == torch.int8 and tuple(q.shape) == shape, (
+        f"q is int8 of W's shape {shape}, got {q.dtype} {tuple(q.shape)}"
+    )
+    want_q, want_scale = oracle_int8(W)
+    assert tuple(scale.shape) == tuple(want_scale.shape), (
+        f"one scale per column of each matrix: shape {tuple(want_scale.shape)}, got "
+        f"{tuple(scale.shape)}." + int8_mistake(W, q, scale)
+    )
+    assert torch.allclose(scale, want_scale, rtol=1e-6, atol=0), (
+        "the scales differ from PyTorch's symmetric per-channel observer (largest magnitude of "
+        "the column / 127)." + int8_mistake(W, q, scale)
+    )
+    assert torch.equal(q, want_q), (
+        f"{int((q != want_q).sum())} of {q.numel()} integers differ from "
+        "torch.quantize_per_channel's." + int8_mistake(W, q, scale)
+    )
+
+
+@pytest.mark.quantize_int8
+def test_int8_rounds_ties_to_even_and_a_zero_column_to_zero(impl):
+    # Column 0: largest magnitude 127, scale 1, ties at .5; column 1: all zeros.
+    W = torch.tensor([[127.0, 0.0], [2.5, 0.0], [-3.5, 0.0], [0.5, 0.0], [-126.4, 0.0]])
+    q, scale = quantized(impl, W)
+    assert torch.isfinite(scale).all() and (scale > 0).all(), (
+        f"a column of zeros needs a positive scale (torch.finfo(W.dtype).eps), not 0: got {scale}"
+    )
+    assert not q[:, 1].any(), f"a column of zeros quantizes to zeros, got {q[:, 1].tolist()}"
+    want_q, _ = oracle_int8(W[:, :1])
+    assert q[:, 0].tolist() == want_q[:, 0].tolist(), (
+        f"a column whose scale is exactly 1: expected {want_q[:, 0].tolist()} (ties to even, as "
+        f"torch.round and torch.quantize_per_channel), got {q[:, 0].tolist()}."
+        + int8_mistake(W[:, :1], q[:, :1], scale[:1])
+    )

@@ -1,0 +1,236 @@
+"""Chapter 5's learner-style mutants (see tests/machinery/mutants/__init__.py)."""
+
+from tests.machinery.mutants import Mutant
+
+MUTANTS = [
+    # fit_step_cost
+    Mutant(
+        "fit_step_cost",
+        "above = seconds - floor  # what the floor does not explain",
+        "above = seconds",
+        "the measured seconds fitted, not the time above the floor",
+        says=("above the floor",),
+    ),
+    Mutant(
+        "fit_step_cost",
+        "per_op, per_cached = solution.tolist()",
+        "per_cached, per_op = solution.tolist()",
+        "the two costs returned in the wrong order",
+        says=("swapped",),
+    ),
+    Mutant(
+        "fit_step_cost",
+        "n_ops, floor, cached, seconds = (c.to(torch.float64) for c in columns)",
+        "n_ops, floor, cached, seconds = (c.to(torch.float32) for c in columns)",
+        "solved in float32",
+        says=("float64",),
+    ),
+    Mutant(
+        "fit_step_cost",
+        "per_op, per_cached = solution.tolist()",
+        "per_op, per_cached = solution",
+        "0-d tensors returned instead of Python floats",
+        says=("python floats",),
+    ),
+    # static_cache
+    Mutant(
+        "static_cache",
+        "self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]",
+        "self.keys = [torch.zeros(shape, device=device, dtype=dtype)] * cfg.n_layers",
+        "one tensor listed n_layers times: every layer writes into the same buffer",
+        says=("n_layers times",),
+    ),
+    Mutant(
+        "static_cache",
+        "self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]",  # noqa: E501
+        "self.values = self.keys",
+        "keys and values are the same tensors",
+        says=("self.values = self.keys",),
+    ),
+    Mutant(
+        "static_cache",
+        "shape = (batch, cfg.n_heads, cfg.n_ctx, cfg.d_head)",
+        "shape = (batch, cfg.n_ctx, cfg.n_heads, cfg.d_head)",
+        "positions before heads: not chapter 4's layout",
+        says=("[batch, n_heads, n_ctx, d_head]",),
+    ),
+    Mutant(
+        "static_cache",
+        "self.causal = slots[None, :] <= slots[:, None]  # [query slot, key slot]",
+        "self.causal = slots[None, :] < slots[:, None]  # [query slot, key slot]",
+        "a query may not read its own key",
+        says=("own key",),
+    ),
+    Mutant(
+        "static_cache",
+        "self.causal = slots[None, :] <= slots[:, None]  # [query slot, key slot]",
+        "self.causal = slots[:, None] <= slots[None, :]  # [query slot, key slot]",
+        "the causal mask transposed",
+        says=("transposed",),
+    ),
+    Mutant(
+        "static_cache",
+        "slots = torch.arange(cfg.n_ctx, device=device)",
+        "slots = torch.arange(cfg.n_ctx)",
+        "the causal mask made on the CPU whatever the device",
+        says=("device=", "causal"),
+    ),
+    Mutant(
+        "static_cache",
+        "self.mask = torch.zeros(batch, cfg.n_ctx, dtype=torch.bool, device=device)",
+        "self.mask = torch.ones(batch, cfg.n_ctx, dtype=torch.bool, device=device)",
+        "every slot marked as holding a token from the start",
+        says=("all false",),
+    ),
+    Mutant(
+        "static_cache",
+        "self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]",
+        "self.keys = [torch.zeros(shape, device=device) for _ in range(cfg.n_layers)]",
+        "the keys made in float32 whatever the dtype",
+        says=("dtype",),
+    ),
+    # attention_static
+    Mutant(
+        "attention_static",
+        "keys.index_copy_(2, slots, k)",
+        "keys = keys.index_copy(2, slots, k)",
+        "index_copy without the underscore: a new tensor, the cache never sees the keys",
+        says=("in place",),
+    ),
+    Mutant(
+        "attention_static",
+        "keys.index_copy_(2, slots, k)",
+        "keys.index_copy_(2, torch.arange(len(slots)), k)",
+        "the new keys written to slots 0, 1, ... instead of `slots`",
+        says=("slot 0",),
+    ),
+    Mutant(
+        "attention_static",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=~allowed)",
+        "the mask inverted",
+        says=("true means may read",),
+    ),
+    Mutant(
+        "attention_static",
+        'return torch.einsum("bhpe,hed->bpd", z, attn.W_O) + attn.b_O',
+        'return torch.einsum("bhpe,hed->bpd", z, attn.W_O)',
+        "the output bias b_O forgotten",
+        says=("b_O",),
+    ),
+    Mutant(
+        "attention_static",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
+        "z = F.scaled_dot_product_attention(q, keys, values, is_causal=True)",
+        "is_causal instead of the mask: wrong after a cache, and the empty slots are read",
+        says=("attn_mask=allowed",),
+    ),
+    # forward_static
+    Mutant(
+        "forward_static",
+        "residual = model.embed(tokens) + model.pos_embed.W_pos[positions]",
+        "residual = model.embed(tokens) + model.pos_embed.W_pos[slots]",
+        "tokens embedded at their slots, not their positions",
+        says=("position", "slot"),
+    ),
+    Mutant(
+        "forward_static",
+        "    cache.mask[:, slots] = real\n",
+        "",
+        "the new slots never recorded in cache.mask",
+        says=("cache.mask",),
+    ),
+    Mutant(
+        "forward_static",
+        "allowed = cache.causal[slots] & (cache.mask[:, None, None, :] | own)",
+        "allowed = cache.mask[:, None, None, :] | own",
+        "the causal part forgotten: a prefill reads the future",
+        says=("causal",),
+    ),
+    Mutant(
+        "forward_static",
+        "    cache.mask[:, slots] = real\n",
+        "    cache.mask[:, slots] = True\n",
+        "`real` ignored: padding is read as text",
+        says=("real",),
+    ),
+    # fast_sample
+    Mutant(
+        "fast_sample",
+        "            slot += 1\n",
+        "",
+        "the slot never advanced: every step writes the same slot",
+        says=("advance",),
+    ),
+    Mutant(
+        "fast_sample",
+        "            if stop_at_eos and n_new % self.sync_every == 0:",
+        "            if stop_at_eos:",
+        "a host read at every step",
+        says=("host reads",),
+    ),
+    Mutant(
+        "fast_sample",
+        "                done |= token == eos\n",
+        "",
+        "done never set: the loop runs to max_tokens_generated after the end of text",
+        says=("done |= token == eos",),
+    ),
+    Mutant(
+        "fast_sample",
+        "                counts.index_add_(1, token, one)\n",
+        "                pass\n",
+        "the penalty's counts never updated",
+        says=("index_add_",),
+    ),
+    Mutant(
+        "fast_sample",
+        "            logits = self.step(self.model, cache, token[None], slot, slot[None])",
+        "            logits = self.step(self.model, cache, token[None], slot, n_prompt + i)",
+        "the position passed as a Python int: a compiled step recompiles at every step",
+        says=("python ints",),
+    ),
+    Mutant(
+        "fast_sample",
+        "            if n_new == max_tokens_generated:\n                break\n",
+        "",
+        "the model called once more after the last token",
+        says=("never fed",),
+    ),
+    Mutant(
+        "fast_sample",
+        "            token = sample_next_token(input_ids[None], scores, generator=generator, **kwargs)",  # noqa: E501
+        "            token = sample_next_token(input_ids[None], scores, **kwargs)",
+        "the seed's generator not passed: not chapter 3's draws",
+        says=("generator",),
+    ),
+    # quantize_int8
+    Mutant(
+        "quantize_int8",
+        "scale = W.abs().amax(dim=-2) / 127",
+        "scale = W.abs().amax(dim=-1) / 127",
+        "one scale per row (per input) instead of per column",
+        says=("per row",),
+    ),
+    Mutant(
+        "quantize_int8",
+        "scale = W.abs().amax(dim=-2) / 127",
+        "scale = W.abs().amax(dim=-2) / 128",
+        "divided by 128",
+        says=("divide by 128",),
+    ),
+    Mutant(
+        "quantize_int8",
+        "q = torch.round(W / scale.unsqueeze(-2)).clamp(-127, 127).to(torch.int8)",
+        "q = (W / scale.unsqueeze(-2)).clamp(-127, 127).to(torch.int8)",
+        "truncated toward zero instead of rounded",
+        says=("truncates",),
+    ),
+    Mutant(
+        "quantize_int8",
+        "    scale = scale.clamp(min=torch.finfo(W.dtype).eps)  # an all-zero column: q = 0, not NaN\n",  # noqa: E501
+        "",
+        "a zero column divided by a zero scale",
+        says=("column of zeros",),
+    ),
+]
