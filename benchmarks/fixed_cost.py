@@ -37,7 +37,7 @@ from torch._dynamo.utils import counters
 
 from solutions.cached_sampling import CachedTransformerSampler
 from solutions.fast_sampling import FastTransformerSampler, inductor_available
-from solutions.static_cache import decode_step
+from solutions.static_cache import StaticKeyValueCache, decode_step
 from utils.models import load_hf, load_model
 
 PROMPT = "\n"  # one token
@@ -102,14 +102,16 @@ def bench(model_name: str, runs: int) -> dict:
             hf_static, cache_implementation="static"
         )
 
-    outputs = {name: fn() for name, fn in methods.items()}  # warm-up, and the tokens to check
+    expected = methods["hf_dynamic"]()  # warm-up, and HF's tokens, which every call must give
+    same = {name: fn() == expected for name, fn in methods.items()}
     times: dict[str, list[float]] = {name: [] for name in methods}
     for run in range(runs):
         names = list(methods)
         for name in names[run % len(names) :] + names[: run % len(names)]:
             start = time.perf_counter()
-            methods[name]()
+            out = methods[name]()
             times[name].append(time.perf_counter() - start)
+            same[name] &= out == expected
     if inductor:
         # The decoding step's own entries in dynamo's cache: one per compilation of it (HF's
         # compiled forward has its own, and graph breaks anywhere are counted apart).
@@ -174,11 +176,10 @@ def bench(model_name: str, runs: int) -> dict:
         "graph_breaks": compiled.get("graph_breaks"),
     }
     goals = {}
-    for name, (what, target, at_least) in GOALS.items():
+    for name, (what, target, at_least) in GOALS.items():  # (more goals are added by main)
         value = measured[name]
         met = None if value is None else (value >= target if at_least else value <= target)
         goals[name] = {"what": what, "measured": value, "target": target, "met": met}
-    expected = outputs["hf_dynamic"]
     return {
         "device": platform.processor() or "cpu",
         "torch_threads": torch.get_num_threads(),
@@ -195,7 +196,145 @@ def bench(model_name: str, runs: int) -> dict:
         },
         "compiled": compiled,
         "goals": goals,
-        "same_tokens_as_hf": {name: out == expected for name, out in outputs.items()},
+        "same_tokens_as_hf": same,
+        "step": step_costs(model, runs) if inductor else None,
+        "cost_model": cost_model(model_name, positions=[8, 64, 128, 192, 240]),
+        "int8": int8_figures(model, tokenizer),
+    }
+
+
+def median_seconds(run, runs: int, calls: int = 50) -> float:
+    """The median over `runs` of a call's mean time over `calls` calls, after a warm-up call."""
+    run()
+    means = []
+    for _ in range(max(runs, 3)):
+        start = time.perf_counter()
+        for _ in range(calls):
+            run()
+        means.append((time.perf_counter() - start) / calls)
+    return statistics.median(means)
+
+
+def step_costs(model, runs: int) -> dict:
+    """One decoding step, alone: eager, compiled, and compiled without evaluating its guards
+    (`skip_guard_eval_unsafe`: what checking the guards costs per call); and the draft model's
+    step as a fraction c of the main model's, eager and compiled (chapter 6's cost ratio)."""
+    from utils.models import load_model as load
+
+    draft = load("shakespeare-draft")[0]
+    eager, compiled = decode_step, torch.compile(decode_step, fullgraph=True, dynamic=False)
+    slot, token = torch.tensor([100]), torch.tensor([[5]])
+    out = {}
+    with torch.inference_mode():
+        for label, m in [("main", model), ("draft", draft)]:
+            cache = StaticKeyValueCache(m.cfg, batch=1)
+            for name, fn in [("eager", eager), ("compiled", compiled)]:
+                seconds = median_seconds(
+                    lambda f=fn, m=m, c=cache: f(m, c, token, slot, slot[None]), runs
+                )
+                out[f"{label}_{name}_us"] = round(1e6 * seconds, 1)
+            if label == "main":
+                with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                    seconds = median_seconds(
+                        lambda m=m, c=cache: compiled(m, c, token, slot, slot[None]), runs
+                    )
+                out["main_compiled_no_guards_us"] = round(1e6 * seconds, 1)
+    out["guards_us"] = round(out["main_compiled_us"] - out["main_compiled_no_guards_us"], 1)
+    out["c_eager"] = round(out["draft_eager_us"] / out["main_eager_us"], 2)
+    out["c_compiled"] = round(out["draft_compiled_us"] / out["main_compiled_us"], 2)
+    return out
+
+
+def cost_model(model_name: str, positions: list[int]) -> dict:
+    """Chapter 5's step-cost model: fitted on chapter 4's cached steps of `model_name` at
+    `positions`, then asked to predict the draft model's steps (each the fastest of 30 calls).
+    Eager steps only: a compiled step's operations are fused kernels, not dispatches."""
+    from solutions.cached_model import forward_with_cache
+    from solutions.step_cost import (
+        Rates,
+        fit_step_cost,
+        profile_ops,
+        step_bytes,
+        step_cached,
+        step_flops,
+    )
+    from utils.timing import best_seconds
+
+    main = load_model(model_name)[0]
+    draft = load_model("shakespeare-draft")[0]
+    cfg = main.cfg
+    tokens = torch.randint(
+        0, cfg.d_vocab, (1, cfg.n_ctx), generator=torch.Generator().manual_seed(0)
+    )
+    with torch.inference_mode():
+        full = best_seconds(lambda: main(tokens), 5)
+        row, w_u = torch.randn(1, cfg.d_model), main.unembed.W_U
+        one_row = best_seconds(lambda: row @ w_u, 300)
+    rates = Rates(step_flops(cfg, cfg.n_ctx - 1, cached=False) / full, w_u.numel() * 4 / one_row)
+
+    def steps(m) -> dict[str, torch.Tensor]:
+        cols: dict[str, list[float]] = {"n_ops": [], "floor": [], "cached": [], "seconds": []}
+        with torch.inference_mode():
+            for t in positions:
+                _, cache = forward_with_cache(m, tokens[:, :t])
+
+                def run(m=m, t=t, cache=cache):
+                    return forward_with_cache(m, tokens[:, t : t + 1], cache)
+
+                cols["n_ops"].append(profile_ops(run, repeats=2)[0])
+                cols["floor"].append(float(rates.floor(step_flops(m.cfg, t), step_bytes(m))))
+                cols["cached"].append(step_cached(m.cfg, t))
+                cols["seconds"].append(best_seconds(run, 30))
+        return {k: torch.tensor(v, dtype=torch.float64) for k, v in cols.items()}
+
+    measured = {"main": steps(main), "draft": steps(draft)}
+    fit = fit_step_cost(*(measured["main"][k] for k in ("n_ops", "floor", "cached", "seconds")))
+    out = {
+        "positions": positions,
+        "gflops_per_s": round(rates.flops_per_second / 1e9, 1),
+        "gb_per_s": round(rates.bytes_per_second / 1e9, 1),
+        "per_op_us": round(1e6 * fit.per_op, 3),
+        "per_cached_ns": round(1e9 * fit.per_cached, 4),
+    }
+    for name, cols in measured.items():
+        predicted = fit.predict(cols["n_ops"], cols["floor"], cols["cached"])
+        out[f"{name}_n_ops"] = int(cols["n_ops"][0])
+        out[f"{name}_us"] = [round(1e6 * v, 1) for v in cols["seconds"].tolist()]
+        out[f"{name}_predicted_us"] = [round(1e6 * v, 1) for v in predicted.tolist()]
+        out[f"{name}_max_error"] = round((predicted / cols["seconds"] - 1).abs().max().item(), 3)
+        above = (cols["seconds"] - cols["floor"]).median().item()
+        out[f"{name}_us_above_floor_per_op"] = round(1e6 * above / cols["n_ops"][0].item(), 3)
+    return out
+
+
+def int8_figures(model, tokenizer, batches: int = 16) -> dict:
+    """Chapter 5's int8 weights: bytes against float32, and the held-out loss over `batches`
+    batches of 16 windows of chapter 2's held-out plays (the corpus must be cached: `course
+    corpus`)."""
+    from torch.utils.data import DataLoader
+
+    from solutions.dataset import TokenWindows
+    from solutions.int8 import int8_model
+    from solutions.train import evaluate
+    from utils.corpus import CorpusUnavailable, load_plays, split_plays
+
+    model8, int8_bytes = int8_model(model)
+    float_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    out = {"float32_mb": round(float_bytes / 1e6, 2), "int8_mb": round(int8_bytes / 1e6, 2)}
+    out["smaller"] = round(float_bytes / int8_bytes, 2)
+    try:
+        held_out = split_plays(load_plays())[1]
+    except CorpusUnavailable as error:
+        return out | {"loss": None, "why_not": str(error)}
+    ids = torch.tensor(tokenizer.encode("\n\n".join(held_out.values())))
+    loader = DataLoader(TokenWindows(ids, model.cfg.n_ctx), batch_size=16)
+    loss32 = evaluate(model, loader, max_batches=batches)
+    loss8 = evaluate(model8, loader, max_batches=batches)
+    return out | {
+        "batches": batches,
+        "loss_float32": round(loss32, 4),
+        "loss_int8": round(loss8, 4),
+        "loss_difference": round(loss8 - loss32, 4),
     }
 
 
@@ -209,7 +348,31 @@ def main() -> None:
         parser.error("--runs and --threads must be >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    result = {"model": args.model, "torch": torch.__version__, "cpu": bench(args.model, args.runs)}
+    cpu = bench(args.model, args.runs)
+    more = {
+        "cost_model_max_error": (
+            "the step-cost model's largest error, both models (eager steps)",
+            max(cpu["cost_model"]["main_max_error"], cpu["cost_model"]["draft_max_error"]),
+            0.15,
+            False,
+        ),
+        "int8_smaller": (
+            "int8 weights: times fewer bytes than float32",
+            cpu["int8"]["smaller"],
+            3.5,
+            True,
+        ),
+        "int8_loss_difference": (
+            "int8 weights: held-out loss minus float32's, nats per token",
+            cpu["int8"].get("loss_difference"),
+            0.01,
+            False,
+        ),
+    }
+    for name, (what, value, target, at_least) in more.items():
+        met = None if value is None else (value >= target if at_least else abs(value) <= target)
+        cpu["goals"][name] = {"what": what, "measured": value, "target": target, "met": met}
+    result = {"model": args.model, "torch": torch.__version__, "cpu": cpu}
     print(json.dumps(result, indent=2))
 
 

@@ -158,6 +158,9 @@ Console().print(table)
 profiled_us = sum(calls * us for _, calls, us in ops)
 print(f"{len(ops)} kinds of operation; their own time adds up to {profiled_us:.0f} µs a step")
 
+# %% tags=["claim"]
+assert 800 < n_ops < 1000, "section 1 says some 900 operations for one token"
+
 # %% [markdown]
 # Some 900 operations for one token, most of them tiny: additions, copies, views, reshapes, the
 # `aten::cat` that makes chapter 4's cache grow. The matrix products (`aten::mm`, `aten::bmm`,
@@ -213,6 +216,9 @@ print(f"arithmetic: {rates.flops_per_second / 1e9:.0f} billion operations per se
 print(f"reading weights: {rates.bytes_per_second / 1e9:.0f} GB per second")
 print(f"a step's weights: {step_bytes(model) / 1e6:.1f} MB; its floor: {1e6 * floor4:.0f} µs")
 print(f"chapter 4's step: {1e6 * step4:.0f} µs, {step4 / floor4:.1f} times its floor")
+
+# %% tags=["claim"]
+assert step4 > 2 * floor4, "section 1 says the step costs several times its floor"
 
 # %% [markdown]
 # ### A cost model of a step
@@ -352,8 +358,8 @@ print(
 # Read the table in three ways.
 #
 # - **The floor is a small part of a step.** Most of chapter 4's step is the per-operation
-#   term: some 900 operations at about a microsecond each, on a machine whose arithmetic and
-#   memory would do the step's real work in a fraction of that.
+#   term: some 900 operations at a microsecond or two each (the cell prints the fitted cost), on
+#   a machine whose arithmetic and memory would do the step's real work in a fraction of that.
 # - **The cache term is small here.** At 256 positions of 6 heads of 32 numbers, the cache a step
 #   reads is a few hundred kilobytes; the fitted cost per cached number may come out near zero,
 #   or even below (then it is fitting noise). For long texts and large models this is the term
@@ -794,9 +800,10 @@ with torch.inference_mode():
 assert (entries_int, entries_tensor) == (4, 1), "section 4: a version per int, one for tensors"
 
 # %% [markdown]
-# With an `int`, each new slot compiles a new version of the step (dynamo stops after a limit,
-# `torch._dynamo.config.recompile_limit`, and then runs the function uncompiled, with a
-# warning). With a tensor, the value is data: one version serves every step.
+# With an `int`, each new slot compiles a new version of the step. Dynamo stops after
+# `torch._dynamo.config.recompile_limit` versions (8 by default): then it runs the function
+# uncompiled, with a warning, or, under `fullgraph=True`, raises an error. With a tensor, the
+# value is data: one version serves every step.
 #
 # ### Timing it
 #
@@ -853,10 +860,11 @@ assert inductor_ok or compile_seconds is None, "the compiled row is there only w
 
 # %% [markdown]
 # The same tokens from all three (the claim cell checks it). The eager static-cache sampler is
-# about as fast as chapter 4's, sometimes a little faster, sometimes slower: it no longer copies
-# the cache, but it computes attention over all 256 slots, and it dispatches about as many
-# operations. The compiled one is the one that changes the picture: the same arithmetic, in far
-# fewer operations.
+# not what makes the difference (in the runs made for this chapter it was as fast as chapter 4's
+# or somewhat slower): it no longer copies the cache, but it computes attention over all 256
+# slots, and it dispatches about as many operations. The compiled one does the same arithmetic in
+# far fewer operations. How much faster it is here depends on your machine and on what else it
+# is doing: the table says.
 #
 # Last, the compiled step against section 1's floor: the step's time, and the long pass's time
 # per position.
@@ -879,12 +887,14 @@ if inductor_ok:
           f"(chapter 4's: {step4 / per_position:.1f})")  # fmt: skip
 
 # %% [markdown]
-# Compiled, a step comes much closer to its floor, but not to it. Part of what is left is the
-# cost of *calling* compiled code: checking its guards (every input's shape, dtype, device,
-# every weight of the model it reads) before each call, on the order of a few hundred
-# microseconds for this model on the machines this course was written on (the benchmark
-# measures it: see section 8). gpt-fast pays the same per call; on a GPU, CUDA graphs (next
-# section) replace the many launches of a step by one.
+# Compiled, the step still costs several times a position's share of the long pass. Part of
+# what is left is the cost of *calling* compiled code: before each call, dynamo checks its
+# guards (every input's shape, dtype and device, and every weight of the model it reads). The
+# benchmark (section 8) measures what that costs, by timing the step with guard checks turned
+# off (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`, unsafe outside a measurement).
+# Another part is the matrix products, which Inductor leaves to PyTorch's own kernels, and
+# which wait for their weights to arrive from memory. On a GPU, CUDA graphs (next section)
+# replace the many launches of a step by one.
 #
 # **If you have no C++ compiler**: `inductor_available()` says what to install. Debian and Ubuntu:
 # `apt install g++`; macOS: `xcode-select --install`; Windows: the "Build Tools for Visual
@@ -1039,9 +1049,8 @@ assert abs(loss8 - loss32) < 0.01, "section 6 says the int8 model loses less tha
 # embedding stay in float32), for a held-out loss that moves in the fourth digit.
 #
 # **Does it make this step faster?** Only if reading the weights is what the step waits for.
-# Section 1's floor says it is not: on this CPU a step's weights take a small part of the
-# step's time to read, and they fit in the processor's largest cache. Worse, a CPU has no
-# instruction that multiplies floats by int8 weights directly: the weights must first be
+# Section 1's floor says it is not: on this CPU, reading a step's weights is a small part of the
+# step's time. Worse, a CPU has no instruction that multiplies a float by an int8 weight: the weights must first be
 # converted back to floats, which writes a float copy (more bytes, not fewer), or go through a
 # special kernel. The cell below times one product with the unembedding, the model's largest
 # matrix, three ways: float32; int8 converted back, then multiplied; and PyTorch's int8
@@ -1114,12 +1123,14 @@ Console().print(table)
 #
 # ## 8. The careful benchmark
 #
-# `python benchmarks/fixed_cost.py` (from the repository's root) measures what this chapter
-# measured, more carefully: HF's `generate` with its dynamic cache and with its static cache and
-# a compiled forward (`cache_implementation="static"`), chapter 4's sampler, and yours eager and
-# compiled, interleaved over several runs, 255 new tokens, one thread, the same tokens checked at
-# every timed call. It reports medians, ratios, compile time, recompilations and graph breaks,
-# and what the guards of a compiled call cost. The README's benchmark section records its runs.
+# `python benchmarks/fixed_cost.py --threads 1` (from the repository's root) measures what this
+# chapter measured, more carefully: HF's `generate` with its dynamic cache and with its static
+# cache and a compiled forward (`cache_implementation="static"`), chapter 4's sampler, and yours
+# eager and compiled, interleaved over several runs, 255 new tokens, each timed call's tokens
+# checked against HF's. It reports medians and ratios, the compile time, recompilations and graph
+# breaks, a step alone (eager, compiled, and compiled without its guard checks), the draft
+# model's step as a fraction $c$ of the main one's, the cost model's errors on both models, and
+# the int8 model's size and held-out loss. The README's benchmark section records its runs.
 
 # %% [markdown]
 # ## Check your understanding
@@ -1167,9 +1178,9 @@ Console().print(table)
 #
 # <details><summary>Answer</summary>
 #
-# The step does not wait for its weights: it waits for its operations' fixed costs, and the
-# weights fit in the processor's cache. And the CPU must convert the int8 weights back to floats
-# before it can multiply, which adds work.
+# The step does not wait mostly for its weights: it waits for its operations' fixed costs
+# (section 1's floor). And the CPU must convert the int8 weights back to floats before it can
+# multiply, which adds work.
 #
 # </details>
 #
