@@ -1052,9 +1052,9 @@ assert abs(loss8 - loss32) < 0.01, "section 6 says the int8 model loses less tha
 # Section 1's floor says it is not: on this CPU, reading a step's weights is a small part of the
 # step's time. Worse, a CPU has no instruction that multiplies a float by an int8 weight: the
 # weights must first be converted back to floats, which writes a float copy (more bytes, not
-# fewer), or go through a special kernel. The cell below times one product with the unembedding, the model's largest
-# matrix, three ways: float32; int8 converted back, then multiplied; and PyTorch's int8
-# weight kernel for CPUs (`torch._weight_int8pack_mm`, a private function, which wants the
+# fewer), or go through a special kernel. The cell below times one product with the
+# unembedding, the model's largest matrix, three ways: float32; int8 converted back, then
+# multiplied; and PyTorch's int8 weight kernel for CPUs (`torch._weight_int8pack_mm`, a private function, which wants the
 # matrix as `[d_out, d_in]`).
 
 # %%
