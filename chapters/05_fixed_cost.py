@@ -1054,8 +1054,8 @@ assert abs(loss8 - loss32) < 0.01, "section 6 says the int8 model loses less tha
 # weights must first be converted back to floats, which writes a float copy (more bytes, not
 # fewer), or go through a special kernel. The cell below times one product with the
 # unembedding, the model's largest matrix, three ways: float32; int8 converted back, then
-# multiplied; and PyTorch's int8 weight kernel for CPUs (`torch._weight_int8pack_mm`, a private function, which wants the
-# matrix as `[d_out, d_in]`).
+# multiplied; and PyTorch's int8 weight kernel for CPUs (`torch._weight_int8pack_mm`, a private
+# function, which wants the matrix as `[d_out, d_in]`).
 
 # %%
 with torch.inference_mode(), one_thread():
