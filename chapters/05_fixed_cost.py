@@ -42,8 +42,8 @@
 # against HF), its compiled step against dynamo's own counters, your int8 weights against
 # PyTorch's quantization observer and quantizer.
 #
-# **Time:** about 3 hours 30 minutes (the exercises' estimates below add up to 2 hours 30
-# minutes; the rest is reading and running). **You need:** chapter 4's cache
+# **Time:** about 2 hours 30 minutes (the exercises' estimates below add up to it; the
+# timing cells run for a few minutes more). **You need:** chapter 4's cache
 # (`forward_with_cache`, the `[batch, n_heads, pos, d_head]` layout, left padding and the
 # positions of padded rows) and chapter 3's `sample` arguments. Both are imported from
 # `solutions`, so your own versions need not work.
