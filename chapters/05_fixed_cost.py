@@ -328,7 +328,7 @@ main_steps = steps["shakespeare"]
 cost = fit_step_cost(
     main_steps["n_ops"], main_steps["floor"], main_steps["cached"], main_steps["seconds"]
 )
-print(f"fitted on the main model: {1e6 * cost.per_op:.2f} µs per operation, ")
+print(f"fitted on the main model: {1e6 * cost.per_op:.2f} µs per operation,")
 print(f"  {1e12 * cost.per_cached:.1f} µs per million cached numbers read")
 
 table = Table(title="chapter 4's cached step: measured and predicted (µs)")
@@ -360,10 +360,12 @@ print(
 # - **The floor is a small part of a step.** Most of chapter 4's step is the per-operation
 #   term: some 900 operations at a microsecond or two each (the cell prints the fitted cost), on
 #   a machine whose arithmetic and memory would do the step's real work in a fraction of that.
-# - **The cache term is small here.** At 256 positions of 6 heads of 32 numbers, the cache a step
-#   reads is a few hundred kilobytes; the fitted cost per cached number may come out near zero,
-#   or even below (then it is fitting noise). For long texts and large models this is the term
-#   that grows (chapter 7's subject).
+# - **The cache term** is what grows with the position: chapter 4's cache is read, and copied to
+#   grow by one position, at every step. At 256 positions of 6 heads of 32 numbers in 4 layers,
+#   that is at most 393,216 numbers (1.5 MiB), so the fitted cost per number times that count
+#   says how much of a late step the cache costs here. On a busy machine the fit can come out
+#   near zero or even below: then it is fitting noise. For long texts and large models this is
+#   the term that grows (chapter 7's subject).
 # - **The prediction for the other model** says how fixed the fixed cost is. On the machines
 #   this course was written on, the costs fitted on the main model predicted the draft's steps
 #   too long: the last line of the cell above shows that each of the draft's operations costs
@@ -822,7 +824,7 @@ if not inductor_ok:
     print(why_not)
 
 # %% tags=["demo"]
-n_timed = 60 if QUICK else 255
+n_timed = 60 if QUICK else 200  # the prompt and 200 tokens fit the static cache's 256 slots
 samplers = {
     "chapter 4, cached": CachedTransformerSampler(model, tokenizer),
     "static cache, eager": FastTransformerSampler(model, tokenizer, compile=False),
