@@ -672,7 +672,8 @@ assert largest < 1e-4 and not moved, "section 2 says the same logits and buffers
 #    count a host read (`self.host_reads += 1`) and stop if `done`.
 #
 # Do not call the model after the last token: it would be fed to nobody. With `verbose`, print
-# each token as it comes (a host read per token: count them).
+# each token as it comes (a host read per token: count them); with `progress`, show a `tqdm`
+# bar over the loop, as chapter 3's sampler does.
 #
 # Common mistakes: a host read in every step (`if token == eos: break`); the slot or position
 # passed as a Python `int` (section 4 shows what that costs a compiled step); `slot` not
