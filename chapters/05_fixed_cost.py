@@ -32,8 +32,10 @@
 #   wait inside a step;
 # - `quantize_int8`: per-channel int8 weights.
 #
-# Given: `profile_ops` (the profiler's counts), `decode_step` (one step, the function that gets
-# compiled), `compiled_step` (which compiles it), `GraphedStep` (the CUDA graph) and `int8_model`.
+# Given: `profile_ops` (the profiler's counts), `Rates` and `StepCost` (the cost model's floor and
+# predictions), `decode_step` (one step, the function that gets compiled), `inductor_available`
+# and `compiled_step` (which compiles it), `GraphedStep` (the CUDA graph), `dequantize_int8` and
+# `int8_model`.
 #
 # Nothing is checked against the course's code alone: your fit against NumPy's least squares,
 # your static cache's attention against the transformer-lens reference model's activations,
@@ -163,8 +165,9 @@ assert 800 < n_ops < 1000, "section 1 says some 900 operations for one token"
 
 # %% [markdown]
 # Some 900 operations for one token, most of them tiny: additions, copies, views, reshapes, the
-# `aten::cat` that makes chapter 4's cache grow. The matrix products (`aten::mm`, `aten::bmm`,
-# `aten::addmm`) are few, and even they are small.
+# `aten::cat` that makes chapter 4's cache grow. The matrix products (`aten::mm`, `aten::bmm`)
+# are few, and they lead the time column: they do the step's real work, reading every weight.
+# Yet the hundreds of small operations below them add up to as much again, or more.
 #
 # Now against a clock. A forward pass over all 256 positions does each position's arithmetic in
 # big matrix products; divide its time by 256 and you have what one position costs when the
@@ -482,7 +485,9 @@ print("causal, first 5 slots (1: may read):\n", demo_cache.causal[:5, :5].int())
 # - `allowed` `[batch, 1, new, n_ctx]` (bool): which slots each new query may read (`True`:
 #   may), made by `forward_static` (next exercise) from the cache's two masks.
 #
-# It computes the new queries, keys and values (chapter 1's projections), **writes** the new keys
+# It computes the new queries, keys and values (chapter 1's projections: `attn.W_Q`, `W_K`, `W_V`
+# are `[n_heads, d_model, d_head]` with biases `[n_heads, d_head]`, `attn.W_O` is
+# `[n_heads, d_head, d_model]` with `b_O` `[d_model]`), **writes** the new keys
 # and values into their slots of the buffers, in place, then lets each new query attend over all
 # `n_ctx` slots through `allowed`, and returns the output `[batch, new, d_model]` (with `W_O`
 # and `b_O`).
@@ -665,9 +670,12 @@ assert largest < 1e-4 and not moved, "section 2 says the same logits and buffers
 # 3. the loop, for each new token: the scores (the logits minus `penalty * counts` when there is
 #    a penalty), `sample_next_token(input_ids[None], scores, generator=generator, **kwargs)`
 #    (chapter 3's rules, in chapter 3's order, with the same generator: this is what makes your
-#    tokens chapter 3's under the same seed), the end-of-text mask when `stop_at_eos`, the token
-#    written into `text`, the counts updated, then `self.step(model, cache, token[None], slot,
-#    slot[None])` for the next logits, the slot a **tensor** that you increment in place;
+#    tokens chapter 3's under the same seed; the given code has taken `frequency_penalty` out of
+#    `kwargs`, so `sample_next_token` never counts `input_ids` and the prompt alone will do),
+#    the end-of-text mask when `stop_at_eos` (only then: without it, sampling goes on after an
+#    end-of-text, as in chapter 3), the token written into `text`, the counts updated, then
+#    `self.step(model, cache, token[None], slot, slot[None])` for the next logits, the slot a
+#    **tensor** that you increment in place;
 # 4. set `n_new` (the tokens written) as you go; every `sync_every` tokens, when `stop_at_eos`,
 #    count a host read (`self.host_reads += 1`) and stop if `done`.
 #

@@ -531,6 +531,29 @@ def test_the_loop_stops_soon_after_the_end_of_text(impl, shipped):
 
 
 @pytest.mark.fast_sample
+def test_without_stop_at_eos_sampling_goes_on_after_the_end_of_text(impl, shipped):
+    model, tokenizer = shipped
+    eos = tokenizer.eos_token_id
+    # On the shipped model this draw writes one end-of-text, as new token 6, then goes on.
+    kwargs = dict(temperature=1.3, seed=14, stop_at_eos=False)
+    prompt = "KING.\n"
+    expected = impl.TransformerSampler(model, tokenizer).sample(prompt, 120, **kwargs)
+    n_prompt = len(tokenizer.encode(prompt))
+    new = tokenizer.encode(expected)[n_prompt:]
+    assert eos in new[:-1], "test setup: chapter 3's text should hold an end-of-text mid-way"
+    sampler = impl.FastTransformerSampler(model, tokenizer, compile=False)
+    got = sampler.sample(prompt, 120, **kwargs)
+    if got != expected:
+        where = describe_difference(tokenizer, tokenizer.encode(expected), got, n_prompt)
+        pytest.fail(
+            f"stop_at_eos=False, on a model that samples end-of-text often: {where}. Without "
+            "stop_at_eos, an end-of-text is a token like any other and sampling goes on after "
+            "it, as in chapter 3: mask the tokens after it (torch.where(done, eos, token)) only "
+            "when stop_at_eos"
+        )
+
+
+@pytest.mark.fast_sample
 def test_the_model_is_not_called_after_the_last_token(impl, shipped):
     model, tokenizer = shipped
     sampler = impl.FastTransformerSampler(model, tokenizer, compile=False)

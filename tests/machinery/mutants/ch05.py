@@ -192,6 +192,13 @@ MUTANTS = [
     ),
     Mutant(
         "fast_sample",
+        "            if stop_at_eos:  # a finished text writes end-of-text; no branch on the device",  # noqa: E501
+        "            if True:",
+        "end-of-text masked even without stop_at_eos: the text after it is lost",
+        says=("only when stop_at_eos",),
+    ),
+    Mutant(
+        "fast_sample",
         "            if n_new == max_tokens_generated:\n                break\n",
         "",
         "the model called once more after the last token",
