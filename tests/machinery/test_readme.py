@@ -99,6 +99,32 @@ def test_speculative_figures_are_the_recorded_run():
         assert ("is not met" in sentence) == (not g[f"goal{n}"]["passed"]), f"goal {n}"
 
 
+def test_fixed_cost_figures_are_the_recorded_run():
+    run = _record("fixed_cost")["result"]["cpu"]
+    g, step, cm, i8 = run["goals"], run["step"], run["cost_model"], run["int8"]
+    p = step["main_compiled_profile_us"]
+    met = {True: "is met", False: "is not met"}
+    said = [
+        f"compile time of {g['compile_seconds']['measured']} s",
+        f"{g['fast_compiled_over_cached']['measured']} times chapter 4's sampler: the goal of "
+        f"2.0 {met[g['fast_compiled_over_cached']['met']]}",
+        f"{g['fast_compiled_over_hf_static_compiled']['measured']} times HF's compiled static "
+        f"cache: the goal of 1.3 {met[g['fast_compiled_over_hf_static_compiled']['met']]}",
+        f"{g['step_over_prefill_position']['measured']} times a prefill position: the goal of 3 "
+        f"{met[g['step_over_prefill_position']['met']]}",
+        f"the matrix products took {p['matmul']} µs, attention {p['attention']} µs",
+        f"{g['recompilations']['measured']} recompilations and {g['graph_breaks']['measured']} "
+        "graph breaks",
+        f"at most {100 * cm['main_max_error']:.1f} % there and by "
+        f"{100 * cm['draft_max_error']:.1f} % on the draft model's",
+        f"{i8['smaller']} times smaller than float32",
+        f"{i8['loss_difference']:+} nats per token over {i8['batches']} batches",
+        f"c = {step['c_eager']} of a main step eager and {step['c_compiled']} compiled",
+    ]
+    assert_says_all(said, "fixed-cost figures")
+    assert all(run["same_tokens_as_hf"].values())
+
+
 @pytest.mark.parametrize("chapter", chapter_names())
 def test_a_chapters_total_is_the_sum_of_its_exercises(chapter):
     """Where a chapter gives each exercise an estimate, its total is their sum."""
