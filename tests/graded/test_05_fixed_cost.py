@@ -246,6 +246,9 @@ def test_a_prefill_writes_its_keys_and_matches_the_reference(impl, shipped, ref_
             "underscore) make a new tensor that the cache never sees"
         )
     ref_k, ref_v = (head_first(acts[f"blocks.{layer}.attn.hook_{c}"]) for c in "kv")
+    for name, got, ref, bias in [("b_K", keys, ref_k, attn.b_K), ("b_V", values, ref_v, attn.b_V)]:
+        if close_f32(got[:, :, :n], ref - bias[None, :, None, :]):
+            pytest.fail(f"the keys or values lack their bias: did you forget {name}?")
     assert_close_f32(keys[:, :, :n], ref_k, "keys written to slots 0..n-1 (vs transformer-lens)")
     assert_close_f32(values[:, :, :n], ref_v, "values written to slots 0..n-1")
     assert not keys[:, :, n:].any(), "only the slots asked for may be written"

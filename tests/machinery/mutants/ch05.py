@@ -125,6 +125,13 @@ MUTANTS = [
         "is_causal instead of the mask: wrong after a cache, and the empty slots are read",
         says=("attn_mask=allowed",),
     ),
+    Mutant(
+        "attention_static",
+        "project(attn.W_K, attn.b_K)",
+        "project(attn.W_K, 0 * attn.b_K)",
+        "the keys' bias b_K forgotten",
+        says=("b_K",),
+    ),
     # forward_static
     Mutant(
         "forward_static",
