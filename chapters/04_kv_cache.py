@@ -274,17 +274,10 @@ assert cache_bytes(gpt2_small, 1024, 2) == 36 * 2**20, "check your understanding
 #   $\propto m$ in the layers and $\propto m^2$ in attention.
 
 
+# %% tags=["source"]
+# solution: solutions.step_cost.step_flops
+
 # %%
-def step_flops(cfg: Config, t: int, cached: bool) -> int:
-    """Approximate floating-point operations of the step that computes the logits at position t."""
-    n = 1 if cached else t + 1  # positions pushed through the layers
-    pairs = t + 1 if cached else (t + 1) * (t + 2) // 2  # (query, key) pairs in attention
-    d, layers = cfg.d_model, cfg.n_layers
-    per_position = layers * 2 * (4 * d * d + 2 * d * cfg.d_mlp) + 2 * d * cfg.d_vocab
-    attention = layers * pairs * 4 * cfg.n_heads * cfg.d_head
-    return n * per_position + attention
-
-
 table = Table(title="floating-point operations of one step, shakespeare model")
 for column in ["position t", "without cache", "with cache", "ratio"]:
     table.add_column(column, justify="right")

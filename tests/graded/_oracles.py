@@ -33,6 +33,7 @@ __all__ = [
     "rounded_top_p_cases_here",
     "hf_beam_search",
     "hf_greedy",
+    "hf_static_greedy",
     "hf_kept",
     "hf_window_greedy",
 ]
@@ -111,6 +112,18 @@ def hf_window_greedy(
 # --------------------------------------------------------------------------- sampling checks
 
 N_SAMPLES = 20_000  # per distribution: enough to expose a temperature off by 20%
+
+
+def hf_static_greedy(hf, ids: list[int], n: int, stop_at_eos: bool) -> list[int]:
+    """HF's greedy `generate` on ITS static cache (transformers' StaticCache)."""
+    eos = hf.generation_config.eos_token_id
+    with torch.no_grad():
+        out = hf.generate(
+            torch.tensor([ids]), max_new_tokens=n, do_sample=False, top_k=None,
+            cache_implementation="static", pad_token_id=eos,
+            eos_token_id=eos if stop_at_eos else None,
+        )  # fmt: skip
+    return out[0].tolist()
 
 
 def first_difference(got, expected) -> int:

@@ -14,7 +14,13 @@ from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 
 from solutions.config import Config
-from tests.graded._oracles import BATCH_PROMPTS, PROMPT, assert_close_f32, close_f32
+from tests.graded._oracles import (
+    BATCH_PROMPTS,
+    PROMPT,
+    assert_close_f32,
+    close_f32,
+    hf_static_greedy,
+)
 from tests.graded.test_04_kv_cache import (
     EOS_BOOST,
     describe_difference,
@@ -402,18 +408,6 @@ def test_a_left_padded_batch_gives_each_rows_own_logits(impl, shipped, hf):
 
 
 # --------------------------------------------------------------------------- fast_sample
-
-
-def hf_static_greedy(hf, ids: list[int], n: int, stop_at_eos: bool) -> list[int]:
-    """HF's greedy `generate` on ITS static cache (transformers' StaticCache)."""
-    eos = hf.generation_config.eos_token_id
-    with torch.no_grad():
-        out = hf.generate(
-            torch.tensor([ids]), max_new_tokens=n, do_sample=False, top_k=None,
-            cache_implementation="static", pad_token_id=eos,
-            eos_token_id=eos if stop_at_eos else None,
-        )  # fmt: skip
-    return out[0].tolist()
 
 
 @pytest.mark.fast_sample
