@@ -12,6 +12,7 @@ from solutions.cached_model import forward_with_cache
 from solutions.fast_sampling import FastTransformerSampler
 from solutions.sampling import TransformerSampler
 from solutions.static_cache import StaticKeyValueCache, decode_step, forward_static
+from tests.graded.test_05_fixed_cost import ReadCounter
 from utils.models import load_model
 
 PROMPT = "ROMEO.\nBut soft, what light through yonder window breaks?"
@@ -111,21 +112,13 @@ def test_greedy_tokens_are_hf_generates_with_its_static_cache(shipped):
 def test_the_loop_reads_the_device_once_every_sync_every_tokens(shipped, monkeypatch):
     model, tokenizer = shipped
     fast = FastTransformerSampler(model, tokenizer, compile=False, sync_every=16)
-    reads = []
-    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *args, _original=original, _name=name, **kwargs):
-            reads.append(_name)
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
     counts = []
-    for n_tokens in (64, 128):
-        reads.clear()
-        fast.sample(tokenizer.encode(PROMPT), n_tokens, temperature=0.0, stop_at_eos=True)
-        counts.append(len(reads))
-    monkeypatch.undo()
+    with monkeypatch.context() as patch:
+        counter = ReadCounter(patch)
+        for n_tokens in (64, 128):
+            counter.reads = 0
+            fast.sample(tokenizer.encode(PROMPT), n_tokens, temperature=0.0, stop_at_eos=True)
+            counts.append(counter.reads)
     # 64 more tokens cost 64 / 16 more reads (is every text done?), and not one per token.
     assert counts[1] - counts[0] == 64 // 16, counts
 
