@@ -927,8 +927,9 @@ if inductor_ok:
 # `GraphedStep` (given) records `decode_step` by hand, following PyTorch's documented recipe
 # (`torch.cuda.graphs`: warm up on a side stream, record, replay). `torch.compile(mode=
 # "reduce-overhead")` does the same for a compiled step, and gpt-fast's decode step is compiled
-# that way. The cell below runs only where PyTorch sees a CUDA GPU; none has run it for this
-# course yet, so what it prints is yours to read.
+# that way. The cell below runs only where PyTorch sees a CUDA GPU. Without one, it prints what
+# it printed on a GPU lent to this course, and what `benchmarks/cuda_graphs.py` measured there
+# (`benchmarks/results/cuda_graphs.json`).
 
 # %% tags=["source"]
 # solution: solutions.cuda_graphs.GraphedStep
@@ -958,7 +959,48 @@ if torch.cuda.is_available():
         print(f"a step: {1e6 * timed(decode_step):.0f} µs eager, {1e6 * timed(graphed):.0f} µs "
               "replayed")  # fmt: skip
 else:
-    print("no CUDA GPU here: this section is reading only")
+    import json
+
+    from utils import REPO_ROOT
+
+    record = json.loads((REPO_ROOT / "benchmarks/results/cuda_graphs.json").read_text())
+    run = record["result"]
+    print(f"no CUDA GPU here. On a lent {run['device']} ({record['date']}), this cell printed:")
+    print("   " + record["also_seen"]["chapter_5_cuda_graph_cell"].split(": ", 1)[1])
+    step, kernels, tps = run["step_alone_us"], run["kernels_per_step"], run["tokens_per_s"]
+    print(
+        f"and benchmarks/cuda_graphs.py measured a step alone: {step['eager']:.0f} µs eager "
+        f"({kernels['eager']:.0f} kernels), {step['graphed']:.0f} µs replayed "
+        f"({kernels['graphed']:.0f} kernels), "
+        f"{step['reduce_overhead']:.0f} µs compiled with mode='reduce-overhead' (Inductor's "
+        f"step: {kernels['compiled']:.0f} kernels); a prefill position "
+        f"{run['us_per_prefill_position']:.1f} µs"
+    )
+    print(
+        f"255 tokens: chapter 4's loop {tps['cached']:.0f} tokens/s, yours eager "
+        f"{tps['fast_eager']:.0f}, replayed {tps['fast_graphed']:.0f}, reduce-overhead "
+        f"{tps['fast_reduce_overhead']:.0f}"
+    )
+
+# %% [markdown]
+# Read those numbers as a GPU's story. Eager, your static-cache loop is no faster than chapter
+# 4's on the GPU: a step's time there is not its arithmetic (compare a prefill position) but the
+# launching of its kernels, each sent by the CPU through Python and PyTorch. Replayed from a
+# graph, the CPU sends one launch, and the step costs a fraction of the eager one. What is left
+# is the kernels themselves, run back to back: divide the replayed step's time by its kernels,
+# and each one takes a microsecond or two of the GPU however little it computes. So fewer
+# kernels is the next saving, and that is what `mode="reduce-overhead"` adds: Inductor fuses the
+# step into fewer kernels and records *those* as a graph.
+#
+# It can record only if every tensor the step writes stays at one address between calls.
+# Inductor records a step that writes one of its inputs only when that input is a parameter, a
+# buffer, or a tensor marked as static (PyTorch's `torch/_inductor/cudagraph_utils.py`,
+# `check_for_mutation`); otherwise it runs the step without a graph and says "skipping
+# cudagraphs due to mutated inputs". So the benchmark marks each of the cache's buffers with
+# `torch._dynamo.mark_static_address(buffer)`. gpt-fast gets the same by making its cache a
+# module's buffers. HF's static cache, under its own documented `mode="reduce-overhead"`
+# recipe, hit exactly this refusal on the lent GPU (transformers 5.17) and then failed in
+# `generate`; the record says how.
 
 # %% [markdown]
 # ## 6. Fewer bytes per weight: int8

@@ -125,6 +125,31 @@ def test_fixed_cost_figures_are_the_recorded_run():
     assert all(run["same_tokens_as_hf"].values())
 
 
+def test_cuda_graph_figures_are_the_recorded_run():
+    run = _record("cuda_graphs")["result"]
+    r, goal = run["ratios"], run["goals"]["fast_graphed_over_cached"]
+    step, kernels = run["step_alone_us"], run["kernels_per_step"]
+    met = {True: "is met", False: "is not met"}
+    said = [
+        f"one run on a lent {run['device']}",
+        f"the fast sampler made {run['tokens_per_s']['fast_graphed']} tokens/s, "
+        f"{goal['measured']} times chapter 4's eager cached loop: the goal of 3 {met[goal['met']]}",
+        f"Eager, the same loop is {r['fast_eager_over_cached']} times chapter 4's",
+        f"it is {r['fast_reduce_overhead_over_cached']} times chapter 4's loop, and compiled "
+        f"without a graph {r['fast_compiled_over_cached']} times",
+        f"The graph loop is {r['fast_graphed_over_hf_static_compiled']} times HF's compiled "
+        "static cache",
+        f"One step alone took {step['eager']} µs eager, launching {kernels['eager']} kernels; "
+        f"{step['graphed']} µs replayed from the graph; {step['reduce_overhead']} µs compiled",
+        f"whose compiled step launches {kernels['compiled']} kernels",
+        f"A prefill position costs {run['us_per_prefill_position']} µs, so even replayed a step "
+        f"costs {run['step_over_prefill_position']['graphed']} times a position",
+    ]
+    assert_says_all(said, "CUDA-graph figures")
+    assert run["compiled"]["hf_static_compiled_mode"] == "default"
+    assert all(run["same_tokens_as_hf"].values())
+
+
 @pytest.mark.parametrize("chapter", chapter_names())
 def test_a_chapters_total_is_the_sum_of_its_exercises(chapter):
     """Where a chapter gives each exercise an estimate, its total is their sum."""
