@@ -4,6 +4,7 @@
                                      [--lookahead 5,3,5/5,3,5,p/7,4,7,p] [--tokens 150]
                                      [--prompts 2]
                                      [--device cpu|cuda] [--threads 1] [--load N] [--quick]
+                                     [--compiled]
 
 Prints one JSON object:
 
@@ -37,6 +38,18 @@ Prints one JSON object:
   at T = 0 needs fewer main passes per token than the n-gram drafter on open-ended text (each
   at its best setting); goal5, every T = 0 run gives the baseline's tokens.
 
+`--compiled` measures something else and prints only that: chapter 6's model drafter on chapter
+5's static caches with compiled steps (`solutions/fast_speculative.py`: the draft model's step and
+the main model's (k + 1)-token pass each compiled once), at each k and temperature, on the same
+workloads, against chapter 4's sampler (goal 1's baseline) and against chapter 5's compiled
+`FastTransformerSampler` (the fair one: the same compiled steps without speculation). Its
+`costs` are the compiled steps' (s1, c, v_k at 100 cached positions); `textbook` is
+(1 - alpha^(k+1)) / ((1 - alpha) (c k + v_k)) at each configuration's measured alpha, the
+speed-up over the compiled sampler if a round cost nothing but its model calls. `goals`: goal1
+as above, and goal1_compiled, the same target against the compiled sampler. Inductor's compile
+time is left out of every timing (each method runs once first); without a C++ compiler the
+steps are traced with dynamo and run eagerly (`compile` says which).
+
 Every run generates `--tokens` new tokens per prompt (no stop at end-of-text), fewer if the
 longest prompt plus the tokens plus the widest pass would not fit the model's n_ctx. The
 default run takes minutes (the README quotes one run's time). `--quick` is a smoke test (k in
@@ -60,8 +73,11 @@ import torch
 
 from solutions.batched import generate_batch
 from solutions.cached_sampling import CachedTransformerSampler
+from solutions.fast_sampling import FastTransformerSampler, inductor_available
+from solutions.fast_speculative import FastSpeculativeGenerator
 from solutions.lookahead import lookahead_generate
 from solutions.speculative_generation import SpeculativeStats, speculative_generate
+from solutions.static_cache import StaticKeyValueCache, forward_static
 from utils import speed
 from utils.models import load_model
 
@@ -464,6 +480,149 @@ def benchmark(args, main, draft, tokenizer) -> dict:
     }
 
 
+def bench_compiled(args, main, draft, tokenizer) -> dict:
+    """--compiled: chapter 6's model drafter on static caches with compiled steps, against
+    chapter 4's sampler and chapter 5's compiled sampler (see the module's docstring)."""
+    compile = True if inductor_available()[0] else "eager"
+    device = next(main.parameters()).device
+    workloads = {w: spec["prompts"][: args.prompts] for w, spec in speed.WORKLOADS.items()}
+    n_ctx = min(main.cfg.n_ctx, draft.cfg.n_ctx)
+    everything = [p for ps in workloads.values() for p in ps] + [speed.CALIBRATION_PROMPT]
+    longest = max(len(tokenizer.encode(p)) for p in everything)
+    tokens = min(args.tokens, n_ctx - longest - max(args.ks) - 1)
+    cached = CachedTransformerSampler(main, tokenizer)
+    fast = FastTransformerSampler(main, tokenizer, compile=compile)
+    generators = {k: FastSpeculativeGenerator(main, draft, tokenizer, k, compile) for k in args.ks}
+
+    def call(name, ids, temperature, seed, n, stats=None):
+        if name in ("cached", "fast"):
+            sampler = cached if name == "cached" else fast
+            out = sampler.sample(ids, n, temperature=temperature, seed=seed, stop_at_eos=False)
+        else:
+            out = generators[name].generate(ids, n, temperature=temperature, seed=seed,
+                                            stop_at_eos=False, stats=stats)  # fmt: skip
+        return out.tolist()[len(ids) :]
+
+    names = ["cached", "fast", *args.ks]
+    calibration = tokenizer.encode(speed.CALIBRATION_PROMPT)
+    warm_up = {}
+    for name in names:  # compiles each step (k: the draft step and the (k + 1)-token pass)
+        start = time.perf_counter()
+        for temperature in args.temperatures:
+            call(name, calibration, temperature, 0, 10)
+        warm_up[str(name)] = round(time.perf_counter() - start, 1)
+    results = {}
+    for run in range(args.runs):
+        progress(f"compiled: run {run + 1}/{args.runs}")
+        for workload, prompts in workloads.items():
+            for temperature in args.temperatures:
+                result = results.setdefault((workload, temperature), {
+                    "seconds": {name: [0.0] * args.runs for name in names},
+                    "stats": {k: SpeculativeStats() for k in args.ks},
+                    "identical": {name: True for name in names[1:]},
+                })  # fmt: skip
+                for i, prompt in enumerate(prompts):
+                    ids, seed = tokenizer.encode(prompt), 1000 * run + i
+                    shift = (run * len(prompts) + i) % len(names)
+                    outputs = {}
+                    for name in names[shift:] + names[:shift]:
+                        stats = result["stats"].get(name)
+                        fn = lambda a=(name, ids, temperature, seed, tokens, stats): call(*a)  # noqa: E731
+                        seconds, outputs[name] = timed(fn, device)
+                        result["seconds"][name][run] += seconds
+                    if temperature == 0:
+                        for name in names[1:]:
+                            result["identical"][name] &= outputs[name] == outputs["cached"]
+
+    # The compiled steps alone, after 100 cached positions of the calibration text.
+    text = call("cached", calibration, 0.0, 0, speed.CACHE_LEN + max(args.ks) + 1)
+    text = torch.tensor([calibration + text], device=device)
+    steps = {}
+    for label, model in [("main", main), ("draft", draft)]:
+        cache = StaticKeyValueCache(model.cfg, 1, device, model.embed.W_E.dtype)
+        slots = torch.arange(speed.CACHE_LEN, device=device)
+        forward_static(model, text[:, : speed.CACHE_LEN], cache, slots, slots[None])
+        slot = torch.tensor([speed.CACHE_LEN], device=device)
+        token = text[:, speed.CACHE_LEN : speed.CACHE_LEN + 1]
+        step = fast.step if label == "main" else generators[args.ks[0]].draft_step
+        steps[label] = lambda s=step, m=model, c=cache, t=token, sl=slot: s(m, c, t, sl, sl[None])
+        if label == "main":
+            for k, generator in generators.items():
+                wide = torch.arange(speed.CACHE_LEN, speed.CACHE_LEN + k + 1, device=device)
+                feed = text[:, speed.CACHE_LEN : speed.CACHE_LEN + k + 1]
+                steps[k] = lambda g=generator, c=cache, f=feed, w=wide: g.verify(
+                    main, f, c, w, w[None]
+                )
+    seconds = speed._median_seconds(steps, reps=10 if args.quick else 30)
+    s1 = seconds["main"]
+    c, v = seconds["draft"] / s1, {k: seconds[k] / s1 for k in args.ks}
+
+    report = {}
+    for (workload, temperature), result in results.items():
+        secs = result["seconds"]
+        part = {
+            "tokens_per_s": {
+                str(name): round(len(workloads[workload]) * tokens * args.runs / sum(secs[name]), 1)
+                for name in names
+            },
+            "fast_over_cached": round(median_ratio(secs["cached"], secs["fast"]), 3),
+        }
+        for k in args.ks:
+            stats = result["stats"][k]
+            alpha = stats.acceptance
+            row = {
+                "over_cached": round(median_ratio(secs["cached"], secs[k]), 3),
+                "over_fast": round(median_ratio(secs["fast"], secs[k]), 3),
+                "passes_per_token": round(stats.passes_per_token, 3),
+                "alpha": round(alpha, 3),
+                "textbook_over_fast": round(iid_tokens_per_pass(alpha, k) / (c * k + v[k]), 3),
+            }
+            if temperature == 0:
+                row["identical"] = result["identical"][k]
+            part[f"k={k}"] = row
+        if temperature == 0:
+            part["fast_identical"] = result["identical"]["fast"]
+        report.setdefault(workload, {})[f"T={temperature:g}"] = part
+
+    greedy = [
+        (workload, k, by_t["T=0"][f"k={k}"])
+        for workload, by_t in report.items()
+        if "T=0" in by_t
+        for k in args.ks
+    ]
+    goals = {}
+    for goal, key, against in [
+        ("goal1", "over_cached", "chapter 4's cached greedy sampler"),
+        ("goal1_compiled", "over_fast", "chapter 5's compiled greedy sampler"),
+    ]:
+        if greedy:
+            workload, k, best = max(greedy, key=lambda g, key=key: g[2][key])
+            goals[goal] = {
+                "passed": best[key] >= 1.5 and best["identical"],
+                "target": f">= 1.5x {against}, same tokens",
+                "best": f"model k={k} on {workload} text",
+                "speedup": best[key],
+            }
+    return {
+        "compiled": {
+            "compile": "inductor" if compile is True else "dynamo traced, run eagerly",
+            "prompts_per_workload": args.prompts,
+            "new_tokens_per_prompt": tokens,
+            "ks": args.ks,
+            "temperatures": args.temperatures,
+            "warm_up_seconds": warm_up,
+            "costs": {
+                "cache_len": speed.CACHE_LEN,
+                "main_step_ms": round(1e3 * s1, 4),
+                "c": round(c, 3),
+                "v": {f"n={k + 1}": round(x, 3) for k, x in v.items()},
+            },
+            "workloads": report,
+            "goals": goals,
+        }
+    }
+
+
 def number_list(kind):
     def parse(text: str) -> list:
         return [kind(x) for x in text.split(",") if x.strip()]
@@ -506,6 +665,9 @@ def main() -> None:
     parser.add_argument("--load", type=int, default=0, help="busy processes beside the runs")
     parser.add_argument("--threads", type=int, default=1, help="PyTorch intra-op threads")
     parser.add_argument("--quick", action="store_true", help="a smoke test: k 1 and 3, T = 0")
+    parser.add_argument(
+        "--compiled", action="store_true", help="only the model drafter on compiled steps"
+    )
     args = parser.parse_args()
     if args.quick:
         args.ks, args.temperatures, args.tokens, args.prompts = [1, 3], [0.0], 30, 1
@@ -541,7 +703,8 @@ def main() -> None:
         "runs": args.runs,
     }
     with load(args.load), torch.inference_mode():
-        result.update(benchmark(args, main_model, draft_model, tokenizer))
+        run = bench_compiled if args.compiled else benchmark
+        result.update(run(args, main_model, draft_model, tokenizer))
     result["wall_s"] = round(time.perf_counter() - start, 1)
     print(json.dumps(result, indent=2))
 
