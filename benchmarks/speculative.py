@@ -535,15 +535,20 @@ def bench_compiled(args, main, draft, tokenizer) -> dict:
                             result["identical"][name] &= outputs[name] == outputs["cached"]
 
     # The compiled steps alone, after 100 cached positions of the calibration text.
+    # Each input is a view of an [1, n_ctx] buffer, as in the generators: dynamo guards strides,
+    # and a view of another tensor would time a second compiled version.
     text = call("cached", calibration, 0.0, 0, speed.CACHE_LEN + max(args.ks) + 1)
     text = torch.tensor([calibration + text], device=device)
+    text = torch.nn.functional.pad(text, (0, n_ctx - text.shape[1]))
     steps = {}
     for label, model in [("main", main), ("draft", draft)]:
         cache = StaticKeyValueCache(model.cfg, 1, device, model.embed.W_E.dtype)
         slots = torch.arange(speed.CACHE_LEN, device=device)
         forward_static(model, text[:, : speed.CACHE_LEN], cache, slots, slots[None])
         slot = torch.tensor([speed.CACHE_LEN], device=device)
-        token = text[:, speed.CACHE_LEN : speed.CACHE_LEN + 1]
+        token = text[:, speed.CACHE_LEN : speed.CACHE_LEN + 1]  # as the generators feed it
+        if label == "main":
+            token = text[0, speed.CACHE_LEN : speed.CACHE_LEN + 1][None]  # as the sampler does
         step = fast.step if label == "main" else generators[args.ks[0]].draft_step
         steps[label] = lambda s=step, m=model, c=cache, t=token, sl=slot: s(m, c, t, sl, sl[None])
         if label == "main":
