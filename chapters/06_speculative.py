@@ -1895,6 +1895,12 @@ with one_thread(), torch.inference_mode():
 # compare that with the $c$ printed above. The rest of a step is fixed cost: Python, and one
 # dispatch per operation.
 #
+# Chapter 5 took much of that fixed cost out, but out of both models' steps alike, so their
+# ratio $c$ hardly falls. `python benchmarks/speculative.py --compiled` runs this chapter's
+# draft model on chapter 5's static caches with compiled steps (`solutions/fast_speculative.py`,
+# the same tokens under a seed); the README quotes its recorded run: $c$ stays above one half,
+# and speculation still does not pay on this CPU.
+#
 # Where a real pair pays (reasoning: no GPU has run this chapter): a large model on a GPU reads
 # billions of weights per step, so a step over a few more tokens costs about the same
 # ($v_k \approx 1$), and a draft with a small fraction of its weights costs a small fraction of

@@ -125,6 +125,38 @@ def test_fixed_cost_figures_are_the_recorded_run():
     assert all(run["same_tokens_as_hf"].values())
 
 
+def test_compiled_speculative_figures_are_the_recorded_run():
+    run = _record("speculative_compiled")["result"]["compiled"]
+    g, costs = run["goals"], run["costs"]
+    rows = [
+        (part[k]["textbook_over_fast"], k, workload, t)
+        for workload, by_t in run["workloads"].items()
+        for t, part in by_t.items()
+        for k in part
+        if k.startswith("k=")
+    ]
+    top, k, workload, t = max(rows)
+    said = [
+        f"at T = 0 the best is {g['goal1']['speedup']} times chapter 4's sampler "
+        f"({g['goal1']['best']})",
+        f"against the compiled sampler the best is {g['goal1_compiled']['speedup']} times "
+        f"({g['goal1_compiled']['best']})",
+        f"c = {costs['c']} of a compiled main step",
+        f"a pass over 5 tokens {costs['v']['n=5']} steps",
+        f"the textbook formula gives at most {top} times the compiled sampler ({k}, {workload} "
+        f"text, {t.replace('=', ' = ')})",
+    ]
+    assert_says_all(said, "compiled speculative figures")
+    assert not g["goal1"]["passed"] and not g["goal1_compiled"]["passed"]
+    assert all(
+        part[key].get("identical", True) and part.get("fast_identical", True)
+        for by_t in run["workloads"].values()
+        for part in by_t.values()
+        for key in part
+        if key.startswith("k=")
+    )
+
+
 def test_cuda_graph_figures_are_the_recorded_run():
     run = _record("cuda_graphs")["result"]
     r, goal = run["ratios"], run["goals"]["fast_graphed_over_cached"]
