@@ -1,0 +1,217 @@
+"""LLMEngine: requests in, tokens out, one step at a time (vLLM's `LLMEngine`, nano-vllm's
+`llm_engine.py`). A step asks the scheduler what runs, runs the model once over all of it,
+samples a token for each request that reached its end, and retires the finished ones.
+
+    engine = LLMEngine(model, tokenizer, num_blocks=64, block_size=16)
+    engine.add_request("a", "ROMEO.\\n", SamplingParams(temperature=0.8, max_tokens=20, seed=1))
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            print(output.request_id, output.new_token_ids, output.finished)
+
+The engine is one process on one device, on purpose: what engines do past one machine
+(tensor and pipeline parallelism, prefill and decode on separate machines, cache-aware routing)
+is the chapter's last section.
+"""
+
+import itertools
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from solutions import checks
+from solutions.kv_cache_manager import KVCacheManager
+from solutions.paged_attention import PagedKVCache, forward_paged, prepare_inputs
+from solutions.request import Request, RequestOutput
+from solutions.sampling import sample_next_token
+from solutions.sampling_params import SamplingParams
+from solutions.scheduler import Scheduler
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    tokens_computed: int = 0  # prompt and output tokens the model read (a recompute counts)
+    prompt_tokens_computed: int = 0
+    prompt_tokens_cached: int = 0  # prompt tokens found in the prefix cache instead
+    preemptions: int = 0
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        num_blocks: int = 64,
+        block_size: int = 16,
+        max_num_batched_tokens: int = 256,
+        max_num_seqs: int = 32,
+        enable_prefix_caching: bool = True,
+    ):
+        checks.integer("num_blocks", num_blocks, low=1)
+        checks.integer("block_size", block_size, low=1)
+        checks.integer("max_num_batched_tokens", max_num_batched_tokens, low=1)
+        checks.integer("max_num_seqs", max_num_seqs, low=1)
+        if not isinstance(enable_prefix_caching, bool):
+            raise ValueError(
+                f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}"
+            )
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.n_ctx = model.cfg.n_ctx
+        self.block_size = block_size
+        self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv, max_num_batched_tokens, max_num_seqs)
+        self.cache = PagedKVCache.allocate(model, num_blocks, block_size)
+        self.requests: dict[str, Request] = {}
+        self.pending: list[RequestOutput] = []  # errors and aborts, reported by the next step
+        self.stats = EngineStats()
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams):
+        """Queue a request. One the engine cannot serve is not queued: it ends with an error
+        in the next step's outputs, and every other request goes on."""
+        known = self.requests.get(request_id)
+        if not isinstance(request_id, str) or (known is not None and not known.is_finished):
+            raise ValueError(
+                f"request_id must be a string that no unfinished request has, got {request_id!r}"
+            )
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        request = Request(request_id, ids, params)
+        self.requests[request_id] = request
+        error = self._cannot_serve(request)
+        if error is not None:
+            request.finish("error", error)
+            self.pending.append(self._output(request, []))
+            return
+        self.scheduler.add_request(request)
+
+    def _cannot_serve(self, request: Request) -> str | None:
+        ids, params = request.prompt_token_ids, request.params
+        d_vocab = self.model.cfg.d_vocab
+        if not ids:
+            return "the prompt is empty: the model needs at least one token"
+        if not all(isinstance(t, int) and 0 <= t < d_vocab for t in ids):
+            return f"prompt token ids must be integers in [0, d_vocab={d_vocab})"
+        # The last token sampled is never fed: the model reads at most prompt + max_tokens - 1.
+        longest = len(ids) + params.max_tokens - 1
+        if longest > self.n_ctx:
+            return (
+                f"the prompt ({len(ids)} tokens) and max_tokens={params.max_tokens} need "
+                f"{longest} positions, more than the model's n_ctx={self.n_ctx}"
+            )
+        num_blocks = len(self.kv.pool.blocks)
+        if math.ceil(longest / self.block_size) > num_blocks:
+            return (
+                f"the prompt ({len(ids)} tokens) and max_tokens={params.max_tokens} need "
+                f"{math.ceil(longest / self.block_size)} blocks of {self.block_size}, more than "
+                f"the pool's num_blocks={num_blocks}: it could never run"
+            )
+        return None
+
+    def abort_request(self, request_id: str) -> None:
+        """End a request now: its blocks are free at once; the next step reports it."""
+        request = self.requests.get(request_id)
+        if request is None or request.is_finished:
+            return
+        self.scheduler.finish(request)
+        request.finish("abort")
+        self.pending.append(self._output(request, []))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.scheduler.waiting or self.scheduler.running or self.pending)
+
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        """One step: schedule, run the model once, sample, retire. Returns an output for each
+        request that advanced or ended."""
+        outputs, self.pending = self.pending, []
+        plan = self.scheduler.schedule()
+        self.stats.preemptions += len(plan.preempted)
+        if not plan.scheduled:
+            return outputs
+        self.stats.steps += 1
+        device = self.model.embed.W_E.device
+        inputs = prepare_inputs(
+            [(r.all_token_ids, r.num_computed_tokens, n, r.block_ids) for r, n in plan.scheduled],
+            self.block_size,
+            device,
+        )
+        # A request samples if this step computes its last known token.
+        samples = [r.num_computed_tokens + n == r.num_tokens for r, n in plan.scheduled]
+        last_rows = inputs.query_start[1:] - 1
+        logits = forward_paged(self.model, self.cache, inputs, last_rows[torch.tensor(samples)])
+        row = 0
+        for (request, num_new), sampling in zip(plan.scheduled, samples, strict=True):
+            prompt_left = len(request.prompt_token_ids) - request.num_computed_tokens
+            self.stats.tokens_computed += num_new
+            self.stats.prompt_tokens_computed += max(0, min(num_new, prompt_left))
+            if request.num_computed_tokens == request.num_cached_tokens:  # just admitted
+                self.stats.prompt_tokens_cached += request.num_cached_tokens
+            request.num_computed_tokens += num_new
+            self.kv.cache_blocks(request)
+            if not sampling:
+                outputs.append(self._output(request, []))
+                continue
+            token = self._sample(request, logits[row : row + 1])
+            row += 1
+            request.output_token_ids.append(token)
+            if request.first_token_time is None:
+                request.first_token_time = time.perf_counter()
+            reason = self._stop_reason(request, token)
+            if reason is not None:
+                self.scheduler.finish(request)
+                request.finish(reason)
+            outputs.append(self._output(request, [token]))
+        return outputs
+
+    def _sample(self, request: Request, logits: torch.Tensor) -> int:
+        """Chapter 3's rules for this request alone, with its own generator."""
+        ids = torch.tensor([request.all_token_ids], device=logits.device)
+        token = sample_next_token(
+            ids, logits, generator=request.generator, **request.params.sampling_kwargs()
+        )
+        return int(token[0])
+
+    def _stop_reason(self, request: Request, token: int) -> str | None:
+        if token == self.tokenizer.eos_token_id and not request.params.ignore_eos:
+            return "stop"
+        if len(request.output_token_ids) >= request.params.max_tokens:
+            return "length"
+        return None
+
+    @staticmethod
+    def _output(request: Request, new: list[int]) -> RequestOutput:
+        return RequestOutput(
+            request_id=request.request_id,
+            new_token_ids=new,
+            output_token_ids=list(request.output_token_ids),
+            finished=request.is_finished,
+            finish_reason=request.finish_reason,
+            error=request.error,
+        )
+
+
+_generate_ids = itertools.count()
+
+
+def generate(
+    engine: LLMEngine, prompts: list[str | list[int]], params: SamplingParams | list
+) -> list[RequestOutput]:
+    """Run every prompt to its end (each with its own params, or all with one); the final
+    outputs, in the prompts' order."""
+    if isinstance(params, SamplingParams):
+        params = [params] * len(prompts)
+    if len(params) != len(prompts):
+        raise ValueError(f"params: one per prompt ({len(prompts)}), got {len(params)}")
+    ids = [f"generate-{next(_generate_ids)}" for _ in prompts]
+    for request_id, prompt, p in zip(ids, prompts, params, strict=True):
+        engine.add_request(request_id, prompt, p)
+    final: dict[str, RequestOutput] = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                final[output.request_id] = output
+    return [final[request_id] for request_id in ids]

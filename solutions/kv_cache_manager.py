@@ -1,0 +1,99 @@
+"""The KV cache manager: a request's view of the block pool (vLLM v1's `KVCacheManager`).
+
+Three questions, asked by the scheduler:
+- `get_computed_blocks(request)`: which of the request's leading full blocks are already in the
+  prefix cache, and so how many of its tokens need no computing;
+- `allocate_slots(request, n, computed)`: make the request's block table cover n more tokens, or
+  say (None) that the pool cannot, so that the scheduler can preempt someone and try again;
+- `free(request)`: give its blocks back.
+And one after the model has run: `cache_blocks(request)` names the blocks it has filled.
+"""
+
+import math
+
+from solutions.block_pool import BlockPool, KVCacheBlock, hash_block_tokens
+from solutions.request import Request
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
+        self.enable_prefix_caching = enable_prefix_caching
+        # Per request: its blocks, and the names of its full blocks so far (computed once each).
+        self.req_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.req_hashes: dict[str, list[bytes]] = {}
+
+    def block_hashes(self, request: Request, num_tokens: int) -> list[bytes]:
+        """The names of the full blocks among the request's first `num_tokens` tokens."""
+        hashes = self.req_hashes.setdefault(request.request_id, [])
+        tokens, size = request.all_token_ids, self.block_size
+        while (len(hashes) + 1) * size <= num_tokens:
+            start = len(hashes) * size
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash_block_tokens(parent, tuple(tokens[start : start + size])))
+        return hashes[: num_tokens // size]
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest run of the request's leading full blocks found in the cache, and the
+        tokens they hold. Never every token: the last one must be computed to give the logits
+        that the next token is sampled from."""
+        if not self.enable_prefix_caching:
+            return [], 0
+        blocks = []
+        for block_hash in self.block_hashes(request, request.num_tokens - 1):
+            block = self.pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks, len(blocks) * self.block_size
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, computed: list[KVCacheBlock] | None = None
+    ) -> list[KVCacheBlock] | None:
+        """Blocks for the request's `num_new_tokens` next tokens (after its computed ones and
+        the `computed` cache hits, which it then holds), or None, changing nothing, if the free
+        blocks are too few."""
+        computed = computed or []
+        blocks = self.req_blocks.get(request.request_id, [])
+        num_computed = request.num_computed_tokens + len(computed) * self.block_size
+        needed = math.ceil((num_computed + num_new_tokens) / self.block_size)
+        num_new_blocks = needed - len(blocks) - len(computed)
+        # A free cached block that this request is about to take is not free for new blocks.
+        evictable_hits = sum(1 for block in computed if block.ref_cnt == 0)
+        if num_new_blocks > self.pool.num_free_blocks - evictable_hits:
+            return None
+        self.pool.touch(computed)
+        self.req_blocks[request.request_id] = blocks
+        blocks.extend(computed)
+        if num_new_blocks > 0:
+            blocks.extend(self.pool.get_new_blocks(num_new_blocks))
+        request.block_ids = [block.block_id for block in blocks]
+        return blocks
+
+    def cache_blocks(self, request: Request) -> None:
+        """Name every full block of the request whose keys and values are computed. Only
+        computed blocks are named: a request that finds a name reads what is in the block."""
+        if not self.enable_prefix_caching:
+            return
+        blocks = self.req_blocks.get(request.request_id, [])
+        hashes = self.block_hashes(request, request.num_computed_tokens)
+        for block, block_hash in zip(blocks, hashes, strict=False):
+            self.pool.cache_full_block(block, block_hash)
+
+    def free(self, request: Request) -> None:
+        """Give the request's blocks back, its last block first: of the blocks that become
+        free, a prefix's tail is then evicted before its head, which more requests share."""
+        blocks = self.req_blocks.pop(request.request_id, [])
+        self.pool.free_blocks(list(reversed(blocks)))
+        request.block_ids = []
+
+    def forget(self, request: Request) -> None:
+        """Drop the request's cached names too (it is finished and will not be scheduled)."""
+        self.req_hashes.pop(request.request_id, None)
+
+    @property
+    def usage(self) -> float:
+        """The fraction of blocks held by some request."""
+        blocks = self.pool.blocks
+        return sum(1 for block in blocks if block.ref_cnt > 0) / len(blocks)

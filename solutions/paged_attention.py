@@ -1,0 +1,147 @@
+"""The model runner: one forward pass over every scheduled token of every request, reading and
+writing keys and values through block tables (nano-vllm's `model_runner.py`, in PyTorch).
+
+A step's tokens are not a rectangle. One request feeds a prompt chunk of 37 tokens, thirty
+others one token each; padding them to a [batch, longest] rectangle would waste most of the
+arithmetic. So the tokens are laid end to end, [T] (vLLM's "flattened" batch), and everything
+that does not mix positions (embeddings, layer norms, the MLP, the projections) runs on the
+T rows as they are. Only attention mixes positions, and only within a request: there each
+request's queries meet its own keys, gathered from its blocks.
+
+Where a token's key goes: position p of a request lives in block `block_table[p // block_size]`
+at offset `p % block_size`, which is row `block * block_size + offset` of the layer's cache
+viewed as [num_blocks * block_size, n_heads, d_head]: its **slot**.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from solutions.attention import Attention
+from solutions.model import DemoTransformer
+
+
+@dataclass
+class PagedKVCache:
+    """Per layer, keys and values for every block: [num_blocks, block_size, n_heads, d_head]
+    (vLLM's layout, one tensor each)."""
+
+    keys: list[Tensor]
+    values: list[Tensor]
+
+    @classmethod
+    def allocate(cls, model: DemoTransformer, num_blocks: int, block_size: int) -> "PagedKVCache":
+        cfg, weight = model.cfg, model.embed.W_E
+        shape = (num_blocks, block_size, cfg.n_heads, cfg.d_head)
+
+        def zeros():
+            return torch.zeros(shape, device=weight.device, dtype=weight.dtype)
+
+        return cls([zeros() for _ in range(cfg.n_layers)], [zeros() for _ in range(cfg.n_layers)])
+
+    @property
+    def block_size(self) -> int:
+        return self.keys[0].shape[1]
+
+
+@dataclass
+class StepInputs:
+    """One step's flattened batch: R requests, T tokens in all."""
+
+    token_ids: Int[Tensor, "T"]
+    positions: Int[Tensor, "T"]  # each token's position in its own request
+    slot_mapping: Int[Tensor, "T"]  # where each token's key and value are written
+    query_start: Int[Tensor, "R_plus_1"]  # request r's tokens are [query_start[r], [r + 1])
+    context_slots: Int[Tensor, "R L"]  # request r's slots, position by position (padded)
+    context_lens: Int[Tensor, "R"]  # positions request r can read after this step's writes
+
+
+def slots_of(block_table: list[int], positions: range, block_size: int) -> list[int]:
+    """The slot of each position, through the block table."""
+    return [block_table[p // block_size] * block_size + p % block_size for p in positions]
+
+
+def prepare_inputs(
+    scheduled: list[tuple[list[int], int, int, list[int]]], block_size: int, device=None
+) -> StepInputs:
+    """`scheduled`: per request (its token ids, num_computed, num_new, block table). The step
+    feeds tokens [num_computed, num_computed + num_new) of each."""
+    token_ids, positions, slot_mapping, starts, contexts = [], [], [], [0], []
+    for tokens, num_computed, num_new, table in scheduled:
+        new = range(num_computed, num_computed + num_new)
+        token_ids += tokens[new.start : new.stop]
+        positions += list(new)
+        slot_mapping += slots_of(table, new, block_size)
+        starts.append(starts[-1] + num_new)
+        contexts.append(slots_of(table, range(new.stop), block_size))
+    longest = max(map(len, contexts))
+    padded = [c + [0] * (longest - len(c)) for c in contexts]  # slot 0: read, then masked out
+
+    def tensor(x):
+        return torch.tensor(x, dtype=torch.long, device=device)
+
+    return StepInputs(
+        token_ids=tensor(token_ids),
+        positions=tensor(positions),
+        slot_mapping=tensor(slot_mapping),
+        query_start=tensor(starts),
+        context_slots=tensor(padded),
+        context_lens=tensor([len(c) for c in contexts]),
+    )
+
+
+def paged_attention(
+    attn: Attention,
+    x: Float[Tensor, "T d_model"],
+    keys: Float[Tensor, "num_blocks block_size n_heads d_head"],
+    values: Float[Tensor, "num_blocks block_size n_heads d_head"],
+    inputs: StepInputs,
+) -> Float[Tensor, "T d_model"]:
+    """Attention for the step's T tokens: write their keys and values to their slots, then
+    let each request's queries read its own slots, up to their own positions."""
+    q = torch.einsum("td,hde->the", x, attn.W_Q) + attn.b_Q  # [T, n_heads, d_head]
+    k = torch.einsum("td,hde->the", x, attn.W_K) + attn.b_K
+    v = torch.einsum("td,hde->the", x, attn.W_V) + attn.b_V
+    flat_keys, flat_values = keys.flatten(0, 1), values.flatten(0, 1)  # [slots, heads, d_head]
+    flat_keys[inputs.slot_mapping] = k  # writes into the cache: flatten is a view
+    flat_values[inputs.slot_mapping] = v
+    # Each request's keys and values, gathered through its table: [R, L, n_heads, d_head].
+    context_k, context_v = flat_keys[inputs.context_slots], flat_values[inputs.context_slots]
+    # Its queries, padded to the longest chunk: [R, Q, n_heads, d_head].
+    counts = inputs.query_start.diff()
+    Q = int(counts.max())  # the longest chunk
+    row = torch.arange(Q, device=x.device)
+    real = row[None, :] < counts[:, None]  # [R, Q]: which padded rows are real queries
+    index = (inputs.query_start[:-1, None] + row[None, :]).clamp(max=len(x) - 1)
+    queries = q[index]  # [R, Q, n_heads, d_head]
+    # Query i of request r sits at position context_lens[r] - counts[r] + i, and reads the
+    # positions up to its own. A padded query reads position 0 only (never an empty row: NaN).
+    query_pos = inputs.context_lens[:, None] - counts[:, None] + row[None, :]  # [R, Q]
+    key_pos = torch.arange(context_k.shape[1], device=x.device)
+    allowed: Bool[Tensor, "R Q L"] = key_pos[None, None, :] <= query_pos[:, :, None]
+    allowed &= real[:, :, None] | (key_pos == 0)[None, None, :]
+    z = F.scaled_dot_product_attention(
+        queries.transpose(1, 2), context_k.transpose(1, 2), context_v.transpose(1, 2),
+        attn_mask=allowed[:, None],
+    ).transpose(1, 2)  # fmt: skip
+    z = z[real]  # [T, n_heads, d_head], in the flattened order
+    return torch.einsum("the,hed->td", z, attn.W_O) + attn.b_O
+
+
+def forward_paged(
+    model: DemoTransformer,
+    keys_values: PagedKVCache,
+    inputs: StepInputs,
+    logits_at: Int[Tensor, "S"],
+) -> Float[Tensor, "S d_vocab"]:
+    """The logits at rows `logits_at` of the flattened batch (the last token of each request
+    that samples in this step; a prefill chunk that does not reach its prompt's end samples
+    nothing and needs no unembedding)."""
+    residual = model.embed(inputs.token_ids[None])[0] + model.pos_embed.W_pos[inputs.positions]
+    for block, keys, values in zip(model.blocks, keys_values.keys, keys_values.values, strict=True):
+        residual = residual + paged_attention(block.attn, block.ln1(residual), keys, values, inputs)
+        residual = residual + block.mlp(block.ln2(residual))
+    return model.unembed(model.ln_final(residual[logits_at]))

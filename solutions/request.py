@@ -1,0 +1,76 @@
+"""A request's record: what the engine knows about one prompt on its way through (nano-vllm's
+`Sequence`, vLLM's `Request`).
+
+The engine never holds a request's keys and values itself: it holds `block_ids`, the request's
+block table, and `num_computed_tokens`, how many of its tokens already have their keys and values
+in those blocks. Everything else follows from these two numbers. A request whose
+`num_computed_tokens` is below its prompt's length is still prefilling (perhaps one chunk per
+step); once every token but the newest is computed, each step computes that one and samples the
+next.
+"""
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from solutions.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # queued: not admitted yet, or preempted and queued again
+    RUNNING = "running"  # holds blocks; scheduled at every step until it finishes
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.perf_counter)
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose keys and values are in the blocks
+    block_ids: list[int] = field(default_factory=list)  # the block table
+    num_cached_tokens: int = 0  # of those, found in the prefix cache when last admitted
+    num_preemptions: int = 0
+    finish_reason: str | None = None  # vLLM's words: "stop", "length", "abort"; or "error"
+    error: str | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    # The request's own random numbers: its tokens do not depend on the rest of the batch.
+    generator: torch.Generator | None = None
+
+    def __post_init__(self):
+        if self.params.seed is not None:
+            self.generator = torch.Generator().manual_seed(self.params.seed)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    def finish(self, reason: str, error: str | None = None) -> None:
+        self.status, self.finish_reason, self.error = RequestStatus.FINISHED, reason, error
+        self.finish_time = time.perf_counter()
+
+
+@dataclass
+class RequestOutput:
+    """What `LLMEngine.step` says of a request that advanced (or ended) in that step."""
+
+    request_id: str
+    new_token_ids: list[int]  # sampled in this step (none for a prefill chunk)
+    output_token_ids: list[int]  # every token sampled so far
+    finished: bool
+    finish_reason: str | None = None
+    error: str | None = None

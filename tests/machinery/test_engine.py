@@ -1,0 +1,339 @@
+"""Chapter 7's engine (solutions/engine.py and the modules under it), checked from outside: HF's
+logits and greedy `generate` on each prompt alone, chapter 3's sampler under each request's seed,
+exact counts of the prompt positions computed with a prefix cache, and the pool's invariants
+after every step over random traces (hypothesis). The chapter that teaches it will grade a
+learner's versions; these tests keep the reference honest until then and after."""
+
+import math
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from solutions.block_pool import BlockPool, hash_block_tokens
+from solutions.engine import LLMEngine, generate
+from solutions.paged_attention import PagedKVCache, forward_paged, prepare_inputs
+from solutions.request import RequestStatus
+from solutions.sampling import TransformerSampler
+from solutions.sampling_params import SamplingParams
+from tests.graded._oracles import hf_static_greedy
+from utils.models import load_hf, load_model
+
+PROMPTS = [
+    "ROMEO.\nBut soft, what light through yonder window breaks?",
+    "\n",
+    "First Citizen:\nBefore we proceed any further, hear me speak.\n",
+    "KING LEAR.\nMeantime we shall express our darker purpose.",
+    "HAMLET.\nTo be, or not to be, that is the question:\nWhether 'tis nobler",
+]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load_model("shakespeare")
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return load_model("shakespeare-draft")
+
+
+def check_invariants(engine: LLMEngine) -> None:
+    """What must hold after every step: each block's count is its holders, the free queue is
+    exactly the unheld blocks, every name points at its block, a running request's table
+    covers its computed tokens with less than one block to spare, a waiting one holds none."""
+    kv, pool, size = engine.kv, engine.kv.pool, engine.block_size
+    running, waiting = engine.scheduler.running, list(engine.scheduler.waiting)
+    holders = {block.block_id: 0 for block in pool.blocks}
+    for request in running:
+        blocks = kv.req_blocks[request.request_id]
+        assert request.status == RequestStatus.RUNNING
+        assert request.block_ids == [b.block_id for b in blocks]
+        assert len(set(request.block_ids)) == len(blocks), "a block twice in one table"
+        assert len(blocks) == math.ceil(request.num_computed_tokens / size), (
+            f"{request.request_id}: {len(blocks)} blocks for {request.num_computed_tokens} tokens"
+        )
+        for block in blocks:
+            holders[block.block_id] += 1
+    for request in waiting:
+        assert request.status == RequestStatus.WAITING
+        assert request.block_ids == [] and request.request_id not in kv.req_blocks
+        assert request.num_computed_tokens == 0
+    for block in pool.blocks:
+        assert block.ref_cnt == holders[block.block_id], f"block {block.block_id}'s count"
+        assert (block.block_id in pool.free_queue) == (block.ref_cnt == 0)
+        if holders[block.block_id] > 1:
+            assert block.block_hash is not None, "a block shared without a name"
+    for block_hash, block in pool.cached.items():
+        assert block.block_hash == block_hash
+    assert len(running) <= engine.scheduler.max_num_seqs
+    for request in engine.requests.values():
+        if request.is_finished:
+            assert request.block_ids == [] and request.request_id not in kv.req_blocks
+
+
+def run_to_end(engine: LLMEngine, max_steps: int = 5000) -> dict:
+    outputs = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests():
+            return outputs
+        for output in engine.step():
+            outputs.setdefault(output.request_id, []).append(output)
+        check_invariants(engine)
+    raise AssertionError(f"requests still unfinished after {max_steps} steps")
+
+
+def test_paged_logits_are_hfs_through_scattered_blocks(shipped):
+    model, tokenizer = shipped
+    hf = load_hf("shakespeare")[0].eval()
+    texts = [tokenizer.encode(p) for p in PROMPTS[:3]]
+    block_size, num_blocks = 4, 40
+    cache = PagedKVCache.allocate(model, num_blocks, block_size)
+    order = list(range(num_blocks))
+    random.Random(0).shuffle(order)  # block tables out of order, interleaved between requests
+    tables = [order[i::3] for i in range(3)]
+    computed = [0, 0, 0]
+    # Uneven chunks: each step feeds each request a different number of its tokens.
+    for chunk in ([5, 1, 7], [3, 0, 9], [100, 0, 100]):
+        scheduled, rows = [], []
+        for r, text in enumerate(texts):
+            n = min(chunk[r], len(text) - computed[r])
+            if n:
+                scheduled.append((text, computed[r], n, tables[r]))
+                rows.append(r)
+        inputs = prepare_inputs(scheduled, block_size)
+        every_row = torch.arange(len(inputs.token_ids))
+        with torch.inference_mode():
+            logits = forward_paged(model, cache, inputs, every_row)
+        for i, r in enumerate(rows):
+            start, n = computed[r], scheduled[i][2]
+            with torch.inference_mode():
+                want = hf(torch.tensor([texts[r][: start + n]])).logits[0, start:]
+            got = logits[inputs.query_start[i] : inputs.query_start[i + 1]]
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+            computed[r] += n
+
+
+def test_greedy_tokens_are_hfs_alone_with_chunks_and_preemption(shipped):
+    model, tokenizer = shipped
+    hf = load_hf("shakespeare")[0].eval()
+    # A small pool and budget: prompts are read in chunks and requests are preempted.
+    engine = LLMEngine(model, tokenizer, num_blocks=14, block_size=4, max_num_batched_tokens=12,
+                       max_num_seqs=4)  # fmt: skip
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(str(i), prompt, GREEDY)
+    outputs = run_to_end(engine)
+    assert engine.stats.preemptions > 0, "the test meant to preempt"
+    for i, prompt in enumerate(PROMPTS):
+        ids = tokenizer.encode(prompt)
+        want = hf_static_greedy(hf, ids, GREEDY.max_tokens, stop_at_eos=False)[len(ids) :]
+        last = outputs[str(i)][-1]
+        assert last.finished and last.finish_reason == "length"
+        assert last.output_token_ids == want, f"request {i}"
+        streamed = [t for output in outputs[str(i)] for t in output.new_token_ids]
+        assert streamed == want, "the step outputs' new tokens must add up to the output"
+
+
+def test_a_seeded_request_is_the_same_alone_in_a_crowd_and_in_chapter_3(shipped):
+    model, tokenizer = shipped
+    sampler = TransformerSampler(model, tokenizer)
+    kinds = [dict(temperature=0.9), dict(temperature=1.1, top_k=30), dict(top_p=0.8),
+             dict(temperature=0.7, frequency_penalty=0.6)]  # fmt: skip
+    prompt = PROMPTS[2]
+    crowd = LLMEngine(model, tokenizer, num_blocks=60, block_size=4, max_num_batched_tokens=20)
+    rng = random.Random(1)
+    for i in range(12):  # others with their own seeds and rules, arriving at once
+        params = SamplingParams(max_tokens=rng.randint(5, 30), seed=100 + i, **kinds[i % 4])
+        crowd.add_request(f"other{i}", PROMPTS[i % len(PROMPTS)], params)
+    for k, kind in enumerate(kinds):
+        params = SamplingParams(max_tokens=20, seed=k, ignore_eos=True, **kind)
+        crowd.add_request(f"me{k}", prompt, params)
+        alone = LLMEngine(model, tokenizer)
+        mine = generate(alone, [prompt], params)[0].output_token_ids
+        ids = tokenizer.encode(prompt)
+        chapter_3 = sampler.sample(ids, 20, seed=k, stop_at_eos=False, **kind).tolist()[len(ids) :]
+        assert mine == chapter_3, kind
+    outputs = run_to_end(crowd)
+    for k, kind in enumerate(kinds):
+        alone = LLMEngine(model, tokenizer)
+        params = SamplingParams(max_tokens=20, seed=k, ignore_eos=True, **kind)
+        assert outputs[f"me{k}"][-1].output_token_ids == (
+            generate(alone, [prompt], params)[0].output_token_ids
+        ), kind
+
+
+def test_prefix_cache_computes_exactly_the_positions_not_cached(shipped):
+    model, tokenizer = shipped
+    block_size = 4
+    shared = tokenizer.encode(PROMPTS[4])[:18]  # 4 full blocks and 2 tokens
+    engine = LLMEngine(model, tokenizer, num_blocks=64, block_size=block_size)
+    first = shared + [10, 11, 12]
+    generate(engine, [first], GREEDY)
+    computed = engine.stats.tokens_computed
+    # Shares 4 full blocks (16 tokens) with the first prompt's; its own tokens are new.
+    second = shared + [20, 21, 22, 23, 24]
+    out = generate(engine, [second], GREEDY)[0]
+    assert engine.stats.prompt_tokens_cached == 16
+    # The prompt's 23 tokens less the 16 cached, then one token per later step.
+    assert engine.stats.tokens_computed - computed == (len(second) - 16) + GREEDY.max_tokens - 1
+    hf = load_hf("shakespeare")[0].eval()
+    assert out.output_token_ids == hf_static_greedy(hf, second, 24, False)[len(second) :]
+    # A prompt that is whole blocks of a cached one: its last token is computed anyway.
+    engine.stats.prompt_tokens_cached = 0
+    generate(engine, [shared[:16]], GREEDY)
+    assert engine.stats.prompt_tokens_cached == 12
+
+
+def test_a_request_that_shares_a_prompt_being_read_in_chunks_gets_hfs_tokens(shipped):
+    model, tokenizer = shipped
+    hf = load_hf("shakespeare")[0].eval()
+    prompt = tokenizer.encode(PROMPTS[4])  # read 6 tokens a step: several steps of prefill
+    engine = LLMEngine(model, tokenizer, num_blocks=64, block_size=4, max_num_batched_tokens=6)
+    engine.add_request("first", prompt, GREEDY)
+    engine.step()
+    engine.step()  # 12 of its tokens computed
+    engine.add_request("second", prompt + [30, 31], GREEDY)
+    outputs = run_to_end(engine)
+    for request_id, ids in [("first", prompt), ("second", prompt + [30, 31])]:
+        want = hf_static_greedy(hf, ids, GREEDY.max_tokens, stop_at_eos=False)[len(ids) :]
+        assert outputs[request_id][-1].output_token_ids == want, request_id
+
+
+def test_freed_blocks_keep_their_names_and_are_evicted_least_recent_first():
+    pool = BlockPool(num_blocks=4)
+    a, b = pool.get_new_blocks(2)
+    h1 = hash_block_tokens(None, (1, 2))
+    h2 = hash_block_tokens(h1, (3, 4))
+    pool.cache_full_block(a, h1)
+    pool.cache_full_block(b, h2)
+    pool.free_blocks([b, a])  # tail first
+    assert pool.get_cached_block(h1) is a and pool.num_free_blocks == 4
+    # The never-used blocks go first, then b (freed before a): a's name survives longest.
+    got = pool.get_new_blocks(3)
+    assert [x.block_id for x in got] == [2, 3, b.block_id]
+    assert pool.get_cached_block(h2) is None and pool.get_cached_block(h1) is a
+    assert hash_block_tokens(None, (3, 4)) != h2, "a block's name includes its parent's"
+    with pytest.raises(ValueError, match="freed more times"):
+        pool.free_blocks([a])
+
+
+def test_abort_frees_at_once_and_the_others_go_on(shipped):
+    model, tokenizer = shipped
+    engine = LLMEngine(model, tokenizer, num_blocks=30, block_size=4)
+    for i in range(3):
+        engine.add_request(str(i), PROMPTS[i], GREEDY)
+    engine.step()
+    held = len(engine.kv.pool.free_queue)
+    engine.abort_request("1")
+    assert len(engine.kv.pool.free_queue) > held  # before any further step
+    outputs = run_to_end(engine)
+    assert outputs["1"][-1].finish_reason == "abort" and outputs["1"][-1].finished
+    assert [outputs[r][-1].finish_reason for r in "02"] == ["length", "length"]
+
+
+def test_requests_it_cannot_serve_fail_alone_with_a_reason(shipped):
+    model, tokenizer = shipped
+    engine = LLMEngine(model, tokenizer, num_blocks=8, block_size=4)
+    engine.add_request("long", [5] * 250, SamplingParams(max_tokens=10))
+    engine.add_request("pool", [5] * 30, SamplingParams(max_tokens=10))
+    engine.add_request("empty", [], SamplingParams())
+    engine.add_request("vocab", [5, 99999], SamplingParams())
+    engine.add_request("fine", PROMPTS[1], GREEDY)
+    outputs = run_to_end(engine)
+    assert "n_ctx=256" in outputs["long"][-1].error
+    assert "num_blocks=8" in outputs["pool"][-1].error
+    assert "empty" in outputs["empty"][-1].error and "d_vocab" in outputs["vocab"][-1].error
+    assert all(outputs[r][-1].finish_reason == "error" for r in ["long", "pool", "empty"])
+    assert outputs["fine"][-1].finish_reason == "length"
+    engine.add_request("fine", PROMPTS[1], GREEDY)  # a finished request's id may be reused
+    with pytest.raises(ValueError, match="request_id"):
+        engine.add_request("fine", PROMPTS[1], GREEDY)  # not an unfinished one's
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [("num_blocks", 0), ("block_size", -1), ("max_num_batched_tokens", 0),
+     ("max_num_seqs", 1.5), ("enable_prefix_caching", "yes")],
+)  # fmt: skip
+def test_a_bad_configuration_is_refused_by_name(shipped, argument, value):
+    model, tokenizer = shipped
+    with pytest.raises(ValueError, match=argument):
+        LLMEngine(model, tokenizer, **{argument: value})
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [("temperature", -0.5), ("top_p", 1.5), ("top_k", -2), ("max_tokens", 0), ("seed", -1),
+     ("ignore_eos", "no"), ("frequency_penalty", float("nan"))],
+)  # fmt: skip
+def test_bad_sampling_params_are_refused_by_name(argument, value):
+    with pytest.raises(ValueError, match=argument):
+        SamplingParams(**{argument: value})
+
+
+trace = st.lists(
+    st.tuples(
+        st.integers(0, 2),  # steps before it arrives
+        st.integers(1, 24),  # prompt tokens
+        st.integers(1, 16),  # max_tokens
+        st.booleans(),  # shares the common prefix
+        st.sampled_from([None, None, 2, 6]),  # aborted this many steps after arriving
+    ),
+    min_size=4,
+    max_size=12,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    trace=trace,
+    num_blocks=st.integers(8, 16),
+    block_size=st.sampled_from([2, 4, 8]),
+    budget=st.integers(4, 40),
+    seats=st.integers(1, 6),
+    caching=st.booleans(),
+)
+def test_invariants_hold_after_every_step_of_random_traces(
+    draft, trace, num_blocks, block_size, budget, seats, caching
+):
+    model, tokenizer = draft
+    engine = LLMEngine(model, tokenizer, num_blocks=num_blocks, block_size=block_size,
+                       max_num_batched_tokens=budget, max_num_seqs=seats,
+                       enable_prefix_caching=caching)  # fmt: skip
+    prefix = list(range(100, 116))
+    arrivals, aborts, finished = [], {}, {}
+    step = 0
+    for i, (wait, length, max_tokens, shares, abort_after) in enumerate(trace):
+        step += wait
+        prompt = (prefix + list(range(length)))[:length] if shares else [7 + i] * length
+        arrivals.append((step, str(i), prompt, max_tokens))
+        if abort_after is not None:
+            aborts[step + abort_after] = str(i)
+    params = {}
+    for now in range(2000):
+        for when, request_id, prompt, max_tokens in arrivals:
+            if when == now:
+                params[request_id] = SamplingParams(max_tokens=max_tokens, seed=now)
+                engine.add_request(request_id, prompt, params[request_id])
+        if now in aborts:
+            engine.abort_request(aborts[now])
+        for output in engine.step():
+            if output.finished:
+                assert output.request_id not in finished, "a request finished twice"
+                finished[output.request_id] = output
+            assert len(output.output_token_ids) <= params[output.request_id].max_tokens
+        check_invariants(engine)
+        if now > max(w for w, *_ in arrivals) and not engine.has_unfinished_requests():
+            break
+    reasons = {output.finish_reason for output in finished.values()}
+    event(f"finished by {sorted(reasons)}")  # hypothesis's statistics: what the traces did
+    event(f"preempted: {engine.stats.preemptions > 0}")
+    event(f"prefix cache hits: {engine.stats.prompt_tokens_cached > 0}")
+    assert set(finished) == {request_id for _, request_id, _, _ in arrivals}, "unfinished"
+    for request_id, output in finished.items():
+        if output.finish_reason == "length":
+            assert len(output.output_token_ids) == params[request_id].max_tokens
+    assert engine.kv.pool.num_free_blocks == num_blocks, "blocks leaked"
