@@ -33,7 +33,7 @@ def hash_block_tokens(parent_hash: bytes | None, token_ids: tuple[int, ...]) -> 
 class KVCacheBlock:
     block_id: int
     ref_cnt: int = 0
-    block_hash: bytes | None = None  # set once the block is full and its contents computed
+    block_hash: bytes | None = None  # set once the block is full (scheduled to be written)
 
 
 class BlockPool:
@@ -90,7 +90,7 @@ class BlockPool:
                 self.free_queue[block.block_id] = None
 
     def cache_full_block(self, block: KVCacheBlock, block_hash: bytes) -> None:
-        """Name a full, computed block, so that later requests with its prefix can share it. If
+        """Name a full block, so that later requests with its prefix can share it. If
         another block already has the name (two requests computed the same prefix at once),
         the first keeps it: this one stays unnamed and is freed as any other."""
         if not self.enable_caching or block.block_hash is not None:

@@ -151,7 +151,6 @@ class LLMEngine:
             if request.num_computed_tokens == request.num_cached_tokens:  # just admitted
                 self.stats.prompt_tokens_cached += request.num_cached_tokens
             request.num_computed_tokens += num_new
-            self.kv.cache_blocks(request)
             if not sampling:
                 outputs.append(self._output(request, []))
                 continue

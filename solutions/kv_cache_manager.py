@@ -6,7 +6,7 @@ Three questions, asked by the scheduler:
 - `allocate_slots(request, n, computed)`: make the request's block table cover n more tokens, or
   say (None) that the pool cannot, so that the scheduler can preempt someone and try again;
 - `free(request)`: give its blocks back.
-And one after the model has run: `cache_blocks(request)` names the blocks it has filled.
+And `cache_blocks(request, n)` names the full blocks among its first n tokens.
 """
 
 import math
@@ -71,13 +71,16 @@ class KVCacheManager:
         request.block_ids = [block.block_id for block in blocks]
         return blocks
 
-    def cache_blocks(self, request: Request) -> None:
-        """Name every full block of the request whose keys and values are computed. Only
-        computed blocks are named: a request that finds a name reads what is in the block."""
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Name every full block among the request's first `num_tokens` tokens. The scheduler
+        names a block as soon as it schedules the tokens that fill it: their keys and values
+        are written in this step's pass, and a request that finds the name in this same step
+        reads them in that pass, after they are written (each layer writes every token's key
+        and value before any token's attention reads)."""
         if not self.enable_prefix_caching:
             return
         blocks = self.req_blocks.get(request.request_id, [])
-        hashes = self.block_hashes(request, request.num_computed_tokens)
+        hashes = self.block_hashes(request, num_tokens)
         for block, block_hash in zip(blocks, hashes, strict=False):
             self.pool.cache_full_block(block, block_hash)
 

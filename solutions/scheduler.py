@@ -58,6 +58,7 @@ class Scheduler:
                 if victim is request:
                     break
             else:
+                self.kv.cache_blocks(request, request.num_computed_tokens + num_new)
                 out.scheduled.append((request, num_new))
                 budget -= num_new
                 i += 1
@@ -74,6 +75,8 @@ class Scheduler:
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = request.num_cached_tokens = num_cached
+            # Named now: a request admitted after it in this same step can share its blocks.
+            self.kv.cache_blocks(request, num_cached + num_new)
             self.running.append(request)
             out.scheduled.append((request, num_new))
             budget -= num_new

@@ -202,6 +202,23 @@ def test_a_request_that_shares_a_prompt_being_read_in_chunks_gets_hfs_tokens(shi
         assert outputs[request_id][-1].output_token_ids == want, request_id
 
 
+def test_requests_admitted_in_one_step_share_the_prefix_the_first_one_writes(shipped):
+    model, tokenizer = shipped
+    shared = tokenizer.encode(PROMPTS[4])[:16]  # 4 full blocks of 4
+    prompts = [shared + [40 + i] * (i + 1) for i in range(4)]
+    engine = LLMEngine(model, tokenizer, num_blocks=64, block_size=4, max_num_batched_tokens=64)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, GREEDY)
+    engine.step()  # all four admitted at once: the later three find the first one's blocks
+    assert engine.stats.prompt_tokens_cached == 3 * 16
+    assert engine.stats.tokens_computed == sum(map(len, prompts)) - 3 * 16
+    outputs = run_to_end(engine)
+    hf = load_hf("shakespeare")[0].eval()
+    for i, prompt in enumerate(prompts):
+        want = hf_static_greedy(hf, prompt, GREEDY.max_tokens, False)[len(prompt) :]
+        assert outputs[str(i)][-1].output_token_ids == want, i
+
+
 def test_freed_blocks_keep_their_names_and_are_evicted_least_recent_first():
     pool = BlockPool(num_blocks=4)
     a, b = pool.get_new_blocks(2)

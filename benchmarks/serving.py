@@ -1,0 +1,232 @@
+"""Many requests at once: chapter 7's engine against chapter 4's static batching, on a trace.
+
+    python benchmarks/serving.py [--requests 64] [--rate 40] [--batch 8] [--seats 32]
+                                 [--threads 1] [--seed 0] [--quick]
+
+A seeded trace (`trace`): `--requests` requests arriving as a Poisson process of `--rate`
+requests per second, prompts of 4-60 tokens cut from the plays, answers of 16-160 tokens
+(greedy, no stop at end-of-text: every method writes the same tokens, checked). Two ways to
+serve it, each run against the wall clock (a request exists only from its arrival time):
+
+- `static`: chapter 4's batching. Requests are taken in arrival order, `--batch` at a time; a
+  batch starts when its last request has arrived and the batch before it has finished, is padded
+  to its longest prompt and runs until its longest answer is written (finished rows keep
+  computing padding). A request's first token comes after its batch's prefill; its answer is
+  complete when its own last token is written.
+- `engine`: chapter 7's `LLMEngine` (`--seats` requests at most, a budget of 512 tokens a step,
+  blocks of 16, enough blocks for the whole trace), stepped whenever a request waits or runs.
+
+Per method: throughput (answer tokens / the time from the first arrival to the last token),
+time to first token (TTFT) and time per output token after the first (TPOT), medians and 99th
+percentiles; and the KV memory each reserves against what it uses, at its fullest step. Then the
+prefix trace: every prompt a shared 128-token prefix and 4-30 tokens of its own, all arriving at
+once, served by the engine with and without prefix caching: the prompt positions computed
+against the positions not already cached, and TTFT. Prints one JSON object with chapter 7's goals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import random
+import statistics
+import time
+
+import torch
+
+from solutions.batched import left_pad
+from solutions.cached_model import forward_with_cache
+from solutions.engine import LLMEngine
+from solutions.sampling_params import SamplingParams
+from utils.corpus import load_plays
+from utils.models import load_model
+
+PREFIX = 128  # the shared prefix of the prefix trace, in tokens
+
+
+def trace(tokenizer, n: int, rate: float, seed: int) -> list[dict]:
+    """n requests: arrival (seconds from the start), prompt ids, answer length."""
+    rng = random.Random(seed)
+    text = tokenizer.encode(next(iter(load_plays().values()))[:200_000])
+    requests, now = [], 0.0
+    for i in range(n):
+        now += rng.expovariate(rate)
+        length, start = rng.randint(4, 60), rng.randrange(len(text) - 60)
+        requests.append({"id": str(i), "arrival": now, "prompt": text[start : start + length],
+                         "max_tokens": rng.randint(16, 160)})  # fmt: skip
+    return requests
+
+
+def percentiles(values: list[float]) -> dict:
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+    return {"median": round(1e3 * statistics.median(ordered), 1), "p99": round(1e3 * p99, 1)}
+
+
+def summarise(requests, first, last, tokens) -> dict:
+    """Latency and throughput from each request's times (seconds from the trace's start)."""
+    ttft = [first[r["id"]] - r["arrival"] for r in requests]
+    tpot = [(last[r["id"]] - first[r["id"]]) / (r["max_tokens"] - 1) for r in requests]
+    span = max(last.values()) - min(r["arrival"] for r in requests)
+    return {
+        "tokens_per_s": round(sum(r["max_tokens"] for r in requests) / span, 1),
+        "ttft_ms": percentiles(ttft),
+        "tpot_ms": percentiles(tpot),
+        "seconds": round(span, 2),
+        "_tokens": tokens,
+    }
+
+
+@torch.inference_mode()
+def serve_static(model, tokenizer, requests, batch: int) -> dict:
+    eos = tokenizer.eos_token_id
+    start = time.perf_counter()
+    first, last, tokens = {}, {}, {}
+    reserved = used = 0
+    for b in range(0, len(requests), batch):
+        group = requests[b : b + batch]
+        while time.perf_counter() - start < group[-1]["arrival"]:
+            time.sleep(0.0005)  # the batch waits for its last request
+        ids, mask = left_pad([r["prompt"] for r in group], pad_id=eos)
+        steps = max(r["max_tokens"] for r in group)
+        # The padded batch's cache holds every row for the longest prompt and answer.
+        reserved = max(reserved, len(group) * (ids.shape[1] + steps - 1))
+        used = max(used, sum(len(r["prompt"]) + r["max_tokens"] - 1 for r in group))
+        logits, cache = forward_with_cache(model, ids, attention_mask=mask)
+        out = [[] for _ in group]
+        for step in range(steps):
+            token = logits[:, -1].argmax(dim=-1)
+            now = time.perf_counter() - start
+            for row, r in enumerate(group):
+                if step < r["max_tokens"]:
+                    out[row].append(int(token[row]))
+                    first.setdefault(r["id"], now)
+                    last[r["id"]] = now
+            if step < steps - 1:
+                logits, cache = forward_with_cache(model, token[:, None], cache)
+        tokens.update({r["id"]: out[row] for row, r in enumerate(group)})
+    result = summarise(requests, first, last, tokens)
+    result["kv_positions"] = {"reserved": reserved, "used": used}
+    return result
+
+
+def serve_engine(model, tokenizer, requests, seats: int, **engine_args) -> tuple[dict, LLMEngine]:
+    longest = sum(math.ceil((len(r["prompt"]) + r["max_tokens"]) / 16) for r in requests)
+    engine = LLMEngine(model, tokenizer, num_blocks=engine_args.pop("num_blocks", longest),
+                       block_size=16, max_num_batched_tokens=512, max_num_seqs=seats,
+                       **engine_args)  # fmt: skip
+    start = time.perf_counter()
+    first, last, tokens = {}, {}, {}
+    pending = list(requests)
+    worst = {"reserved": 0, "used": 0, "one_block_each": 0}
+    while pending or engine.has_unfinished_requests():
+        now = time.perf_counter() - start
+        while pending and pending[0]["arrival"] <= now:
+            r = pending.pop(0)
+            params = SamplingParams(temperature=0.0, max_tokens=r["max_tokens"], ignore_eos=True)
+            engine.add_request(r["id"], r["prompt"], params)
+        if not engine.has_unfinished_requests():
+            time.sleep(0.0005)
+            continue
+        outputs = engine.step()
+        now = time.perf_counter() - start
+        for output in outputs:
+            if output.new_token_ids:
+                first.setdefault(output.request_id, now)
+                last[output.request_id] = now
+            if output.finished:
+                tokens[output.request_id] = output.output_token_ids
+        running = engine.scheduler.running
+        reserved = 16 * sum(len(r.block_ids) for r in running)
+        if reserved > worst["reserved"]:
+            used = sum(r.num_computed_tokens for r in running)
+            worst = {"reserved": reserved, "used": used, "one_block_each": 16 * len(running)}
+    result = summarise(requests, first, last, tokens)
+    result["kv_positions"] = worst
+    return result, engine
+
+
+def prefix_trace(tokenizer, n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed + 1)
+    text = tokenizer.encode(next(iter(load_plays().values()))[:200_000])
+    shared = text[:PREFIX]
+    requests = []
+    for i in range(n):
+        start = rng.randrange(PREFIX, len(text) - 30)
+        own = text[start : start + rng.randint(4, 30)]
+        requests.append({"id": str(i), "arrival": 0.0, "prompt": shared + own,
+                         "max_tokens": rng.randint(16, 64)})  # fmt: skip
+    return requests
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--rate", type=float, default=40.0, help="arrivals per second")
+    parser.add_argument("--batch", type=int, default=8, help="static batching's batch size")
+    parser.add_argument("--seats", type=int, default=32, help="the engine's max_num_seqs")
+    parser.add_argument("--threads", type=int, default=1, help="PyTorch intra-op threads")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="a smoke test: 12 requests")
+    args = parser.parse_args()
+    if args.quick:
+        args.requests = 12
+    if args.requests < 2 or args.rate <= 0 or args.batch < 1 or args.seats < 1:
+        parser.error("--requests >= 2, --rate > 0, --batch and --seats >= 1")
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_model("shakespeare")
+    model.eval()
+    requests = trace(tokenizer, args.requests, args.rate, args.seed)
+    warm = [dict(r, arrival=0.0) for r in requests[:4]]
+    serve_engine(model, tokenizer, warm, args.seats)  # warm-up: first calls allocate
+    static = serve_static(model, tokenizer, requests, args.batch)
+    engine, _ = serve_engine(model, tokenizer, requests, args.seats)
+    same = static.pop("_tokens") == engine.pop("_tokens")
+
+    shared = prefix_trace(tokenizer, max(args.requests // 2, 4), args.seed)
+    runs = {}
+    for caching in (False, True):
+        result, served = serve_engine(model, tokenizer, shared, args.seats,
+                                      enable_prefix_caching=caching)  # fmt: skip
+        result.pop("_tokens")
+        result["prompt_tokens_computed"] = served.stats.prompt_tokens_computed
+        result["prompt_tokens_cached"] = served.stats.prompt_tokens_cached
+        runs["caching" if caching else "no_caching"] = result
+    # With caching, the first request computes the prefix's full blocks; every later one, only
+    # what is not in them (its own tokens, and the prefix's partial last block if any).
+    full = (PREFIX // 16) * 16
+    expected = sum(len(r["prompt"]) for r in shared) - full * (len(shared) - 1)
+
+    throughput = engine["tokens_per_s"] / static["tokens_per_s"]
+    ttft = engine["ttft_ms"]["median"] / static["ttft_ms"]["median"]
+    kv = engine["kv_positions"]
+    prefix_ttft = runs["no_caching"]["ttft_ms"]["median"] / runs["caching"]["ttft_ms"]["median"]
+    goals = {
+        "throughput_1_5x_static": {"measured": round(throughput, 2), "met": throughput >= 1.5},
+        "median_ttft_half_of_static": {"measured": round(ttft, 3), "met": ttft <= 0.5},
+        "kv_reserved_at_most_used_plus_a_block_each": {
+            "measured": kv, "met": kv["reserved"] <= kv["used"] + kv["one_block_each"]
+        },
+        "prefix_positions_computed_exactly_the_uncached": {
+            "measured": runs["caching"]["prompt_tokens_computed"], "expected": expected,
+            "met": runs["caching"]["prompt_tokens_computed"] == expected,
+        },
+        "prefix_median_ttft_2x_better": {
+            "measured": round(prefix_ttft, 2), "met": prefix_ttft >= 2
+        },
+    }  # fmt: skip
+    print(json.dumps({
+        "machine": {"processor": platform.processor() or platform.machine(),
+                    "torch": torch.__version__, "torch_threads": torch.get_num_threads()},
+        "trace": {"requests": args.requests, "rate_per_s": args.rate, "seed": args.seed,
+                  "answer_tokens": sum(r["max_tokens"] for r in requests)},
+        "static": static, "engine": engine, "same_tokens": same,
+        "prefix_trace": {"requests": len(shared), "shared_prefix": PREFIX, **runs},
+        "goals": goals,
+    }, indent=2))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
