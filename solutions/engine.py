@@ -143,6 +143,8 @@ class LLMEngine:
         samples = [r.num_computed_tokens + n == r.num_tokens for r, n in plan.scheduled]
         last_rows = inputs.query_start[1:] - 1
         logits = forward_paged(self.model, self.cache, inputs, last_rows[torch.tensor(samples)])
+        sampled = [r for (r, _), s in zip(plan.scheduled, samples, strict=True) if s]
+        tokens = self._sample(sampled, logits)
         row = 0
         for (request, num_new), sampling in zip(plan.scheduled, samples, strict=True):
             prompt_left = len(request.prompt_token_ids) - request.num_computed_tokens
@@ -154,7 +156,7 @@ class LLMEngine:
             if not sampling:
                 outputs.append(self._output(request, []))
                 continue
-            token = self._sample(request, logits[row : row + 1])
+            token = tokens[row]
             row += 1
             request.output_token_ids.append(token)
             if request.first_token_time is None:
@@ -166,13 +168,28 @@ class LLMEngine:
             outputs.append(self._output(request, [token]))
         return outputs
 
-    def _sample(self, request: Request, logits: torch.Tensor) -> int:
-        """Chapter 3's rules for this request alone, with its own generator."""
-        ids = torch.tensor([request.all_token_ids], device=logits.device)
-        token = sample_next_token(
-            ids, logits, generator=request.generator, **request.params.sampling_kwargs()
-        )
-        return int(token[0])
+    def _sample(self, requests: list[Request], logits: torch.Tensor) -> list[int]:
+        """Each request's next token by chapter 3's rules, row by row, each with its own
+        generator: its draws do not depend on its neighbours. Greedy rows without a penalty
+        need neither a generator nor their text: one argmax serves them all."""
+        greedy = [
+            i for i, r in enumerate(requests)
+            if r.params.temperature == 0 and r.params.frequency_penalty == 0
+        ]  # fmt: skip
+        tokens = [0] * len(requests)
+        if greedy:
+            for i, token in zip(greedy, logits[greedy].argmax(dim=-1).tolist(), strict=True):
+                tokens[i] = token
+        for i, request in enumerate(requests):
+            if i in greedy:
+                continue
+            ids = torch.tensor([request.all_token_ids], device=logits.device)
+            token = sample_next_token(
+                ids, logits[i : i + 1], generator=request.generator,
+                **request.params.sampling_kwargs(),
+            )  # fmt: skip
+            tokens[i] = int(token[0])
+        return tokens
 
     def _stop_reason(self, request: Request, token: int) -> str | None:
         if token == self.tokenizer.eos_token_id and not request.params.ignore_eos:

@@ -55,7 +55,7 @@ class StepInputs:
     positions: Int[Tensor, "T"]  # each token's position in its own request
     slot_mapping: Int[Tensor, "T"]  # where each token's key and value are written
     query_start: Int[Tensor, "R_plus_1"]  # request r's tokens are [query_start[r], [r + 1])
-    context_slots: Int[Tensor, "R L"]  # request r's slots, position by position (padded)
+    block_tables: Int[Tensor, "R B"]  # request r's blocks, in order (padded with block 0)
     context_lens: Int[Tensor, "R"]  # positions request r can read after this step's writes
 
 
@@ -69,16 +69,17 @@ def prepare_inputs(
 ) -> StepInputs:
     """`scheduled`: per request (its token ids, num_computed, num_new, block table). The step
     feeds tokens [num_computed, num_computed + num_new) of each."""
-    token_ids, positions, slot_mapping, starts, contexts = [], [], [], [0], []
+    token_ids, positions, slot_mapping, starts, lens, tables = [], [], [], [0], [], []
     for tokens, num_computed, num_new, table in scheduled:
         new = range(num_computed, num_computed + num_new)
         token_ids += tokens[new.start : new.stop]
         positions += list(new)
         slot_mapping += slots_of(table, new, block_size)
         starts.append(starts[-1] + num_new)
-        contexts.append(slots_of(table, range(new.stop), block_size))
-    longest = max(map(len, contexts))
-    padded = [c + [0] * (longest - len(c)) for c in contexts]  # slot 0: read, then masked out
+        lens.append(new.stop)
+        tables.append(table[: -(-new.stop // block_size)])  # the blocks it reads
+    longest = max(map(len, tables))
+    padded = [t + [0] * (longest - len(t)) for t in tables]  # block 0: read, then masked out
 
     def tensor(x):
         return torch.tensor(x, dtype=torch.long, device=device)
@@ -88,8 +89,8 @@ def prepare_inputs(
         positions=tensor(positions),
         slot_mapping=tensor(slot_mapping),
         query_start=tensor(starts),
-        context_slots=tensor(padded),
-        context_lens=tensor([len(c) for c in contexts]),
+        block_tables=tensor(padded),
+        context_lens=tensor(lens),
     )
 
 
@@ -105,11 +106,18 @@ def paged_attention(
     q = torch.einsum("td,hde->the", x, attn.W_Q) + attn.b_Q  # [T, n_heads, d_head]
     k = torch.einsum("td,hde->the", x, attn.W_K) + attn.b_K
     v = torch.einsum("td,hde->the", x, attn.W_V) + attn.b_V
-    flat_keys, flat_values = keys.flatten(0, 1), values.flatten(0, 1)  # [slots, heads, d_head]
-    flat_keys[inputs.slot_mapping] = k  # writes into the cache: flatten is a view
-    flat_values[inputs.slot_mapping] = v
-    # Each request's keys and values, gathered through its table: [R, L, n_heads, d_head].
-    context_k, context_v = flat_keys[inputs.context_slots], flat_values[inputs.context_slots]
+    keys.flatten(0, 1)[inputs.slot_mapping] = k  # into the cache: flatten is a view of it
+    values.flatten(0, 1)[inputs.slot_mapping] = v
+    # Each request's keys and values, whole blocks gathered through its table, in the layout
+    # attention reads fastest: [R, n_heads, L, d_head], L = the table's blocks * block_size.
+    R, B = inputs.block_tables.shape
+    blocks = inputs.block_tables.flatten()
+
+    def gather(cache):
+        rows = cache.index_select(0, blocks).view(R, B * cache.shape[1], *cache.shape[2:])
+        return rows.transpose(1, 2).contiguous()
+
+    context_k, context_v = gather(keys), gather(values)
     # Its queries, padded to the longest chunk: [R, Q, n_heads, d_head].
     counts = inputs.query_start.diff()
     Q = int(counts.max())  # the longest chunk
@@ -120,13 +128,12 @@ def paged_attention(
     # Query i of request r sits at position context_lens[r] - counts[r] + i, and reads the
     # positions up to its own. A padded query reads position 0 only (never an empty row: NaN).
     query_pos = inputs.context_lens[:, None] - counts[:, None] + row[None, :]  # [R, Q]
-    key_pos = torch.arange(context_k.shape[1], device=x.device)
+    key_pos = torch.arange(context_k.shape[2], device=x.device)
     allowed: Bool[Tensor, "R Q L"] = key_pos[None, None, :] <= query_pos[:, :, None]
     allowed &= real[:, :, None] | (key_pos == 0)[None, None, :]
     z = F.scaled_dot_product_attention(
-        queries.transpose(1, 2), context_k.transpose(1, 2), context_v.transpose(1, 2),
-        attn_mask=allowed[:, None],
-    ).transpose(1, 2)  # fmt: skip
+        queries.transpose(1, 2), context_k, context_v, attn_mask=allowed[:, None]
+    ).transpose(1, 2)
     z = z[real]  # [T, n_heads, d_head], in the flattened order
     return torch.einsum("the,hed->td", z, attn.W_O) + attn.b_O
 
