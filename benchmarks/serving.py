@@ -1,7 +1,7 @@
 """Many requests at once: chapter 7's engine against chapter 4's static batching, on a trace.
 
     python benchmarks/serving.py [--requests 64] [--rate 40] [--batch 8] [--seats 32]
-                                 [--threads 1] [--seed 0] [--quick]
+                                 [--threads 1] [--seed 0] [--quick] [--hf]
 
 A seeded trace (`trace`): `--requests` requests arriving as a Poisson process of `--rate`
 requests per second, prompts of 4-60 tokens cut from the plays, answers of 16-160 tokens
@@ -21,7 +21,9 @@ time to first token (TTFT) and time per output token after the first (TPOT), med
 percentiles; and the KV memory each reserves against what it uses, at its fullest step. Then the
 prefix trace: every prompt a shared 128-token prefix and 4-30 tokens of its own, all arriving at
 once, served by the engine with and without prefix caching: the prompt positions computed
-against the positions not already cached, and TTFT. Prints one JSON object with chapter 7's goals.
+against the positions not already cached, and TTFT. With `--hf`, HF transformers' continuous
+batching serves the main trace too (its setup, the first request's, left out). Prints one JSON
+object with chapter 7's goals.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from solutions.cached_model import forward_with_cache
 from solutions.engine import LLMEngine
 from solutions.sampling_params import SamplingParams
 from utils.corpus import load_plays
-from utils.models import load_model
+from utils.models import load_hf, load_model
 
 PREFIX = 128  # the shared prefix of the prefix trace, in tokens
 
@@ -148,6 +150,48 @@ def serve_engine(model, tokenizer, requests, seats: int, **engine_args) -> tuple
     return result, engine
 
 
+def serve_hf(tokenizer, requests) -> dict:
+    """HF transformers' own continuous batching (`init_continuous_batching`: a paged cache and a
+    scheduler in a background thread) on the same trace, greedy, each request's own length."""
+    from transformers import GenerationConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf = load_hf("shakespeare")[0].eval()
+    longest = max(r["max_tokens"] for r in requests)
+    config = GenerationConfig(do_sample=False, max_new_tokens=longest, eos_token_id=None,
+                              pad_token_id=tokenizer.eos_token_id)  # fmt: skip
+    manager = hf.init_continuous_batching(generation_config=config)
+    manager.start()
+    try:
+        setup = time.perf_counter()
+        manager.add_request(requests[0]["prompt"], request_id="warm-up", max_new_tokens=2)
+        while (result := manager.get_result(timeout=1)) is None or not result.is_finished():
+            pass  # its first request sets the manager up: left out of the timing
+        setup = time.perf_counter() - setup
+        start = time.perf_counter()
+        pending, done = list(requests), {}
+        while len(done) < len(requests):
+            now = time.perf_counter() - start
+            while pending and pending[0]["arrival"] <= now:
+                r = pending.pop(0)
+                manager.add_request(r["prompt"], request_id=r["id"], max_new_tokens=r["max_tokens"],
+                                    record_timestamps=True)  # fmt: skip
+            result = manager.get_result(timeout=0.001)
+            if result is not None and result.is_finished():
+                done[result.request_id] = result
+    finally:
+        manager.stop(block=True)
+    errors = [r.error for r in done.values() if r.error]
+    if errors:
+        raise RuntimeError(f"HF's continuous batching failed a request: {errors[0]}")
+    first = {k: r.timestamps[0] - start for k, r in done.items()}
+    last = {k: r.timestamps[-1] - start for k, r in done.items()}
+    result = summarise(requests, first, last, {k: r.generated_tokens for k, r in done.items()})
+    result["setup_seconds"] = round(setup, 1)
+    return result
+
+
 def prefix_trace(tokenizer, n: int, seed: int) -> list[dict]:
     rng = random.Random(seed + 1)
     text = tokenizer.encode(next(iter(load_plays().values()))[:200_000])
@@ -170,6 +214,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="PyTorch intra-op threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a smoke test: 12 requests")
+    parser.add_argument(
+        "--hf", action="store_true", help="also HF's continuous batching (its setup: ~30 s)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.requests = 12
@@ -183,7 +230,12 @@ def main() -> None:
     serve_engine(model, tokenizer, warm, args.seats)  # warm-up: first calls allocate
     static = serve_static(model, tokenizer, requests, args.batch)
     engine, _ = serve_engine(model, tokenizer, requests, args.seats)
-    same = static.pop("_tokens") == engine.pop("_tokens")
+    engine_tokens = engine.pop("_tokens")
+    same = static.pop("_tokens") == engine_tokens
+    hf = None
+    if args.hf:
+        hf = serve_hf(tokenizer, requests)
+        hf["same_tokens"] = hf.pop("_tokens") == engine_tokens
 
     shared = prefix_trace(tokenizer, max(args.requests // 2, 4), args.seed)
     runs = {}
@@ -222,7 +274,7 @@ def main() -> None:
                     "torch": torch.__version__, "torch_threads": torch.get_num_threads()},
         "trace": {"requests": args.requests, "rate_per_s": args.rate, "seed": args.seed,
                   "answer_tokens": sum(r["max_tokens"] for r in requests)},
-        "static": static, "engine": engine, "same_tokens": same,
+        "static": static, "engine": engine, "same_tokens": same, "hf_continuous_batching": hf,
         "prefix_trace": {"requests": len(shared), "shared_prefix": PREFIX, **runs},
         "goals": goals,
     }, indent=2))  # fmt: skip

@@ -1,0 +1,41 @@
+"""benchmarks/serving.py runs (its --quick smoke test, about 10 s) and reports what it says it
+reports: both ways of serving the trace with the same tokens, latency percentiles, the KV memory
+figures, the prefix trace's exact count, and every goal."""
+
+import json
+import subprocess
+import sys
+
+from utils import REPO_ROOT
+
+
+def test_quick_benchmark_reports_both_servers_the_prefix_trace_and_every_goal():
+    run = subprocess.run(
+        [sys.executable, "benchmarks/serving.py", "--quick"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout)
+    assert result["same_tokens"], "static batching and the engine must write the same tokens"
+    for server in ("static", "engine"):
+        report = result[server]
+        assert report["tokens_per_s"] > 0
+        for what in ("ttft_ms", "tpot_ms"):
+            assert 0 < report[what]["median"] <= report[what]["p99"], (server, what)
+    kv = result["engine"]["kv_positions"]
+    assert kv["used"] <= kv["reserved"] <= kv["used"] + kv["one_block_each"]
+    goals = result["goals"]
+    assert set(goals) == {
+        "throughput_1_5x_static",
+        "median_ttft_half_of_static",
+        "kv_reserved_at_most_used_plus_a_block_each",
+        "prefix_positions_computed_exactly_the_uncached",
+        "prefix_median_ttft_2x_better",
+    }
+    assert goals["prefix_positions_computed_exactly_the_uncached"]["met"]
+    prefix = result["prefix_trace"]
+    assert (
+        prefix["caching"]["prompt_tokens_cached"]
+        > 0
+        == prefix["no_caching"]["prompt_tokens_cached"]
+    )
