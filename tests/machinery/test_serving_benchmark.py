@@ -34,8 +34,5 @@ def test_quick_benchmark_reports_both_servers_the_prefix_trace_and_every_goal():
     }
     assert goals["prefix_positions_computed_exactly_the_uncached"]["met"]
     prefix = result["prefix_trace"]
-    assert (
-        prefix["caching"]["prompt_tokens_cached"]
-        > 0
-        == prefix["no_caching"]["prompt_tokens_cached"]
-    )
+    assert prefix["caching"]["prompt_tokens_cached"] > 0
+    assert prefix["no_caching"]["prompt_tokens_cached"] == 0
