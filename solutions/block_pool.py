@@ -100,8 +100,13 @@ class BlockPool:
         block.block_hash = block_hash
         self.cached[block_hash] = block
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every name (the blocks' contents stay until they are reused)."""
+    def reset_prefix_cache(self) -> bool:
+        """Forget every name, only while no request holds a block (vLLM's contract): a holder
+        would name its blocks again at its next step, and the reset would not be one. Returns
+        whether it reset. (The blocks' contents stay until they are reused.)"""
+        if any(block.ref_cnt > 0 for block in self.blocks):
+            return False
         for block in self.blocks:
             block.block_hash = None
         self.cached.clear()
+        return True
