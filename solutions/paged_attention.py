@@ -94,6 +94,31 @@ def prepare_inputs(
     )
 
 
+def attend(
+    queries: Float[Tensor, "G Q n_heads d_head"],
+    keys: Float[Tensor, "num_blocks block_size n_heads d_head"],
+    values: Float[Tensor, "num_blocks block_size n_heads d_head"],
+    block_tables: Int[Tensor, "G B"],
+    query_pos: Int[Tensor, "G Q"],
+) -> Float[Tensor, "G Q n_heads d_head"]:
+    """G requests with Q queries each: gather each one's blocks through its table, whole blocks
+    at a time, into the layout attention reads fastest, [G, n_heads, B * block_size, d_head];
+    each query reads the positions up to its own (the rest of its last block is masked out)."""
+    G, B = block_tables.shape
+    blocks = block_tables.flatten()
+
+    def gather(cache):
+        rows = cache.index_select(0, blocks).view(G, B * cache.shape[1], *cache.shape[2:])
+        return rows.transpose(1, 2).contiguous()
+
+    key_pos = torch.arange(B * keys.shape[1], device=queries.device)
+    allowed: Bool[Tensor, "G Q L"] = key_pos[None, None, :] <= query_pos[:, :, None]
+    z = F.scaled_dot_product_attention(
+        queries.transpose(1, 2), gather(keys), gather(values), attn_mask=allowed[:, None]
+    )
+    return z.transpose(1, 2)
+
+
 def paged_attention(
     attn: Attention,
     x: Float[Tensor, "T d_model"],
@@ -102,39 +127,32 @@ def paged_attention(
     inputs: StepInputs,
 ) -> Float[Tensor, "T d_model"]:
     """Attention for the step's T tokens: write their keys and values to their slots, then
-    let each request's queries read its own slots, up to their own positions."""
+    let each request's queries read its own positions, up to their own."""
     q = torch.einsum("td,hde->the", x, attn.W_Q) + attn.b_Q  # [T, n_heads, d_head]
     k = torch.einsum("td,hde->the", x, attn.W_K) + attn.b_K
     v = torch.einsum("td,hde->the", x, attn.W_V) + attn.b_V
     keys.flatten(0, 1)[inputs.slot_mapping] = k  # into the cache: flatten is a view of it
     values.flatten(0, 1)[inputs.slot_mapping] = v
-    # Each request's keys and values, whole blocks gathered through its table, in the layout
-    # attention reads fastest: [R, n_heads, L, d_head], L = the table's blocks * block_size.
-    R, B = inputs.block_tables.shape
-    blocks = inputs.block_tables.flatten()
-
-    def gather(cache):
-        rows = cache.index_select(0, blocks).view(R, B * cache.shape[1], *cache.shape[2:])
-        return rows.transpose(1, 2).contiguous()
-
-    context_k, context_v = gather(keys), gather(values)
-    # Its queries, padded to the longest chunk: [R, Q, n_heads, d_head].
-    counts = inputs.query_start.diff()
-    Q = int(counts.max())  # the longest chunk
-    row = torch.arange(Q, device=x.device)
-    real = row[None, :] < counts[:, None]  # [R, Q]: which padded rows are real queries
-    index = (inputs.query_start[:-1, None] + row[None, :]).clamp(max=len(x) - 1)
-    queries = q[index]  # [R, Q, n_heads, d_head]
-    # Query i of request r sits at position context_lens[r] - counts[r] + i, and reads the
-    # positions up to its own. A padded query reads position 0 only (never an empty row: NaN).
-    query_pos = inputs.context_lens[:, None] - counts[:, None] + row[None, :]  # [R, Q]
-    key_pos = torch.arange(context_k.shape[2], device=x.device)
-    allowed: Bool[Tensor, "R Q L"] = key_pos[None, None, :] <= query_pos[:, :, None]
-    allowed &= real[:, :, None] | (key_pos == 0)[None, None, :]
-    z = F.scaled_dot_product_attention(
-        queries.transpose(1, 2), context_k, context_v, attn_mask=allowed[:, None]
-    ).transpose(1, 2)
-    z = z[real]  # [T, n_heads, d_head], in the flattened order
+    # Requests come in two shapes: decodes, one query each, all attended at once; and prompt
+    # chunks, each attended alone. Padding a decode's one query to a chunk's length would
+    # multiply its attention's work by that length.
+    z = torch.empty_like(q)
+    block_size = keys.shape[1]
+    counts, lens = inputs.query_start.diff().tolist(), inputs.context_lens.tolist()
+    decodes = [r for r, count in enumerate(counts) if count == 1]
+    if decodes:
+        rows = inputs.query_start[decodes]
+        B = -(-max(lens[r] for r in decodes) // block_size)
+        z[rows] = attend(q[rows, None], keys, values, inputs.block_tables[decodes, :B],
+                         inputs.context_lens[decodes, None] - 1)[:, 0]  # fmt: skip
+    for r, count in enumerate(counts):
+        if count > 1:
+            start, length = int(inputs.query_start[r]), lens[r]
+            positions = torch.arange(length - count, length, device=x.device)
+            B = -(-length // block_size)
+            z[start : start + count] = attend(q[None, start : start + count], keys, values,
+                                              inputs.block_tables[r : r + 1, :B],
+                                              positions[None])[0]  # fmt: skip
     return torch.einsum("the,hed->td", z, attn.W_O) + attn.b_O
 
 
