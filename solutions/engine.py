@@ -80,6 +80,9 @@ class LLMEngine:
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         request = Request(request_id, ids, params)
+        if params.seed is not None:
+            device = self.model.embed.W_E.device
+            request.generator = torch.Generator(device).manual_seed(params.seed)
         self.requests[request_id] = request
         error = self._cannot_serve(request)
         if error is not None:

@@ -40,12 +40,9 @@ class Request:
     error: str | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
-    # The request's own random numbers: its tokens do not depend on the rest of the batch.
+    # The request's own random numbers, on the model's device (the engine seeds it from
+    # `params.seed`): its tokens do not depend on the rest of the batch.
     generator: torch.Generator | None = None
-
-    def __post_init__(self):
-        if self.params.seed is not None:
-            self.generator = torch.Generator().manual_seed(self.params.seed)
 
     @property
     def all_token_ids(self) -> list[int]:

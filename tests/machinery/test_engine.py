@@ -219,6 +219,23 @@ def test_requests_admitted_in_one_step_share_the_prefix_the_first_one_writes(shi
         assert outputs[str(i)][-1].output_token_ids == want, i
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_greedy_tokens_are_the_cpus_and_seeds_repeat(shipped):
+    model, tokenizer = shipped
+    gpu_model = load_model("shakespeare")[0].to("cuda")
+    cpu = generate(LLMEngine(model, tokenizer, block_size=4), PROMPTS, GREEDY)
+    gpu = generate(LLMEngine(gpu_model, tokenizer, block_size=4), PROMPTS, GREEDY)
+    assert [o.output_token_ids for o in gpu] == [o.output_token_ids for o in cpu]
+    # Seeded draws on a GPU come from the GPU's generator: not the CPU's numbers, but the same
+    # numbers every time, whatever else runs.
+    seeded = [SamplingParams(max_tokens=20, seed=i, top_k=40) for i in range(len(PROMPTS))]
+    alone = [generate(LLMEngine(gpu_model, tokenizer), [PROMPTS[i]], [p])[0]
+             for i, p in enumerate(seeded)]  # fmt: skip
+    together = generate(LLMEngine(gpu_model, tokenizer, block_size=4), PROMPTS, seeded)
+    assert [o.output_token_ids for o in together] == [o.output_token_ids for o in alone]
+
+
 def test_freed_blocks_keep_their_names_and_are_evicted_least_recent_first():
     pool = BlockPool(num_blocks=4)
     a, b = pool.get_new_blocks(2)
