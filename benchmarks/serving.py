@@ -29,6 +29,7 @@ object with chapter 7's goals.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import platform
@@ -48,16 +49,23 @@ from utils.models import load_hf, load_model
 PREFIX = 128  # the shared prefix of the prefix trace, in tokens
 
 
-def trace(tokenizer, n: int, rate: float, seed: int) -> list[dict]:
-    """n requests: arrival (seconds from the start), prompt ids, answer length."""
+@functools.cache
+def play_tokens(tokenizer) -> list[int]:
+    """The first 50,000 characters of the first play, as tokens: where prompts are cut from."""
+    return tokenizer.encode(next(iter(load_plays().values()))[:50_000])
+
+
+def trace(tokenizer, n: int, rate: float, seed: int, longest: int = 160) -> list[dict]:
+    """n requests: arrival (seconds from the start), prompt ids, answer length (16 to
+    `longest`)."""
     rng = random.Random(seed)
-    text = tokenizer.encode(next(iter(load_plays().values()))[:200_000])
+    text = play_tokens(tokenizer)
     requests, now = [], 0.0
     for i in range(n):
         now += rng.expovariate(rate)
         length, start = rng.randint(4, 60), rng.randrange(len(text) - 60)
         requests.append({"id": str(i), "arrival": now, "prompt": text[start : start + length],
-                         "max_tokens": rng.randint(16, 160)})  # fmt: skip
+                         "max_tokens": rng.randint(16, longest)})  # fmt: skip
     return requests
 
 
@@ -192,16 +200,16 @@ def serve_hf(tokenizer, requests) -> dict:
     return result
 
 
-def prefix_trace(tokenizer, n: int, seed: int) -> list[dict]:
+def prefix_trace(tokenizer, n: int, seed: int, longest: int = 64) -> list[dict]:
     rng = random.Random(seed + 1)
-    text = tokenizer.encode(next(iter(load_plays().values()))[:200_000])
+    text = play_tokens(tokenizer)
     shared = text[:PREFIX]
     requests = []
     for i in range(n):
         start = rng.randrange(PREFIX, len(text) - 30)
         own = text[start : start + rng.randint(4, 30)]
         requests.append({"id": str(i), "arrival": 0.0, "prompt": shared + own,
-                         "max_tokens": rng.randint(16, 64)})  # fmt: skip
+                         "max_tokens": rng.randint(16, longest)})  # fmt: skip
     return requests
 
 
@@ -213,19 +221,22 @@ def main() -> None:
     parser.add_argument("--seats", type=int, default=32, help="the engine's max_num_seqs")
     parser.add_argument("--threads", type=int, default=1, help="PyTorch intra-op threads")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="a smoke test: 12 requests")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke test: 8 requests of up to 32 tokens"
+    )
     parser.add_argument(
         "--hf", action="store_true", help="also HF's continuous batching (its setup: ~30 s)"
     )
     args = parser.parse_args()
     if args.quick:
-        args.requests = 12
+        args.requests = 8
     if args.requests < 2 or args.rate <= 0 or args.batch < 1 or args.seats < 1:
         parser.error("--requests >= 2, --rate > 0, --batch and --seats >= 1")
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model("shakespeare")
     model.eval()
-    requests = trace(tokenizer, args.requests, args.rate, args.seed)
+    longest = 32 if args.quick else 160
+    requests = trace(tokenizer, args.requests, args.rate, args.seed, longest)
     warm = [dict(r, arrival=0.0) for r in requests[:4]]
     serve_engine(model, tokenizer, warm, args.seats)  # warm-up: first calls allocate
     static = serve_static(model, tokenizer, requests, args.batch)
@@ -237,7 +248,7 @@ def main() -> None:
         hf = serve_hf(tokenizer, requests)
         hf["same_tokens"] = hf.pop("_tokens") == engine_tokens
 
-    shared = prefix_trace(tokenizer, max(args.requests // 2, 4), args.seed)
+    shared = prefix_trace(tokenizer, max(args.requests // 2, 4), args.seed, min(longest, 64))
     runs = {}
     for caching in (False, True):
         result, served = serve_engine(model, tokenizer, shared, args.seats,

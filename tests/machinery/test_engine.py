@@ -321,7 +321,7 @@ trace = st.lists(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     trace=trace,
     num_blocks=st.integers(8, 16),
