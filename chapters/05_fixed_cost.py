@@ -988,7 +988,7 @@ else:
 # launching of its kernels, each sent by the CPU through Python and PyTorch. Replayed from a
 # graph, the CPU sends one launch, and the step costs a fraction of the eager one. What is left
 # is the kernels themselves, run back to back: divide the replayed step's time by its kernels,
-# and each one takes a microsecond or two of the GPU however little it computes. So fewer
+# and each one takes about two microseconds of the GPU however little it computes. So fewer
 # kernels is the next saving, and that is what `mode="reduce-overhead"` adds: Inductor fuses the
 # step into fewer kernels and records *those* as a graph.
 #

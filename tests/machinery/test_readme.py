@@ -173,7 +173,7 @@ def test_cuda_graph_figures_are_the_recorded_run():
         "static cache",
         f"One step alone took {step['eager']} µs eager, launching {kernels['eager']} kernels; "
         f"{step['graphed']} µs replayed from the graph; {step['reduce_overhead']} µs compiled",
-        f"whose compiled step launches {kernels['compiled']} kernels",
+        f"(counted in the default mode) launches {kernels['compiled']} kernels",
         f"A prefill position costs {run['us_per_prefill_position']} µs, so even replayed a step "
         f"costs {run['step_over_prefill_position']['graphed']} times a position",
     ]
