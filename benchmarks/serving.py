@@ -22,8 +22,10 @@ percentiles; and the KV memory each reserves against what it uses, at its fulles
 prefix trace: every prompt a shared 128-token prefix and 4-30 tokens of its own, all arriving at
 once, served by the engine with and without prefix caching: the prompt positions computed
 against the positions not already cached, and TTFT. With `--hf`, HF transformers' continuous
-batching serves the main trace too (its setup, the first request's, left out). Prints one JSON
-object with chapter 7's goals.
+batching serves the main trace too (its setup, the first request's, left out), then again under
+cProfile in its own thread: the seconds of its steps, of its model's forward pass (attention and
+the matrix products within it) and of the rest of a step. Prints one JSON object with chapter
+7's goals.
 """
 
 from __future__ import annotations
@@ -158,13 +160,15 @@ def serve_engine(model, tokenizer, requests, seats: int, **engine_args) -> tuple
     return result, engine
 
 
-def serve_hf(tokenizer, requests) -> dict:
+def serve_hf(tokenizer, requests, profiled: bool = False) -> dict:
     """HF transformers' own continuous batching (`init_continuous_batching`: a paged cache and a
-    scheduler in a background thread) on the same trace, greedy, each request's own length."""
+    scheduler in a background thread) on the same trace, greedy, each request's own length.
+    `profiled`: a second pass, under cProfile (which slows it): where its steps' time goes."""
     from transformers import GenerationConfig
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
+    profile, timing, restore = step_profiler() if profiled else (None, None, lambda: None)
     hf = load_hf("shakespeare")[0].eval()
     longest = max(r["max_tokens"] for r in requests)
     config = GenerationConfig(do_sample=False, max_new_tokens=longest, eos_token_id=None,
@@ -177,6 +181,8 @@ def serve_hf(tokenizer, requests) -> dict:
         while (result := manager.get_result(timeout=1)) is None or not result.is_finished():
             pass  # its first request sets the manager up: left out of the timing
         setup = time.perf_counter() - setup
+        if timing is not None:
+            timing.set()  # profile the steps from here on
         start = time.perf_counter()
         pending, done = list(requests), {}
         while len(done) < len(requests):
@@ -190,6 +196,7 @@ def serve_hf(tokenizer, requests) -> dict:
                 done[result.request_id] = result
     finally:
         manager.stop(block=True)
+        restore()
     errors = [r.error for r in done.values() if r.error]
     if errors:
         raise RuntimeError(f"HF's continuous batching failed a request: {errors[0]}")
@@ -197,7 +204,61 @@ def serve_hf(tokenizer, requests) -> dict:
     last = {k: r.timestamps[-1] - start for k, r in done.items()}
     result = summarise(requests, first, last, {k: r.generated_tokens for k, r in done.items()})
     result["setup_seconds"] = round(setup, 1)
+    if profiled:
+        result["where_step_time_goes"] = where_time_goes(profile)
     return result
+
+
+def step_profiler():
+    """cProfile on HF's generation steps, in the thread that runs them (a profiler sees only
+    its own thread), from when the returned event is set. HF internals: None where they moved."""
+    import cProfile
+    import threading
+
+    from transformers.generation.continuous_batching import continuous_api
+
+    manager = continuous_api.ContinuousBatchingManager
+    profile, timing = cProfile.Profile(), threading.Event()
+    step = getattr(manager, "_generation_step", None)
+    if step is None:
+        return None, timing, lambda: None
+
+    def profiled_step(self, *args, **kwargs):
+        if not timing.is_set():
+            return step(self, *args, **kwargs)
+        profile.enable()
+        try:
+            return step(self, *args, **kwargs)
+        finally:
+            profile.disable()
+
+    manager._generation_step = profiled_step
+    return profile, timing, lambda: setattr(manager, "_generation_step", step)
+
+
+def where_time_goes(profile) -> dict | None:
+    """Seconds of HF's timed steps, and of what inside them: the model's forward, within it
+    attention (SDPA) and the matrix products, and the rest of a step (scheduling the batch,
+    preparing its inputs, sampling, bookkeeping)."""
+    import pstats
+
+    if profile is None:
+        return None
+    stats = pstats.Stats(profile).stats  # (file, line, name) -> (calls, ..., tottime, cumtime)
+
+    def cumulative(match) -> float:
+        return max((v[3] for k, v in stats.items() if match(*k)), default=0.0)
+
+    def total(match) -> float:
+        return sum(v[2] for k, v in stats.items() if match(*k))
+
+    steps = cumulative(lambda f, _, name: name == "_generation_step")
+    model = cumulative(lambda f, _, name: f.endswith("modeling_gpt2.py") and name == "forward")
+    attention = total(lambda f, _, name: "scaled_dot_product_attention" in name)
+    matmuls = total(lambda f, _, name: any(op in name for op in ("addmm", "_nn.linear")))
+    parts = {"steps": steps, "model_forward": model, "attention": attention,
+             "matrix_products": matmuls, "rest_of_step": steps - model}  # fmt: skip
+    return {k: round(v, 2) for k, v in parts.items()}
 
 
 def prefix_trace(tokenizer, n: int, seed: int, longest: int = 64) -> list[dict]:
@@ -247,6 +308,9 @@ def main() -> None:
     if args.hf:
         hf = serve_hf(tokenizer, requests)
         hf["same_tokens"] = hf.pop("_tokens") == engine_tokens
+        hf["where_step_time_goes"] = serve_hf(tokenizer, requests, profiled=True)[
+            "where_step_time_goes"
+        ]
 
     shared = prefix_trace(tokenizer, max(args.requests // 2, 4), args.seed, min(longest, 64))
     runs = {}
