@@ -2,6 +2,7 @@
 
     python benchmarks/serving.py [--requests 64] [--rate 40] [--batch 8] [--seats 32]
                                  [--threads 1] [--seed 0] [--quick] [--hf]
+                                 [--default-allocator]
 
 A seeded trace (`trace`): `--requests` requests arriving as a Poisson process of `--rate`
 requests per second, prompts of 4-60 tokens cut from the plays, answers of 16-160 tokens
@@ -31,6 +32,7 @@ the matrix products within it) and of the rest of a step. Prints one JSON object
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
 import json
 import math
@@ -49,6 +51,22 @@ from utils.corpus import load_plays
 from utils.models import load_hf, load_model
 
 PREFIX = 128  # the shared prefix of the prefix trace, in tokens
+
+
+def keep_freed_memory() -> str:
+    """Ask glibc to keep freed memory. By default it hands a freed block of more than a few
+    hundred KB back to the system, and the next allocation of it faults it back in page by
+    page. The engine's step makes several such blocks (each layer's gathered keys and values,
+    megabytes), and on this machine that cost a million page faults a run and halved the
+    engine's throughput, varying with the allocator's state from run to run. The same setting
+    holds for every method timed. Returns what was set."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return "default (no glibc here)"
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # malloc.h
+    ok = libc.mallopt(M_MMAP_THRESHOLD, 256 << 20) and libc.mallopt(M_TRIM_THRESHOLD, 512 << 20)
+    return "glibc: mmap threshold 256 MiB, trim threshold 512 MiB" if ok else "default"
 
 
 @functools.cache
@@ -288,12 +306,16 @@ def main() -> None:
     parser.add_argument(
         "--hf", action="store_true", help="also HF's continuous batching (its setup: ~30 s)"
     )
+    parser.add_argument(
+        "--default-allocator", action="store_true", help="leave glibc's malloc settings alone"
+    )
     args = parser.parse_args()
     if args.quick:
         args.requests = 8
     if args.requests < 2 or args.rate <= 0 or args.batch < 1 or args.seats < 1:
         parser.error("--requests >= 2, --rate > 0, --batch and --seats >= 1")
     torch.set_num_threads(args.threads)
+    allocator = "default" if args.default_allocator else keep_freed_memory()
     model, tokenizer = load_model("shakespeare")
     model.eval()
     longest = 32 if args.quick else 160
@@ -346,7 +368,8 @@ def main() -> None:
     }  # fmt: skip
     print(json.dumps({
         "machine": {"processor": platform.processor() or platform.machine(),
-                    "torch": torch.__version__, "torch_threads": torch.get_num_threads()},
+                    "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+                    "allocator": allocator},
         "trace": {"requests": args.requests, "rate_per_s": args.rate, "seed": args.seed,
                   "answer_tokens": sum(r["max_tokens"] for r in requests)},
         "static": static, "engine": engine, "same_tokens": same, "hf_continuous_batching": hf,

@@ -17,7 +17,8 @@ def test_quick_benchmark_reports_both_servers_the_prefix_trace_and_every_goal(mo
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    monkeypatch.setattr(sys, "argv", ["serving.py", "--quick"])
+    # (glibc left as it is: the rest of this process should not inherit the benchmark's setting)
+    monkeypatch.setattr(sys, "argv", ["serving.py", "--quick", "--default-allocator"])
     module.main()
     result = json.loads(capsys.readouterr().out)
     assert result["same_tokens"], "static batching and the engine must write the same tokens"
