@@ -47,6 +47,11 @@ from solutions.fast_sampling import FastTransformerSampler
 from solutions.static_cache import StaticKeyValueCache, decode_step
 from utils.models import load_hf, load_model
 
+try:  # python -m benchmarks.cuda_graphs, from the repository root
+    from benchmarks.fixed_cost import interleaved_runs, ratio_within_runs
+except ModuleNotFoundError:  # python benchmarks/cuda_graphs.py: this folder is on sys.path
+    from fixed_cost import interleaved_runs, ratio_within_runs
+
 PROMPT = "\n"  # one token
 GOAL = ("fast_graphed_over_cached", "the CUDA-graph loop / chapter 4's eager cached loop", 3.0)
 
@@ -188,23 +193,12 @@ def bench(
             break
 
     methods = {name: synced(fn) for name, fn in methods.items()}
-    expected = methods["hf_dynamic"]()  # HF's tokens, which every call must give
-    same = {name: fn() == expected for name, fn in methods.items()}  # and a warm-up
-    times: dict[str, list[float]] = {name: [] for name in methods}
-    for run in range(runs):
-        names = list(methods)
-        for name in names[run % len(names) :] + names[: run % len(names)]:
-            start = time.perf_counter()
-            out = methods[name]()
-            times[name].append(time.perf_counter() - start)
-            same[name] &= out == expected
-        print(f"run {run + 1} of {runs} done", file=sys.stderr)
+    times, same = interleaved_runs(
+        methods, "hf_dynamic", runs, progress=lambda line: print(line, file=sys.stderr)
+    )
 
     def ratio(fast: str, slow: str) -> float | None:
-        if fast not in times or slow not in times:
-            return None
-        per_run = [ts / tf for tf, ts in zip(times[fast], times[slow], strict=True)]
-        return round(statistics.median(per_run), 2)
+        return ratio_within_runs(times, fast, slow)
 
     # One step alone, and the kernels it launches.
     step_cache = StaticKeyValueCache(model.cfg, batch=1, device=gpu)

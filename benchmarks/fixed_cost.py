@@ -102,16 +102,7 @@ def bench(model_name: str, runs: int) -> dict:
             hf_static, cache_implementation="static"
         )
 
-    expected = methods["hf_dynamic"]()  # warm-up, and HF's tokens, which every call must give
-    same = {name: fn() == expected for name, fn in methods.items()}
-    times: dict[str, list[float]] = {name: [] for name in methods}
-    for run in range(runs):
-        names = list(methods)
-        for name in names[run % len(names) :] + names[: run % len(names)]:
-            start = time.perf_counter()
-            out = methods[name]()
-            times[name].append(time.perf_counter() - start)
-            same[name] &= out == expected
+    times, same = interleaved_runs(methods, "hf_dynamic", runs)
     if inductor:
         # The decoding step's own entries in dynamo's cache: one per compilation of it (HF's
         # compiled forward has its own, and graph breaks anywhere are counted apart).
@@ -153,10 +144,7 @@ def bench(model_name: str, runs: int) -> dict:
     tps = {name: new / statistics.median(t) for name, t in times.items()}
 
     def ratio(fast: str, slow: str) -> float | None:
-        if fast not in times or slow not in times:
-            return None
-        per_run = [ts / tf for tf, ts in zip(times[fast], times[slow], strict=True)]
-        return round(statistics.median(per_run), 2)
+        return ratio_within_runs(times, fast, slow)
 
     ratios = {
         "cached_over_hf_dynamic": ratio("cached", "hf_dynamic"),
@@ -201,6 +189,34 @@ def bench(model_name: str, runs: int) -> dict:
         "cost_model": cost_model(model_name, positions=[8, 64, 128, 192, 240]),
         "int8": int8_figures(model, tokenizer),
     }
+
+
+def interleaved_runs(methods: dict, reference: str, runs: int, progress=None):
+    """Each method called `runs` times, in a rotated order each run (a busy spell of the machine
+    hits all of them), after one untimed call each. Returns each method's seconds per run, and
+    whether every call gave the tokens of `reference`'s first call."""
+    expected = methods[reference]()  # warm-up, and the tokens every call must give
+    same = {name: fn() == expected for name, fn in methods.items()}
+    times: dict[str, list[float]] = {name: [] for name in methods}
+    for run in range(runs):
+        names = list(methods)
+        for name in names[run % len(names) :] + names[: run % len(names)]:
+            start = time.perf_counter()
+            out = methods[name]()
+            times[name].append(time.perf_counter() - start)
+            same[name] &= out == expected
+        if progress is not None:
+            progress(f"run {run + 1} of {runs} done")
+    return times, same
+
+
+def ratio_within_runs(times: dict[str, list[float]], fast: str, slow: str) -> float | None:
+    """The median over runs of slow's seconds / fast's within each run (None if either was
+    not timed)."""
+    if fast not in times or slow not in times:
+        return None
+    per_run = [ts / tf for tf, ts in zip(times[fast], times[slow], strict=True)]
+    return round(statistics.median(per_run), 2)
 
 
 def median_seconds(run, runs: int, calls: int = 50) -> float:

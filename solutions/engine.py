@@ -15,7 +15,6 @@ is the chapter's last section.
 
 import itertools
 import math
-import time
 from dataclasses import dataclass
 
 import torch
@@ -162,8 +161,6 @@ class LLMEngine:
             token = tokens[row]
             row += 1
             request.output_token_ids.append(token)
-            if request.first_token_time is None:
-                request.first_token_time = time.perf_counter()
             reason = self._stop_reason(request, token)
             if reason is not None:
                 self.scheduler.finish(request)
@@ -175,16 +172,15 @@ class LLMEngine:
         """Each request's next token by chapter 3's rules, row by row, each with its own
         generator: its draws do not depend on its neighbours. Greedy rows without a penalty
         need neither a generator nor their text: one argmax serves them all."""
-        greedy = [
-            i for i, r in enumerate(requests)
-            if r.params.temperature == 0 and r.params.frequency_penalty == 0
-        ]  # fmt: skip
+        is_greedy = [p.temperature == 0 and p.frequency_penalty == 0 for p in
+                     (r.params for r in requests)]  # fmt: skip
+        greedy = [i for i, g in enumerate(is_greedy) if g]
         tokens = [0] * len(requests)
         if greedy:
             for i, token in zip(greedy, logits[greedy].argmax(dim=-1).tolist(), strict=True):
                 tokens[i] = token
         for i, request in enumerate(requests):
-            if i in greedy:
+            if is_greedy[i]:
                 continue
             ids = torch.tensor([request.all_token_ids], device=logits.device)
             token = sample_next_token(

@@ -64,7 +64,7 @@ class FastSpeculativeGenerator:
         device = next(main.parameters()).device
         self.main_cache = StaticKeyValueCache(main.cfg, 1, device, main.embed.W_E.dtype)
         self.draft_cache = StaticKeyValueCache(draft.cfg, 1, device, draft.embed.W_E.dtype)
-        self.offsets = torch.arange(self.k + 1, device=device)  # a pass's slots, from its first
+        self.device = device
 
     @torch.inference_mode()
     def generate(
@@ -92,7 +92,7 @@ class FastSpeculativeGenerator:
                 f"{max_tokens_generated} plus k + 1 = {k + 1} passes n_ctx={n_ctx}"
             )
         stats = stats if stats is not None else SpeculativeStats()
-        device = self.offsets.device
+        device = self.device
         generator = None if seed is None else torch.Generator(device).manual_seed(seed)
         sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
         eos = self.tokenizer.eos_token_id

@@ -94,9 +94,3 @@ class KVCacheManager:
     def forget(self, request: Request) -> None:
         """Drop the request's cached names too (it is finished and will not be scheduled)."""
         self.req_hashes.pop(request.request_id, None)
-
-    @property
-    def usage(self) -> float:
-        """The fraction of blocks held by some request."""
-        blocks = self.pool.blocks
-        return sum(1 for block in blocks if block.ref_cnt > 0) / len(blocks)

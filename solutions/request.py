@@ -10,7 +10,6 @@ next.
 """
 
 import enum
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -29,7 +28,6 @@ class Request:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    arrival_time: float = field(default_factory=time.perf_counter)
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose keys and values are in the blocks
@@ -38,8 +36,6 @@ class Request:
     num_preemptions: int = 0
     finish_reason: str | None = None  # vLLM's words: "stop", "length", "abort"; or "error"
     error: str | None = None
-    first_token_time: float | None = None
-    finish_time: float | None = None
     # The request's own random numbers, on the model's device (the engine seeds it from
     # `params.seed`): its tokens do not depend on the rest of the batch.
     generator: torch.Generator | None = None
@@ -58,7 +54,6 @@ class Request:
 
     def finish(self, reason: str, error: str | None = None) -> None:
         self.status, self.finish_reason, self.error = RequestStatus.FINISHED, reason, error
-        self.finish_time = time.perf_counter()
 
 
 @dataclass
