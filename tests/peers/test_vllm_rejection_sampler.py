@@ -445,7 +445,7 @@ def empirical(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
         for case in cases
     ],
 )
-def test_output_approaches_the_target_distribution(sampler, k, seed, equal):
+def test_output_approaches_the_target_distribution(sampler, k, seed, equal, pytestconfig):
     """V0 and v1: draws from random draft and target distributions over 10 tokens; as the
     number of samples grows from 10 to 100,000, the distance (L2) between the emitted tokens'
     frequencies and the target must shrink more than 20 times as much as their mean distance
@@ -456,6 +456,8 @@ def test_output_approaches_the_target_distribution(sampler, k, seed, equal):
     give: at each size from 100 on, a chi-square test of the emitted tokens against the target
     (first position over all rows, second over the rows that kept their first draft: each
     exactly a sample of the target). Deterministic under its seed."""
+    if sampler.interpreted and seed > 0 and not pytestconfig.getoption("--runslow"):
+        pytest.skip("interpreted kernel: seed 0 here, every seed with --runslow (about 3 s each)")
     vocab = 10
     gen = seeded(seed)
     draft_p = torch.softmax(torch.rand(vocab, generator=gen), dim=-1)
