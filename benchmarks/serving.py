@@ -4,10 +4,11 @@
                                  [--threads 1] [--seed 0] [--quick] [--hf]
                                  [--default-allocator]
 
-A seeded trace (`trace`): `--requests` requests arriving as a Poisson process of `--rate`
-requests per second, prompts of 4-60 tokens cut from the plays, answers of 16-160 tokens
-(greedy, no stop at end-of-text: every method writes the same tokens, checked). Two ways to
-serve it, each run against the wall clock (a request exists only from its arrival time):
+A seeded trace (`poisson_trace`; it and both servers live in solutions/serving.py): `--requests`
+requests arriving as a Poisson process of `--rate` requests per second, prompts of 4-60 tokens
+cut from the plays, answers of 16-160 tokens (greedy, no stop at end-of-text: every method writes
+the same tokens, checked). Two ways to serve it, each run against the wall clock (a request
+exists only from its arrival time):
 
 - `static`: chapter 4's batching. Requests are taken in arrival order, `--batch` at a time; a
   batch starts when its last request has arrived and the batch before it has finished, is padded
@@ -33,24 +34,24 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import functools
+import dataclasses
 import json
-import math
 import platform
-import random
-import statistics
 import time
 
 import torch
 
-from solutions.batched import left_pad
-from solutions.cached_model import forward_with_cache
-from solutions.engine import LLMEngine
-from solutions.sampling_params import SamplingParams
-from utils.corpus import load_plays
+from solutions.serving import (
+    Served,
+    poisson_trace,
+    serve_engine,
+    serve_static,
+    shared_prefix_trace,
+)
 from utils.models import load_hf, load_model
 
 PREFIX = 128  # the shared prefix of the prefix trace, in tokens
+BLOCK_SIZE = 16  # serve_engine's default
 
 
 def keep_freed_memory() -> str:
@@ -69,115 +70,6 @@ def keep_freed_memory() -> str:
     return "glibc: mmap threshold 256 MiB, trim threshold 512 MiB" if ok else "default"
 
 
-@functools.cache
-def play_tokens(tokenizer) -> list[int]:
-    """The first 50,000 characters of the first play, as tokens: where prompts are cut from."""
-    return tokenizer.encode(next(iter(load_plays().values()))[:50_000])
-
-
-def trace(tokenizer, n: int, rate: float, seed: int, longest: int = 160) -> list[dict]:
-    """n requests: arrival (seconds from the start), prompt ids, answer length (16 to
-    `longest`)."""
-    rng = random.Random(seed)
-    text = play_tokens(tokenizer)
-    requests, now = [], 0.0
-    for i in range(n):
-        now += rng.expovariate(rate)
-        length, start = rng.randint(4, 60), rng.randrange(len(text) - 60)
-        requests.append({"id": str(i), "arrival": now, "prompt": text[start : start + length],
-                         "max_tokens": rng.randint(16, longest)})  # fmt: skip
-    return requests
-
-
-def percentiles(values: list[float]) -> dict:
-    ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
-    return {"median": round(1e3 * statistics.median(ordered), 1), "p99": round(1e3 * p99, 1)}
-
-
-def summarise(requests, first, last, tokens) -> dict:
-    """Latency and throughput from each request's times (seconds from the trace's start)."""
-    ttft = [first[r["id"]] - r["arrival"] for r in requests]
-    tpot = [(last[r["id"]] - first[r["id"]]) / (r["max_tokens"] - 1) for r in requests]
-    span = max(last.values()) - min(r["arrival"] for r in requests)
-    return {
-        "tokens_per_s": round(sum(r["max_tokens"] for r in requests) / span, 1),
-        "ttft_ms": percentiles(ttft),
-        "tpot_ms": percentiles(tpot),
-        "seconds": round(span, 2),
-        "_tokens": tokens,
-    }
-
-
-@torch.inference_mode()
-def serve_static(model, tokenizer, requests, batch: int) -> dict:
-    eos = tokenizer.eos_token_id
-    start = time.perf_counter()
-    first, last, tokens = {}, {}, {}
-    reserved = used = 0
-    for b in range(0, len(requests), batch):
-        group = requests[b : b + batch]
-        while time.perf_counter() - start < group[-1]["arrival"]:
-            time.sleep(0.0005)  # the batch waits for its last request
-        ids, mask = left_pad([r["prompt"] for r in group], pad_id=eos)
-        steps = max(r["max_tokens"] for r in group)
-        # The padded batch's cache holds every row for the longest prompt and answer.
-        reserved = max(reserved, len(group) * (ids.shape[1] + steps - 1))
-        used = max(used, sum(len(r["prompt"]) + r["max_tokens"] - 1 for r in group))
-        logits, cache = forward_with_cache(model, ids, attention_mask=mask)
-        out = [[] for _ in group]
-        for step in range(steps):
-            token = logits[:, -1].argmax(dim=-1)
-            now = time.perf_counter() - start
-            for row, r in enumerate(group):
-                if step < r["max_tokens"]:
-                    out[row].append(int(token[row]))
-                    first.setdefault(r["id"], now)
-                    last[r["id"]] = now
-            if step < steps - 1:
-                logits, cache = forward_with_cache(model, token[:, None], cache)
-        tokens.update({r["id"]: out[row] for row, r in enumerate(group)})
-    result = summarise(requests, first, last, tokens)
-    result["kv_positions"] = {"reserved": reserved, "used": used}
-    return result
-
-
-def serve_engine(model, tokenizer, requests, seats: int, **engine_args) -> tuple[dict, LLMEngine]:
-    longest = sum(math.ceil((len(r["prompt"]) + r["max_tokens"]) / 16) for r in requests)
-    engine = LLMEngine(model, tokenizer, num_blocks=engine_args.pop("num_blocks", longest),
-                       block_size=16, max_num_batched_tokens=512, max_num_seqs=seats,
-                       **engine_args)  # fmt: skip
-    start = time.perf_counter()
-    first, last, tokens = {}, {}, {}
-    pending = list(requests)
-    worst = {"reserved": 0, "used": 0, "one_block_each": 0}
-    while pending or engine.has_unfinished_requests():
-        now = time.perf_counter() - start
-        while pending and pending[0]["arrival"] <= now:
-            r = pending.pop(0)
-            params = SamplingParams(temperature=0.0, max_tokens=r["max_tokens"], ignore_eos=True)
-            engine.add_request(r["id"], r["prompt"], params)
-        if not engine.has_unfinished_requests():
-            time.sleep(0.0005)
-            continue
-        outputs = engine.step()
-        now = time.perf_counter() - start
-        for output in outputs:
-            if output.new_token_ids:
-                first.setdefault(output.request_id, now)
-                last[output.request_id] = now
-            if output.finished:
-                tokens[output.request_id] = output.output_token_ids
-        running = engine.scheduler.running
-        reserved = 16 * sum(len(r.block_ids) for r in running)
-        if reserved > worst["reserved"]:
-            used = sum(r.num_computed_tokens for r in running)
-            worst = {"reserved": reserved, "used": used, "one_block_each": 16 * len(running)}
-    result = summarise(requests, first, last, tokens)
-    result["kv_positions"] = worst
-    return result, engine
-
-
 def serve_hf(tokenizer, requests, profiled: bool = False) -> dict:
     """HF transformers' own continuous batching (`init_continuous_batching`: a paged cache and a
     scheduler in a background thread) on the same trace, greedy, each request's own length.
@@ -188,14 +80,14 @@ def serve_hf(tokenizer, requests, profiled: bool = False) -> dict:
     hf_logging.set_verbosity_error()
     profile, timing, restore = step_profiler() if profiled else (None, None, lambda: None)
     hf = load_hf("shakespeare")[0].eval()
-    longest = max(r["max_tokens"] for r in requests)
+    longest = max(r.max_tokens for r in requests)
     config = GenerationConfig(do_sample=False, max_new_tokens=longest, eos_token_id=None,
                               pad_token_id=tokenizer.eos_token_id)  # fmt: skip
     manager = hf.init_continuous_batching(generation_config=config)
     manager.start()
     try:
         setup = time.perf_counter()
-        manager.add_request(requests[0]["prompt"], request_id="warm-up", max_new_tokens=2)
+        manager.add_request(requests[0].prompt, request_id="warm-up", max_new_tokens=2)
         while (result := manager.get_result(timeout=1)) is None or not result.is_finished():
             pass  # its first request sets the manager up: left out of the timing
         setup = time.perf_counter() - setup
@@ -205,9 +97,9 @@ def serve_hf(tokenizer, requests, profiled: bool = False) -> dict:
         pending, done = list(requests), {}
         while len(done) < len(requests):
             now = time.perf_counter() - start
-            while pending and pending[0]["arrival"] <= now:
+            while pending and pending[0].arrival <= now:
                 r = pending.pop(0)
-                manager.add_request(r["prompt"], request_id=r["id"], max_new_tokens=r["max_tokens"],
+                manager.add_request(r.prompt, request_id=r.request_id, max_new_tokens=r.max_tokens,
                                     record_timestamps=True)  # fmt: skip
             result = manager.get_result(timeout=0.001)
             if result is not None and result.is_finished():
@@ -218,13 +110,16 @@ def serve_hf(tokenizer, requests, profiled: bool = False) -> dict:
     errors = [r.error for r in done.values() if r.error]
     if errors:
         raise RuntimeError(f"HF's continuous batching failed a request: {errors[0]}")
-    first = {k: r.timestamps[0] - start for k, r in done.items()}
-    last = {k: r.timestamps[-1] - start for k, r in done.items()}
-    result = summarise(requests, first, last, {k: r.generated_tokens for k, r in done.items()})
+    served = Served(
+        first={k: r.timestamps[0] - start for k, r in done.items()},
+        last={k: r.timestamps[-1] - start for k, r in done.items()},
+        tokens={k: r.generated_tokens for k, r in done.items()},
+    )
+    result = served.summary(requests)
     result["setup_seconds"] = round(setup, 1)
     if profiled:
         result["where_step_time_goes"] = where_time_goes(profile)
-    return result
+    return result, served.tokens
 
 
 def step_profiler():
@@ -279,19 +174,6 @@ def where_time_goes(profile) -> dict | None:
     return {k: round(v, 2) for k, v in parts.items()}
 
 
-def prefix_trace(tokenizer, n: int, seed: int, longest: int = 64) -> list[dict]:
-    rng = random.Random(seed + 1)
-    text = play_tokens(tokenizer)
-    shared = text[:PREFIX]
-    requests = []
-    for i in range(n):
-        start = rng.randrange(PREFIX, len(text) - 30)
-        own = text[start : start + rng.randint(4, 30)]
-        requests.append({"id": str(i), "arrival": 0.0, "prompt": shared + own,
-                         "max_tokens": rng.randint(16, longest)})  # fmt: skip
-    return requests
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=64)
@@ -319,34 +201,40 @@ def main() -> None:
     model, tokenizer = load_model("shakespeare")
     model.eval()
     longest = 32 if args.quick else 160
-    requests = trace(tokenizer, args.requests, args.rate, args.seed, longest)
-    warm = [dict(r, arrival=0.0) for r in requests[:4]]
-    serve_engine(model, tokenizer, warm, args.seats)  # warm-up: first calls allocate
-    static = serve_static(model, tokenizer, requests, args.batch)
-    engine, _ = serve_engine(model, tokenizer, requests, args.seats)
-    engine_tokens = engine.pop("_tokens")
-    same = static.pop("_tokens") == engine_tokens
+    requests = poisson_trace(tokenizer, args.requests, args.rate, args.seed,
+                             answer_lens=(16, longest))  # fmt: skip
+    warm = [dataclasses.replace(r, arrival=0.0) for r in requests[:4]]
+    serve_engine(model, tokenizer, warm, max_num_seqs=args.seats)  # warm-up: first calls allocate
+    static_run = serve_static(model, tokenizer, requests, args.batch)
+    static = static_run.summary(requests)
+    static["kv_positions"] = {"reserved": static_run.kv_reserved, "used": static_run.kv_used}
+    engine_run, _ = serve_engine(model, tokenizer, requests, max_num_seqs=args.seats)
+    engine = engine_run.summary(requests)
+    engine["kv_positions"] = {"reserved": engine_run.kv_reserved, "used": engine_run.kv_used,
+                              "one_block_each": BLOCK_SIZE * engine_run.kv_requests}  # fmt: skip
+    same = static_run.tokens == engine_run.tokens
     hf = None
     if args.hf:
-        hf = serve_hf(tokenizer, requests)
-        hf["same_tokens"] = hf.pop("_tokens") == engine_tokens
-        hf["where_step_time_goes"] = serve_hf(tokenizer, requests, profiled=True)[
+        hf, hf_tokens = serve_hf(tokenizer, requests)
+        hf["same_tokens"] = hf_tokens == engine_run.tokens
+        hf["where_step_time_goes"] = serve_hf(tokenizer, requests, profiled=True)[0][
             "where_step_time_goes"
         ]
 
-    shared = prefix_trace(tokenizer, max(args.requests // 2, 4), args.seed, min(longest, 64))
+    shared = shared_prefix_trace(tokenizer, max(args.requests // 2, 4), args.seed, PREFIX,
+                                 answer_lens=(16, min(longest, 64)))  # fmt: skip
     runs = {}
     for caching in (False, True):
-        result, served = serve_engine(model, tokenizer, shared, args.seats,
-                                      enable_prefix_caching=caching)  # fmt: skip
-        result.pop("_tokens")
-        result["prompt_tokens_computed"] = served.stats.prompt_tokens_computed
-        result["prompt_tokens_cached"] = served.stats.prompt_tokens_cached
+        served, run = serve_engine(model, tokenizer, shared, max_num_seqs=args.seats,
+                                   enable_prefix_caching=caching)  # fmt: skip
+        result = served.summary(shared)
+        result["prompt_tokens_computed"] = run.stats.prompt_tokens_computed
+        result["prompt_tokens_cached"] = run.stats.prompt_tokens_cached
         runs["caching" if caching else "no_caching"] = result
     # With caching, the first request computes the prefix's full blocks; every later one, only
     # what is not in them (its own tokens, and the prefix's partial last block if any).
-    full = (PREFIX // 16) * 16
-    expected = sum(len(r["prompt"]) for r in shared) - full * (len(shared) - 1)
+    full = (PREFIX // BLOCK_SIZE) * BLOCK_SIZE
+    expected = sum(len(r.prompt) for r in shared) - full * (len(shared) - 1)
 
     throughput = engine["tokens_per_s"] / static["tokens_per_s"]
     ttft = engine["ttft_ms"]["median"] / static["ttft_ms"]["median"]
@@ -371,7 +259,7 @@ def main() -> None:
                     "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                     "allocator": allocator},
         "trace": {"requests": args.requests, "rate_per_s": args.rate, "seed": args.seed,
-                  "answer_tokens": sum(r["max_tokens"] for r in requests)},
+                  "answer_tokens": sum(r.max_tokens for r in requests)},
         "static": static, "engine": engine, "same_tokens": same, "hf_continuous_batching": hf,
         "prefix_trace": {"requests": len(shared), "shared_prefix": PREFIX, **runs},
         "goals": goals,

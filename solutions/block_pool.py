@@ -61,6 +61,7 @@ class BlockPool:
         cached loses its name: its memory is about to be overwritten."""
         if n > len(self.free_queue):
             raise ValueError(f"asked for {n} blocks, only {len(self.free_queue)} are free")
+        # BEGIN SOLUTION
         blocks = []
         for _ in range(n):
             block = self.blocks[self.free_queue.popitem(last=False)[0]]
@@ -71,13 +72,16 @@ class BlockPool:
             block.ref_cnt = 1
             blocks.append(block)
         return blocks
+        # END SOLUTION
 
     def touch(self, blocks: list[KVCacheBlock]) -> None:
         """One more holder for each block (a prefix-cache hit); a free one leaves the queue."""
+        # BEGIN SOLUTION
         for block in blocks:
             if block.ref_cnt == 0:
                 del self.free_queue[block.block_id]
             block.ref_cnt += 1
+        # END SOLUTION
 
     def free_blocks(self, blocks: list[KVCacheBlock]) -> None:
         """One holder less for each block, in the order given; a block nobody holds joins the
@@ -85,9 +89,11 @@ class BlockPool:
         for block in blocks:
             if block.ref_cnt <= 0:
                 raise ValueError(f"block {block.block_id} freed more times than it was held")
+            # BEGIN SOLUTION
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self.free_queue[block.block_id] = None
+            # END SOLUTION
 
     def cache_full_block(self, block: KVCacheBlock, block_hash: bytes) -> None:
         """Name a full block, so that later requests with its prefix can share it. If

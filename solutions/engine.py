@@ -13,12 +13,12 @@ The engine is one process on one device, on purpose: what engines do past one ma
 is the chapter's last section.
 """
 
-import itertools
 import math
 from dataclasses import dataclass
 
 import torch
-from torch import nn
+from jaxtyping import Float
+from torch import Tensor, nn
 
 from solutions import checks
 from solutions.kv_cache_manager import KVCacheManager
@@ -36,6 +36,33 @@ class EngineStats:
     prompt_tokens_computed: int = 0
     prompt_tokens_cached: int = 0  # prompt tokens found in the prefix cache instead
     preemptions: int = 0
+
+
+def sample_requests(requests: list[Request], logits: Float[Tensor, "R d_vocab"]) -> list[int]:
+    """The next token of each request (row i of `logits` is request i's), by chapter 3's
+    rules under the request's own `SamplingParams`, drawn with the request's own generator
+    (`request.generator`, None for an unseeded request): its draws do not depend on its
+    neighbours. A frequency penalty counts the request's own tokens, prompt and output.
+    Greedy rows without a penalty need neither a generator nor their text: one argmax over
+    all of them serves them at once."""
+    # BEGIN SOLUTION
+    is_greedy = [r.params.temperature == 0 and r.params.frequency_penalty == 0 for r in requests]
+    greedy = [i for i, g in enumerate(is_greedy) if g]
+    tokens = [0] * len(requests)
+    if greedy:
+        for i, token in zip(greedy, logits[greedy].argmax(dim=-1).tolist(), strict=True):
+            tokens[i] = token
+    for i, request in enumerate(requests):
+        if is_greedy[i]:
+            continue
+        ids = torch.tensor([request.all_token_ids], device=logits.device)
+        token = sample_next_token(
+            ids, logits[i : i + 1], generator=request.generator,
+            **request.params.sampling_kwargs(),
+        )  # fmt: skip
+        tokens[i] = int(token[0])
+    return tokens
+    # END SOLUTION
 
 
 class LLMEngine:
@@ -146,7 +173,7 @@ class LLMEngine:
         last_rows = inputs.query_start[1:] - 1
         logits = forward_paged(self.model, self.cache, inputs, last_rows[torch.tensor(samples)])
         sampled = [r for (r, _), s in zip(plan.scheduled, samples, strict=True) if s]
-        tokens = self._sample(sampled, logits)
+        tokens = sample_requests(sampled, logits)
         row = 0
         for (request, num_new), sampling in zip(plan.scheduled, samples, strict=True):
             prompt_left = len(request.prompt_token_ids) - request.num_computed_tokens
@@ -168,28 +195,6 @@ class LLMEngine:
             outputs.append(self._output(request, [token]))
         return outputs
 
-    def _sample(self, requests: list[Request], logits: torch.Tensor) -> list[int]:
-        """Each request's next token by chapter 3's rules, row by row, each with its own
-        generator: its draws do not depend on its neighbours. Greedy rows without a penalty
-        need neither a generator nor their text: one argmax serves them all."""
-        is_greedy = [p.temperature == 0 and p.frequency_penalty == 0 for p in
-                     (r.params for r in requests)]  # fmt: skip
-        greedy = [i for i, g in enumerate(is_greedy) if g]
-        tokens = [0] * len(requests)
-        if greedy:
-            for i, token in zip(greedy, logits[greedy].argmax(dim=-1).tolist(), strict=True):
-                tokens[i] = token
-        for i, request in enumerate(requests):
-            if is_greedy[i]:
-                continue
-            ids = torch.tensor([request.all_token_ids], device=logits.device)
-            token = sample_next_token(
-                ids, logits[i : i + 1], generator=request.generator,
-                **request.params.sampling_kwargs(),
-            )  # fmt: skip
-            tokens[i] = int(token[0])
-        return tokens
-
     def _stop_reason(self, request: Request, token: int) -> str | None:
         if token == self.tokenizer.eos_token_id and not request.params.ignore_eos:
             return "stop"
@@ -209,9 +214,6 @@ class LLMEngine:
         )
 
 
-_generate_ids = itertools.count()
-
-
 def generate(
     engine: LLMEngine, prompts: list[str | list[int]], params: SamplingParams | list
 ) -> list[RequestOutput]:
@@ -221,7 +223,8 @@ def generate(
         params = [params] * len(prompts)
     if len(params) != len(prompts):
         raise ValueError(f"params: one per prompt ({len(prompts)}), got {len(params)}")
-    ids = [f"generate-{next(_generate_ids)}" for _ in prompts]
+    first = len(engine.requests)  # ids no earlier request of this engine has
+    ids = [f"generate-{first + i}" for i in range(len(prompts))]
     for request_id, prompt, p in zip(ids, prompts, params, strict=True):
         engine.add_request(request_id, prompt, p)
     final: dict[str, RequestOutput] = {}

@@ -40,6 +40,7 @@ class KVCacheManager:
         that the next token is sampled from."""
         if not self.enable_prefix_caching:
             return [], 0
+        # BEGIN SOLUTION
         blocks = []
         for block_hash in self.block_hashes(request, request.num_tokens - 1):
             block = self.pool.get_cached_block(block_hash)
@@ -47,6 +48,7 @@ class KVCacheManager:
                 break
             blocks.append(block)
         return blocks, len(blocks) * self.block_size
+        # END SOLUTION
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, computed: list[KVCacheBlock] | None = None
@@ -56,6 +58,8 @@ class KVCacheManager:
         blocks are too few."""
         computed = computed or []
         blocks = self.req_blocks.get(request.request_id, [])
+        # Count num_new_blocks, the blocks to add; return None if the pool cannot give them.
+        # BEGIN SOLUTION
         num_computed = request.num_computed_tokens + len(computed) * self.block_size
         needed = math.ceil((num_computed + num_new_tokens) / self.block_size)
         num_new_blocks = needed - len(blocks) - len(computed)
@@ -63,6 +67,7 @@ class KVCacheManager:
         evictable_hits = sum(1 for block in computed if block.ref_cnt == 0)
         if num_new_blocks > self.pool.num_free_blocks - evictable_hits:
             return None
+        # END SOLUTION
         self.pool.touch(computed)
         self.req_blocks[request.request_id] = blocks
         blocks.extend(computed)

@@ -49,6 +49,7 @@ class Scheduler:
         # Running requests first, oldest first.
         i = 0
         while i < len(self.running) and budget > 0:
+            # BEGIN SOLUTION
             request = self.running[i]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             while self.kv.allocate_slots(request, num_new) is None:
@@ -62,9 +63,11 @@ class Scheduler:
                 out.scheduled.append((request, num_new))
                 budget -= num_new
                 i += 1
+            # END SOLUTION
         # Then the queue, in order, while budget, blocks and seats last. Not after a
         # preemption: the pool is full, and a request admitted now would be preempted next.
         while self.waiting and budget > 0 and not out.preempted:
+            # BEGIN SOLUTION
             if len(self.running) >= self.max_num_seqs:
                 break
             request = self.waiting[0]
@@ -80,6 +83,7 @@ class Scheduler:
             self.running.append(request)
             out.scheduled.append((request, num_new))
             budget -= num_new
+            # END SOLUTION
         return out
 
     def _preempt(self, request: Request) -> None:

@@ -4,7 +4,6 @@ exact counts of the prompt positions computed with a prefix cache, and the pool'
 after every step over random traces (hypothesis). The chapter that teaches it will grade a
 learner's versions; these tests keep the reference honest until then and after."""
 
-import math
 import random
 
 import pytest
@@ -15,10 +14,11 @@ from hypothesis import strategies as st
 from solutions.block_pool import BlockPool, hash_block_tokens
 from solutions.engine import LLMEngine, generate
 from solutions.paged_attention import PagedKVCache, forward_paged, prepare_inputs
-from solutions.request import RequestStatus
 from solutions.sampling import TransformerSampler
 from solutions.sampling_params import SamplingParams
 from tests.graded._oracles import hf_static_greedy
+from tests.graded._serving import invariant_problems
+from tests.graded._serving import run_to_end as run_steps
 from utils.models import load_hf, load_model
 
 PROMPTS = [
@@ -42,48 +42,12 @@ def draft():
 
 
 def check_invariants(engine: LLMEngine) -> None:
-    """What must hold after every step: each block's count is its holders, the free queue is
-    exactly the unheld blocks, every name points at its block, a running request's table
-    covers its computed tokens with less than one block to spare, a waiting one holds none."""
-    kv, pool, size = engine.kv, engine.kv.pool, engine.block_size
-    running, waiting = engine.scheduler.running, list(engine.scheduler.waiting)
-    holders = {block.block_id: 0 for block in pool.blocks}
-    for request in running:
-        blocks = kv.req_blocks[request.request_id]
-        assert request.status == RequestStatus.RUNNING
-        assert request.block_ids == [b.block_id for b in blocks]
-        assert len(set(request.block_ids)) == len(blocks), "a block twice in one table"
-        assert len(blocks) == math.ceil(request.num_computed_tokens / size), (
-            f"{request.request_id}: {len(blocks)} blocks for {request.num_computed_tokens} tokens"
-        )
-        for block in blocks:
-            holders[block.block_id] += 1
-    for request in waiting:
-        assert request.status == RequestStatus.WAITING
-        assert request.block_ids == [] and request.request_id not in kv.req_blocks
-        assert request.num_computed_tokens == 0
-    for block in pool.blocks:
-        assert block.ref_cnt == holders[block.block_id], f"block {block.block_id}'s count"
-        assert (block.block_id in pool.free_queue) == (block.ref_cnt == 0)
-        if holders[block.block_id] > 1:
-            assert block.block_hash is not None, "a block shared without a name"
-    for block_hash, block in pool.cached.items():
-        assert block.block_hash == block_hash
-    assert len(running) <= engine.scheduler.max_num_seqs
-    for request in engine.requests.values():
-        if request.is_finished:
-            assert request.block_ids == [] and request.request_id not in kv.req_blocks
+    problems = invariant_problems(engine)
+    assert not problems, "; ".join(problems)
 
 
 def run_to_end(engine: LLMEngine, max_steps: int = 5000) -> dict:
-    outputs = {}
-    for _ in range(max_steps):
-        if not engine.has_unfinished_requests():
-            return outputs
-        for output in engine.step():
-            outputs.setdefault(output.request_id, []).append(output)
-        check_invariants(engine)
-    raise AssertionError(f"requests still unfinished after {max_steps} steps")
+    return run_steps(engine, max_steps, check=check_invariants)
 
 
 def test_paged_logits_are_hfs_through_scattered_blocks(shipped):
