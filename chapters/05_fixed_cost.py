@@ -1261,5 +1261,5 @@ Console().print(table)
 #
 # One text at a time, a step is now close to what this machine's arithmetic and memory allow
 # for one position. Chapter 6 gets more than one token out of a main-model step: speculative
-# and lookahead decoding, on chapter 4's cache. Chapter 7 (in preparation) serves many requests
+# and lookahead decoding, on chapter 4's cache. Chapter 7 serves many requests
 # at once, which shares each step's fixed cost among many texts.

@@ -2028,7 +2028,9 @@ with one_thread(), torch.inference_mode():
 #
 # ## What's next
 #
-# Chapter 8 writes the sampling steps of chapters 3 and 6 as GPU kernels in Triton: Gumbel-max
-# sampling fused into the unembedding's matrix product (no row of probabilities ever stored),
-# top-k and top-p without sorting, and this chapter's rejection sampler, each checked against
-# exact probabilities and against the PyTorch versions of chapters 3 and 6.
+# Chapter 7 serves many requests at once: a paged cache, continuous batching and prefix caching,
+# the core of a serving engine such as vLLM. Chapter 8 writes the sampling steps of chapters 3
+# and 6 as GPU kernels in Triton: Gumbel-max sampling fused into the unembedding's matrix product
+# (no row of probabilities ever stored), top-k and top-p without sorting, and this chapter's
+# rejection sampler, each checked against exact probabilities and against the PyTorch versions
+# of chapters 3 and 6.

@@ -190,7 +190,8 @@ def serve_engine(
                 served.last[output.request_id] = now
             if output.finished:
                 served.tokens[output.request_id] = output.output_token_ids
-            was = before.get(output.request_id, 0)
+            # Computed in this step: from where it was, or, if admitted in it, from its hits.
+            was = before.get(output.request_id, request.num_cached_tokens)
             done = request.num_computed_tokens - was
             prefill = done > 1 or was < len(request.prompt_token_ids)
             step[output.request_id] = ("prefill", done) if prefill else ("decode", 1)

@@ -16,9 +16,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
-from matplotlib.colors import ListedColormap
+from matplotlib.colors import ListedColormap, to_rgba
 from matplotlib.lines import Line2D
-from matplotlib.patches import Circle, FancyBboxPatch, Patch
+from matplotlib.patches import Circle, FancyBboxPatch, Patch, Rectangle
+from matplotlib.ticker import MaxNLocator
 from torch import Tensor
 
 EOS = "<|endoftext|>"
@@ -1154,4 +1155,215 @@ def plot_lookahead_window(
             key, rest = gram[0], " ".join(readable_token(t, max_chars=8) for t in gram[1:])
             panel.text(0, i + 1, f"column {i}: {readable_token(key, max_chars=8)} → {rest}",
                        fontsize=8, va="center", family="monospace", color=colours[i])  # fmt: skip
+    plt.show()
+
+
+# --------------------------------------------------------------------------- chapter 7
+
+SERVE_COLOURS = {
+    "prefill": "#0072B2",  # blue: a chunk of the prompt read (its keys and values written)
+    "decode": "#009E73",  # green: one token generated
+    "preempted": "#D55E00",  # vermillion: the request's blocks freed, back to the queue
+}
+FREE_BLOCK = "#E4E4E4"  # light grey: a block nobody holds
+
+
+def _pale(colour, white: float = 0.5) -> tuple[float, float, float]:
+    """`colour` mixed with `white` of white: a fill on which black text stays readable."""
+    rgb = np.asarray(to_rgba(colour)[:3])
+    return tuple(rgb + white * (1 - rgb))
+
+
+def _kv_block(ax, x: float, y: float, block_id: int, colours: Sequence, filled: float) -> None:
+    """A KV block as a square 0.84 wide centred on (x, y), labelled with its id: grey when no
+    request holds it (`colours` empty), else white with its written share `filled` coloured
+    from the left, in one stripe per holder; hatched, with "×n", when n > 1 requests hold it."""
+    s, x0, y0 = 0.84, x - 0.42, y - 0.42
+    face = FREE_BLOCK if not colours else "white"
+    ax.add_patch(Rectangle((x0, y0), s, s, facecolor=face, edgecolor="black", linewidth=0.8))
+    for i, colour in enumerate(colours):
+        height = s / len(colours)
+        ax.add_patch(Rectangle((x0, y0 + i * height), s * filled, height,
+                               facecolor=_pale(colour), linewidth=0))  # fmt: skip
+    shared = len(colours) > 1
+    if shared:
+        ax.add_patch(Rectangle((x0, y0), s, s, fill=False, hatch="///", edgecolor="dimgrey",
+                               linewidth=0))  # fmt: skip
+        ax.text(x, y - 0.2, f"×{len(colours)}", ha="center", va="center", fontsize=7,
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5})  # fmt: skip
+    on_white = {"facecolor": "white", "edgecolor": "none", "pad": 0.5} if shared else None
+    ax.text(x, y + 0.1 if shared else y, str(block_id), ha="center", va="center", fontsize=8,
+            color="dimgrey" if not colours else "black", bbox=on_white)  # fmt: skip
+
+
+def plot_block_table(
+    tables: Mapping[str, Sequence[int]],
+    lengths: Mapping[str, int],
+    num_blocks: int,
+    block_size: int,
+    title: str = "",
+) -> None:
+    """The paged KV cache at one moment: the block pool on top, each request's block table below.
+
+    The pool is `num_blocks` squares labelled with their block ids, coloured by the request that
+    holds them: grey is free; hatched, with ×n, is shared by n requests (prefix caching: their
+    prompts begin with the same tokens, so they read the same keys and values). The coloured
+    part of a square is the share of its `block_size` slots already written: a request's last
+    block is often partly white. Below, request r's row is `tables[r]` in order, the blocks that
+    hold its tokens 0 to block_size - 1, then the next block_size, and so on: scattered through
+    the pool, wherever a block was free. `lengths[r]` is its number of tokens in the cache.
+    """
+    for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+        if isinstance(value, bool) or not hasattr(value, "__index__") or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    for r, table in tables.items():
+        for b in table:
+            if isinstance(b, bool) or not hasattr(b, "__index__") or not 0 <= b < num_blocks:
+                raise ValueError(f"tables[{r!r}] holds block {b!r}, not an id of the pool's "
+                                 f"{num_blocks} blocks (0 to {num_blocks - 1})")  # fmt: skip
+        if r not in lengths:
+            raise ValueError(f"lengths has no entry for {r!r}, a request of tables")
+        need = math.ceil(lengths[r] / block_size)
+        if not need <= len(table) <= need + 1:
+            raise ValueError(
+                f"lengths[{r!r}] = {lengths[r]} tokens need {need} blocks of {block_size} (one "
+                f"more at most), but tables[{r!r}] has {len(table)}"
+            )
+    palette = OKABE_ITO[:6] + ["#882255", "#999933", "#332288", "#F0E442", "#117733", "#AA4499"]
+    colour = {r: palette[i % len(palette)] for i, r in enumerate(tables)}
+    written = {r: [min(max(lengths[r] - j * block_size, 0), block_size) for j in range(len(t))]
+               for r, t in tables.items()}  # fmt: skip
+    holders: list[list] = [[] for _ in range(num_blocks)]
+    filled = [0.0] * num_blocks
+    for r, table in tables.items():
+        for j, b in enumerate(table):
+            holders[b] += [r] if r not in holders[b] else []
+            filled[b] = max(filled[b], written[r][j] / block_size)
+    n_rows = math.ceil(num_blocks / 16)
+    n_cols = math.ceil(num_blocks / n_rows)
+    first = -n_rows - 1.0  # the first request's row; the pool's rows are 0, -1, ...
+    longest = max((len(t) for t in tables.values()), default=0)
+    x_min = -0.9 - 0.13 * max((len(str(r)) for r in tables), default=0)
+    x_max = max(n_cols - 0.4, longest + 3.3)
+    y_min, y_max = first - len(tables) + 0.4, 1.1
+    unit = min(0.5, 9.5 / (x_max - x_min))  # inches per block
+    fig, ax = plt.subplots(figsize=(unit * (x_max - x_min) + 0.4, unit * (y_max - y_min) + 0.9),
+                           layout="constrained")  # fmt: skip
+    heading = {"ha": "left", "va": "center", "fontsize": 9, "color": "dimgrey"}
+    ax.text(-0.42, 0.75, f"block pool: {num_blocks} blocks of {block_size} slots", **heading)
+    for b in range(num_blocks):
+        _kv_block(ax, b % n_cols, -(b // n_cols), b, [colour[r] for r in holders[b]], filled[b])
+    ax.text(-0.42, first + 0.75, "block tables (position in the request → block id)", **heading)
+    for i, (r, table) in enumerate(tables.items()):
+        y = first - i
+        ax.text(-0.6, y, str(r), ha="right", va="center", fontsize=9)
+        for j, b in enumerate(table):
+            _kv_block(ax, j, y, b, [colour[r]] * len(holders[b]), written[r][j] / block_size)
+        last = f"last block {written[r][-1]}/{block_size}" if table else "no block"
+        ax.text(len(table) - 0.3, y, f"{lengths[r]} tokens, {last}", va="center", fontsize=8)
+    ax.set(xlim=(x_min, x_max), ylim=(y_min, y_max), aspect="equal")
+    ax.axis("off")
+    handles = []  # the requests' colours need no entry: each row names its request
+    if any(len(h) > 1 for h in holders):
+        handles.append(Patch(facecolor="white", hatch="///", edgecolor="dimgrey",
+                             label="shared prefix block (×n: n holders)"))  # fmt: skip
+    handles.append(Patch(facecolor=FREE_BLOCK, edgecolor="black", label="free block"))
+    handles.append(Patch(facecolor="white", edgecolor="black", label="white part: empty slots"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    ax.set_title(title or "The paged KV cache: the pool and the block tables", fontsize=10)
+    plt.show()
+
+
+def plot_schedule_timeline(steps: Sequence[Mapping[str, tuple[str, int]]], title: str = "") -> None:
+    """What the scheduler ran, step by step: a Gantt chart with a row per request (the first to
+    arrive at the top) and a column per step.
+
+    `steps[i]` maps a request id to (kind, num_tokens) at step i. A blue cell is a prefill chunk,
+    labelled with the number of prompt tokens it read (when the cells are wide enough for it); a
+    green cell a decode step, one token; a vermillion cell a preemption: the request's blocks
+    were freed at that step and it went back to the queue, to read its tokens again later. An
+    empty cell is a step in which the request did not run (not yet admitted, waiting, finished).
+    Below, the tokens each step computed, all requests together, stacked by kind: chunked
+    prefill fills the step's token budget around the decodes.
+    """
+    if not steps:
+        raise ValueError("steps is empty: give one {request id: (kind, num_tokens)} per step")
+    rows: dict[str, int] = {}
+    for i, step in enumerate(steps):
+        for r, entry in step.items():
+            kind = entry[0] if isinstance(entry, tuple | list) and len(entry) == 2 else None
+            if kind not in SERVE_COLOURS:
+                raise ValueError(f"steps[{i}][{r!r}] must be (kind, num_tokens) with kind one of "
+                                 f"{', '.join(SERVE_COLOURS)}; got {entry!r}")  # fmt: skip
+            rows.setdefault(r, len(rows))
+    n_steps, n_rows = len(steps), len(rows)
+    width = min(11.0, max(6.0, 0.4 * n_steps + 2.0))
+    fig, (ax, below) = plt.subplots(2, 1, sharex=True, figsize=(width, 0.38 * n_rows + 2.9),
+                                    height_ratios=[max(n_rows, 2), 2.4],
+                                    layout="constrained")  # fmt: skip
+    label_cells = (width - 1.8) / n_steps >= 0.22  # inches per step: room for two digits
+    for i, step in enumerate(steps):
+        for r, (kind, n) in step.items():
+            ax.barh(rows[r], 0.9, left=i - 0.45, height=0.72, color=SERVE_COLOURS[kind])
+            if kind == "prefill" and label_cells:
+                ax.text(i, rows[r], str(n), ha="center", va="center", fontsize=7, color="white")
+    ax.set_yticks(range(n_rows), [str(r) for r in rows], fontsize=9)
+    ax.set_ylim(max(n_rows, 1) - 0.5, -0.5)  # the first request at the top
+    ax.set_ylabel("request")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_axisbelow(True)
+    by_kind = {kind: [sum(n for k, n in step.values() if k == kind) for step in steps]
+               for kind in ("decode", "prefill")}  # fmt: skip
+    below.bar(range(n_steps), by_kind["decode"], 0.8, color=SERVE_COLOURS["decode"])
+    below.bar(range(n_steps), by_kind["prefill"], 0.8, bottom=by_kind["decode"],
+              color=SERVE_COLOURS["prefill"])  # fmt: skip
+    below.set_ylabel("tokens\nin the step", fontsize=9)
+    below.set_xlabel("step")
+    below.set_xlim(-0.6, n_steps - 0.4)
+    below.xaxis.set_major_locator(MaxNLocator(integer=True))
+    below.grid(axis="y", alpha=0.3)
+    handles = [
+        Patch(color=SERVE_COLOURS["prefill"], label="prefill chunk (its tokens)"),
+        Patch(color=SERVE_COLOURS["decode"], label="decode (1 token)"),
+        Patch(color=SERVE_COLOURS["preempted"], label="preempted: blocks freed"),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    ax.set_title(title or f"The schedule: {n_rows} requests over {n_steps} steps", fontsize=10)
+    plt.show()
+
+
+def plot_memory_over_time(
+    series: Mapping[str, Sequence[float]],
+    capacity: float | None = None,
+    ylabel: str = "KV blocks",
+    title: str = "",
+) -> None:
+    """KV-cache memory against the step, one line per series (say, the blocks an engine holds,
+    against what static batching reserves and what it actually uses), with the pool's size as
+    a dashed line at `capacity` when given. The gap between a "reserved" line and a "used" one
+    is memory no request can use; a line that stays near the pool is a cache kept full.
+    """
+    if not series:
+        raise ValueError("series is empty: give at least one {name: values}")
+    values = {name: np.asarray(list(v), dtype=float) for name, v in series.items()}
+    for name, v in values.items():
+        if v.ndim != 1 or v.size == 0:
+            raise ValueError(f"series[{name!r}] must be a non-empty sequence of numbers")
+    fig, ax = plt.subplots(figsize=(8.5, 3.8), layout="constrained")
+    markers = ["o", "s", "^", "D", "v", "P", "X"]
+    for i, (name, v) in enumerate(values.items()):
+        marker = markers[i % len(markers)] if v.size <= 60 else None
+        ax.plot(np.arange(v.size), v, color=OKABE_ITO[i % len(OKABE_ITO)], label=name,
+                marker=marker, markersize=3)  # fmt: skip
+    highest = max(float(v.max()) for v in values.values())
+    if capacity is not None:
+        ax.axhline(capacity, color="grey", linestyle="--", linewidth=1.2, label="pool")
+        highest = max(highest, capacity)
+    ax.set_ylim(0, 1.1 * highest if highest > 0 else 1)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # outside: hides no line
+    ax.set_title(title or "KV-cache memory over time", fontsize=10)
     plt.show()

@@ -542,3 +542,178 @@ def test_lookahead_window_without_predictions_and_bad_input():
         plot_lookahead_window("a", [["b", "c"], ["d"]])
     with pytest.raises(ValueError, match=r"^new must hold one token per column \(2\), got 1"):
         plot_lookahead_window("a", [["b", "c"]], new=["d"])
+
+
+# The example of chapter 7: three requests share a two-block prompt prefix (blocks 3 and 7).
+TABLES = {"a": [3, 7, 0], "b": [3, 7, 9, 4], "c": [3, 7, 11]}
+LENGTHS = {"a": 10, "b": 13, "c": 12}
+
+
+def test_block_table_pool_boxes_shared_prefix_and_partly_filled_last_blocks():
+    from utils.plots import FREE_BLOCK, plot_block_table
+
+    plot_block_table(TABLES, LENGTHS, num_blocks=12, block_size=4)
+    fig = plt.gcf()
+    ax = fig.axes[0]
+    assert ax.get_title() == "The paged KV cache: the pool and the block tables"
+    outlines = [p for p in ax.patches if p.get_linewidth() > 0]  # a square per block drawn
+    assert len(outlines) == 12 + 3 + 4 + 3  # the pool, then the three tables
+    pool = outlines[:12]
+    assert [(p.get_x() + 0.42, p.get_y() + 0.42) for p in pool] == [(b, 0) for b in range(12)]
+    in_pool = sorted((t.get_position()[0], t.get_text()) for t in ax.texts
+                     if t.get_position()[1] > -0.5 and t.get_text().isdigit())  # fmt: skip
+    assert [text for _, text in in_pool] == [str(b) for b in range(12)]
+    free = [b for b, p in enumerate(pool) if to_rgba(p.get_facecolor()) == to_rgba(FREE_BLOCK)]
+    assert free == [1, 2, 5, 6, 8, 10]
+    # The shared blocks, 3 and 7, are hatched and say "×3": in the pool and in each table.
+    hatched = [p for p in ax.patches if p.get_hatch()]
+    assert len(hatched) == 2 + 3 * 2
+    assert [(p.get_x() + 0.42, p.get_y() + 0.42) for p in hatched[:2]] == [(3, 0), (7, 0)]
+    assert texts(ax).count("×3") == 8
+    # The written part of a block is coloured from the left: in the pool, block 3 has one
+    # stripe per holder; the last blocks of a, b and c hold 2, 1 and 4 of their 4 slots.
+    fills = [p for p in ax.patches if p.get_fill() and p.get_linewidth() == 0]
+    at = {}
+    for p in fills:
+        at.setdefault((round(p.get_x() + 0.42, 6), round(p.get_y(), 6)), []).append(p)
+    stripes = [p for (x, y), ps in at.items() if x == 3 and -0.5 < y < 0.5 for p in ps]
+    assert len(stripes) == 3 and len({to_rgba(p.get_facecolor()) for p in stripes}) == 3
+    pool_fills = {round(p.get_x() + 0.42): p.get_width() for p in fills if p.get_y() > -0.5}
+    assert pool_fills[0] == pytest.approx(0.84 * 2 / 4)
+    assert pool_fills[4] == pytest.approx(0.84 * 1 / 4)
+    assert pool_fills[11] == pytest.approx(0.84)
+    assert set(pool_fills) == {0, 3, 4, 7, 9, 11}  # a free block has no fill
+    labels = texts(ax)
+    assert ["a", "b", "c"] == [t for t in labels if t in TABLES]
+    assert [t for t in labels if "tokens" in t] == [
+        "10 tokens, last block 2/4",
+        "13 tokens, last block 1/4",
+        "12 tokens, last block 4/4",
+    ]
+    assert legend_texts(fig.legends[0]) == [
+        "shared prefix block (×n: n holders)",
+        "free block",
+        "white part: empty slots",
+    ]
+
+
+def test_block_table_wraps_a_large_pool_and_rejects_bad_tables():
+    from utils.plots import plot_block_table
+
+    plot_block_table({"x": [20, 5], "y": [7]}, {"x": 5, "y": 0}, 24, 4, title="toy")
+    fig = plt.gcf()
+    ax = fig.axes[0]
+    assert ax.get_title() == "toy"
+    pool = [p for p in ax.patches if p.get_linewidth() > 0][:24]
+    centres = [(round(p.get_x() + 0.42), round(p.get_y() + 0.42)) for p in pool]
+    assert centres == [(b % 12, -(b // 12)) for b in range(24)]  # two rows of 12
+    assert not any(p.get_hatch() for p in ax.patches)
+    assert "shared prefix block (×n: n holders)" not in legend_texts(fig.legends[0])
+    assert "0 tokens, last block 0/4" in texts(ax)  # an empty block, allocated ahead
+    with pytest.raises(ValueError, match=r"^tables\['a'\] holds block 12, not an id"):
+        plot_block_table({"a": [12]}, {"a": 1}, 12, 4)
+    with pytest.raises(ValueError, match=r"^tables\['a'\] holds block -1"):
+        plot_block_table({"a": [-1]}, {"a": 1}, 12, 4)
+    with pytest.raises(ValueError, match=r"^lengths\['a'\] = 5 tokens need 2 blocks of 4"):
+        plot_block_table({"a": [3]}, {"a": 5}, 12, 4)
+    with pytest.raises(ValueError, match=r"^lengths\['a'\] = 4 tokens need 1 blocks"):
+        plot_block_table({"a": [1, 2, 3]}, {"a": 4}, 12, 4)
+    with pytest.raises(ValueError, match=r"^lengths has no entry for 'a'"):
+        plot_block_table({"a": [1]}, {}, 12, 4)
+    with pytest.raises(ValueError, match="^block_size must be an integer >= 1"):
+        plot_block_table({"a": [1]}, {"a": 1}, 12, 0)
+
+
+SCHEDULE = [
+    {"a": ("prefill", 5)},
+    {"a": ("prefill", 3), "b": ("prefill", 4)},
+    {"a": ("decode", 1), "b": ("preempted", 0)},
+    {"a": ("decode", 1), "c": ("prefill", 2)},
+    {"b": ("prefill", 7), "c": ("decode", 1)},
+]
+
+
+def test_schedule_timeline_one_cell_per_request_and_step_and_tokens_per_step():
+    from utils.plots import SERVE_COLOURS, plot_schedule_timeline
+
+    plot_schedule_timeline(SCHEDULE)
+    fig = plt.gcf()
+    ax, below = fig.axes
+    assert ax.get_title() == "The schedule: 3 requests over 5 steps"
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b", "c"]
+    bottom, top = ax.get_ylim()
+    assert bottom > top  # the first request at the top
+    cells = {
+        (round(p.get_x() + p.get_width() / 2), round(p.get_y() + p.get_height() / 2)): to_rgba(
+            p.get_facecolor()
+        )
+        for p in ax.patches
+    }
+    assert len(ax.patches) == len(cells) == 9  # one cell per (request, step) it ran
+    blue, green, red = (to_rgba(SERVE_COLOURS[k]) for k in ("prefill", "decode", "preempted"))
+    assert cells == {
+        (0, 0): blue, (1, 0): blue, (2, 0): green, (3, 0): green,
+        (1, 1): blue, (2, 1): red, (4, 1): blue,
+        (3, 2): blue, (4, 2): green,
+    }  # fmt: skip
+    chunks = {(round(t.get_position()[0]), round(t.get_position()[1])): t.get_text()
+              for t in ax.texts}  # fmt: skip
+    assert chunks == {(0, 0): "5", (1, 0): "3", (1, 1): "4", (3, 2): "2", (4, 1): "7"}
+    tokens = [0] * 5
+    for bar in below.patches:
+        tokens[round(bar.get_x() + bar.get_width() / 2)] += bar.get_height()
+    assert tokens == [5, 7, 1, 3, 8]
+    assert below.get_xlabel() == "step"
+    assert legend_texts(fig.legends[0]) == [
+        "prefill chunk (its tokens)",
+        "decode (1 token)",
+        "preempted: blocks freed",
+    ]
+
+
+def test_schedule_timeline_rejects_unknown_kinds():
+    from utils.plots import plot_schedule_timeline
+
+    with pytest.raises(ValueError, match="^steps is empty"):
+        plot_schedule_timeline([])
+    with pytest.raises(ValueError, match=r"^steps\[1\]\['b'\] must be \(kind, num_tokens\)"):
+        plot_schedule_timeline([{"a": ("decode", 1)}, {"b": ("verify", 2)}])
+    with pytest.raises(ValueError, match=r"^steps\[0\]\['a'\] must be"):
+        plot_schedule_timeline([{"a": "prefill"}])
+
+
+def test_memory_over_time_one_line_per_series_and_the_pool_line():
+    from utils.plots import plot_memory_over_time
+
+    series = {
+        "engine: blocks in use": [2, 5, 9, 14, 12, 6],
+        "static batching: reserved": [16, 16, 16, 16, 16, 16],
+        "static batching: used": [2, 3, 4, 5, 6, 7],
+    }
+    plot_memory_over_time(series, capacity=16, title="toy")
+    fig = plt.gcf()
+    ax = fig.axes[0]
+    lines = ax.get_lines()
+    assert len(lines) == 4  # one per series, then the pool
+    for line, values in zip(lines, series.values(), strict=False):
+        assert list(line.get_xdata()) == list(range(6))
+        assert list(line.get_ydata()) == values
+    pool = lines[-1]
+    assert list(pool.get_ydata()) == [16, 16] and pool.get_linestyle() == "--"
+    assert legend_texts(ax.get_legend()) == [*series, "pool"]
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == ("step", "KV blocks", "toy")
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] > 16
+
+
+def test_memory_over_time_without_capacity_and_bad_input():
+    from utils.plots import plot_memory_over_time
+
+    plot_memory_over_time({"used": [1.5, 2.5, 0.5]}, ylabel="MiB")
+    ax = plt.gcf().axes[0]
+    assert len(ax.get_lines()) == 1
+    assert legend_texts(ax.get_legend()) == ["used"]
+    assert ax.get_ylabel() == "MiB"
+    with pytest.raises(ValueError, match="^series is empty"):
+        plot_memory_over_time({})
+    with pytest.raises(ValueError, match=r"^series\['a'\] must be a non-empty sequence"):
+        plot_memory_over_time({"a": []})

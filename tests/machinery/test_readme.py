@@ -182,6 +182,35 @@ def test_cuda_graph_figures_are_the_recorded_run():
     assert all(run["same_tokens_as_hf"].values())
 
 
+def test_serving_figures_are_the_recorded_run():
+    run = _record("serving")["result"]
+    static, engine, hf = run["static"], run["engine"], run["hf_continuous_batching"]
+    goals, prefix = run["goals"], run["prefix_trace"]
+    kv = engine["kv_positions"]
+    profile = hf["where_step_time_goes"]
+    met = {True: "is met", False: "is not met"}
+    said = [
+        f"{run['trace']['requests']} requests arriving as a Poisson",
+        f"The engine made {engine['tokens_per_s']} tokens/s, "
+        f"{goals['throughput_1_5x_static']['measured']} times static batching's "
+        f"{static['tokens_per_s']}: the goal of 1.5 {met[goals['throughput_1_5x_static']['met']]}",
+        f"Its median time to first token was {engine['ttft_ms']['median']} ms against "
+        f"{static['ttft_ms']['median']} ms ({goals['median_ttft_half_of_static']['measured']} of",
+        f"the engine reserved {kv['reserved']} KV positions for {kv['used']} used; one block per "
+        f"running request allows {kv['one_block_each']} more",
+        f"Static batching's fullest batch reserved {static['kv_positions']['reserved']} "
+        f"positions for {static['kv_positions']['used']} used",
+        f"computed exactly the {prefix['caching']['prompt_tokens_computed']} prompt positions "
+        f"not already cached ({prefix['no_caching']['prompt_tokens_computed']} without caching)",
+        f"was {goals['prefix_median_ttft_2x_better']['measured']} times better",
+        f"HF's continuous batching made {hf['tokens_per_s']} tokens/s",
+        f"{profile['model_forward']} s of its {profile['steps']} s of steps",
+    ]
+    assert_says_all(said, "serving figures")
+    assert run["same_tokens"] and hf["same_tokens"]
+    assert all(goal["met"] for goal in goals.values()), "the README says every goal is met"
+
+
 @pytest.mark.parametrize("chapter", chapter_names())
 def test_a_chapters_total_is_the_sum_of_its_exercises(chapter):
     """Where a chapter gives each exercise an estimate, its total is their sum."""

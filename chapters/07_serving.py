@@ -1,0 +1,919 @@
+# %% [markdown]
+# # Chapter 7 — Many requests at once
+#
+# Chapters 4 to 6 made one text fast. A server has many: requests arrive while others are being
+# answered, each with its own prompt, its own length and its own sampling settings. Chapter 4's
+# batching pads a batch to its longest prompt, runs it until its longest answer ends, and lets
+# nobody in until then. Every serving engine you are likely to meet (vLLM, SGLang, TGI, HF
+# transformers' continuous batching) does something else: it schedules **token by token** over a
+# **paged** cache. This chapter builds that core, with vLLM's names, so that what you build maps
+# onto the real thing:
+#
+# 1. **Why static batching wastes**: padding, finished rows that keep computing, and requests
+#    that wait for a batch, measured on a trace of requests arriving over time.
+# 2. **A paged KV cache**: the cache cut into fixed-size blocks, a block table per request, and
+#    attention that reads a request's keys and values through its table.
+# 3. **The block pool**: who holds which block, reference counts, and a queue of free blocks.
+# 4. **Prefix caching**: a full block named by a hash of its tokens and of the blocks before it,
+#    so that requests with a common beginning share its memory and skip its computation.
+# 5. **The scheduler**: every step, running requests first, then waiting ones while the step's
+#    token budget and the free blocks allow; a long prompt read in chunks; when blocks run out,
+#    the newest request is preempted and computed again later.
+# 6. **Per-request sampling**: each request's own settings and its own random numbers.
+# 7. **The engine** that puts them together (`add_request`, `step`, `abort_request`), then its
+#    latency and throughput on a trace, and how engines go past one machine.
+#
+# What you write:
+#
+# - `slots_of`: where each position's key and value live, through a block table;
+# - `attend`: attention over keys and values gathered through block tables;
+# - `BlockPool`'s allocation, sharing and freeing of blocks;
+# - `KVCacheManager`'s prefix-cache lookup and block allocation;
+# - `Scheduler.schedule`: continuous batching with chunked prefill and preemption;
+# - `sample_requests`: one token per request, each by its own rules and generator.
+#
+# Given: `Request` and `SamplingParams` (a request's record and settings), `PagedKVCache`,
+# `prepare_inputs`, `paged_attention` and `forward_paged` (the model runner), `hash_block_tokens`,
+# `LLMEngine` and `generate`, and the trace and its two servers (`solutions/serving.py`).
+#
+# Nothing is checked against the course's code alone: your paged attention's logits against HF's
+# `GPT2LMHeadModel` on the same text, the engine's greedy tokens (with your scheduler, pool and
+# cache manager inside) against HF's `generate` on each prompt alone, its seeded tokens against
+# chapter 3's sampler (graded against HF) and exact probabilities, the positions computed with
+# a prefix cache against an exact count, and the block pool against the contract of vLLM's
+# `BlockPool` (its own tests are ported in `tests/peers/`).
+#
+# **Time:** about 2 hours 45 minutes (the exercises' estimates below add up to it; the demos
+# run for a minute or two more). **You need:** chapter 4's cache (the `[batch, n_heads,
+# pos, d_head]` layout, left padding) and chapter 3's sampling rules. Both are imported from
+# `solutions`.
+#
+# ## How this notebook works
+#
+# As in the chapters before: fill in each **exercise cell** where it says
+# `raise NotImplementedError()`, run it, then run the `check("...")` cell below it. From a
+# terminal, `pytest -m schedule` and `course grade 7` grade your saved notebook;
+# `show_solution("Scheduler")` prints the reference when you are truly stuck; `course reset 07`
+# gives you a fresh notebook and keeps a backup of yours. The engine of section 7 runs on your
+# `attend`, `BlockPool`, `KVCacheManager`, `Scheduler` and `sample_requests`: do the exercises
+# in order.
+#
+# Run the setup cell below first.
+
+# %% tags=["setup"]
+import hashlib
+import json
+import math
+import os
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from torch import Tensor, nn
+
+from solutions import checks
+from solutions.attention import Attention
+from solutions.model import DemoTransformer
+from solutions.request import Request, RequestOutput, RequestStatus
+from solutions.sampling import sample_next_token
+from solutions.sampling_params import SamplingParams
+from solutions.serving import (
+    TraceRequest,
+    poisson_trace,
+    serve_engine,
+    serve_static,
+    shared_prefix_trace,
+)
+from utils.check import check
+from utils.display import show_solution
+from utils.plots import plot_block_table, plot_memory_over_time, plot_schedule_timeline
+from utils.timing import one_thread
+
+# %% [markdown]
+# The course's own tests (`make test`) execute this notebook from top to bottom with
+# `COURSE_QUICK=1`: the traces are then shorter. On your machine `QUICK` is `False`. Every
+# timing runs on one PyTorch thread, as in chapters 4 and 5.
+
+# %%
+QUICK = os.environ.get("COURSE_QUICK") == "1"  # CI runs this notebook with small sizes
+print("quick run (CI):", QUICK)
+torch.set_num_threads(1)
+
+from utils.models import load_hf, load_model
+
+model, tokenizer = load_model("shakespeare")
+model.eval()
+cfg = model.cfg
+print(f"{cfg.n_layers} layers, {cfg.n_heads} heads of {cfg.d_head}, n_ctx {cfg.n_ctx}")
+
+# %% [markdown]
+# ## 1. Why static batching wastes
+#
+# A **trace** is a list of requests, each with an arrival time, a prompt and an answer length.
+# `poisson_trace` (given, in `solutions/serving.py`) draws one: requests arrive as a Poisson
+# process (the gaps between arrivals are exponential, the way independent users arrive),
+# prompts of 4 to 60 tokens cut from the plays, answers of 16 to 160 tokens (fewer here in a
+# quick run). Every answer is greedy and runs to its length, so that every server writes the
+# same tokens and only the time differs.
+#
+# `serve_static(model, tokenizer, trace, batch=8)` serves it the way chapter 4 can: requests in
+# arrival order, 8 at a time; a batch starts when its last request has arrived and the batch
+# before it is done, is left-padded to its longest prompt, and runs until its longest answer is
+# written. It records when each request's first and last tokens came.
+#
+# Predict before you run: of the positions a static batch computes, what share are real tokens
+# of a request still writing its answer? And how long does the typical request wait for its first
+# token, when requests arrive 40 a second and each batch runs for as many steps as its longest
+# answer?
+
+# %%
+n_requests, longest = (16, 48) if QUICK else (48, 160)
+trace = poisson_trace(tokenizer, n_requests, rate=40.0, seed=0, answer_lens=(16, longest))
+for r in trace[:3]:
+    print(f"request {r.request_id}: arrives at {r.arrival:.3f} s, prompt {len(r.prompt)} tokens, "
+          f"answer {r.max_tokens} tokens")  # fmt: skip
+
+with one_thread():
+    static = serve_static(model, tokenizer, trace, batch=8)
+static_summary = static.summary(trace)
+
+# What the static batches computed: each row, padded prompt plus the batch's longest answer.
+computed = useful = 0
+for b in range(0, len(trace), 8):
+    group = trace[b : b + 8]
+    width, steps = max(len(r.prompt) for r in group), max(r.max_tokens for r in group)
+    computed += len(group) * (width + steps - 1)
+    useful += sum(len(r.prompt) + r.max_tokens - 1 for r in group)
+print(f"positions computed {computed}, of them real and still needed {useful} "
+      f"({useful / computed:.0%})")  # fmt: skip
+print(f"KV positions reserved by the fullest batch {static.kv_reserved}, used {static.kv_used}")
+print("static batching:", static_summary)
+
+# %% tags=["claim"]
+assert useful < computed and static.kv_used < static.kv_reserved, (
+    "section 1 says padding and finished rows waste computation and memory"
+)
+
+# %% [markdown]
+# Three wastes, all visible above:
+#
+# - **Padding**: a short prompt computes as many positions as the batch's longest.
+# - **Finished rows**: a request whose answer is done keeps a row in the batch, computing tokens
+#   nobody reads, until the longest answer of its batch is written.
+# - **Waiting**: a request that arrives just after a batch started waits for the whole batch to
+#   finish before its own batch can start, and then for its batch's prefill. Section 8 sets this
+#   median time to first token beside the engine's.
+#
+# And the memory: the batch's cache holds every row for the longest prompt plus the longest
+# answer, reserved from the start, whether the row needs it or not.
+#
+# The cure for the first two is to stop thinking in batches of requests and think in **steps**:
+# at every step, each request that is running contributes the tokens it needs computed (a chunk
+# of its prompt, or its one newest token), a finished request leaves at once, and a waiting one
+# joins at once. Yu et al. called this *iteration-level scheduling* (Orca, OSDI 2022); it is now
+# called **continuous batching**. It needs a cache where each request can grow and shrink on its
+# own: a request's keys and values cannot be a row of one rectangle any more.
+
+# %% [markdown]
+# ## 2. A paged KV cache
+#
+# vLLM's answer (Kwon et al., *Efficient Memory Management for Large Language Model Serving with
+# PagedAttention*, SOSP 2023) is the operating system's: paging. The cache of each layer is one
+# tensor of `num_blocks` **blocks**, each holding the keys (and, in a second tensor, the values)
+# of `block_size` positions:
+#
+# `keys[layer]`: `[num_blocks, block_size, n_heads, d_head]`.
+#
+# A request owns a list of blocks, its **block table**: position `p` of the request lives in
+# block `table[p // block_size]`, at offset `p % block_size`. Its blocks need not be next to each
+# other, nor in order: a request grows by one block when its last one is full, wherever a free
+# block is, and gives all of them back the moment it finishes. Nothing is reserved for an answer
+# that may never be written; at most the last block of each request is partly empty.
+#
+# Viewed as `[num_blocks * block_size, n_heads, d_head]` (a `flatten(0, 1)` of the tensor, which
+# is a view of the same memory), position `p` of a request is one row, its **slot**:
+# `table[p // block_size] * block_size + p % block_size`. The model runner writes each new
+# token's key and value to its slot.
+#
+# ### Exercise: `slots_of`
+#
+# *About 10 minutes.*
+#
+# `slots_of(block_table, positions, block_size)` returns the slot of each position in
+# `positions` (a `range`), as a list of ints.
+#
+# Common mistakes: `p % block_size` and `p // block_size` swapped; the block's id used as the
+# slot without multiplying it by the block size; indexing the slots by the block id in the pool
+# rather than through the table.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Two steps per position: which entry of the table, which row within that block.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# The table entry is the position divided (whole) by the block size; that entry is a block id;
+# the block's first slot is its id times the block size; add the remainder.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("slots_of")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="slots_of"
+# solution: solutions.paged_attention.slots_of
+
+# %%
+check("slots_of")
+
+# %% [markdown]
+# ### One step's tokens, laid end to end
+#
+# A step's tokens do not form a rectangle: one request feeds a chunk of 37 prompt tokens, thirty
+# others one token each. Padding them to `[batch, longest]` would waste most of the arithmetic,
+# so the engine lays them end to end, `[T]` (vLLM calls this a flattened batch). Everything that
+# does not mix positions (embeddings, layer norms, the MLP, the projections) runs on the `T` rows
+# as they are. Only attention mixes positions, and only within a request.
+#
+# `prepare_inputs` (given) builds a step's inputs from, per request, its token ids, how many are
+# computed already, how many this step feeds, and its block table: the tokens, their positions,
+# their slots (through your `slots_of`), where each request's rows start (`query_start`), its
+# blocks, and how many positions it can read after this step's writes (`context_lens`).
+
+# %% tags=["source"]
+# solution: solutions.paged_attention.PagedKVCache
+# solution: solutions.paged_attention.StepInputs
+# solution: solutions.paged_attention.prepare_inputs
+
+# %% [markdown]
+# ### Exercise: `attend`
+#
+# *About 30 minutes.*
+#
+# `attend(queries, keys, values, block_tables, query_pos)` is attention for `G` requests with
+# `Q` queries each:
+#
+# - `queries` `[G, Q, n_heads, d_head]`;
+# - `keys`, `values`: one layer's whole cache, `[num_blocks, block_size, n_heads, d_head]`;
+# - `block_tables` `[G, B]` (long): request `g`'s first `B` blocks, in order (a request with
+#   fewer blocks is padded with block 0, which it must not read);
+# - `query_pos` `[G, Q]` (long): each query's position in its request.
+#
+# It gathers each request's `B` blocks, in table order, into that request's keys
+# `[n_heads, B * block_size, d_head]` (position `p` of the request is then key `p`), and the
+# same for the values; lets query `q` of request `g` read the keys at positions up to and
+# including `query_pos[g, q]`, nothing after (the rest of a partly filled last block, and any
+# padding block, hold whatever an earlier request left there); and returns the result
+# `[G, Q, n_heads, d_head]`. Use `F.scaled_dot_product_attention` with a boolean `attn_mask`
+# (`True`: may read), as chapters 4 and 5 did.
+#
+# The model runner calls it twice per layer and step: once for every decoding request together
+# (`Q = 1`), and once for each prompt chunk alone (`G = 1`). A decode padded to a chunk's
+# length would multiply its attention's work by that length.
+#
+# Common mistakes: gathering with the block ids sorted, or through `keys[block_tables]` and then
+# forgetting that the result is `[G, B, block_size, ...]` (the blocks must be merged into one
+# axis of positions, in order); `<` where a query may read its own position; the mask built from
+# the number of positions written (`context_lens`) rather than each query's own position, which
+# lets a chunk's early tokens read its later ones; heads and positions left in the cache's order
+# (`[.., positions, n_heads, d_head]`) where the attention function wants heads first.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Indexing the cache with the table gives the blocks; one `view` merges each request's blocks
+# into its positions. The mask compares each key's position with each query's position.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# `keys[block_tables]` (or `index_select` on the flattened table, then a view) has shape
+# `[G, B, block_size, n_heads, d_head]`; merge the two middle axes into `B * block_size`
+# positions, then move heads before positions. A key's position is its index along that axis:
+# `torch.arange`. Broadcast key positions `[1, 1, L]` against query positions `[G, Q, 1]` into
+# `[G, Q, L]`, add the heads axis, and pass queries with heads first as well. Move the heads back
+# after the attention.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("attend")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="attend"
+# solution: solutions.paged_attention.attend
+
+# %%
+check("attend")
+
+# %% [markdown]
+# The rest of the model runner is given: `paged_attention` projects the step's `T` rows to
+# queries, keys and values, writes each key and value to its slot, and calls your `attend` for
+# the decodes and for each chunk; `forward_paged` is chapter 1's forward pass around it, with
+# the logits computed only at the rows that sample.
+
+# %% tags=["source"]
+# solution: solutions.paged_attention.paged_attention
+# solution: solutions.paged_attention.forward_paged
+
+# %% [markdown]
+# Predict, then run: three prompts read in uneven chunks over three steps, each through a block
+# table of blocks taken at random from the pool. Do the logits still equal HF's, which never heard
+# of blocks?
+
+# %%
+hf = load_hf("shakespeare")[0].eval()
+prompts = ["ROMEO.\nBut soft, what light", "First Citizen:\nBefore we proceed",
+           "HAMLET.\nTo be, or not to be, that is the question:"]  # fmt: skip
+texts = [tokenizer.encode(p) for p in prompts]
+block_size, num_blocks = 4, 24
+paged = PagedKVCache.allocate(model, num_blocks, block_size)
+shuffled = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(0)).tolist()
+tables = [shuffled[i::3] for i in range(3)]  # interleaved, out of order
+done = [0, 0, 0]
+worst = 0.0
+for chunks in ([5, 1, 7], [2, 3, 4], [100, 100, 100]):
+    scheduled = [
+        (t, done[r], min(chunks[r], len(t) - done[r]), tables[r]) for r, t in enumerate(texts)
+    ]
+    scheduled = [s for s in scheduled if s[2] > 0]
+    inputs = prepare_inputs(scheduled, block_size)
+    with torch.inference_mode():
+        logits = forward_paged(model, paged, inputs, torch.arange(len(inputs.token_ids)))
+        for i, (text, start, n, _) in enumerate(scheduled):
+            want = hf(torch.tensor([text[: start + n]])).logits[0, start:]
+            got = logits[inputs.query_start[i] : inputs.query_start[i + 1]]
+            worst = max(worst, (got - want).abs().max().item())
+    for text, _, n, _ in scheduled:
+        done[texts.index(text)] += n
+print(f"largest difference from HF's logits: {worst:.1e}")
+lengths = {f"request {r}": len(t) for r, t in enumerate(texts)}
+used = {f"request {r}": tables[r][: math.ceil(len(t) / block_size)] for r, t in enumerate(texts)}
+plot_block_table(used, lengths, num_blocks, block_size, title="Three requests' block tables")
+
+# %% tags=["claim"]
+assert worst < 1e-4, "the demo says the paged logits equal HF's"
+
+# %% [markdown]
+# ## 3. The block pool
+#
+# Somebody must know which blocks are free. vLLM's `BlockPool` (in `vllm/v1/core/block_pool.py`)
+# keeps, per block, a **reference count**: how many requests hold it. A block nobody holds is
+# free, and waits in a **free queue**. Two requests can hold the same block: that is prefix
+# caching (section 4), and it is why a block has a count rather than an owner.
+#
+# A free block keeps its contents and its name (its hash, section 4): a later request with the
+# same prefix can take it back from the queue without recomputing it. Only when the pool needs
+# memory is a free block **evicted**: the queue hands out the block freed longest ago (least
+# recently used), and a block that had a name loses it, since its memory is about to be
+# overwritten.
+#
+# `KVCacheBlock` and `hash_block_tokens` are given. The queue is an `OrderedDict` of block ids
+# (values unused): `popitem(last=False)` takes the oldest, `del queue[id]` removes any one, and
+# `queue[id] = None` puts one at the end, all in constant time.
+
+# %% tags=["source"]
+# solution: solutions.block_pool.hash_block_tokens
+# solution: solutions.block_pool.KVCacheBlock
+
+# %% [markdown]
+# ### Exercise: `BlockPool`
+#
+# *About 25 minutes.*
+#
+# Three methods to write:
+#
+# - `get_new_blocks(n)`: `n` blocks from the front of the free queue (the least recently
+#   freed first), each now held once. A block with a name loses it, in the block and in
+#   `self.cached` (if `self.cached` still points at this block).
+# - `touch(blocks)`: one more holder for each block (a prefix-cache hit); a block that was free
+#   leaves the free queue.
+# - `free_blocks(blocks)`: one holder less for each, in the order given; a block whose count
+#   reaches 0 goes to the end of the free queue, keeping its contents and its name.
+#
+# Common mistakes: `popitem()` without `last=False` (it takes the newest: the block just freed,
+# whose prefix is the most likely to be asked for again); a block made free at every
+# `free_blocks` rather than when its count reaches 0 (a shared block would be handed to a new
+# request while another still reads it); `touch` forgetting to take a free block out of the
+# queue (it would be handed out while held); an evicted block that keeps its name.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# The free queue is exactly the set of blocks whose count is 0. Every method keeps that true.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# `get_new_blocks`: for each of `n`, pop the oldest id, look the block up in `self.blocks`, and
+# if it has a hash, delete that hash from `self.cached` (when it maps to this block) and set it
+# to `None`; set its count to 1. `touch`: a count of 0 means the block is in the queue: delete it
+# from there; then add one. `free_blocks`: subtract one; at 0, add the id at the queue's end.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("BlockPool")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="block_pool"
+# solution: solutions.block_pool.BlockPool
+
+# %%
+check("block_pool")
+
+# %% [markdown]
+# ## 4. Prefix caching, and allocating a request's blocks
+#
+# Many requests begin alike: the same system prompt, the same few-shot examples, the same long
+# document with different questions, the earlier turns of a chat. Their keys and values for the
+# common beginning are the same numbers (a position's key depends only on the tokens up to it),
+# so they can share the blocks and skip the computation.
+#
+# vLLM names a **full** block by a hash of its parent's name and its own tokens
+# (`hash_block_tokens`, given: SHA-256 here). Because the parent's name is in it, a name stands
+# for the whole prefix up to the end of that block: two blocks with the same tokens after
+# different beginnings get different names, as they must (their keys differ). A partly filled
+# block has no name: its tokens are not final. SGLang (Zheng et al., *SGLang: Efficient
+# Execution of Structured Language Model Programs*, NeurIPS 2024) keeps the same information in
+# a **radix tree** of token sequences instead (RadixAttention): a lookup walks down the tree
+# token by token, shares prefixes of any length rather than of whole blocks, and evicts leaves
+# least recently used; vLLM's flat table of hashes needs no tree, and matches whole blocks only.
+#
+# ### Exercise: `KVCacheManager`
+#
+# *About 35 minutes.*
+#
+# `KVCacheManager` (vLLM v1's name) is a request's view of the pool, asked three things by the
+# scheduler. You write two:
+#
+# - `get_computed_blocks(request)`: the longest run of the request's leading full blocks whose
+#   names are in the cache (`self.pool.get_cached_block(name)`; `self.block_hashes(request, n)`
+#   gives the names of the full blocks among its first `n` tokens), and the number of tokens they
+#   hold. **Never all of its tokens**: the last one must be computed anyway, since its logits are
+#   what the next token is sampled from. So look only at the blocks among the first
+#   `num_tokens - 1` tokens.
+# - `allocate_slots(request, num_new_tokens, computed)`: make the request's table cover
+#   `num_new_tokens` more tokens after the ones it has computed and the cache hits `computed`
+#   (which it now takes), or return `None` and change nothing when the free blocks are too few.
+#   You compute `num_new_blocks`, the blocks it must add, and decide whether the pool has them;
+#   the given lines after your part take the hits and the new blocks.
+#
+# Two subtleties in the count. The blocks a request needs for `k` tokens are `ceil(k /
+# block_size)`; it holds some already (`blocks`, and the hits it is about to take). And a hit
+# whose count is 0 is sitting in the free queue: the pool counts it as free, but this request is
+# about to take it, so it is not free for this request's new blocks.
+#
+# Common mistakes: a hit found for the request's last token (then nothing is left to compute and
+# no logits to sample from); stopping at the first hit rather than the first miss, or going on
+# past a miss (a block is only valid after its whole prefix); `//` where blocks must be rounded
+# up; the cache hits forgotten in the count of tokens or of blocks; a free cached hit counted as
+# free for new blocks.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# `get_computed_blocks`: walk the names in order and stop at the first miss. `allocate_slots`:
+# first count tokens, then blocks, then compare with what is free.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# `get_computed_blocks`: when caching is on, loop over `self.block_hashes(request,
+# request.num_tokens - 1)`, look each up, break on `None`; return the blocks and their count
+# times the block size. `allocate_slots`: tokens covered after this step = computed tokens +
+# hits' tokens + new tokens; blocks needed = that, divided by the block size, rounded up; new
+# blocks = needed - blocks held - hits. Count the hits whose `ref_cnt` is 0; if the new blocks
+# exceed the free blocks less that count, return `None`.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("KVCacheManager")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="kv_cache_manager"
+# solution: solutions.kv_cache_manager.KVCacheManager
+
+# %%
+check("kv_cache_manager")
+
+# %% [markdown]
+# ## 5. The scheduler: continuous batching
+#
+# There is no prefill phase and decode phase any more. Each request is a count of computed tokens
+# chasing its count of known tokens (prompt plus output so far); each step gives each running
+# request as many tokens as it lacks, within the step's **token budget**
+# (`max_num_batched_tokens`): one for a request that is decoding, a chunk for one still reading
+# its prompt. A long prompt is read over several steps (**chunked prefill**, Agrawal et al.,
+# *Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve*, OSDI 2024), so that it
+# never stalls the decodes beside it for one long step.
+#
+# ### Exercise: `Scheduler.schedule`
+#
+# *About 45 minutes.*
+#
+# `Scheduler.schedule()` (vLLM v1's `Scheduler`, nano-vllm's `scheduler.py`) decides one step:
+#
+# 1. **Running requests first**, oldest first (the order of `self.running`), while budget is
+#    left. Each gets `min(tokens it lacks, budget left)`, after `self.kv.allocate_slots` finds
+#    the blocks. When it cannot, the **newest** running request is preempted (`self._preempt`,
+#    given: its blocks are freed, it goes back to the front of the queue and will be computed
+#    again from its tokens, which it keeps) and the allocation is tried again; if the newest is
+#    the request itself, it is preempted and the loop goes on with the next. A request scheduled
+#    has its full blocks named (`self.kv.cache_blocks(request, tokens it will have computed)`),
+#    then joins `out.scheduled` as `(request, num_new)`.
+# 2. **Then the queue**, in order, while budget is left, fewer than `max_num_seqs` run, and no
+#    one was preempted in this step (the pool is full: a request admitted now would be preempted
+#    at the next). The head of the queue asks the cache for its prefix hits
+#    (`get_computed_blocks`), then for blocks for `min(tokens not cached, budget left)`; if there
+#    are none, admission stops (first come, first served: nobody overtakes the head). An admitted
+#    request leaves the queue, becomes `RUNNING`, starts with its cached tokens computed
+#    (`num_computed_tokens` and `num_cached_tokens`), names its full blocks, joins
+#    `self.running` and `out.scheduled`.
+#
+# Why the newest? It has waited least and computed least, so preempting it loses least; vLLM's
+# first-come-first-served policy takes the same one (the last of its running list). Why never a
+# deadlock? The engine refuses any request that could not fit the whole pool alone, so the
+# oldest running request can always go on once everybody after it is preempted.
+#
+# Common mistakes: the queue served before the running requests (decodes then wait behind new
+# prompts); a budget that is not decreased, or a chunk not capped by it; the oldest request
+# preempted; the victim not taken out of `running`; admission after a preemption; admission that
+# skips a head that does not fit (it would wait for ever behind smaller requests); a newly
+# admitted request whose computed tokens do not start at its cache hits (it would compute them
+# again, or worse, skip tokens that are not cached).
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Two loops. In the first, a `while` around `allocate_slots` with a `break` when the victim is
+# the request itself; Python's `while ... else` runs the `else` only when the loop ended without
+# a `break`. In the second, every "stop admitting" is a `break`.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# First loop, with an index `i` into `self.running`: `num_new = min(num_tokens -
+# num_computed_tokens, budget)`; while `allocate_slots` returns `None`: pop the last running
+# request, `_preempt` it, record it in `out.preempted`, and break if it was this request. If no
+# break: name its blocks, append to `out.scheduled`, subtract from the budget, `i += 1` (a
+# preempted request was popped from the end, so `i` still points at the next one to schedule).
+# Second loop: check the seats, peek at `self.waiting[0]`, get its hits, allocate, and only then
+# `popleft()` it and update its record.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("Scheduler")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["source"]
+# solution: solutions.scheduler.SchedulerOutput
+
+# %% tags=["exercise"] exercise="schedule"
+# solution: solutions.scheduler.Scheduler
+
+# %%
+check("schedule")
+
+# %% [markdown]
+# ## 6. Each request its own sampling
+#
+# Every request carries its own `SamplingParams` (vLLM's name and fields: `temperature`,
+# `top_k`, `top_p`, `frequency_penalty`, `max_tokens`, `seed`, `ignore_eos`), so one row of a
+# step may be greedy while its neighbour samples at temperature 1.2 with top-p. The rules are
+# chapter 3's (`sample_next_token`), applied row by row.
+#
+# The random numbers are the subtle part. If the batch shared one generator, a request's tokens
+# would depend on how many requests happened to sample before it in the same step: the same
+# prompt and seed would give different text on a busy server than on an idle one. So each seeded
+# request has **its own** `torch.Generator`, made by the engine from its seed
+# (`request.generator`); an unseeded one has `None` and draws from PyTorch's global generator.
+#
+# ### Exercise: `sample_requests`
+#
+# *About 20 minutes.*
+#
+# `sample_requests(requests, logits)` returns the next token of each request (row `i` of
+# `logits` `[R, d_vocab]` is request `i`'s), as a list of ints: chapter 3's `sample_next_token`
+# for each request with its own text (`request.all_token_ids`, as a `[1, n]` tensor on the
+# logits' device: the frequency penalty counts it), its own row, its own generator and its own
+# settings (`request.params.sampling_kwargs()`). Requests that are greedy without a penalty need
+# no generator and no text: one `argmax` over their rows together does them all.
+#
+# Common mistakes: one generator for the whole batch; all rows passed to `sample_next_token` at
+# once (the frequency penalty then counts one request's text for every row, and one generator
+# draws for all); a greedy request with a frequency penalty sent to the `argmax` (its penalty is
+# lost); the rows of the greedy requests and the order of the results mixed up.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Split the requests into those the shared `argmax` can serve and the rest; put each result back
+# at its request's index.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# Make a list of `R` results. Collect the indices of the greedy, unpenalised requests, take
+# `logits[those].argmax(dim=-1)` and write each into its index. For each other request, call
+# `sample_next_token(ids, logits[i : i + 1], generator=request.generator, **kwargs)` and write
+# its one token into index `i`.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("sample_requests")` in a new cell prints the
+# reference implementation. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="sample_requests"
+# solution: solutions.engine.sample_requests
+
+# %%
+check("sample_requests")
+
+# %% [markdown]
+# Can a busy batch still change a request's answer? Its own random numbers are now its own, but
+# two things remain. **Rounding**: a matrix product over 40 rows may add in a different order
+# than over one row (a library chooses its blocking by shape), so logits differ in the last
+# bits; and **near-ties**: where the top two logits of a greedy step are that close, the last
+# bits decide the token, and from there the texts part. Both are real, and both are rare on a
+# small float32 model. The tests allow for them without hiding a real difference: they compare
+# tokens exactly, and where tokens part, they check that the reference's top two logits at that
+# step were within rounding of each other before calling it a tie rather than a mistake. (On a
+# GPU, making a batch's answer independent of its neighbours takes kernels written for it:
+# Horace He and Thinking Machines Lab, *Defeating Nondeterminism in LLM Inference*, 2025, explain
+# why and write batch-invariant ones.)
+
+# %% [markdown]
+# ## 7. The engine
+#
+# `LLMEngine` (given) is what a server calls. `add_request(request_id, prompt, params)` queues a
+# request (one it could never serve, such as a prompt longer than `n_ctx` or than the whole pool,
+# ends at once with an error in the next step's outputs, and every other request goes on);
+# `step()` schedules, runs `forward_paged` once over every scheduled token of every request,
+# samples a token for each request that reached its end (your `sample_requests`), retires the
+# finished ones (their blocks are free at once) and returns what advanced;
+# `abort_request(request_id)` ends a request now; `has_unfinished_requests()` says whether to
+# keep stepping. `generate(engine, prompts, params)` runs a list to the end.
+
+# %% tags=["source"]
+# solution: solutions.engine.EngineStats
+# solution: solutions.engine.LLMEngine
+# solution: solutions.engine.generate
+
+# %% [markdown]
+# Predict, then run: five prompts, a pool of only 14 blocks of 4 positions, a budget of 12
+# tokens a step and 4 seats. Prompts are read in chunks and requests are preempted. Are the
+# greedy tokens still HF's, each prompt generated alone?
+
+# %%
+crowd_prompts = prompts + ["KING LEAR.\nMeantime we shall express", "\n"]
+crowd = [TraceRequest(f"r{i}", 0.0, tokenizer.encode(p), 16) for i, p in enumerate(crowd_prompts)]
+served, engine = serve_engine(model, tokenizer, crowd, block_size=4, engine_cls=LLMEngine,
+                              num_blocks=14, max_num_batched_tokens=12, max_num_seqs=4)  # fmt: skip
+same = 0
+for r in crowd:
+    out = hf.generate(torch.tensor([r.prompt]), max_new_tokens=16, do_sample=False,
+                      pad_token_id=tokenizer.eos_token_id)  # fmt: skip
+    want = out[0, len(r.prompt) :].tolist()
+    same += served.tokens[r.request_id] == want
+print(f"steps {engine.stats.steps}, preemptions {engine.stats.preemptions}")
+print(f"requests whose tokens equal HF's alone: {same} of {len(crowd)}")
+plot_schedule_timeline(served.timeline, title="Five requests, 14 blocks, 12 tokens a step")
+plot_memory_over_time({"blocks held by running requests": served.blocks_in_use}, capacity=14,
+                      title="The pool, step by step")  # fmt: skip
+
+# %% tags=["claim"]
+assert engine.stats.preemptions > 0 and same == len(crowd_prompts), (
+    "the demo says requests are preempted and every request's tokens are HF's"
+)
+assert max(sum(n for _, n in step.values()) for step in served.timeline) <= 12, (
+    "the text says the lower panel never goes past the budget"
+)
+
+# %% [markdown]
+# In the timeline, each row is a request: a prompt read in chunks, then one token a step, and a
+# preemption where the pool ran out. A preempted row goes blank while it waits, then reads again
+# what it lost: only what is no longer cached, since the blocks it freed kept their names
+# (section 4) and those not yet handed to another request are found again. The lower panel
+# never goes past the budget of 12 tokens. A preempted request's tokens are still HF's:
+# recomputing its keys and values gives the same numbers. The recomputation is the price; vLLM's
+# first engine could also *swap* a preempted request's blocks to CPU memory instead, which pays
+# off when recomputing would cost more than copying.
+
+# %% [markdown]
+# ### Prefix caching, counted
+#
+# Predict, then run: eight requests share a 128-token preamble (think of a system prompt) and
+# add 4 to 30 tokens of their own. With blocks of 16, how many prompt positions must the engine
+# compute with prefix caching on, and how many without?
+
+# %%
+shared_trace = shared_prefix_trace(tokenizer, 8, seed=0, answer_lens=(8, 16))
+counts = {}
+for caching in (False, True):
+    served, run = serve_engine(model, tokenizer, shared_trace, engine_cls=LLMEngine,
+                               enable_prefix_caching=caching)  # fmt: skip
+    counts[caching] = run.stats.prompt_tokens_computed
+    stats = run.stats
+    print(f"prefix caching {'on ' if caching else 'off'}: prompt positions computed "
+          f"{stats.prompt_tokens_computed}, found cached {stats.prompt_tokens_cached}")  # fmt: skip
+# The first request computes the preamble's 8 full blocks; each later one only its own tokens.
+uncached = sum(len(r.prompt) for r in shared_trace) - 128 * (len(shared_trace) - 1)
+print("positions not already cached:", uncached)
+
+# %% tags=["claim"]
+assert counts[True] == uncached and counts[False] == sum(len(r.prompt) for r in shared_trace), (
+    "the prefix demo says caching computes exactly the positions not cached"
+)
+
+# %% [markdown]
+# All eight requests arrive at once, and the engine admits them in the same step: the second
+# finds the first's blocks already named, because the scheduler names a block when it schedules
+# the tokens that fill it (their keys are written in this step's forward pass, layer by layer,
+# before any attention of that layer reads them).
+
+# %% [markdown]
+# ## 8. Latency and throughput
+#
+# Back to section 1's trace, now served by your engine: every request joins at the next step
+# after it arrives, and leaves when its answer is written.
+
+# %%
+with one_thread():
+    served, engine_run = serve_engine(model, tokenizer, trace, engine_cls=LLMEngine)
+engine_summary = served.summary(trace)
+print("static batching:", static_summary)
+print("your engine:    ", engine_summary)
+print("same tokens:", served.tokens == static.tokens)
+print(f"KV positions at the fullest step: reserved {served.kv_reserved}, used {served.kv_used}")
+
+# %% tags=["claim"]
+assert served.tokens == static.tokens, "section 8 says both servers write the same tokens"
+assert engine_summary["ttft_ms"]["median"] < static_summary["ttft_ms"]["median"], (
+    "section 8 says the engine's median time to first token is below static batching's"
+)
+
+# %% [markdown]
+# What to read in these numbers:
+#
+# - **Time to first token** (TTFT), from arrival to the first token: what a user waits before the
+#   answer starts. Static batching makes a request wait for a batch to finish and its own batch
+#   to fill; the engine admits it at the next step.
+# - **Time per output token** (TPOT) after the first: how fast the answer streams. The engine's
+#   steps are larger (more requests in each), so its TPOT can be higher than static batching's:
+#   that is the trade continuous batching makes, and a server tunes it with the seats and the
+#   budget.
+# - **Throughput**, answer tokens per second of the whole run: what the hardware earns.
+# - Medians say what is typical; the 99th percentile what the unluckiest one in a hundred gets.
+#
+# A quick run's trace is short, and this machine shares its cores: the recorded benchmark below
+# is the careful measure. `python benchmarks/serving.py --hf` (from the repository's root) serves
+# a 64-request trace both ways and with HF transformers' own continuous batching, and a
+# shared-prefix trace with and without caching. Its record:
+
+# %%
+from utils import REPO_ROOT
+
+record = json.loads((REPO_ROOT / "benchmarks/results/serving.json").read_text())
+result = record["result"]
+for name in ("static", "engine", "hf_continuous_batching"):
+    r = result[name]
+    ttft, tpot = r["ttft_ms"], r["tpot_ms"]
+    print(f"{name:24} {r['tokens_per_s']:7.1f} tokens/s, TTFT median {ttft['median']:7.1f} ms "
+          f"(p99 {ttft['p99']:.1f}), TPOT median {tpot['median']:.1f} ms")  # fmt: skip
+profile = result["hf_continuous_batching"]["where_step_time_goes"]
+print(
+    f"HF's steps: {profile['steps']} s, of which its model's forward {profile['model_forward']} s"
+)
+for goal, value in result["goals"].items():
+    print(f"{goal:45} {value['measured']}  met: {value['met']}")
+print("recorded:", record["date"], record["code"], "-", record["machine"])
+
+# %% [markdown]
+# HF's continuous batching runs on a CPU too; its profile in the record (printed above) says
+# that almost all of its step is its model's forward pass. On a GPU the balance changes: a
+# step's forward is fast, and its fixed cost (chapter 5: launches, Python, scheduling and input
+# preparation) becomes a large share of it, which is why nano-vllm captures its decode steps in
+# CUDA graphs, one per batch size of a fixed set (`capture_cudagraph` in its
+# `model_runner.py`), and pads each step's batch up to the next of them.
+
+# %% [markdown]
+# ## 9. Past one machine
+#
+# This chapter's engine is one process on one device, on purpose. What the engines you will meet
+# add on top, with where to read about each:
+#
+# - **Tensor parallelism**: each layer's matrices split across GPUs, which exchange partial
+#   results twice per layer (Shoeybi et al., *Megatron-LM*, arXiv:1909.08053). A model too large
+#   for one GPU fits, and each token's arithmetic is shared; the exchanges need fast links.
+# - **Pipeline parallelism**: the layers split into stages on different devices, micro-batches
+#   flowing through (Huang et al., *GPipe*, NeurIPS 2019, arXiv:1811.06965).
+# - **Prefill and decode on separate machines**: a prompt's prefill is arithmetic-bound, a
+#   decode step memory-bound; on the same GPU they interfere, so some systems run them on
+#   different machines and ship the KV cache between them (Zhong et al., *DistServe*, OSDI 2024,
+#   arXiv:2401.09670; Patel et al., *Splitwise*, ISCA 2024, arXiv:2311.18677).
+# - **Cache-aware routing**: with many engine replicas, a request whose prefix is cached on one of
+#   them should go there, unless that one is overloaded. SGLang's router keeps an approximate
+#   radix tree of each replica's cache for this; Srivatsa et al. study the trade between cache
+#   hits and load (*Preble*, ICLR 2025, arXiv:2407.00023).
+#
+# ## Check your understanding
+#
+# - Why does a block table make a finished request's memory reusable at once, where chapter 4's
+#   batch could not?
+#
+# <details><summary>Answer</summary>
+#
+# Chapter 4's cache is one rectangle per batch: a finished row's memory is part of it until the
+# whole batch is done. Blocks belong to requests one by one: a finished request's blocks go back
+# to the free queue and the next step hands them to whoever needs one.
+#
+# </details>
+#
+# - Why is a block named by its parent's hash as well as its own tokens?
+#
+# <details><summary>Answer</summary>
+#
+# A block's keys depend on every token before it, not only its own. Two blocks with the same
+# tokens after different beginnings hold different keys; with the parent in the name, their
+# names differ too, and a name stands for the whole prefix.
+#
+# </details>
+#
+# - Why does `get_computed_blocks` never report all of a request's tokens as cached?
+#
+# <details><summary>Answer</summary>
+#
+# The next token is sampled from the logits at the last known token; a cache stores keys and
+# values, not logits. So the last token must go through the model, even when its block is
+# cached.
+#
+# </details>
+#
+# - Why preempt the newest request rather than the one holding the most blocks?
+#
+# <details><summary>Answer</summary>
+#
+# The newest has waited least and computed least, so recomputing it later costs least, and the
+# oldest requests keep going: each request's wait is bounded, and the oldest running request
+# can always finish, so the engine never deadlocks. Preempting the biggest could preempt the same
+# long request again and again.
+#
+# </details>
+#
+# - A seeded request gives the same tokens alone and in a crowd. What would break that if the
+#   batch shared one generator?
+#
+# <details><summary>Answer</summary>
+#
+# The draws would be handed out in batch order: a request's draw would depend on how many
+# sampling requests came before it in each step, which depends on what else is running.
+#
+# </details>
+#
+# ## Further reading
+#
+# - Kwon et al., *Efficient Memory Management for Large Language Model Serving with
+#   PagedAttention*, SOSP 2023 (arXiv:2309.06180): the paged cache and vLLM.
+# - Yu et al., *Orca: A Distributed Serving System for Transformer-Based Generative Models*,
+#   OSDI 2022: iteration-level scheduling (continuous batching).
+# - Agrawal et al., *Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve*,
+#   OSDI 2024 (arXiv:2403.02310): chunked prefill and stall-free schedules.
+# - Zheng et al., *SGLang: Efficient Execution of Structured Language Model Programs*, NeurIPS
+#   2024 (arXiv:2312.07104): RadixAttention.
+# - vLLM's source: `vllm/v1/core/block_pool.py`, `kv_cache_manager.py`, `sched/scheduler.py`,
+#   and its documentation's design page on automatic prefix caching.
+# - GeeeekExplorer/nano-vllm: the same engine in about a thousand lines (`engine/sequence.py`,
+#   `block_manager.py`, `scheduler.py`, `model_runner.py`, `llm_engine.py`).
+#
+# ## What's next
+#
+# Each step of this engine ends the same way: a row of logits per request, each sampled by its
+# own rules. Chapter 8 writes that sampling as GPU kernels in Triton.

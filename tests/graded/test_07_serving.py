@@ -1,0 +1,739 @@
+"""Chapter 7: many requests at once, graded against HF GPT-2's logits and greedy `generate` on
+each prompt alone, attention computed position by position in float64, chapter 3's sampler
+(graded against HF) and exact probabilities, exact counts of the positions a prefix cache
+saves, and the contract of vLLM's `BlockPool` (its own tests are ported in tests/peers/).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from tests.graded._oracles import N_SAMPLES
+from tests.graded._serving import greedy_difference, invariant_problems, run_to_end
+from tests.graded._stats import assert_samples_follow
+
+CHAPTER = "07_serving"
+
+PROMPTS = [
+    "ROMEO.\nBut soft, what light through yonder window breaks?",
+    "\n",
+    "First Citizen:\nBefore we proceed any further, hear me speak.\n",
+    "KING LEAR.\nMeantime we shall express our darker purpose.",
+    "HAMLET.\nTo be, or not to be, that is the question:\nWhether 'tis nobler",
+]
+
+
+def greedy(impl, max_tokens: int = 12):
+    return impl.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+# --------------------------------------------------------------------------- slots_of
+
+
+def slot_by_definition(table: list[int], p: int, block_size: int) -> int:
+    block, offset = table[p // block_size], p % block_size
+    return block * block_size + offset
+
+
+def slots_mistake(table, positions, block_size, got) -> str:
+    if got == [table[p % block_size] * block_size + p // block_size for p in positions]:
+        return " The block's index and the offset within it are swapped."
+    if got == [table[p // block_size] + p % block_size for p in positions]:
+        return (
+            " A block id is not a slot: block b's first slot is b times the block size "
+            "(its block_size slots come before the next block's)."
+        )
+    if got == list(positions):
+        return " Those are the positions themselves: a position's slot goes through the table."
+    if got == [(p // block_size) * block_size + p % block_size for p in positions]:
+        return " The table was not used: entry p // block_size of the table is the block's id."
+    return ""
+
+
+@pytest.mark.slots_of
+@pytest.mark.parametrize(
+    "table, positions, block_size",
+    [
+        ([7, 2, 9, 4, 11], range(0, 20), 4),
+        ([5, 0, 3, 1], range(6, 12), 3),
+        ([4, 8], range(1, 4), 2),
+    ],
+)
+def test_each_position_goes_to_its_slot_through_the_table(impl, table, positions, block_size):
+    got = impl.slots_of(table, positions, block_size)
+    want = [slot_by_definition(table, p, block_size) for p in positions]
+    assert list(got) == want, (
+        f"block table {table}, block_size {block_size}, positions {list(positions)}: slots "
+        f"should be {want}, got {list(got)}." + slots_mistake(table, positions, block_size, got)
+    )
+
+
+@pytest.mark.slots_of
+def test_the_keys_written_through_your_slots_are_hfs_at_each_position(impl, shipped, hf):
+    model, tokenizer = shipped
+    text = tokenizer.encode(PROMPTS[4])
+    block_size, num_blocks = 4, 17
+    cache = impl.PagedKVCache.allocate(model, num_blocks, block_size)
+    table = [(7 * i + 3) % num_blocks for i in range(-(-len(text) // block_size))]  # scattered
+    inputs = impl.prepare_inputs([(text, 0, len(text), table)], block_size)
+    with torch.inference_mode():
+        impl.forward_paged(model, cache, inputs, torch.tensor([len(text) - 1]))
+        past = hf(torch.tensor([text]), use_cache=True).past_key_values
+    want = past[0][0] if isinstance(past, tuple) else past.layers[0].keys  # [1, heads, pos, d]
+    for p in range(len(text)):
+        block, offset = table[p // block_size], p % block_size
+        got = cache.keys[0][block, offset]
+        assert torch.allclose(got, want[0, :, p], atol=1e-4), (
+            f"position {p}'s key should be in block {block} (table entry {p // block_size}) at "
+            f"offset {offset}; it is not there, or not HF's: your slots write it elsewhere."
+        )
+
+
+# --------------------------------------------------------------------------- attend
+
+
+def attention_by_hand(queries, keys, values, tables, query_pos):
+    """Each query against its own request's positions 0..its own, in float64, one at a time."""
+    G, Q, H, D = queries.shape
+    block_size = keys.shape[1]
+    out = torch.zeros(G, Q, H, D, dtype=torch.float64)
+    for g in range(G):
+        for q in range(Q):
+            p_max = int(query_pos[g, q])
+            k = torch.stack([keys[tables[g][p // block_size], p % block_size]
+                             for p in range(p_max + 1)]).double()  # fmt: skip
+            v = torch.stack([values[tables[g][p // block_size], p % block_size]
+                             for p in range(p_max + 1)]).double()  # fmt: skip
+            scores = torch.einsum("hd,phd->hp", queries[g, q].double(), k) / D**0.5
+            out[g, q] = torch.einsum("hp,phd->hd", scores.softmax(-1), v)
+    return out
+
+
+def attend_case(seed: int, G: int, Q: int, num_blocks=16, block_size=4, H=3, D=8):
+    """Random queries and a cache whose every slot holds something (large values where no
+    position of any request is: a mask that lets them in shows); block tables out of order."""
+    g = torch.Generator().manual_seed(seed)
+    keys = 30 * torch.randn(num_blocks, block_size, H, D, generator=g)
+    values = 30 * torch.randn(num_blocks, block_size, H, D, generator=g)
+    order = torch.randperm(num_blocks - 1, generator=g).add(1).tolist()  # block 0: padding
+    B = 3
+    tables = [order[i * B : (i + 1) * B] for i in range(G)]
+    lengths = [B * block_size - 1 - 2 * i for i in range(G)]  # each ends inside its last block
+    query_pos = torch.tensor([[n - Q + q for q in range(Q)] for n in lengths])
+    for t, n in zip(tables, lengths, strict=True):  # its own positions: ordinary values
+        for p in range(n):
+            keys[t[p // block_size], p % block_size] /= 30
+            values[t[p // block_size], p % block_size] /= 30
+    queries = torch.randn(G, Q, H, D, generator=g)
+    return queries, keys, values, tables, query_pos
+
+
+def attend_mistake(queries, keys, values, tables, query_pos, got) -> str:
+    """Recognise a known mistake by recomputing under its hypothesis."""
+    if got.shape != queries.shape:
+        return (
+            f" The result should have the queries' shape {tuple(queries.shape)} "
+            f"([G, Q, n_heads, d_head]), got {tuple(got.shape)}."
+        )
+    strict = attention_by_hand(queries, keys, values, tables, query_pos - 1)
+    if torch.allclose(got.double(), strict, atol=1e-4):
+        return " Each query must read its own position too: `<=`, not `<`."
+    last = query_pos[:, -1:].expand_as(query_pos)
+    if torch.allclose(got.double(), attention_by_hand(queries, keys, values, tables, last),
+                      atol=1e-4):  # fmt: skip
+        return (
+            " Every query read every position written so far: a chunk's early queries read its "
+            "later tokens. The mask must compare each key's position with each query's own."
+        )
+    sorted_tables = [sorted(t) for t in tables]
+    if torch.allclose(got.double(), attention_by_hand(queries, keys, values, sorted_tables,
+                                                      query_pos), atol=1e-4):  # fmt: skip
+        return " The blocks were read in sorted order: read them in the table's order."
+    return ""
+
+
+@pytest.mark.attend
+@pytest.mark.parametrize("G, Q", [(3, 1), (1, 5), (2, 3)])
+def test_attention_reads_each_requests_own_positions_up_to_its_own(impl, G, Q):
+    queries, keys, values, tables, query_pos = attend_case(seed=G * 10 + Q, G=G, Q=Q)
+    B = max(map(len, tables))
+    block_tables = torch.tensor([t + [0] * (B - len(t)) for t in tables])
+    keys_before, values_before = keys.clone(), values.clone()
+    got = impl.attend(queries, keys, values, block_tables, query_pos)
+    want = attention_by_hand(queries, keys_before, values_before, tables, query_pos)
+    assert torch.equal(keys, keys_before) and torch.equal(values, values_before), (
+        "attend must only read the cache, not change it"
+    )
+    ok = got.shape == want.shape and torch.allclose(got.double(), want, atol=1e-4)
+    assert ok, (
+        f"{G} request(s), {Q} queries each, positions {query_pos.tolist()}: the output differs "
+        "from attention over each request's own positions, up to each query's own, read "
+        "through its table." + attend_mistake(queries, keys, values, tables, query_pos, got)
+    )
+
+
+@pytest.mark.attend
+def test_paged_logits_equal_hfs_for_prompts_read_in_uneven_chunks(impl, shipped, hf):
+    model, tokenizer = shipped
+    texts = [tokenizer.encode(p) for p in PROMPTS[:3]]
+    block_size, num_blocks = 4, 30
+    cache = impl.PagedKVCache.allocate(model, num_blocks, block_size)
+    for layer in cache.keys + cache.values:  # what earlier requests left behind
+        layer.normal_(0, 50, generator=torch.Generator().manual_seed(1))
+    order = list(range(1, num_blocks))
+    random.Random(0).shuffle(order)
+    tables = [order[i::3] for i in range(3)]
+    computed = [0, 0, 0]
+    for chunk in ([5, 1, 7], [3, 1, 9], [100, 1, 100], [1, 1, 1]):
+        scheduled, rows = [], []
+        for r, text in enumerate(texts):
+            n = min(chunk[r], len(text) - computed[r])
+            if n:
+                scheduled.append((text, computed[r], n, tables[r]))
+                rows.append(r)
+        if not scheduled:
+            break
+        inputs = impl.prepare_inputs(scheduled, block_size)
+        with torch.inference_mode():
+            logits = impl.forward_paged(model, cache, inputs, torch.arange(len(inputs.token_ids)))
+        for i, r in enumerate(rows):
+            start, n = computed[r], scheduled[i][2]
+            with torch.inference_mode():
+                want = hf(torch.tensor([texts[r][: start + n]])).logits[0, start:]
+            got = logits[inputs.query_start[i] : inputs.query_start[i + 1]]
+            assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (
+                f"request {r}, positions {start} to {start + n - 1} (fed {n} at once, after "
+                f"{start} cached): the logits differ from HF's by "
+                f"{(got - want).abs().max().item():.3g}. The cache's unused slots hold large "
+                "values: does each query read only its own request's positions, up to its own?"
+            )
+            computed[r] += n
+
+
+# --------------------------------------------------------------------------- block_pool
+
+
+class PoolModel:
+    """The contract of vLLM's BlockPool, written out: counts, and the free queue in order."""
+
+    def __init__(self, n):
+        self.count = [0] * n
+        self.queue = list(range(n))
+
+    def get(self, k):
+        taken, self.queue = self.queue[:k], self.queue[k:]
+        for b in taken:
+            self.count[b] = 1
+        return taken
+
+    def touch(self, ids):
+        for b in ids:
+            if self.count[b] == 0:
+                self.queue.remove(b)
+            self.count[b] += 1
+
+    def free(self, ids):
+        for b in ids:
+            self.count[b] -= 1
+            if self.count[b] == 0:
+                self.queue.append(b)
+
+
+def pool_state(pool) -> tuple[list[int], list[int]]:
+    return [b.ref_cnt for b in pool.blocks], list(pool.free_queue)
+
+
+@pytest.mark.block_pool
+def test_new_blocks_come_from_the_least_recently_freed(impl):
+    pool = impl.BlockPool(6)
+    first = [b.block_id for b in pool.get_new_blocks(3)]
+    assert first == [0, 1, 2], (
+        f"a fresh pool hands out blocks 0, 1, 2 first (the front of the free queue), got "
+        f"{first}. `popitem()` takes the newest; `popitem(last=False)` the oldest."
+    )
+    pool.free_blocks([pool.blocks[2], pool.blocks[0]])
+    assert list(pool.free_queue) == [3, 4, 5, 2, 0], (
+        f"freed blocks join the END of the free queue, in the order freed: expected "
+        f"[3, 4, 5, 2, 0], got {list(pool.free_queue)}"
+    )
+    got = [b.block_id for b in pool.get_new_blocks(4)]
+    assert got == [3, 4, 5, 2], (
+        f"get_new_blocks takes from the FRONT of the queue (least recently freed): expected "
+        f"[3, 4, 5, 2], got {got}. `popitem()` takes the newest; `popitem(last=False)` the oldest."
+    )
+    assert [pool.blocks[b].ref_cnt for b in got] == [1, 1, 1, 1], "a new block is held once"
+
+
+@pytest.mark.block_pool
+def test_a_shared_block_is_free_only_when_its_last_holder_frees_it(impl):
+    pool = impl.BlockPool(4)
+    (block,) = pool.get_new_blocks(1)
+    pool.touch([block])
+    assert block.ref_cnt == 2, f"touch adds a holder: ref_cnt should be 2, got {block.ref_cnt}"
+    pool.free_blocks([block])
+    assert block.ref_cnt == 1 and block.block_id not in pool.free_queue, (
+        "one of its two holders freed it: it must keep ref_cnt 1 and stay out of the free queue "
+        "(the other holder still reads it); a block is free when its count reaches 0, not at "
+        "every free"
+    )
+    pool.free_blocks([block])
+    assert block.ref_cnt == 0 and list(pool.free_queue)[-1] == block.block_id, (
+        "its last holder freed it: ref_cnt 0, at the end of the free queue"
+    )
+
+
+@pytest.mark.block_pool
+def test_touch_takes_a_free_cached_block_out_of_the_queue_and_keeps_its_name(impl):
+    pool = impl.BlockPool(4)
+    block = pool.get_new_blocks(2)[1]
+    pool.cache_full_block(block, b"name")
+    pool.free_blocks([block])
+    pool.touch([block])
+    assert block.block_id not in pool.free_queue, (
+        "a free block that touch gives a holder must leave the free queue, or it would be handed "
+        "out as new while held"
+    )
+    assert block.ref_cnt == 1 and block.block_hash == b"name"
+    handed = [b.block_id for b in pool.get_new_blocks(pool.num_free_blocks)]
+    assert block.block_id not in handed, "a held block was handed out as a new one"
+
+
+@pytest.mark.block_pool
+def test_an_evicted_block_loses_its_name(impl):
+    pool = impl.BlockPool(3)
+    named = pool.get_new_blocks(1)[0]
+    pool.cache_full_block(named, b"prefix")
+    pool.free_blocks([named])
+    assert pool.get_cached_block(b"prefix") is named, "a freed block keeps its name"
+    pool.get_new_blocks(3)  # the pool needs every block: the named one is evicted
+    assert named.block_hash is None and pool.get_cached_block(b"prefix") is None, (
+        "a block handed out as new is about to be overwritten: it must lose its name, in the "
+        "block (block_hash = None) and in pool.cached"
+    )
+
+
+@pytest.mark.block_pool
+def test_random_allocations_follow_the_contract(impl):
+    rng = random.Random(7)
+    pool, model = impl.BlockPool(10), PoolModel(10)
+    held: list[int] = []
+    for step in range(300):
+        op = rng.choice(["get", "touch", "free"])
+        if op == "get" and model.queue:
+            k = rng.randint(1, min(3, len(model.queue)))
+            got = [b.block_id for b in pool.get_new_blocks(k)]
+            want = model.get(k)
+            assert got == want, f"operation {step}: get_new_blocks({k}) gave {got}, not {want}"
+            held += got
+        elif op == "touch":
+            ids = rng.sample(range(10), rng.randint(1, 3))
+            pool.touch([pool.blocks[b] for b in ids])
+            model.touch(ids)
+            held += ids
+        elif op == "free" and held:
+            ids = [held.pop(rng.randrange(len(held))) for _ in range(min(len(held), 2))]
+            if len(set(ids)) == len(ids):
+                pool.free_blocks([pool.blocks[b] for b in ids])
+                model.free(ids)
+            else:
+                held += ids
+        counts, queue = pool_state(pool)
+        assert counts == model.count and queue == model.queue, (
+            f"after operation {step} ({op}): counts {counts}, free queue {queue}; the contract "
+            f"gives counts {model.count}, free queue {model.queue}"
+        )
+
+
+# --------------------------------------------------------------------------- kv_cache_manager
+
+
+def request(impl, request_id: str, ids: list[int], max_tokens: int = 8):
+    return impl.Request(request_id, list(ids), impl.SamplingParams(max_tokens=max_tokens))
+
+
+def computed_in_full(impl, manager, req) -> None:
+    """Allocate a request's whole prompt, name its full blocks, mark it computed."""
+    assert manager.allocate_slots(req, req.num_tokens) is not None
+    manager.cache_blocks(req, req.num_tokens)
+    req.num_computed_tokens = req.num_tokens
+
+
+@pytest.mark.kv_cache_manager
+def test_prefix_hits_are_the_longest_run_of_named_leading_blocks(impl):
+    manager = impl.KVCacheManager(num_blocks=16, block_size=4)
+    first = request(impl, "a", range(100, 114))  # 3 full blocks, 2 tokens more
+    computed_in_full(impl, manager, first)
+    manager.free(first)  # its blocks stay named
+    cases = [
+        ("shares 2 blocks, differs in the third", list(range(100, 108)) + [1, 2, 3, 4, 5], 8),
+        (
+            "differs in the second block, same third",
+            list(range(100, 104)) + [9] * 4 + list(range(108, 112)) + [7],
+            4,
+        ),  # fmt: skip
+        ("is exactly the 3 named blocks", list(range(100, 112)), 8),
+        ("differs in its first token", [0] + list(range(101, 114)), 0),
+    ]
+    for what, ids, want in cases:
+        blocks, n = manager.get_computed_blocks(request(impl, what, ids))
+        hint = ""
+        if what.startswith("is exactly") and n == 12:
+            hint = (
+                " All of its tokens were reported cached: the last token must be computed, to "
+                "give the logits the next token is sampled from (look only at the first "
+                "num_tokens - 1)."
+            )
+        elif what.startswith("differs in the second") and n == 8:
+            hint = (
+                " A block after a miss is not a hit: its name covers its whole prefix, so the "
+                "run of hits stops at the first miss."
+            )
+        assert n == want and len(blocks) == want // 4, (
+            f"a prompt that {what}: {want} cached tokens in {want // 4} blocks expected, got "
+            f"{n} tokens in {len(blocks)} blocks." + hint
+        )
+
+
+@pytest.mark.kv_cache_manager
+def test_no_hits_with_prefix_caching_off(impl):
+    manager = impl.KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
+    first = request(impl, "a", range(100, 110))
+    computed_in_full(impl, manager, first)
+    blocks, n = manager.get_computed_blocks(request(impl, "b", range(100, 110)))
+    assert (list(blocks), n) == ([], 0), "with prefix caching off there are no hits"
+
+
+@pytest.mark.kv_cache_manager
+def test_a_table_grows_one_block_when_the_last_is_full(impl):
+    manager = impl.KVCacheManager(num_blocks=8, block_size=4)
+    req = request(impl, "a", range(100, 109))  # 9 tokens
+    for new, computed_before, want in [(9, 0, 3), (1, 9, 3), (2, 10, 3), (1, 12, 4)]:
+        req.num_computed_tokens = computed_before
+        got = manager.allocate_slots(req, new)
+        assert got is not None and len(req.block_ids) == want, (
+            f"{computed_before} tokens computed, {new} more: {computed_before + new} tokens need "
+            f"{want} blocks of 4 (rounded up), the table has "
+            f"{'none (None returned)' if got is None else len(req.block_ids)}"
+        )
+
+
+@pytest.mark.kv_cache_manager
+def test_too_few_free_blocks_gives_none_and_changes_nothing(impl):
+    manager = impl.KVCacheManager(num_blocks=4, block_size=4)
+    other = request(impl, "other", range(50, 55))
+    assert manager.allocate_slots(other, 5) is not None  # 2 blocks held
+    req = request(impl, "a", range(100, 112))  # needs 3, 2 are free
+    free_before = manager.pool.num_free_blocks
+    got = manager.allocate_slots(req, 12)
+    assert got is None, (
+        f"12 tokens need 3 blocks of 4 and only {free_before} are free: return None (the "
+        "scheduler then preempts someone)"
+    )
+    assert manager.pool.num_free_blocks == free_before and req.block_ids == [], (
+        "a refused allocation must change nothing: no block taken from the pool"
+    )
+
+
+@pytest.mark.kv_cache_manager
+def test_a_request_with_hits_gets_a_table_of_its_hits_then_new_blocks(impl):
+    manager = impl.KVCacheManager(num_blocks=12, block_size=4)
+    first = request(impl, "a", range(100, 108))  # 2 full blocks
+    computed_in_full(impl, manager, first)
+    second = request(impl, "b", range(100, 114))  # the same 2 blocks, then 6 tokens of its own
+    hits, n = manager.get_computed_blocks(second)
+    assert n == 8, f"setup: the second request should find 8 cached tokens, got {n}"
+    got = manager.allocate_slots(second, 6, hits)
+    table = second.block_ids
+    assert got is not None and len(table) == 4 and table[:2] == first.block_ids, (
+        f"8 cached tokens (2 hits) and 6 new ones: 14 tokens need 4 blocks of 4, the 2 hits "
+        f"first, then 2 new; the table is {table} (the hits are {first.block_ids}). The hits' "
+        "tokens count among the tokens the table must cover, and the hits among its blocks."
+    )
+
+
+@pytest.mark.kv_cache_manager
+def test_a_free_cached_hit_is_not_free_for_the_requests_new_blocks(impl):
+    manager = impl.KVCacheManager(num_blocks=3, block_size=4)
+    first = request(impl, "a", range(100, 108))  # 2 full blocks
+    computed_in_full(impl, manager, first)
+    manager.free(first)  # 3 free blocks, 2 of them named
+    second = request(impl, "b", range(100, 116))  # the same 2 blocks, then 8 tokens of its own
+    hits, n = manager.get_computed_blocks(second)
+    assert n == 8, f"setup: the second request should find 8 cached tokens, got {n}"
+    try:
+        got = manager.allocate_slots(second, 8, hits)
+    except ValueError as error:  # the pool refused: the check let through what it cannot give
+        got = error
+    assert got is None, (
+        "2 hits that sit in the free queue, and 2 new blocks needed: the pool has 3 free blocks, "
+        "but 2 of them are the hits this request is about to take, so only 1 is free for new "
+        f"blocks. Return None: count the hits whose ref_cnt is 0 as not free. (Got {got!r}.)"
+    )
+
+
+@pytest.mark.kv_cache_manager
+def test_the_engine_computes_exactly_the_prompt_positions_not_cached(impl, shipped):
+    model, tokenizer = shipped
+    shared = tokenizer.encode(PROMPTS[4])[:18]  # 4 full blocks of 4 and 2 tokens
+    engine = impl.LLMEngine(model, tokenizer, num_blocks=64, block_size=4)
+    impl.generate(engine, [shared + [10, 11, 12]], greedy(impl))
+    before = engine.stats.prompt_tokens_computed
+    second = shared + [20, 21, 22, 23, 24]
+    impl.generate(engine, [second], greedy(impl))
+    computed = engine.stats.prompt_tokens_computed - before
+    assert computed == len(second) - 16, (
+        f"the second prompt ({len(second)} tokens) shares 4 full blocks (16 tokens) with the "
+        f"first: it should compute {len(second) - 16} prompt positions, computed {computed}"
+    )
+
+
+# --------------------------------------------------------------------------- schedule
+
+
+def step_done(scheduled) -> None:
+    """What the engine does after a step, written out: the tokens are computed, and a request
+    that computed its last known token gets a new one."""
+    for req, n in scheduled:
+        req.num_computed_tokens += n
+        if req.num_computed_tokens == req.num_tokens:
+            req.output_token_ids.append(1)
+
+
+def plan(out) -> list[tuple[str, int]]:
+    return [(req.request_id, n) for req, n in out.scheduled]
+
+
+@pytest.mark.schedule
+def test_running_requests_first_then_the_queue_within_the_budget(impl):
+    kv = impl.KVCacheManager(num_blocks=32, block_size=4)
+    scheduler = impl.Scheduler(kv, max_num_batched_tokens=10, max_num_seqs=8)
+    a = request(impl, "a", range(100, 106))
+    scheduler.add_request(a)
+    out = scheduler.schedule()
+    assert plan(out) == [("a", 6)], f"one request of 6 tokens, budget 10: got {plan(out)}"
+    step_done(out.scheduled)
+    scheduler.add_request(request(impl, "b", range(200, 208)))
+    scheduler.add_request(request(impl, "c", range(300, 320)))
+    out = scheduler.schedule()
+    want = [("a", 1), ("b", 8), ("c", 1)]
+    assert plan(out) == want, (
+        f"a decodes (1 token), then b's 8-token prompt, then c gets what is left of the budget "
+        f"of 10 (1 token, a chunk of its prompt): expected {want}, got {plan(out)}. Running "
+        "requests go first; each gets min(tokens it lacks, budget left)."
+    )
+    step_done(out.scheduled)
+    out = scheduler.schedule()
+    want = [("a", 1), ("b", 1), ("c", 8)]
+    assert plan(out) == want, (
+        f"next step: a and b decode, c's prompt goes on in a chunk of 8: expected {want}, got "
+        f"{plan(out)}"
+    )
+
+
+@pytest.mark.schedule
+def test_seats_limit_admission_and_the_queue_is_first_come_first_served(impl):
+    kv = impl.KVCacheManager(num_blocks=6, block_size=4)
+    scheduler = impl.Scheduler(kv, max_num_batched_tokens=100, max_num_seqs=2)
+    for name, n in [("a", 4), ("b", 4), ("c", 4)]:
+        scheduler.add_request(request(impl, name, range(100, 100 + n)))
+    out = scheduler.schedule()
+    assert plan(out) == [("a", 4), ("b", 4)], (
+        f"max_num_seqs=2: two requests run, the third waits; got {plan(out)}"
+    )
+    kv2 = impl.KVCacheManager(num_blocks=4, block_size=4)
+    fcfs = impl.Scheduler(kv2, max_num_batched_tokens=100, max_num_seqs=8)
+    fcfs.add_request(request(impl, "small", range(100, 108)))  # 2 blocks
+    fcfs.add_request(request(impl, "big", range(200, 212)))  # 3 blocks: does not fit now
+    fcfs.add_request(request(impl, "tiny", range(300, 304)))  # 1 block: would fit
+    out = fcfs.schedule()
+    assert plan(out) == [("small", 8)], (
+        f"the head of the queue does not fit: nobody behind it may overtake it (first come, "
+        f"first served; it would wait for ever behind smaller requests); got {plan(out)}"
+    )
+
+
+@pytest.mark.schedule
+def test_when_blocks_run_out_the_newest_request_is_preempted(impl):
+    kv = impl.KVCacheManager(num_blocks=4, block_size=2, enable_prefix_caching=False)
+    scheduler = impl.Scheduler(kv, max_num_batched_tokens=100, max_num_seqs=8)
+    a, b = request(impl, "a", [1, 2, 3, 4]), request(impl, "b", [5, 6, 7, 8])
+    scheduler.add_request(a)
+    scheduler.add_request(b)
+    out = scheduler.schedule()  # 2 blocks each: the pool is full
+    assert plan(out) == [("a", 4), ("b", 4)], f"setup: both admitted, got {plan(out)}"
+    step_done(out.scheduled)  # each has a 5th token to compute: it needs a third block
+    out = scheduler.schedule()
+    assert [r.request_id for r in out.preempted] == ["b"], (
+        f"a needs a block and none is free: the NEWEST running request (b) is preempted; got "
+        f"{[r.request_id for r in out.preempted]}"
+    )
+    assert plan(out) == [("a", 1)], f"then a is scheduled; got {plan(out)}"
+    assert b not in scheduler.running and scheduler.waiting and scheduler.waiting[0] is b, (
+        "the preempted request leaves `running` and waits at the FRONT of the queue "
+        "(self._preempt does both, and the victim must be popped from running)"
+    )
+    assert b.num_computed_tokens == 0 and b.block_ids == [], "preempted: blocks freed, recomputed"
+
+
+@pytest.mark.schedule
+def test_nobody_is_admitted_in_a_step_that_preempted(impl):
+    kv = impl.KVCacheManager(num_blocks=4, block_size=2, enable_prefix_caching=False)
+    scheduler = impl.Scheduler(kv, max_num_batched_tokens=3, max_num_seqs=8)
+    scheduler.add_request(request(impl, "a", [1, 2]))
+    scheduler.add_request(request(impl, "b", [3]))
+    preempting_steps = 0
+    for step in range(8):
+        before = {id(r) for r in scheduler.running}
+        out = scheduler.schedule()
+        if out.preempted:
+            preempting_steps += 1
+            victims = {id(r) for r in out.preempted}
+            admitted = [r.request_id for r, _ in out.scheduled
+                        if id(r) not in before or id(r) in victims]  # fmt: skip
+            assert not admitted, (
+                f"step {step} preempted {[r.request_id for r in out.preempted]} and admitted "
+                f"{admitted}: nobody is admitted in a step that preempted (the pool is full; a "
+                "request admitted now would be preempted at the next step)"
+            )
+        step_done(out.scheduled)
+    assert preempting_steps, "(the test meant to preempt: 4 blocks of 2 for 2 growing requests)"
+
+
+@pytest.mark.schedule
+def test_an_admitted_request_starts_at_its_cache_hits(impl):
+    kv = impl.KVCacheManager(num_blocks=16, block_size=4)
+    scheduler = impl.Scheduler(kv, max_num_batched_tokens=100, max_num_seqs=8)
+    a = request(impl, "a", range(100, 110))
+    scheduler.add_request(a)
+    step_done(scheduler.schedule().scheduled)
+    b = request(impl, "b", list(range(100, 108)) + [1, 2, 3])
+    scheduler.add_request(b)
+    out = scheduler.schedule()
+    assert ("b", 3) in plan(out) and b.num_computed_tokens == 8 and b.num_cached_tokens == 8, (
+        f"b shares a's first 2 full blocks (8 tokens): it must start with 8 tokens computed "
+        f"(num_computed_tokens and num_cached_tokens) and be scheduled for its 3 others; got "
+        f"plan {plan(out)}, num_computed_tokens {b.num_computed_tokens}, num_cached_tokens "
+        f"{b.num_cached_tokens}"
+    )
+
+
+@pytest.mark.schedule
+def test_greedy_tokens_are_hfs_with_chunks_preemption_and_invariants(impl, shipped, hf):
+    model, tokenizer = shipped
+    engine = impl.LLMEngine(model, tokenizer, num_blocks=14, block_size=4,
+                            max_num_batched_tokens=12, max_num_seqs=4)  # fmt: skip
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(str(i), prompt, greedy(impl))
+    budget = []
+
+    def check(engine):
+        problems = invariant_problems(engine)
+        assert not problems, "after a step: " + "; ".join(problems[:3])
+
+    original = engine.scheduler.schedule
+
+    def schedule_and_count():
+        out = original()
+        budget.append(out.num_tokens)
+        return out
+
+    engine.scheduler.schedule = schedule_and_count
+    outputs = run_to_end(engine, max_steps=400, check=check)
+    assert max(budget) <= 12, f"a step scheduled {max(budget)} tokens, the budget is 12"
+    assert engine.stats.preemptions > 0, "(the test meant to preempt: 14 blocks for 5 requests)"
+    for i, prompt in enumerate(PROMPTS):
+        ids = tokenizer.encode(prompt)
+        got = outputs[str(i)][-1].output_token_ids
+        want, problem = greedy_difference(hf, ids, got, 12)
+        assert problem is None, (
+            f"request {i} ({prompt!r:.30}), served beside 4 others with chunked prefill and "
+            f"preemption: {problem}. HF alone: {want}, yours: {got}"
+        )
+
+
+# --------------------------------------------------------------------------- sample_requests
+
+
+def sampled_request(impl, ids, seed=None, **params):
+    req = request(impl, f"r{seed}", ids)
+    req.params = impl.SamplingParams(seed=seed, **params)
+    if seed is not None:
+        req.generator = torch.Generator().manual_seed(seed)
+    return req
+
+
+@pytest.mark.sample_requests
+def test_greedy_rows_take_their_argmax_in_their_own_place(impl):
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(3))
+    reqs = [sampled_request(impl, [1, 2], temperature=0.0),
+            sampled_request(impl, [3], seed=5, temperature=0.8),
+            sampled_request(impl, [4, 5], temperature=0.0),
+            sampled_request(impl, [6], temperature=0.0)]  # fmt: skip
+    got = impl.sample_requests(reqs, logits)
+    for i in (0, 2, 3):
+        assert got[i] == int(logits[i].argmax()), (
+            f"request {i} is greedy: its token is the argmax of ITS row "
+            f"({int(logits[i].argmax())}), got {got[i]}. Are the greedy results written back "
+            "at their requests' indices?"
+        )
+    assert len(got) == 4 and all(isinstance(t, int) for t in got), (
+        "return one int per request, in the requests' order"
+    )
+
+
+@pytest.mark.sample_requests
+def test_a_greedy_request_with_a_penalty_counts_its_own_text(impl):
+    logits = torch.zeros(2, 10)
+    logits[:, 3], logits[:, 4] = 2.0, 1.5
+    mine = sampled_request(impl, [3], temperature=0.0, frequency_penalty=0.5)
+    mine.output_token_ids = [3, 7]  # its text so far: prompt and output
+    other = sampled_request(impl, [4, 4, 4, 4], temperature=0.0, frequency_penalty=0.5)
+    got = impl.sample_requests([mine, other], logits)
+    # By hand: row 0: 2.0 - 2 * 0.5 = 1.0 for token 3, so 4 (1.5) wins; row 1: 4 falls to -0.5.
+    assert got == [4, 3], (
+        f"each request's penalty counts its own tokens, prompt and output: expected [4, 3], got "
+        f"{got}. A greedy request with a frequency penalty is not a plain argmax, and the "
+        "penalty of row i counts request i's text only (all_token_ids)."
+    )
+
+
+@pytest.mark.sample_requests
+def test_a_seeded_request_draws_the_same_alone_and_in_any_batch(impl):
+    logits = torch.randn(6, 60, generator=torch.Generator().manual_seed(4))
+    settings = [dict(temperature=0.9), dict(temperature=1.2, top_k=10), dict(top_p=0.7),
+                dict(temperature=0.8, frequency_penalty=0.4), dict(temperature=0.0),
+                dict(temperature=1.0)]  # fmt: skip
+
+    def make():
+        return [sampled_request(impl, [i, 2 * i], seed=10 + i, **s) for i, s in enumerate(settings)]
+
+    alone = [impl.sample_requests([r], logits[i : i + 1])[0] for i, r in enumerate(make())]
+    reqs = make()
+    order = [3, 0, 5, 2, 4, 1]
+    batch = impl.sample_requests([reqs[i] for i in order], logits[order])
+    assert [batch[order.index(i)] for i in range(6)] == alone, (
+        "each seeded request must draw with its own generator (request.generator): its token "
+        "must not depend on which requests share the step, nor on their order"
+    )
+    for i, (req, s) in enumerate(zip(make(), settings, strict=True)):
+        ids = torch.tensor([req.all_token_ids])
+        generator = torch.Generator().manual_seed(10 + i)
+        want = int(impl.sample_next_token(ids, logits[i : i + 1], generator=generator, **s)[0])
+        assert alone[i] == want, (
+            f"request {i} ({s}): chapter 3's sample_next_token with its text, its row and its "
+            f"generator gives {want}, yours {alone[i]}"
+        )
+
+
+@pytest.mark.sample_requests
+def test_the_first_tokens_follow_the_exact_distribution(impl):
+    logits = torch.randn(1, 12, generator=torch.Generator().manual_seed(5)) * 2
+    n = N_SAMPLES // 4
+    reqs = [sampled_request(impl, [1], seed=s, temperature=0.7, top_k=6) for s in range(n)]
+    samples = torch.tensor(impl.sample_requests(reqs, logits.expand(n, -1)))
+    kept = logits[0] / 0.7
+    kept[kept < kept.topk(6).values[-1]] = float("-inf")
+    assert_samples_follow(samples, kept.softmax(-1), "first tokens at temperature 0.7, top-k 6")
