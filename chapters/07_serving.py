@@ -13,15 +13,17 @@
 #    that wait for a batch, measured on a trace of requests arriving over time.
 # 2. **A paged KV cache**: the cache cut into fixed-size blocks, a block table per request, and
 #    attention that reads a request's keys and values through its table.
-# 3. **The block pool**: who holds which block, reference counts, and a queue of free blocks.
-# 4. **Prefix caching**: a full block named by a hash of its tokens and of the blocks before it,
+# 3. **The engine, from the top**: what one step does (`add_request`, `step`, `abort_request`),
+#    before the parts it calls.
+# 4. **The block pool**: who holds which block, reference counts, and a queue of free blocks.
+# 5. **Prefix caching**: a full block named by a hash of its tokens and of the blocks before it,
 #    so that requests with a common beginning share its memory and skip its computation.
-# 5. **The scheduler**: every step, running requests first, then waiting ones while the step's
+# 6. **Per-request sampling**: each request's own settings and its own random numbers.
+# 7. **The scheduler**: every step, running requests first, then waiting ones while the step's
 #    token budget and the free blocks allow; a long prompt read in chunks; when blocks run out,
 #    the newest request is preempted and computed again later.
-# 6. **Per-request sampling**: each request's own settings and its own random numbers.
-# 7. **The engine** that puts them together (`add_request`, `step`, `abort_request`), then its
-#    latency and throughput on a trace, and how engines go past one machine.
+# 8. **The engine at work**, then its latency and throughput on a trace (9), and how engines go
+#    past one machine (10).
 #
 # What you write:
 #
@@ -29,8 +31,8 @@
 # - `attend`: attention over keys and values gathered through block tables;
 # - `BlockPool`'s allocation, sharing and freeing of blocks;
 # - `KVCacheManager`'s prefix-cache lookup and block allocation;
-# - `Scheduler.schedule`: continuous batching with chunked prefill and preemption;
-# - `sample_requests`: one token per request, each by its own rules and generator.
+# - `sample_requests`: one token per request, each by its own rules and generator;
+# - `Scheduler.schedule`: continuous batching with chunked prefill and preemption.
 #
 # Given: `Request` and `SamplingParams` (a request's record and settings), `PagedKVCache`,
 # `prepare_inputs`, `paged_attention` and `forward_paged` (the model runner), `hash_block_tokens`,
@@ -54,8 +56,8 @@
 # `raise NotImplementedError()`, run it, then run the `check("...")` cell below it. From a
 # terminal, `pytest -m schedule` and `course grade 7` grade your saved notebook;
 # `show_solution("Scheduler")` prints the reference when you are truly stuck; `course reset 07`
-# gives you a fresh notebook and keeps a backup of yours. The engine of section 7 runs on your
-# `attend`, `BlockPool`, `KVCacheManager`, `Scheduler` and `sample_requests`: do the exercises
+# gives you a fresh notebook and keeps a backup of yours. The engine of section 3 runs on your
+# `attend`, `BlockPool`, `KVCacheManager`, `sample_requests` and `Scheduler`: do the exercises
 # in order.
 #
 # Run the setup cell below first.
@@ -149,7 +151,8 @@ for b in range(0, len(trace), 8):
     useful += sum(len(r.prompt) + r.max_tokens - 1 for r in group)
 print(f"positions computed {computed}, of them real and still needed {useful} "
       f"({useful / computed:.0%})")  # fmt: skip
-print(f"KV positions reserved by the fullest batch {static.kv_reserved}, used {static.kv_used}")
+print(f"the batch that reserves most: {static.kv_reserved} KV positions; its requests use "
+      f"{static.kv_used}")  # fmt: skip
 print("static batching:", static_summary)
 
 # %% tags=["claim"]
@@ -164,7 +167,7 @@ assert useful < computed and static.kv_used < static.kv_reserved, (
 # - **Finished rows**: a request whose answer is done keeps a row in the batch, computing tokens
 #   nobody reads, until the longest answer of its batch is written.
 # - **Waiting**: a request that arrives just after a batch started waits for the whole batch to
-#   finish before its own batch can start, and then for its batch's prefill. Section 8 sets this
+#   finish before its own batch can start, and then for its batch's prefill. Section 9 sets this
 #   median time to first token beside the engine's.
 #
 # And the memory: the batch's cache holds every row for the longest prompt plus the longest
@@ -197,7 +200,40 @@ assert useful < computed and static.kv_used < static.kv_reserved, (
 # is a view of the same memory), position `p` of a request is one row, its **slot**:
 # `table[p // block_size] * block_size + p % block_size`. The model runner writes each new
 # token's key and value to its slot.
+
+# %% [markdown]
+# ### The model runner (given): one step's tokens, laid end to end
 #
+# A step's tokens do not form a rectangle: one request feeds a chunk of 37 prompt tokens, thirty
+# others one token each. Padding them to `[batch, longest]` would waste most of the arithmetic,
+# so the engine lays them end to end, `[T]`, with each request's first row in `query_start`
+# (vLLM's model runner does the same: one input of all the step's tokens, each request's start
+# in `query_start_loc`). Everything that does not mix positions (embeddings, layer norms, the
+# MLP, the projections) runs on the `T` rows as they are. Only attention mixes positions, and
+# only within a request.
+#
+# `prepare_inputs` (given) builds a step's inputs from, per request, its token ids, how many are
+# computed already, how many this step feeds, and its block table: the tokens, their positions,
+# their slots (through `slots_of`, your first exercise, below), where each request's rows start
+# (`query_start`), its blocks, and how many positions it can read after this step's writes
+# (`context_lens`).
+
+# %% tags=["source"]
+# solution: solutions.paged_attention.PagedKVCache
+# solution: solutions.paged_attention.StepInputs
+# solution: solutions.paged_attention.prepare_inputs
+
+# %% [markdown]
+# The rest of the model runner: `paged_attention` projects the step's `T` rows to queries, keys
+# and values, writes each key and value to its slot, and calls `attend` (your second exercise)
+# for the decodes and for each chunk; `forward_paged` is chapter 1's forward pass around it, with
+# the logits computed only at the rows that sample.
+
+# %% tags=["source"]
+# solution: solutions.paged_attention.paged_attention
+# solution: solutions.paged_attention.forward_paged
+
+# %% [markdown]
 # ### Exercise: `slots_of`
 #
 # *About 10 minutes.*
@@ -236,25 +272,6 @@ assert useful < computed and static.kv_used < static.kv_reserved, (
 check("slots_of")
 
 # %% [markdown]
-# ### One step's tokens, laid end to end
-#
-# A step's tokens do not form a rectangle: one request feeds a chunk of 37 prompt tokens, thirty
-# others one token each. Padding them to `[batch, longest]` would waste most of the arithmetic,
-# so the engine lays them end to end, `[T]` (vLLM calls this a flattened batch). Everything that
-# does not mix positions (embeddings, layer norms, the MLP, the projections) runs on the `T` rows
-# as they are. Only attention mixes positions, and only within a request.
-#
-# `prepare_inputs` (given) builds a step's inputs from, per request, its token ids, how many are
-# computed already, how many this step feeds, and its block table: the tokens, their positions,
-# their slots (through your `slots_of`), where each request's rows start (`query_start`), its
-# blocks, and how many positions it can read after this step's writes (`context_lens`).
-
-# %% tags=["source"]
-# solution: solutions.paged_attention.PagedKVCache
-# solution: solutions.paged_attention.StepInputs
-# solution: solutions.paged_attention.prepare_inputs
-
-# %% [markdown]
 # ### Exercise: `attend`
 #
 # *About 30 minutes.*
@@ -276,8 +293,8 @@ check("slots_of")
 # `[G, Q, n_heads, d_head]`. Use `F.scaled_dot_product_attention` with a boolean `attn_mask`
 # (`True`: may read), as chapters 4 and 5 did.
 #
-# The model runner calls it twice per layer and step: once for every decoding request together
-# (`Q = 1`), and once for each prompt chunk alone (`G = 1`). A decode padded to a chunk's
+# In each layer and step, the model runner calls it once for all the decoding requests together
+# (`Q = 1`), and once more for each prompt chunk, alone (`G = 1`). A decode padded to a chunk's
 # length would multiply its attention's work by that length.
 #
 # Common mistakes: gathering with the block ids sorted, or through `keys[block_tables]` and then
@@ -319,16 +336,6 @@ check("slots_of")
 check("attend")
 
 # %% [markdown]
-# The rest of the model runner is given: `paged_attention` projects the step's `T` rows to
-# queries, keys and values, writes each key and value to its slot, and calls your `attend` for
-# the decodes and for each chunk; `forward_paged` is chapter 1's forward pass around it, with
-# the logits computed only at the rows that sample.
-
-# %% tags=["source"]
-# solution: solutions.paged_attention.paged_attention
-# solution: solutions.paged_attention.forward_paged
-
-# %% [markdown]
 # Predict, then run: three prompts read in uneven chunks over three steps, each through a block
 # table of blocks taken at random from the pool. Do the logits still equal HF's, which never heard
 # of blocks?
@@ -367,14 +374,38 @@ plot_block_table(used, lengths, num_blocks, block_size, title="Three requests' b
 assert worst < 1e-4, "the demo says the paged logits equal HF's"
 
 # %% [markdown]
-# ## 3. The block pool
+# ## 3. The engine, from the top
+#
+# Before its parts, the whole. `LLMEngine` (given) is what a server calls:
+#
+# - `add_request(request_id, prompt, params)` queues a request. One it could never serve (its
+#   prompt and `max_tokens` would not fit in `n_ctx`, or in the whole pool) ends at once, with
+#   an error in the next step's outputs, and every other request goes on.
+# - `step()` asks the scheduler what runs, runs `forward_paged` once over every scheduled token
+#   of every request, samples a token for each request that reached its last known token,
+#   retires the finished ones (their blocks are free at once) and returns what advanced.
+# - `abort_request(request_id)` ends a request now; `has_unfinished_requests()` says whether to
+#   keep stepping; `generate(engine, prompts, params)` runs a list to the end.
+#
+# Read `step` below, then build what it calls, by their names in this notebook: `Scheduler`
+# (section 7), which asks a `KVCacheManager` (section 5) built on a `BlockPool` (section 4) for
+# blocks, and `sample_requests` (section 6). Until you have written them, the engine cannot run;
+# section 8 runs it.
+
+# %% tags=["source"]
+# solution: solutions.engine.EngineStats
+# solution: solutions.engine.LLMEngine
+# solution: solutions.engine.generate
+
+# %% [markdown]
+# ## 4. The block pool
 #
 # Somebody must know which blocks are free. vLLM's `BlockPool` (in `vllm/v1/core/block_pool.py`)
 # keeps, per block, a **reference count**: how many requests hold it. A block nobody holds is
 # free, and waits in a **free queue**. Two requests can hold the same block: that is prefix
-# caching (section 4), and it is why a block has a count rather than an owner.
+# caching (section 5), and it is why a block has a count rather than an owner.
 #
-# A free block keeps its contents and its name (its hash, section 4): a later request with the
+# A free block keeps its contents and its name (its hash, section 5): a later request with the
 # same prefix can take it back from the queue without recomputing it. Only when the pool needs
 # memory is a free block **evicted**: the queue hands out the block freed longest ago (least
 # recently used), and a block that had a name loses it, since its memory is about to be
@@ -397,7 +428,8 @@ assert worst < 1e-4, "the demo says the paged logits equal HF's"
 #
 # - `get_new_blocks(n)`: `n` blocks from the front of the free queue (the least recently
 #   freed first), each now held once. A block with a name loses it, in the block and in
-#   `self.cached` (if `self.cached` still points at this block).
+#   `self.cached` (a name maps to one block only: the given `cache_full_block` never names a
+#   second block with it).
 # - `touch(blocks)`: one more holder for each block (a prefix-cache hit); a block that was free
 #   leaves the free queue.
 # - `free_blocks(blocks)`: one holder less for each, in the order given; a block whose count
@@ -418,9 +450,9 @@ assert worst < 1e-4, "the demo says the paged logits equal HF's"
 # <details><summary>Hint 2: the approach</summary>
 #
 # `get_new_blocks`: for each of `n`, pop the oldest id, look the block up in `self.blocks`, and
-# if it has a hash, delete that hash from `self.cached` (when it maps to this block) and set it
-# to `None`; set its count to 1. `touch`: a count of 0 means the block is in the queue: delete it
-# from there; then add one. `free_blocks`: subtract one; at 0, add the id at the queue's end.
+# if it has a hash, delete that hash from `self.cached` and set the block's to `None`; set its
+# count to 1. `touch`: a count of 0 means the block is in the queue: delete it from there; then
+# add one. `free_blocks`: subtract one; at 0, add the id at the queue's end.
 #
 # </details>
 #
@@ -438,7 +470,7 @@ assert worst < 1e-4, "the demo says the paged logits equal HF's"
 check("block_pool")
 
 # %% [markdown]
-# ## 4. Prefix caching, and allocating a request's blocks
+# ## 5. Prefix caching, and allocating a request's blocks
 #
 # Many requests begin alike: the same system prompt, the same few-shot examples, the same long
 # document with different questions, the earlier turns of a chat. Their keys and values for the
@@ -480,14 +512,16 @@ check("block_pool")
 # about to take it, so it is not free for this request's new blocks.
 #
 # Common mistakes: a hit found for the request's last token (then nothing is left to compute and
-# no logits to sample from); stopping at the first hit rather than the first miss, or going on
-# past a miss (a block is only valid after its whole prefix); `//` where blocks must be rounded
-# up; the cache hits forgotten in the count of tokens or of blocks; a free cached hit counted as
-# free for new blocks.
+# no logits to sample from); stopping at the first hit rather than the first miss; `//` where
+# blocks must be rounded up; the cache hits forgotten in the count of tokens or of blocks; a
+# free cached hit counted as free for new blocks; the hits taken (`touch`) before you know the
+# allocation succeeds (a refused allocation must change nothing).
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
-# `get_computed_blocks`: walk the names in order and stop at the first miss. `allocate_slots`:
+# `get_computed_blocks`: walk the names in order and stop at the first miss. (Going on past a
+# miss would find nothing more: each name includes its parent's, so after a block that is not
+# cached, no later name can be.) `allocate_slots`:
 # first count tokens, then blocks, then compare with what is free.
 #
 # </details>
@@ -517,94 +551,14 @@ check("block_pool")
 check("kv_cache_manager")
 
 # %% [markdown]
-# ## 5. The scheduler: continuous batching
-#
-# There is no prefill phase and decode phase any more. Each request is a count of computed tokens
-# chasing its count of known tokens (prompt plus output so far); each step gives each running
-# request as many tokens as it lacks, within the step's **token budget**
-# (`max_num_batched_tokens`): one for a request that is decoding, a chunk for one still reading
-# its prompt. A long prompt is read over several steps (**chunked prefill**, Agrawal et al.,
-# *Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve*, OSDI 2024), so that it
-# never stalls the decodes beside it for one long step.
-#
-# ### Exercise: `Scheduler.schedule`
-#
-# *About 45 minutes.*
-#
-# `Scheduler.schedule()` (vLLM v1's `Scheduler`, nano-vllm's `scheduler.py`) decides one step:
-#
-# 1. **Running requests first**, oldest first (the order of `self.running`), while budget is
-#    left. Each gets `min(tokens it lacks, budget left)`, after `self.kv.allocate_slots` finds
-#    the blocks. When it cannot, the **newest** running request is preempted (`self._preempt`,
-#    given: its blocks are freed, it goes back to the front of the queue and will be computed
-#    again from its tokens, which it keeps) and the allocation is tried again; if the newest is
-#    the request itself, it is preempted and the loop goes on with the next. A request scheduled
-#    has its full blocks named (`self.kv.cache_blocks(request, tokens it will have computed)`),
-#    then joins `out.scheduled` as `(request, num_new)`.
-# 2. **Then the queue**, in order, while budget is left, fewer than `max_num_seqs` run, and no
-#    one was preempted in this step (the pool is full: a request admitted now would be preempted
-#    at the next). The head of the queue asks the cache for its prefix hits
-#    (`get_computed_blocks`), then for blocks for `min(tokens not cached, budget left)`; if there
-#    are none, admission stops (first come, first served: nobody overtakes the head). An admitted
-#    request leaves the queue, becomes `RUNNING`, starts with its cached tokens computed
-#    (`num_computed_tokens` and `num_cached_tokens`), names its full blocks, joins
-#    `self.running` and `out.scheduled`.
-#
-# Why the newest? It has waited least and computed least, so preempting it loses least; vLLM's
-# first-come-first-served policy takes the same one (the last of its running list). Why never a
-# deadlock? The engine refuses any request that could not fit the whole pool alone, so the
-# oldest running request can always go on once everybody after it is preempted.
-#
-# Common mistakes: the queue served before the running requests (decodes then wait behind new
-# prompts); a budget that is not decreased, or a chunk not capped by it; the oldest request
-# preempted; the victim not taken out of `running`; admission after a preemption; admission that
-# skips a head that does not fit (it would wait for ever behind smaller requests); a newly
-# admitted request whose computed tokens do not start at its cache hits (it would compute them
-# again, or worse, skip tokens that are not cached).
-#
-# <details><summary>Hint 1: a nudge</summary>
-#
-# Two loops. In the first, a `while` around `allocate_slots` with a `break` when the victim is
-# the request itself; Python's `while ... else` runs the `else` only when the loop ended without
-# a `break`. In the second, every "stop admitting" is a `break`.
-#
-# </details>
-#
-# <details><summary>Hint 2: the approach</summary>
-#
-# First loop, with an index `i` into `self.running`: `num_new = min(num_tokens -
-# num_computed_tokens, budget)`; while `allocate_slots` returns `None`: pop the last running
-# request, `_preempt` it, record it in `out.preempted`, and break if it was this request. If no
-# break: name its blocks, append to `out.scheduled`, subtract from the budget, `i += 1` (a
-# preempted request was popped from the end, so `i` still points at the next one to schedule).
-# Second loop: check the seats, peek at `self.waiting[0]`, get its hits, allocate, and only then
-# `popleft()` it and update its record.
-#
-# </details>
-#
-# <details><summary>Hint 3: the solution</summary>
-#
-# Still stuck after trying? `show_solution("Scheduler")` in a new cell prints the reference
-# implementation. Read it, then close it and write your own.
-#
-# </details>
-
-# %% tags=["source"]
-# solution: solutions.scheduler.SchedulerOutput
-
-# %% tags=["exercise"] exercise="schedule"
-# solution: solutions.scheduler.Scheduler
-
-# %%
-check("schedule")
-
-# %% [markdown]
 # ## 6. Each request its own sampling
 #
 # Every request carries its own `SamplingParams` (vLLM's name and fields: `temperature`,
 # `top_k`, `top_p`, `frequency_penalty`, `max_tokens`, `seed`, `ignore_eos`), so one row of a
 # step may be greedy while its neighbour samples at temperature 1.2 with top-p. The rules are
-# chapter 3's (`sample_next_token`), applied row by row.
+# chapter 3's (`sample_next_token`), applied row by row. One difference of meaning: chapter 3's
+# frequency penalty counts the prompt's tokens too, where vLLM's counts only the generated ones
+# (the docstring of its `SamplingParams` says so).
 #
 # The random numbers are the subtle part. If the batch shared one generator, a request's tokens
 # would depend on how many requests happened to sample before it in the same step: the same
@@ -620,8 +574,9 @@ check("schedule")
 # `logits` `[R, d_vocab]` is request `i`'s), as a list of ints: chapter 3's `sample_next_token`
 # for each request with its own text (`request.all_token_ids`, as a `[1, n]` tensor on the
 # logits' device: the frequency penalty counts it), its own row, its own generator and its own
-# settings (`request.params.sampling_kwargs()`). Requests that are greedy without a penalty need
-# no generator and no text: one `argmax` over their rows together does them all.
+# settings (`request.params.sampling_kwargs()`). Requests that are greedy (`temperature=0`)
+# without a penalty need no generator and no text: one `argmax` over their rows together does
+# them all.
 #
 # Common mistakes: one generator for the whole batch; all rows passed to `sample_next_token` at
 # once (the frequency penalty then counts one request's text for every row, and one generator
@@ -671,23 +626,96 @@ check("sample_requests")
 # why and write batch-invariant ones.)
 
 # %% [markdown]
-# ## 7. The engine
+# ## 7. The scheduler: continuous batching
 #
-# `LLMEngine` (given) is what a server calls. `add_request(request_id, prompt, params)` queues a
-# request (one it could never serve, such as a prompt longer than `n_ctx` or than the whole pool,
-# ends at once with an error in the next step's outputs, and every other request goes on);
-# `step()` schedules, runs `forward_paged` once over every scheduled token of every request,
-# samples a token for each request that reached its end (your `sample_requests`), retires the
-# finished ones (their blocks are free at once) and returns what advanced;
-# `abort_request(request_id)` ends a request now; `has_unfinished_requests()` says whether to
-# keep stepping. `generate(engine, prompts, params)` runs a list to the end.
+# There is no prefill phase and decode phase any more. Each request is a count of computed tokens
+# chasing its count of known tokens (prompt plus output so far); each step gives each running
+# request as many tokens as it lacks, within the step's **token budget**
+# (`max_num_batched_tokens`): one for a request that is decoding, a chunk for one still reading
+# its prompt. A long prompt is read over several steps (**chunked prefill**, Agrawal et al.,
+# *Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve*, OSDI 2024), so that it
+# never stalls the decodes beside it for one long step.
+#
+# ### Exercise: `Scheduler.schedule`
+#
+# *About 45 minutes.*
+#
+# `Scheduler.schedule()` decides one step, as vLLM v1's `Scheduler` does (nano-vllm's
+# `scheduler.py` is simpler: it runs a step of prefills first and steps of decodes apart, never
+# mixed):
+#
+# 1. **Running requests first**, oldest first (the order of `self.running`), while budget is
+#    left. Each gets `min(tokens it lacks, budget left)`, after `self.kv.allocate_slots` finds
+#    the blocks. When it cannot, the **newest** running request is preempted (`self._preempt`,
+#    given: its blocks are freed, it goes back to the front of the queue and will be computed
+#    again from its tokens, which it keeps) and the allocation is tried again. If the newest is
+#    the request itself, it is preempted, and since everyone after it is preempted already, the
+#    first loop ends there. A request scheduled
+#    has its full blocks named (`self.kv.cache_blocks(request, tokens it will have computed)`),
+#    then joins `out.scheduled` as `(request, num_new)`.
+# 2. **Then the queue**, in order, while budget is left, fewer than `max_num_seqs` run, and no
+#    one was preempted in this step (the pool is full: a request admitted now would be preempted
+#    at the next). The head of the queue asks the cache for its prefix hits
+#    (`get_computed_blocks`), then for blocks for `min(tokens not cached, budget left)`; if there
+#    are none, admission stops (first come, first served: nobody overtakes the head). An admitted
+#    request leaves the queue, becomes `RUNNING`, starts with its cached tokens computed
+#    (`num_computed_tokens` and `num_cached_tokens`), names its full blocks, joins
+#    `self.running` and `out.scheduled`.
+#
+# Why the newest, that is the last admitted (the end of `running`)? It has usually computed
+# least, so preempting it loses least, and the requests admitted before it keep going: as they
+# finish, a request preempted again and again still moves up, and gets its turn. vLLM's
+# first-come-first-served policy takes the same one (`self.running.pop()`). Why never a
+# deadlock? The engine refuses any request whose prompt and `max_tokens` could not fit the whole
+# pool alone, so the oldest running request can always go on once everybody after it is
+# preempted.
+#
+# Common mistakes: the queue served before the running requests (decodes then wait behind new
+# prompts); a budget that is not decreased, or a chunk not capped by it; the oldest request
+# preempted; the victim not taken out of `running`; admission after a preemption; admission that
+# skips a head that does not fit (it would wait for ever behind smaller requests); a newly
+# admitted request whose computed tokens do not start at its cache hits (it would compute them
+# again, or worse, skip tokens that are not cached).
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Two loops. In the first, a `while` around `allocate_slots` with a `break` when the victim is
+# the request itself; Python's `while ... else` runs the `else` only when the loop ended without
+# a `break`. In the second, every "stop admitting" is a `break`.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# First loop, with an index `i` into `self.running`: `num_new = min(num_tokens -
+# num_computed_tokens, budget)`; while `allocate_slots` returns `None`: pop the last running
+# request, `_preempt` it, record it in `out.preempted`, and break if it was this request. If no
+# break: name its blocks, append to `out.scheduled`, subtract from the budget, `i += 1` (a
+# preempted request was popped from the end, so `i` still points at the next one to schedule).
+# Second loop: check the seats, peek at `self.waiting[0]`, get its hits, allocate, and only then
+# `popleft()` it and update its record.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("Scheduler")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
+#
+# </details>
 
 # %% tags=["source"]
-# solution: solutions.engine.EngineStats
-# solution: solutions.engine.LLMEngine
-# solution: solutions.engine.generate
+# solution: solutions.scheduler.SchedulerOutput
+
+# %% tags=["exercise"] exercise="schedule"
+# solution: solutions.scheduler.Scheduler
+
+# %%
+check("schedule")
 
 # %% [markdown]
+# ## 8. The engine at work
+#
 # Predict, then run: five prompts, a pool of only 14 blocks of 4 positions, a budget of 12
 # tokens a step and 4 seats. Prompts are read in chunks and requests are preempted. Are the
 # greedy tokens still HF's, each prompt generated alone?
@@ -721,11 +749,14 @@ assert max(sum(n for _, n in step.values()) for step in served.timeline) <= 12, 
 # In the timeline, each row is a request: a prompt read in chunks, then one token a step, and a
 # preemption where the pool ran out. A preempted row goes blank while it waits, then reads again
 # what it lost: only what is no longer cached, since the blocks it freed kept their names
-# (section 4) and those not yet handed to another request are found again. The lower panel
-# never goes past the budget of 12 tokens. A preempted request's tokens are still HF's:
-# recomputing its keys and values gives the same numbers. The recomputation is the price; vLLM's
-# first engine could also *swap* a preempted request's blocks to CPU memory instead, which pays
-# off when recomputing would cost more than copying.
+# (section 5) and those not yet handed to another request are found again. The timeline's lower
+# panel, the tokens of each step, never goes past the budget of 12.
+#
+# A preempted request's tokens are still HF's (the claim cell checks): recomputing its keys and
+# values in other chunks gives the same numbers up to rounding (section 6). The recomputation is
+# the price. vLLM's earlier (V0) engine could also *swap* a preempted request's blocks to CPU
+# memory instead; it recomputed by default, and swapped mainly requests with several sequences
+# (beam search), which it could not recompute.
 
 # %% [markdown]
 # ### Prefix caching, counted
@@ -760,7 +791,7 @@ assert counts[True] == uncached and counts[False] == sum(len(r.prompt) for r in 
 # before any attention of that layer reads them).
 
 # %% [markdown]
-# ## 8. Latency and throughput
+# ## 9. Latency and throughput
 #
 # Back to section 1's trace, now served by your engine: every request joins at the next step
 # after it arrives, and leaves when its answer is written.
@@ -775,9 +806,9 @@ print("same tokens:", served.tokens == static.tokens)
 print(f"KV positions at the fullest step: reserved {served.kv_reserved}, used {served.kv_used}")
 
 # %% tags=["claim"]
-assert served.tokens == static.tokens, "section 8 says both servers write the same tokens"
+assert served.tokens == static.tokens, "section 9 says both servers write the same tokens"
 assert engine_summary["ttft_ms"]["median"] < static_summary["ttft_ms"]["median"], (
-    "section 8 says the engine's median time to first token is below static batching's"
+    "section 9 says the engine's median time to first token is below static batching's"
 )
 
 # %% [markdown]
@@ -825,7 +856,7 @@ print("recorded:", record["date"], record["code"], "-", record["machine"])
 # `model_runner.py`), and pads each step's batch up to the next of them.
 
 # %% [markdown]
-# ## 9. Past one machine
+# ## 10. Past one machine
 #
 # This chapter's engine is one process on one device, on purpose. What the engines you will meet
 # add on top, with where to read about each:
@@ -881,10 +912,11 @@ print("recorded:", record["date"], record["code"], "-", record["machine"])
 #
 # <details><summary>Answer</summary>
 #
-# The newest has waited least and computed least, so recomputing it later costs least, and the
-# oldest requests keep going: each request's wait is bounded, and the oldest running request
-# can always finish, so the engine never deadlocks. Preempting the biggest could preempt the same
-# long request again and again.
+# The newest (the last admitted) has usually computed least, so recomputing it later costs
+# least, and the requests admitted before it keep going: the oldest running request can always
+# finish, so the engine never deadlocks, and a request preempted again and again still moves up
+# as older ones finish. Preempting the biggest could starve a long request for ever: it would be
+# the victim whenever the pool ran short, however long it had waited.
 #
 # </details>
 #
@@ -910,8 +942,9 @@ print("recorded:", record["date"], record["code"], "-", record["machine"])
 #   2024 (arXiv:2312.07104): RadixAttention.
 # - vLLM's source: `vllm/v1/core/block_pool.py`, `kv_cache_manager.py`, `sched/scheduler.py`,
 #   and its documentation's design page on automatic prefix caching.
-# - GeeeekExplorer/nano-vllm: the same engine in about a thousand lines (`engine/sequence.py`,
-#   `block_manager.py`, `scheduler.py`, `model_runner.py`, `llm_engine.py`).
+# - GeeeekExplorer/nano-vllm: an engine of the same parts in about 1,200 lines of Python (its
+#   README's count): `engine/sequence.py`, `block_manager.py`, `scheduler.py` (prefills and
+#   decodes in separate steps), `model_runner.py`, `llm_engine.py`.
 #
 # ## What's next
 #

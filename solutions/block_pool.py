@@ -65,9 +65,8 @@ class BlockPool:
         blocks = []
         for _ in range(n):
             block = self.blocks[self.free_queue.popitem(last=False)[0]]
-            if block.block_hash is not None:  # evict
-                if self.cached.get(block.block_hash) is block:
-                    del self.cached[block.block_hash]
+            if block.block_hash is not None:  # evict: its memory is about to be overwritten
+                del self.cached[block.block_hash]
                 block.block_hash = None
             block.ref_cnt = 1
             blocks.append(block)

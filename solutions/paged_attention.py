@@ -74,6 +74,13 @@ def prepare_inputs(
     token_ids, positions, slot_mapping, starts, lens, tables = [], [], [], [0], [], []
     for tokens, num_computed, num_new, table in scheduled:
         new = range(num_computed, num_computed + num_new)
+        if len(table) * block_size < new.stop:
+            covered = len(table) * block_size
+            raise ValueError(
+                f"a block table of {len(table)} blocks of {block_size} covers {covered} positions, "
+                f"and the step writes up to position {new.stop - 1}: the table must cover every "
+                "token scheduled (allocate_slots counts the blocks)"
+            )
         token_ids += tokens[new.start : new.stop]
         positions += list(new)
         slot_mapping += slots_of(table, new, block_size)

@@ -1,5 +1,6 @@
 """The scheduler: at every step, which requests run and how many of their tokens (vLLM v1's
-`Scheduler`, nano-vllm's `scheduler.py`).
+`Scheduler`; nano-vllm's `scheduler.py` is the same module, simpler: it runs prefills and
+decodes in separate steps).
 
 There is no prefill phase and decode phase: each request is a count of computed tokens
 chasing its count of known tokens, and a step gives each running request as many tokens as the
@@ -87,6 +88,11 @@ class Scheduler:
         return out
 
     def _preempt(self, request: Request) -> None:
+        if request in self.running:
+            raise ValueError(
+                f"request {request.request_id} is preempted while still in self.running: take "
+                "it out of running first (pop it)"
+            )
         self.kv.free(request)
         request.status = RequestStatus.WAITING
         request.num_computed_tokens = 0

@@ -132,11 +132,12 @@ def serve_static(model, tokenizer, requests: list[TraceRequest], batch: int) -> 
         _wait_until(start, group[-1].arrival)  # the batch waits for its last request
         ids, mask = left_pad([r.prompt for r in group], pad_id=tokenizer.eos_token_id)
         steps = max(r.max_tokens for r in group)
-        # The padded batch's cache holds every row for the longest prompt and answer.
-        served.kv_reserved = max(served.kv_reserved, len(group) * (ids.shape[1] + steps - 1))
-        used = sum(len(r.prompt) + r.max_tokens - 1 for r in group)
-        served.kv_used = max(served.kv_used, used)
-        served.kv_requests = max(served.kv_requests, len(group))
+        # The padded batch's cache holds every row for the longest prompt and answer; its
+        # requests use their own prompt and answer. Kept for the batch that reserves most.
+        reserved = len(group) * (ids.shape[1] + steps - 1)
+        if reserved > served.kv_reserved:
+            served.kv_reserved, served.kv_requests = reserved, len(group)
+            served.kv_used = sum(len(r.prompt) + r.max_tokens - 1 for r in group)
         logits, cache = forward_with_cache(model, ids, attention_mask=mask)
         for r in group:
             served.tokens[r.request_id] = []

@@ -27,6 +27,8 @@ def invariant_problems(engine) -> list[str]:
     holders = {block.block_id: 0 for block in pool.blocks}
     for request in running:
         blocks = kv.req_blocks.get(request.request_id, [])
+        if request.status.name != "RUNNING":
+            problems.append(f"running request {request.request_id} has status {request.status}")
         if request.block_ids != [b.block_id for b in blocks]:
             problems.append(f"request {request.request_id}'s block_ids are not its blocks")
         if len(set(request.block_ids)) != len(blocks):

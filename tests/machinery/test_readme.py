@@ -190,7 +190,7 @@ def test_serving_figures_are_the_recorded_run():
     profile = hf["where_step_time_goes"]
     met = {True: "is met", False: "is not met"}
     said = [
-        f"{run['trace']['requests']} requests arriving as a Poisson",
+        f"extended to {run['trace']['requests']} requests",
         f"The engine made {engine['tokens_per_s']} tokens/s, "
         f"{goals['throughput_1_5x_static']['measured']} times static batching's "
         f"{static['tokens_per_s']}: the goal of 1.5 {met[goals['throughput_1_5x_static']['met']]}",

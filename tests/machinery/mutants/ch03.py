@@ -432,6 +432,7 @@ MUTANTS = [
         "[:num_beams]",
         "finished sequences ranked by their mean log-probability per token",
         says=("mean log-probability", "sum"),
+        try_first="test_beam_search_end_of_text_and_stopping_rules",
     ),
     Mutant(
         "beam_search",

@@ -175,6 +175,7 @@ MUTANTS = [
         "            if stop_at_eos:",
         "a host read at every step",
         says=("host reads",),
+        try_first="test_the_loop_reads_the_device_once_every_sync_every_tokens",
     ),
     Mutant(
         "fast_sample",
@@ -182,6 +183,7 @@ MUTANTS = [
         "",
         "done never set: the loop runs to max_tokens_generated after the end of text",
         says=("done |= token == eos",),
+        try_first="test_the_loop_stops_soon_after_the_end_of_text",
     ),
     Mutant(
         "fast_sample",
@@ -196,6 +198,7 @@ MUTANTS = [
         "            logits = self.step(self.model, cache, token[None], slot, n_prompt + i)",
         "the position passed as a Python int: a compiled step recompiles at every step",
         says=("python ints",),
+        try_first="test_a_compiled_step_is_one_graph_compiled_once_for_a_whole_generation",
     ),
     Mutant(
         "fast_sample",
@@ -203,6 +206,7 @@ MUTANTS = [
         "            if True:",
         "end-of-text masked even without stop_at_eos: the text after it is lost",
         says=("only when stop_at_eos",),
+        try_first="test_without_stop_at_eos_sampling_goes_on_after_the_end_of_text",
     ),
     Mutant(
         "fast_sample",
@@ -210,6 +214,7 @@ MUTANTS = [
         "",
         "the model called once more after the last token",
         says=("never fed",),
+        try_first="test_the_model_is_not_called_after_the_last_token",
     ),
     Mutant(
         "fast_sample",

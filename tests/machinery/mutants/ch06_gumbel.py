@@ -12,6 +12,7 @@ MUTANTS: list[Mutant] = [
         "the temperature divides the noisy logits: samples at temperature 1 whatever T",
         name="temperature-after-noise",
         says=("(logits + G) / T",),
+        try_first="test_gumbel_sample_divides_the_logits_by_the_temperature_before_the_noise",
     ),
     Mutant(
         "gumbel_sample",
@@ -214,6 +215,7 @@ MUTANTS: list[Mutant] = [
         "the independent sum over the first dimension instead of the vocabulary",
         name="independent-dim-0",
         says=("last dimension",),
+        try_first="test_coupling_works_on_batches_and_on_one_distribution",
     ),
     Mutant(
         "coupling",
@@ -222,6 +224,7 @@ MUTANTS: list[Mutant] = [
         "the rejection sum over everything: one number for the whole batch",
         name="rejection-sum-all",
         says=("last dimension",),
+        try_first="test_coupling_works_on_batches_and_on_one_distribution",
     ),
     Mutant(
         "coupling",

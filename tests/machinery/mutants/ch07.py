@@ -185,4 +185,63 @@ MUTANTS: list[Mutant] = [
         "the penalty counts the prompt only",
         says=("prompt and output",),
     ),
+    Mutant(
+        "slots_of",
+        "for p in positions]",
+        "for p in range(len(positions))]",
+        "the positions counted from 0, not from where they start",
+        says=("start at",),
+    ),
+    Mutant(
+        "slots_of",
+        "return [block_table[p // block_size] * block_size + p % block_size for p in positions]",
+        "return torch.tensor([block_table[p // block_size] * block_size + p % block_size "
+        "for p in positions])",
+        "a tensor returned, not a list of ints",
+        says=("list of python ints",),
+    ),
+    Mutant(
+        "attend",
+        "attn_mask=allowed[:, None]",
+        "attn_mask=allowed",
+        "the mask without its heads axis",
+        name="mask-without-heads-axis",
+        says=("[g, 1, q, l]",),
+    ),
+    Mutant(
+        "kv_cache_manager",
+        "if num_new_blocks > self.pool.num_free_blocks - evictable_hits:",
+        "if num_new_blocks >= self.pool.num_free_blocks - evictable_hits:",
+        "refused when the free blocks are exactly enough",
+        says=("more than",),
+    ),
+    Mutant(
+        "schedule",
+        "            request.status = RequestStatus.RUNNING\n",
+        "",
+        "an admitted request left WAITING",
+        says=("running",),
+    ),
+    Mutant(
+        "schedule",
+        "            self.kv.cache_blocks(request, num_cached + num_new)\n",
+        "",
+        "an admitted request's blocks named only from its next step",
+        says=("cache_blocks",),
+    ),
+    Mutant(
+        "schedule",
+        "                if victim is request:\n                    break\n",
+        "",
+        "no break when the request preempted is the request itself",
+        says=("break",),
+    ),
+    Mutant(
+        "sample_requests",
+        "**request.params.sampling_kwargs(),",
+        "temperature=request.params.temperature, top_k=request.params.top_k, "
+        "frequency_penalty=request.params.frequency_penalty,",
+        "top_p not passed on",
+        says=("all of the request's settings",),
+    ),
 ]
