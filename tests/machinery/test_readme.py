@@ -194,12 +194,15 @@ def test_serving_figures_are_the_recorded_run():
         f"The engine made {engine['tokens_per_s']} tokens/s, "
         f"{goals['throughput_1_5x_static']['measured']} times static batching's "
         f"{static['tokens_per_s']}: the goal of 1.5 {met[goals['throughput_1_5x_static']['met']]}",
-        f"Its median time to first token was {engine['ttft_ms']['median']} ms against "
+        f"The engine's median time to first token was\n  {engine['ttft_ms']['median']} ms against "
         f"{static['ttft_ms']['median']} ms ({goals['median_ttft_half_of_static']['measured']} of",
         f"the engine reserved {kv['reserved']} KV positions for {kv['used']} used; one block per "
         f"running request allows {kv['one_block_each']} more",
-        f"Static batching's fullest batch reserved {static['kv_positions']['reserved']} "
-        f"positions for {static['kv_positions']['used']} used",
+        f"Static batching's batch that reserved most\n  reserved "
+        f"{static['kv_positions']['reserved']} positions, of which its requests used "
+        f"{static['kv_positions']['used']}",
+        "The three runs' ratios were " + ", ".join(map(str, run["throughput_ratio_per_run"][:-1]))
+        + f" and {run['throughput_ratio_per_run'][-1]}",
         f"computed exactly the {prefix['caching']['prompt_tokens_computed']} prompt positions "
         f"not already cached ({prefix['no_caching']['prompt_tokens_computed']} without caching)",
         f"was {goals['prefix_median_ttft_2x_better']['measured']} times better",
