@@ -11,6 +11,15 @@ import torch
 
 from tests.graded._oracles import hf_static_greedy
 
+PROMPTS = [  # a one-token prompt among them; the longest needs several chunks
+    "ROMEO.\nBut soft, what light through yonder window breaks?",
+    "\n",
+    "First Citizen:\nBefore we proceed any further, hear me speak.\n",
+    "KING LEAR.\nMeantime we shall express our darker purpose.",
+    "HAMLET.\nTo be, or not to be, that is the question:\nWhether 'tis nobler",
+]
+
+
 NEAR_TIE = 1e-4
 """Two logits closer than this (float32 rounding of a sum of a few hundred terms, with room)
 are a near-tie: a different batch shape may round them the other way."""

@@ -13,18 +13,10 @@ import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from tests.graded._oracles import N_SAMPLES
-from tests.graded._serving import greedy_difference, invariant_problems, run_to_end
+from tests.graded._serving import PROMPTS, greedy_difference, invariant_problems, run_to_end
 from tests.graded._stats import assert_samples_follow
 
 CHAPTER = "07_serving"
-
-PROMPTS = [
-    "ROMEO.\nBut soft, what light through yonder window breaks?",
-    "\n",
-    "First Citizen:\nBefore we proceed any further, hear me speak.\n",
-    "KING LEAR.\nMeantime we shall express our darker purpose.",
-    "HAMLET.\nTo be, or not to be, that is the question:\nWhether 'tis nobler",
-]
 
 
 def greedy(impl, max_tokens: int = 12):

@@ -17,17 +17,10 @@ from solutions.paged_attention import PagedKVCache, forward_paged, prepare_input
 from solutions.sampling import TransformerSampler
 from solutions.sampling_params import SamplingParams
 from tests.graded._oracles import hf_static_greedy
-from tests.graded._serving import invariant_problems
+from tests.graded._serving import PROMPTS, invariant_problems
 from tests.graded._serving import run_to_end as run_steps
 from utils.models import load_hf, load_model
 
-PROMPTS = [
-    "ROMEO.\nBut soft, what light through yonder window breaks?",
-    "\n",
-    "First Citizen:\nBefore we proceed any further, hear me speak.\n",
-    "KING LEAR.\nMeantime we shall express our darker purpose.",
-    "HAMLET.\nTo be, or not to be, that is the question:\nWhether 'tis nobler",
-]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
 

@@ -201,7 +201,8 @@ def test_serving_figures_are_the_recorded_run():
         f"Static batching's batch that reserved most\n  reserved "
         f"{static['kv_positions']['reserved']} positions, of which its requests used "
         f"{static['kv_positions']['used']}",
-        "The three runs' ratios were " + ", ".join(map(str, run["throughput_ratio_per_run"][:-1]))
+        "The three runs' ratios were "
+        + ", ".join(map(str, run["throughput_ratio_per_run"][:-1]))
         + f" and {run['throughput_ratio_per_run'][-1]}",
         f"computed exactly the {prefix['caching']['prompt_tokens_computed']} prompt positions "
         f"not already cached ({prefix['no_caching']['prompt_tokens_computed']} without caching)",

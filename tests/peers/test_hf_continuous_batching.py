@@ -58,6 +58,7 @@ from solutions.paged_attention import attend, prepare_inputs
 from solutions.request import Request, RequestStatus
 from solutions.sampling_params import SamplingParams
 from solutions.scheduler import Scheduler
+from tests.graded._serving import run_to_end
 from utils.models import load_hf, load_model
 
 # Five prompts of different lengths (19, 1, 17, 18 and 12 tokens). HF's parity tests use three
@@ -133,13 +134,7 @@ def oracle(hf, prompt_ids):
 
 def request_stream(engine: LLMEngine, max_steps: int = 2000) -> dict[str, list]:
     """Step to the end; every output of each request, in order."""
-    outputs: dict[str, list] = {}
-    for _ in range(max_steps):
-        if not engine.has_unfinished_requests():
-            return outputs
-        for output in engine.step():
-            outputs.setdefault(output.request_id, []).append(output)
-    raise AssertionError(f"requests still unfinished after {max_steps} steps")
+    return run_to_end(engine, max_steps)
 
 
 def assert_pool_is_free(engine: LLMEngine) -> None:
