@@ -794,7 +794,7 @@ def test_top_k_of_one_is_the_argmax(impl):
 
 
 @pytest.mark.top_k_top_p
-@pytest.mark.parametrize("k", [1, 3, 10])
+@pytest.mark.parametrize("k", [10, 3, 1])  # the widest first: it kills most mutants
 def test_top_k_follows_the_renormalised_top_k(impl, k):
     # False failure: ALPHA per k.
     probs = crafted_probs(80)
