@@ -431,14 +431,24 @@ def test_too_few_free_blocks_gives_none_and_changes_nothing(impl):
     )
 
 
-@pytest.mark.kv_cache_manager
-def test_a_request_with_hits_gets_a_table_of_its_hits_then_new_blocks(impl):
-    manager = impl.KVCacheManager(num_blocks=12, block_size=4)
-    first = request(impl, "a", range(100, 108))  # 2 full blocks
+def with_two_cached_blocks(impl, num_blocks: int, own: int, first_freed: bool):
+    """A manager whose first request computed 2 full blocks of 4 (and, if `first_freed`, gave
+    them back, named), and a second request with the same 8 tokens and `own` more: (manager,
+    first, second, second's hits)."""
+    manager = impl.KVCacheManager(num_blocks=num_blocks, block_size=4)
+    first = request(impl, "a", range(100, 108))
     computed_in_full(impl, manager, first)
-    second = request(impl, "b", range(100, 114))  # the same 2 blocks, then 6 tokens of its own
+    if first_freed:
+        manager.free(first)
+    second = request(impl, "b", range(100, 108 + own))
     hits, n = manager.get_computed_blocks(second)
     assert n == 8, f"setup: the second request should find 8 cached tokens, got {n}"
+    return manager, first, second, hits
+
+
+@pytest.mark.kv_cache_manager
+def test_a_request_with_hits_gets_a_table_of_its_hits_then_new_blocks(impl):
+    manager, first, second, hits = with_two_cached_blocks(impl, 12, own=6, first_freed=False)
     got = manager.allocate_slots(second, 6, hits)
     table = second.block_ids
     assert got is not None and len(table) == 4 and table[:2] == first.block_ids, (
@@ -450,13 +460,8 @@ def test_a_request_with_hits_gets_a_table_of_its_hits_then_new_blocks(impl):
 
 @pytest.mark.kv_cache_manager
 def test_a_free_cached_hit_is_not_free_for_the_requests_new_blocks(impl):
-    manager = impl.KVCacheManager(num_blocks=3, block_size=4)
-    first = request(impl, "a", range(100, 108))  # 2 full blocks
-    computed_in_full(impl, manager, first)
-    manager.free(first)  # 3 free blocks, 2 of them named
-    second = request(impl, "b", range(100, 116))  # the same 2 blocks, then 8 tokens of its own
-    hits, n = manager.get_computed_blocks(second)
-    assert n == 8, f"setup: the second request should find 8 cached tokens, got {n}"
+    # 3 free blocks, 2 of them named: the second request's hits.
+    manager, _, second, hits = with_two_cached_blocks(impl, 3, own=8, first_freed=True)
     counts = [b.ref_cnt for b in hits]
     try:
         got = manager.allocate_slots(second, 8, hits)

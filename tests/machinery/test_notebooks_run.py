@@ -54,10 +54,10 @@ def with_harness(nb, saved: Path, spot: bool):
     return nb
 
 
-def check_cells(nb) -> list[tuple[str, str]]:
+def check_cells(cells) -> list[tuple[str, str]]:
     """(the check call, the text it printed) for each check(...) cell."""
     found = []
-    for cell in nb.cells:
+    for cell in cells:
         if cell.cell_type == "code" and cell.source.strip().startswith("check("):
             text = []
             for out in cell.get("outputs", []):
@@ -128,7 +128,7 @@ def test_blank_checks_fail_then_the_solved_notebook_passes_in_one_learners_kerne
     run_notebook(nb, tmp_path, allow_errors=True)
     blank, solved = nb.cells[:n_blank], nb.cells[n_blank:]
 
-    checks = check_cells(nbformat.v4.new_notebook(cells=blank))
+    checks = check_cells(blank)
     assert checks, f"{chapter} has no check(...) cell"
     bad = [f"{call} -> {text.strip() or '(nothing printed)'}" for call, text in checks
            if "✗" not in text or "not implemented" not in text]  # fmt: skip
@@ -137,7 +137,7 @@ def test_blank_checks_fail_then_the_solved_notebook_passes_in_one_learners_kerne
     )
     raised = errors_in(solved)
     assert not raised, "cells of the solved notebook that raised:\n" + "\n".join(raised)
-    checks = check_cells(nbformat.v4.new_notebook(cells=solved))
+    checks = check_cells(solved)
     bad = [f"{call} -> {text.strip() or '(nothing printed)'}" for call, text in checks
            if "✓" not in text or "passed" not in text]  # fmt: skip
     assert not bad, "check cells that did not pass in a learner's kernel:\n" + "\n".join(bad)
