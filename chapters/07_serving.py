@@ -313,12 +313,12 @@ check("slots_of")
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# `keys[block_tables]` (or `index_select` on the flattened table, then a view) has shape
-# `[G, B, block_size, n_heads, d_head]`; merge the two middle axes into `B * block_size`
-# positions, then move heads before positions. A key's position is its index along that axis:
-# `torch.arange`. Broadcast key positions `[1, 1, L]` against query positions `[G, Q, 1]` into
-# `[G, Q, L]`, add the heads axis, and pass queries with heads first as well. Move the heads back
-# after the attention.
+# Indexing the cache's first axis with the table (`Tensor.index_select` works on a flattened
+# table) gives each request's blocks, `[G, B, block_size, n_heads, d_head]`; merge the two
+# middle axes into one axis of positions, then move heads before positions. A key's position is
+# its index along that axis (`torch.arange`). Compare every key position with every query's
+# position by broadcasting, which gives a `[G, Q, L]` mask, give it a heads axis, and pass the
+# queries heads first as well. Move the heads back after the attention.
 #
 # </details>
 #
@@ -528,12 +528,14 @@ check("block_pool")
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# `get_computed_blocks`: when caching is on, loop over `self.block_hashes(request,
-# request.num_tokens - 1)`, look each up, break on `None`; return the blocks and their count
-# times the block size. `allocate_slots`: tokens covered after this step = computed tokens +
-# hits' tokens + new tokens; blocks needed = that, divided by the block size, rounded up; new
-# blocks = needed - blocks held - hits. Count the hits whose `ref_cnt` is 0; if the new blocks
-# exceed the free blocks less that count, return `None`.
+# `get_computed_blocks`: when caching is on, walk the names of the full blocks among all the
+# request's tokens but its last (`self.block_hashes`), look each up in the pool, and stop at the
+# first that is not there; return the blocks found and the tokens they hold. `allocate_slots`:
+# count the tokens the table must cover after this step (those computed, those the hits hold,
+# and the new ones), turn that into blocks (rounding up), and take away the blocks the request
+# holds and the hits it is about to take: what is left must come from the pool. The pool can
+# give it only if it has that many free blocks besides the free hits (those with `ref_cnt`
+# 0); otherwise return `None`.
 #
 # </details>
 #
@@ -592,10 +594,11 @@ check("kv_cache_manager")
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# Make a list of `R` results. Collect the indices of the greedy, unpenalised requests, take
-# `logits[those].argmax(dim=-1)` and write each into its index. For each other request, call
-# `sample_next_token(ids, logits[i : i + 1], generator=request.generator, **kwargs)` and write
-# its one token into index `i`.
+# Make a list of `R` results. Collect the indices of the greedy, unpenalised requests, take the
+# argmax of their rows in one call, and write each result at its request's index. For each other
+# request, call chapter 3's `sample_next_token` on its own text and its own row (keep the batch
+# axis: one row, not a vector), with its generator and its settings, and write its one token at
+# its index.
 #
 # </details>
 #
@@ -687,11 +690,12 @@ check("sample_requests")
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# First loop, with an index `i` into `self.running`: `num_new = min(num_tokens -
-# num_computed_tokens, budget)`; while `allocate_slots` returns `None`: pop the last running
-# request, `_preempt` it, record it in `out.preempted`, and break if it was this request. If no
-# break: name its blocks, append to `out.scheduled`, subtract from the budget, `i += 1` (a
-# preempted request was popped from the end, so `i` still points at the next one to schedule).
+# First loop, with an index into `self.running`: the tokens to schedule are the fewer of the
+# tokens the request lacks and the budget left. While the cache manager cannot allocate them:
+# take the last running request out, preempt it, record it, and stop trying if it was this
+# request. If the allocation succeeded: name its blocks, record it as scheduled, take its tokens
+# from the budget and move the index on (a preempted request was taken from the end, so the
+# index still points at the next one to schedule).
 # Second loop: check the seats, peek at `self.waiting[0]`, get its hits, allocate, and only then
 # `popleft()` it and update its record.
 #
