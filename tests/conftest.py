@@ -232,6 +232,29 @@ def hf():
     return load_hf("shakespeare")[0]
 
 
+def _fingerprint(value) -> list:
+    """Each tensor a fixture holds (in a module, a tuple, a list or a dict), as its version
+    counter (bumped by every in-place op) and its sum (which catches writes through `.data`)."""
+    found = []
+
+    def visit(v):
+        if isinstance(v, torch.nn.Module):
+            for t in v.state_dict(keep_vars=True).values():
+                visit(t)
+        elif isinstance(v, torch.Tensor):
+            total = float(v.detach().double().sum())
+            found.append((v._version, "nan" if total != total else total))
+        elif isinstance(v, tuple | list):
+            for x in v:
+                visit(x)
+        elif isinstance(v, dict):
+            for x in v.values():
+                visit(x)
+
+    visit(value)
+    return found
+
+
 class MutantRun:
     """`--mutants`: every graded test runs once per curated mutant of its exercise, and a
     mutant must fail at least one of them (tests/machinery/mutants/ says more)."""
@@ -242,6 +265,7 @@ class MutantRun:
         self.killed: dict[str, str] = {}  # mutant id -> the test that killed it
         self.messages: dict[str, tuple[str, str]] = {}  # mutant id -> (test, whole message)
         self.tried: dict[str, str] = {}  # mutant id -> chapter
+        self._fingerprints: dict[str, list] = {}  # session fixture -> its tensors, summarised
 
     @staticmethod
     def impl(chapter: str, mutant_id: str) -> Impl:
@@ -292,6 +316,42 @@ class MutantRun:
         mutant = self._mutant_of(item)
         if mutant is not None and mutant in self.killed:
             pytest.skip(f"mutant already killed by {self.killed[mutant]}")
+
+    def _shared(self, item) -> dict:
+        """The session fixtures of a mutant's test, where it runs in this process."""
+        from utils.sandbox import runs_in_process
+
+        if self._mutant_of(item) is None or not runs_in_process():
+            return {}
+        defs = item._fixtureinfo.name2fixturedefs
+        return {
+            name: value
+            for name, value in item.funcargs.items()
+            if name in defs and defs[name][-1].scope == "session"
+        }
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item):
+        """Where mutants run in this process (make test sets COURSE_NO_FORK: a fork per test cost
+        it a third of its time), a mutant that changed a shared model or tensor in place would
+        decide the verdicts of the mutants after it. Each session fixture's tensors are summed
+        before the first test that uses it and compared after every mutant's test; a change
+        fails that test's teardown (its call's failure would only count as a kill), naming the
+        mutant."""
+        shared = self._shared(item)
+        for name, value in shared.items():
+            self._fingerprints.setdefault(name, _fingerprint(value))
+        yield
+        self._changed = [n for n, v in shared.items() if _fingerprint(v) != self._fingerprints[n]]
+
+    def pytest_runtest_teardown(self, item):
+        changed, self._changed = getattr(self, "_changed", []), []
+        if changed:
+            raise AssertionError(
+                f"mutant {self._mutant_of(item)} changed the shared fixture {changed[0]!r} in "
+                "place: in one process that would decide later mutants' verdicts. Run the "
+                "mutants forked (without COURSE_NO_FORK=1), or make the test give the code a copy."
+            )
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):

@@ -130,6 +130,11 @@ def cuda_available() -> bool:
     return torch is not None and torch.cuda.is_available()
 
 
+def runs_in_process() -> bool:
+    """Where `call_isolated` runs calls in this process instead of a forked child."""
+    return not CAN_FORK or cuda_available() or os.environ.get("COURSE_NO_FORK") == "1"
+
+
 def _single_threaded_torch() -> None:
     # OpenMP's thread pool does not survive fork: the child's first parallel op would wait for
     # threads that do not exist. One thread is also what small graded inputs want.
@@ -161,7 +166,7 @@ def call_isolated(
     """Run `fn()` in a forked child with `budget_s` seconds; `summarise(exception)` runs in the
     child on any exception (Hang, SystemExit and ExitCalled included) and must return something
     picklable. Returns the Outcome; never raises because of what `fn` did."""
-    if not CAN_FORK or cuda_available() or os.environ.get("COURSE_NO_FORK") == "1":
+    if runs_in_process():
         return _run_here(fn, summarise, budget_s)
     read_fd, write_fd = os.pipe()
     with warnings.catch_warnings():

@@ -41,3 +41,28 @@ def test_a_mutants_first_test_is_a_graded_test_of_its_exercise():
             assert mutant.exercise in marked.get(mutant.try_first, set()), (
                 f"{m_id}: try_first={mutant.try_first!r} is no graded test of {mutant.exercise}"
             )
+
+
+def test_a_shared_model_changed_in_place_is_seen():
+    """make test runs the mutants in one process; its guard (tests/conftest.py) compares each
+    session fixture's fingerprint after every mutant's test. It must see an in-place op, a
+    write through `.data` (which bumps no version counter) and a NaN, and only those."""
+    import torch
+
+    from tests.conftest import _fingerprint
+
+    model = torch.nn.Linear(3, 2)
+    shared = (model, "a tokenizer", {"logits": torch.zeros(4)})
+    before = _fingerprint(shared)
+    assert _fingerprint(shared) == before
+    _ = model.weight * 2, shared[2]["logits"] + 1  # reading is no change
+    assert _fingerprint(shared) == before
+    with torch.no_grad():
+        model.bias.add_(1.0)
+    assert _fingerprint(shared) != before
+    before = _fingerprint(shared)
+    model.weight.data[0, 0] += 1.0
+    assert _fingerprint(shared) != before
+    shared[2]["logits"][1] = float("nan")
+    before = _fingerprint(shared)
+    assert _fingerprint(shared) == before, "a NaN must equal itself here"
