@@ -37,6 +37,9 @@ def pytest_configure(config):
         raise pytest.UsageError("--must-fail only makes sense with --impl stubs")
     if config.getoption("--mutants"):
         config.pluginmanager.register(MutantRun(), "course-mutants")
+        # What a mutant's own code warns about (a scheduler stepped too early, a NaN in the
+        # interpreter) is part of its mistake, not news about the run.
+        config.addinivalue_line("filterwarnings", "ignore")
     for name, ex in EXERCISES.items():
         config.addinivalue_line("markers", f"{name}: exercise {name} of chapter {ex.chapter}")
     for chapter in sorted({ex.chapter for ex in EXERCISES.values()}):
