@@ -64,13 +64,16 @@ test: $(STAMP)
 		 tests/machinery/test_browser.py && \
 		 $(OFFLINE) $(PYTEST) tests/machinery/test_grading.py \
 		 tests/machinery/test_kernels_compile.py tests/machinery/test_cli.py \
-		 tests/machinery/test_triton_mode.py tests/machinery/test_speculative_benchmark.py" \
+		 tests/machinery/test_triton_mode.py tests/machinery/test_speculative_benchmark.py \
+		 tests/machinery/test_sass_report.py tests/machinery/test_kernel_benchmark.py" \
 		"$(OFFLINE) $(PYTEST) tests/machinery \
 		 --ignore=tests/machinery/test_notebooks_run.py --ignore=tests/machinery/test_grading.py \
 		 --ignore=tests/machinery/test_kernels_compile.py --ignore=tests/machinery/test_browser.py \
 		 --ignore=tests/machinery/test_colab_setup.py --ignore=tests/machinery/test_cli.py \
 		 --ignore=tests/machinery/test_triton_mode.py \
-		 --ignore=tests/machinery/test_speculative_benchmark.py tests/peers && \
+		 --ignore=tests/machinery/test_speculative_benchmark.py \
+		 --ignore=tests/machinery/test_sass_report.py \
+		 --ignore=tests/machinery/test_kernel_benchmark.py tests/peers && \
 		 $(OFFLINE) $(PYTEST) tests/graded --impl solutions && \
 		 COURSE_NO_FORK=1 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail && \
 		 COURSE_NO_FORK=1 $(OFFLINE) $(PYTEST) tests/graded --mutants -q" \
