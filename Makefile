@@ -51,17 +51,16 @@ test: $(STAMP)
 	$(BIN)/course corpus
 	@echo "Three lanes at once. Two offline, on one torch thread each: every chapter's notebook in"
 	@echo "a kernel started from a learner's environment (teacher builds: every check passes; blank"
-	@echo "builds: every check fails), chapter 1 in JupyterLab in a headless Chromium (skipped,"
-	@echo "saying why, without one), the grading of broken notebooks, the course command and"
+	@echo "builds: every check fails), the grading of broken notebooks, the course command and"
 	@echo "chapter 8's kernels compiled for a GPU (no GPU needed); beside them the rest of the"
 	@echo "machinery's own tests, the graded tests on the solutions, then on the blank stubs, where"
 	@echo "every graded test must FAIL (inverted: a pass there means it does not), the learner-style"
 	@echo "mutants (tests/machinery/mutants/), each of which must fail a test of its exercise, and"
 	@echo "the peers' own tests (tests/peers/: HF, vLLM, FlashInfer) on the solutions. The third lane"
-	@echo "is online (pip needs the package registry): a notebook's Colab cell installs the course"
-	@echo "into a fresh virtual environment."
-	$(LANES) "$(OFFLINE) $(PYTEST) -rs tests/machinery/test_notebooks_run.py \
-		 tests/machinery/test_browser.py && \
+	@echo "installs the course from a notebook's Colab cell into a fresh virtual environment (online:"
+	@echo "pip needs the package registry), then drives chapter 1 in JupyterLab in a headless"
+	@echo "Chromium, offline (skipped, saying why, without one)."
+	$(LANES) "$(OFFLINE) $(PYTEST) -rs tests/machinery/test_notebooks_run.py && \
 		 $(OFFLINE) $(PYTEST) tests/machinery/test_grading.py \
 		 tests/machinery/test_kernels_compile.py tests/machinery/test_cli.py \
 		 tests/machinery/test_triton_mode.py tests/machinery/test_speculative_benchmark.py \
@@ -77,7 +76,8 @@ test: $(STAMP)
 		 $(OFFLINE) $(PYTEST) tests/graded --impl solutions && \
 		 COURSE_NO_FORK=1 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail && \
 		 COURSE_NO_FORK=1 $(OFFLINE) $(PYTEST) tests/graded --mutants -q" \
-		"$(PYTEST) tests/machinery/test_colab_setup.py"
+		"$(PYTEST) tests/machinery/test_colab_setup.py && \
+		 $(OFFLINE) $(PYTEST) -rs tests/machinery/test_browser.py"
 
 # Everything `make test` runs, then the tests marked slow (larger sizes of the peers' tests,
 # statistical tests repeated over many seeds).

@@ -23,11 +23,18 @@ def main(commands: list[str]) -> int:
     for command in commands:
         log = tempfile.TemporaryFile(mode="w+")
         lanes.append((command, log, subprocess.Popen(command, shell=True, stdout=log, stderr=log)))
+    # Each lane's own end, not when its turn to print came: the lanes' balance is read off these.
+    ended: dict[int, float] = {}
+    while len(ended) < len(lanes):
+        for i, (_, _, process) in enumerate(lanes):
+            if i not in ended and process.poll() is not None:
+                ended[i] = time.monotonic() - started
+        time.sleep(0.2)
     failed = 0
-    for command, log, process in lanes:
+    for i, (command, log, process) in enumerate(lanes):
         status = process.wait()
         log.seek(0)
-        print(f"\n=== {command}  (exit {status}, {time.monotonic() - started:.0f} s)", flush=True)
+        print(f"\n=== {command}  (exit {status}, ended after {ended[i]:.0f} s)", flush=True)
         sys.stdout.write(log.read())
         failed |= status != 0
     return 1 if failed else 0
