@@ -269,6 +269,7 @@ class MutantRun:
         self.messages: dict[str, tuple[str, str]] = {}  # mutant id -> (test, whole message)
         self.tried: dict[str, str] = {}  # mutant id -> chapter
         self._fingerprints: dict[str, list] = {}  # session fixture -> its tensors, summarised
+        self._changed: list[str] = []  # the session fixtures the last test's call changed
 
     @staticmethod
     def impl(chapter: str, mutant_id: str) -> Impl:
@@ -343,12 +344,13 @@ class MutantRun:
         mutant."""
         shared = self._shared(item)
         for name, value in shared.items():
-            self._fingerprints.setdefault(name, _fingerprint(value))
+            if name not in self._fingerprints:
+                self._fingerprints[name] = _fingerprint(value)
         yield
         self._changed = [n for n, v in shared.items() if _fingerprint(v) != self._fingerprints[n]]
 
     def pytest_runtest_teardown(self, item):
-        changed, self._changed = getattr(self, "_changed", []), []
+        changed, self._changed = self._changed, []
         if changed:
             raise AssertionError(
                 f"mutant {self._mutant_of(item)} changed the shared fixture {changed[0]!r} in "
