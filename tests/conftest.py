@@ -21,6 +21,7 @@ from utils.grading import (
     load_impl,
     run_graded_test,
 )
+from utils.timing import patient
 
 EXERCISES = {ex.name: ex for ex in all_exercises()}
 _IMPL_CACHE: dict[tuple[str, str], object] = {}
@@ -128,7 +129,7 @@ def pytest_pyfunc_call(pyfuncitem):
 
     budget = pyfuncitem.get_closest_marker("budget")
     verdict = run_graded_test(
-        impl, exercise, call, failure_report, budget.args[0] if budget else None
+        impl, exercise, call, failure_report, patient(budget.args[0]) if budget else None
     )
     sys.stdout.write(verdict.stdout)
     sys.stderr.write(verdict.stderr)

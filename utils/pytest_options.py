@@ -7,7 +7,10 @@ typed from the repository root, with or without a path.
 
 from __future__ import annotations
 
+import pytest
+
 from utils.grading import IMPL_KINDS
+from utils.timing import patient, time_scale
 
 
 def pytest_addoption(parser):
@@ -42,3 +45,20 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "budget(seconds): time allowed to learner code in this graded test"
     )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """pytest-timeout's limit on each test (its marker's, else the ini's `timeout`) stretched by
+    COURSE_TIME_SCALE, as every other limit is (utils/timing.py)."""
+    if time_scale() == 1:
+        return
+    default = config.getoption("timeout", None) or config.getini("timeout")
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        if marker is None:
+            seconds = default
+        else:
+            seconds = marker.args[0] if marker.args else marker.kwargs.get("timeout", default)
+        if seconds and float(seconds) > 0:
+            item.add_marker(pytest.mark.timeout(patient(float(seconds))), append=False)

@@ -29,6 +29,7 @@ import pytest
 
 from utils import REPO_ROOT
 from utils.paths import cache_dir
+from utils.timing import patient
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -44,11 +45,11 @@ NOTEBOOK = REPO_ROOT / "notebooks" / "01_transformer.ipynb"
 SHOTS = REPO_ROOT / "build" / "screenshots"
 SHOT_NAMES = ("browser_check_failing.png", "browser_check_passing.png", "browser_error.png")
 
-# Bounded waits, generous for a busy 2-core machine.
-SERVER_START_S = 60  # until /api/status answers
-UI_LOAD_S = 60  # until the notebook's cells are on the page
-SETUP_CELL_S = 90  # kernel start, then the setup cell imports torch and transformers
-CELL_S = 60  # any other cell, a check(...) included
+# Bounded waits, generous for an idle 2-core machine, stretched for a busy one (COURSE_TIME_SCALE).
+SERVER_START_S = patient(60)  # until /api/status answers
+UI_LOAD_S = patient(60)  # until the notebook's cells are on the page
+SETUP_CELL_S = patient(90)  # kernel start, then the setup cell imports torch and transformers
+CELL_S = patient(60)  # any other cell, a check(...) included
 
 # Epsilon outside the square root: the classic mistake, with its own tutor message. It fails
 # the epsilon tests and passes the others.
@@ -213,7 +214,7 @@ class Lab:
             except OSError:
                 pass
             time.sleep(0.3)
-        pytest.fail(f"jupyter lab did not answer in {SERVER_START_S} s:\n{self.log_tail()}")
+        pytest.fail(f"jupyter lab did not answer in {SERVER_START_S:.0f} s:\n{self.log_tail()}")
 
     def stop(self) -> None:
         """Shut the server down through its API (which shuts its kernels down), then make sure."""
@@ -332,7 +333,7 @@ class Notebook:
                 time.sleep(1)  # the kernel's info reaches the notebook's metadata
                 return
             time.sleep(0.3)
-        pytest.fail(f"the kernel was not idle after {timeout_s} s")
+        pytest.fail(f"the kernel was not idle after {timeout_s:.0f} s")
 
     def modified(self) -> bool:
         """Whether the notebook's tab shows unsaved changes."""

@@ -23,6 +23,7 @@ import pytest
 from utils import REPO_ROOT, colab
 from utils.build import build_notebook
 from utils.paths import cache_dir
+from utils.timing import patient
 
 CHAPTER = "01_transformer"
 NOTEBOOK = f"notebooks/{CHAPTER}.ipynb"
@@ -34,7 +35,7 @@ DRIVER = textwrap.dedent(
     from nbclient import NotebookClient
 
     nb = nbformat.read(sys.argv[1], as_version=4)
-    NotebookClient(nb, timeout=900, kernel_name="python3").execute()
+    NotebookClient(nb, timeout=float(sys.argv[2]), kernel_name="python3").execute()
     for cell in nb.cells:
         for out in cell.get("outputs", []):
             print(out.get("text", "") or out.get("data", {}).get("text/plain", ""))
@@ -97,7 +98,7 @@ def test_the_colab_cell_does_nothing_elsewhere(tmp_path, monkeypatch):
     assert "COURSE_REPOSITORY" in namespace
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(900)  # the installs, then a notebook whose one slow cell has 600 s of it
 def test_the_colab_cell_installs_the_course_in_a_fresh_environment(tmp_path):
     source = tmp_path / "published"
     source.mkdir()
@@ -136,8 +137,9 @@ def test_the_colab_cell_installs_the_course_in_a_fresh_environment(tmp_path):
         "PIP_NO_COMPILE": "1",  # as above, for the cell's own pip install
     }
     done = subprocess.run(
-        [py, "driver.py", "chapter.ipynb"], cwd=outside, env=env, capture_output=True, text=True
-    )
+        [py, "driver.py", "chapter.ipynb", str(patient(600))], cwd=outside, env=env,
+        capture_output=True, text=True,
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     clone = home / "transformer-course"
     assert git("rev-parse", "HEAD", cwd=clone) == first != second, (

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from utils import REPO_ROOT
+from utils.timing import patient
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None, reason="chapter 8 needs Triton (Linux)"
@@ -31,7 +32,7 @@ def benchmark(*args: str, interpret: bool = True) -> subprocess.CompletedProcess
         env["TRITON_INTERPRET"] = "1"
     return subprocess.run(
         [sys.executable, "benchmarks/kernels.py", *args],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=patient(300),
     )  # fmt: skip
 
 
@@ -42,6 +43,7 @@ def positive(row: dict, keys) -> None:
         assert math.isfinite(value) and value > 0, (key, value)
 
 
+@pytest.mark.timeout(360)  # longer than its subprocess's own limit, at every COURSE_TIME_SCALE
 def test_the_kernel_benchmark_runs_on_a_cpu(tmp_path):
     plot = tmp_path / "plot.png"
     done = benchmark("--device", "cpu", "--interpret", "--quick", "--plot", str(plot))
@@ -96,6 +98,7 @@ def test_the_kernel_benchmark_runs_on_a_cpu(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.timeout(360)  # longer than its subprocess's own limit, at every COURSE_TIME_SCALE
 def test_asking_for_cuda_without_a_gpu_is_a_clear_error():
     done = benchmark("--device", "cuda", "--quick", interpret=False)
     assert done.returncode != 0 and not done.stdout

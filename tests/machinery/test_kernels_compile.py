@@ -16,12 +16,14 @@ import importlib.util
 import pytest
 
 from tests.graded._compile import LAUNCHES, Job, Launch, explain, run_compiler
+from utils.timing import patient
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None, reason="chapter 8 needs Triton (Linux)"
 )
 
 
+@pytest.mark.timeout(660)  # longer than its subprocess's own limit, at every COURSE_TIME_SCALE
 def test_every_kernel_compiles_for_an_h100():
     # One child process for all of them: importing Triton and torch costs seconds each time.
     jobs = [
@@ -35,6 +37,7 @@ def test_every_kernel_compiles_for_an_h100():
     )
 
 
+@pytest.mark.timeout(360)  # longer than its subprocess's own limit, at every COURSE_TIME_SCALE
 def test_a_kernel_the_interpreter_runs_and_a_gpu_refuses_fails_here(tmp_path):
     # The check itself, on a planted `break` (one compile, about a second): it must fail, and
     # say why and where.
@@ -187,7 +190,7 @@ def test_a_blank_kernel_refused_by_a_gpu_compiler_is_not_implemented(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
         [sys.executable, str(script)], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-        timeout=300,
+        timeout=patient(300),
     )  # fmt: skip
     assert done.stdout.split("\n")[:2] == [
         "blank UnsupportedLanguageConstruct True",

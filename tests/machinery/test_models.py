@@ -13,6 +13,7 @@ import torch
 from utils.convert import demo_to_hf, hf_config
 from utils.models import SHIPPED, hub_reachable, load_hf, load_model, load_reference
 from utils.paths import MODELS_DIR
+from utils.timing import patient
 
 PROMPT = "ROMEO.\nBut soft, what light through yonder window breaks?"
 
@@ -120,7 +121,8 @@ def test_offline_is_decided_per_call(monkeypatch):
     assert not hub_reachable()
     with pytest.raises(RuntimeError, match="shakespeare"):
         load_hf("gpt2")
-    assert time.monotonic() - start < 10, "offline must fail fast, not after minutes of retries"
+    took = time.monotonic() - start
+    assert took < patient(10), "offline must fail fast, not after minutes of retries"
 
 
 def test_a_trained_model_saved_as_mine_loads_back_by_name(tmp_path, monkeypatch):

@@ -7,8 +7,9 @@ of this test process's variables (no TRITON_INTERPRET, no COURSE_*, no PYTEST_*)
 inherited them once hid a check() that ran no test in every real notebook: pytest's process had
 chosen Triton's interpreter, a learner's kernel had not. The setup cell runs exactly as a
 learner's does; only after it, one harness cell (shown in HARNESS) makes the run short: quick
-sizes, a scratch folder for saved models, and one test per check (the graded suite runs in full
-on the same solutions in make test's other lane).
+sizes, a scratch folder for saved models, one test per check (the graded suite runs in full on
+the same solutions in make test's other lane), and this run's COURSE_TIME_SCALE, so that a
+check's time budget on a busy machine is the graded suite's.
 """
 
 import os
@@ -21,6 +22,7 @@ from nbclient import NotebookClient
 
 from utils.build import build_notebook
 from utils.chapters import chapter_names
+from utils.timing import patient, time_scale
 
 HARNESS = """\
 # Added by tests/machinery/test_notebooks_run.py, after the setup cell: a short run.
@@ -29,6 +31,7 @@ import utils.check as _check
 _os.environ["COURSE_QUICK"] = "1"
 _os.environ["COURSE_SAVED_MODELS"] = {saved!r}
 _check.CHECK_SPOT = {spot}
+_os.environ["COURSE_TIME_SCALE"] = {scale!r}
 """
 
 
@@ -49,7 +52,7 @@ def learner_env(home: str) -> dict[str, str]:
 def with_harness(nb, saved: Path, spot: bool):
     cells = nb.cells
     setup = next(i for i, c in enumerate(cells) if "setup" in c.metadata.get("tags", []))
-    source = HARNESS.format(saved=str(saved), spot=spot)
+    source = HARNESS.format(saved=str(saved), spot=spot, scale=str(time_scale()))
     cells.insert(setup + 1, nbformat.v4.new_code_cell(source, metadata={"tags": ["harness"]}))
     return nb
 
@@ -74,7 +77,7 @@ def check_cells(cells) -> list[tuple[str, str]]:
 def run_notebook(nb, tmp_path, allow_errors=False):
     client = NotebookClient(
         nb,
-        timeout=600,
+        timeout=patient(600),  # a cell; the test itself has 900 s, stretched alike
         kernel_name="python3",
         allow_errors=allow_errors,
         resources={"metadata": {"path": str(tmp_path)}},

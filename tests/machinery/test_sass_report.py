@@ -12,17 +12,19 @@ import sys
 import pytest
 
 from utils import REPO_ROOT
+from utils.timing import patient
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None, reason="chapter 8 needs Triton (Linux)"
 )
 
 
+@pytest.mark.timeout(360)  # longer than its subprocess's own limit, at every COURSE_TIME_SCALE
 def test_the_inverse_transform_kernel_scans_only_where_a_row_crosses():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
         [sys.executable, "benchmarks/sass.py", "--kernel", "inverse_transform"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=patient(300),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = json.loads(done.stdout)["kernels"]["inverse_transform"]
@@ -35,6 +37,7 @@ def test_the_inverse_transform_kernel_scans_only_where_a_row_crosses():
     assert around["barriers"] < loop["barriers"], loop
 
 
+@pytest.mark.timeout(660)  # longer than its subprocess's own limit, at every COURSE_TIME_SCALE
 def test_tensor_cores_start_at_sm_80():
     # Chapter 8 tells a learner on a Colab T4 (sm_75) that the fused kernel's tl.dot runs on
     # the ordinary float32 units there: no mma; an A100 (sm_80) multiplies with HMMA.
@@ -43,7 +46,7 @@ def test_tensor_cores_start_at_sm_80():
     for arch in (75, 80):
         done = subprocess.run(
             [sys.executable, "benchmarks/sass.py", "--kernel", "fused_matmul", "--arch", str(arch)],
-            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=patient(300),
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         bf16 = json.loads(done.stdout)["kernels"]["fused_matmul"][0]  # the bf16 launch

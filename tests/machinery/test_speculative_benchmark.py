@@ -5,13 +5,17 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from utils import REPO_ROOT
+from utils.timing import patient
 
 
+@pytest.mark.timeout(360)  # longer than its subprocess's own limit, at every COURSE_TIME_SCALE
 def test_quick_benchmark_reports_every_workload_method_and_goal():
     run = subprocess.run(
         [sys.executable, "benchmarks/speculative.py", "--quick"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=patient(300),
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(run.stdout)

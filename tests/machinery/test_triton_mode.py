@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from utils import REPO_ROOT
+from utils.timing import patient
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's choice only")
 
@@ -22,12 +23,13 @@ def run_fresh(code: str) -> dict:
     env["PYTEST_ADDOPTS"] = ""
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-        timeout=300,
+        timeout=patient(300),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.timeout(360)  # longer than its subprocess's own limit, at every COURSE_TIME_SCALE
 def test_importing_the_course_chooses_the_interpreter_before_a_model_imports_triton():
     got = run_fresh(
         "import json, os, sys\n"
@@ -41,6 +43,7 @@ def test_importing_the_course_chooses_the_interpreter_before_a_model_imports_tri
     assert got == {"env": "1", "tl": "InterpretedFunction"}
 
 
+@pytest.mark.timeout(360)  # longer than its subprocess's own limit, at every COURSE_TIME_SCALE
 def test_triton_imported_in_the_wrong_mode_breaks_chapter_6_only_and_says_why():
     got = run_fresh(
         "import json\n"
