@@ -144,8 +144,8 @@ def spread_probs(seed: int, v: int = LONG_V) -> torch.Tensor:
 def column_in_block(got: torch.Tensor, expected: torch.Tensor) -> int | None:
     """The block size b for which `got` is each expected column's index within its block of b
     columns (the block's start forgotten), or None."""
-    for b in block_sizes(int(expected.max()) + 1):
-        if b <= int(expected.max()) and torch.equal(got, expected % b):
+    for b in block_sizes(int(expected.max()) + 1):  # a block of one column says nothing
+        if 1 < b <= int(expected.max()) and torch.equal(got, expected % b):
             return b
     return None
 
@@ -160,17 +160,19 @@ def block_sizes(v: int) -> list[int]:
     return [1 << k for k in range(top.bit_length() - 1, -1, -1)]
 
 
-def blockwise_softmax(window: torch.Tensor, x: torch.Tensor, block: int, rescale=True):
+def blockwise_softmax(window: torch.Tensor, x: torch.Tensor, block: int, rescale="yes"):
     """exp(x - m) / s, with the max m and the sum s taken over `window` (float64) block by
-    block, as a kernel's first pass takes them; without `rescale`, the sum so far is not
-    rescaled when a block raises the max."""
+    block, as a kernel's first pass takes them. `rescale` says what happens to the sum so far
+    when a block raises the max from m to m_new: "yes", times exp(m - m_new); "no", nothing;
+    "inverted", times exp(m_new - m)."""
     m = torch.full(window.shape[:1], float("-inf"), dtype=torch.float64)
     s = torch.zeros(window.shape[:1], dtype=torch.float64)
     for start in range(0, window.shape[1], block):
         part = window[:, start : start + block]
         m_new = torch.maximum(m, part.amax(dim=1))
         shift = torch.where(m_new == float("-inf"), 0.0, m_new)
-        s = (s * (m - shift).exp() if rescale else s) + (part - shift[:, None]).exp().sum(dim=1)
+        factor = {"yes": (m - shift).exp(), "no": 1.0, "inverted": (shift - m).exp()}[rescale]
+        s = s * factor + (part - shift[:, None]).exp().sum(dim=1)
         m = m_new
     return (x - m[:, None]).exp() / s[:, None]
 
@@ -191,6 +193,16 @@ def softmax_mistake(x: torch.Tensor, got: torch.Tensor, row: int) -> str | None:
             "each value is the softmax times exp(the row's max): the pass that writes did not "
             "subtract the max. Write exp(x - m) / s, with the max m that the sum s was taken "
             "relative to (exp(x) alone also overflows on large logits)."
+        )
+    if gives(blockwise_softmax(x, x, v, rescale="inverted")):  # NaN in every row, at any block
+        return (
+            f"every row is NaN, even row {row}, whose logits are ordinary numbers: the first "
+            "pass's sum turns NaN at the row's first block. There the running max is still -inf "
+            "and the sum 0, and your factor that rescales the sum is inverted: exp(new max - old "
+            "max) is exp(+inf) = inf there, and 0 x inf is NaN (on later blocks it would grow "
+            "the sum instead of shrinking it). When the max rises from m to m_new, the terms "
+            "summed so far are relative to the old max and must shrink: the factor is exp(old "
+            "max - new max), at most 1, and 0 at the first block."
         )
     sums = got.sum(dim=1)
     for b in block_sizes(v):
@@ -224,7 +236,7 @@ def softmax_mistake(x: torch.Tensor, got: torch.Tensor, row: int) -> str | None:
                     "column mask (cols < n_cols) reads past the row: every load of the row "
                     "needs it, with other=-inf for the masked lanes."
                 )
-        if width > b and gives(blockwise_softmax(x, x, b, rescale=False)):
+        if width > b and gives(blockwise_softmax(x, x, b, rescale="no")):
             return (
                 f"a row of {v} columns in blocks of {b}: your running sum was not rescaled when "
                 "a later block raised the max, so each block's terms are relative to a "
@@ -258,11 +270,17 @@ def test_softmax_matches_torch(impl, v):
     )
     expected = torch.softmax(x.double(), dim=-1).float()
     got = got.float()
-    assert not got.isnan().any(), (
-        "softmax returned NaN: for masked (-inf) logits, exp(-inf - max) is 0, but -inf - (-inf) "
-        "is NaN. Is the running max still -inf when it is subtracted? Or did the row's maximum "
-        "overflow exp (subtract the max before exponentiating)?"
-    )
+    if got.isnan().any():
+        row = int(got.isnan().any(dim=-1).nonzero()[0])
+        pytest.fail(
+            f"softmax returned NaN (row {row}, V = {v}): "
+            + (
+                softmax_mistake(x, got, row)
+                or "for masked (-inf) logits, exp(-inf - max) is 0, but -inf - (-inf) is NaN. Is "
+                "the running max still -inf when it is subtracted? Or did the row's maximum "
+                "overflow exp (subtract the max before exponentiating)?"
+            )
+        )
     if torch.allclose(got, expected, atol=1e-6, rtol=1e-4):
         return
     worst = int((got - expected).abs().amax(dim=-1).argmax())
@@ -369,6 +387,40 @@ def test_gumbel_kernel_ties_at_zero_temperature_go_to_the_first_column(impl):
         f"at temperature 0, tied best logits must go to the lowest column (torch.argmax's "
         f"rule): expected {expected.tolist()}, got {got.tolist()}. A later block may replace "
         "the best so far only when it is STRICTLY better (`>`, not `>=`)."
+    )
+
+
+@pytest.mark.gumbel_kernel
+@pytest.mark.parametrize("temperature", [0.0, 1e-3])
+def test_gumbel_kernel_on_rows_whose_scores_are_all_negative(impl, temperature):
+    # Exact. Every logit lies in [-30, -1] except each row's best, -0.5 (ahead by 0.5 or more,
+    # 500 once divided by 1e-3: more than the noise can make up), so every score is negative,
+    # noisy or not; the best sits in the first, a middle and the last block.
+    x = -1.0 - 29.0 * torch.rand(4, LONG_V, generator=torch.Generator().manual_seed(65))
+    winners = [1100, 2100, 5, LONG_V - 1]
+    x[torch.arange(4), torch.tensor(winners)] = -0.5
+    got = tokens_of(impl.gumbel_sample(x.to(DEVICE), temperature, 3), 4, "gumbel_sample")
+    if got.tolist() == winners:
+        return
+    told = (
+        f"at temperature {temperature}, on rows whose every logit is negative, each row's best "
+        f"token must win: expected {winners}, got {got.tolist()}."
+    )
+    if bool((got == 0).all()):
+        pytest.fail(
+            f"{told} Every row returned column 0, where the best column starts, and every score "
+            "of these rows is below 0: is your running best still 0? A running best that starts "
+            "at 0 is never beaten by a negative score, so no block ever replaces it. It must "
+            "start at -inf, below every score a row can have."
+        )
+    block = column_in_block(got, torch.tensor(winners))
+    assert block is None, (
+        f"{told} Your tokens are the winners' index within their block of {block} columns: the "
+        "column of a block's best is the block's start plus its index in the block."
+    )
+    pytest.fail(
+        f"{told} The token is the column of the row's largest score: keep a running best and "
+        "its column, and let a block replace them only where its own best is larger."
     )
 
 
@@ -498,6 +550,14 @@ def shared_uniforms_named(samples: torch.Tensor, probs: torch.Tensor, what: str)
         raise AssertionError(f"{what}: {mistake}\n{err}") from None
 
 
+@triton.jit
+def _row_uniforms(out_ptr, n, seed, BLOCK: tl.constexpr):
+    """out[r] = tl.rand(seed, r), the uniform the inverse-transform kernel's docstring gives row
+    r: the tests build rows whose prefix sums reach it exactly, or cross it in a chosen block."""
+    rows = tl.arange(0, BLOCK)
+    tl.store(out_ptr + rows, tl.rand(seed, rows), mask=rows < n)
+
+
 @pytest.mark.inverse_transform
 def test_inverse_transform_finds_the_only_possible_token(impl):
     # Exact: one-hot rows, the token at block edges, the first and the last column.
@@ -577,6 +637,57 @@ def test_inverse_transform_rows_are_independent(impl):
 
 
 @pytest.mark.inverse_transform
+def test_inverse_transform_keeps_the_first_crossing(impl):
+    # Exact. Every row holds 0.3 at column 1 (the first block), 0.3 at column 1500 (the second)
+    # and 0.4 at column LONG_V - 2 (the last), and u_r = tl.rand(seed, r) is each row's own
+    # uniform: the token is 1, 1500 or LONG_V - 2 as u_r lies below 0.3, 0.6 or 1. Once a row's
+    # prefix has passed u it stays above it, so every later block "crosses" u too; the rows of
+    # one program cross in different blocks, so those blocks are scanned.
+    n, seed, heavy = 64, 6, [1, 1500, LONG_V - 2]
+    u = torch.empty(n, device=DEVICE)
+    _row_uniforms[(1,)](u, n, seed, BLOCK=n)
+    probs = torch.zeros(LONG_V)
+    probs[heavy] = torch.tensor([0.3, 0.3, 0.4])
+    prefix = probs.cumsum(0)  # float32, added in the kernel's order: 0.3, 0.3 + 0.3, then + 0.4
+    u = u.cpu()
+    expected = ((prefix[None, :] > u[:, None]) & (probs > 0)).int().argmax(dim=1)
+    got = sample_probs(impl, probs, n, seed)
+    wrong = (got != expected).nonzero().flatten()
+    if wrong.numel() == 0:
+        return
+    r = int(wrong[0])
+    told = (
+        f"rows holding 0.3 at column 1, 0.3 at column 1500 and 0.4 at column {LONG_V - 2} (three "
+        f"blocks): row {r}, whose uniform is u = {float(u[r]):.4f}, must return column "
+        f"{int(expected[r])}, the first whose prefix sum exceeds u; yours returned {int(got[r])}."
+    )
+    last = heavy[-1]  # the last column of positive probability
+    for b in block_sizes(LONG_V)[1:]:  # blocks shorter than the row
+        restarted = torch.cat([probs[i : i + b].cumsum(0) for i in range(0, LONG_V, b)])
+        crossed = (restarted[None, :] > u[:, None]) & (probs > 0)
+        model = torch.where(crossed.any(dim=1), crossed.int().argmax(dim=1), last)
+        if torch.equal(got, model):
+            pytest.fail(
+                f"{told} Your tokens are what a prefix sum that restarts at each block of {b} "
+                "columns gives: a block's prefix starts from 0 instead of the total of the "
+                "blocks before it, so a later block crosses u too early (or not at all). Carry "
+                "the total from block to block, and start each block's prefix from it."
+            )
+    if bool((got[wrong] == last).all()) and bool((expected[wrong] != last).all()):
+        pytest.fail(
+            f"{told} Every wrong token is column {last}, the last whose prefix exceeds u: a "
+            "later block's crossing replaced the row's first crossing. Once the prefix has "
+            "passed u it stays above it, so every block after the crossing has columns past u "
+            "too. The first crossing must be kept: a later block may only give a token to a row "
+            "that has none yet."
+        )
+    pytest.fail(
+        f"{told} The token is the first column whose inclusive prefix sum (the total of the "
+        "blocks before, plus the block's own running sum) exceeds u."
+    )
+
+
+@pytest.mark.inverse_transform
 def test_inverse_transform_on_rows_of_many_blocks(impl):
     # False failure: ALPHA. A prefix sum that restarts at each block crosses u too early in
     # every block after the first.
@@ -589,14 +700,6 @@ def test_inverse_transform_on_rows_of_many_blocks(impl):
         "the total of the blocks before (a prefix that restarts at each block picks tokens "
         "too early)",
     )
-
-
-@triton.jit
-def _row_uniforms(out_ptr, n, seed, BLOCK: tl.constexpr):
-    """out[r] = tl.rand(seed, r), the uniform the inverse-transform kernel's docstring gives row
-    r: the test builds rows whose prefix sums reach it exactly."""
-    rows = tl.arange(0, BLOCK)
-    tl.store(out_ptr + rows, tl.rand(seed, rows), mask=rows < n)
 
 
 @pytest.mark.inverse_transform

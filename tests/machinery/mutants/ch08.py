@@ -127,7 +127,6 @@ MUTANTS: list[Mutant] = [
         "the prefix sum restarts at each block",
         name="prefix-restarts",
         says=("prefix", "restarts"),
-        try_first="test_inverse_transform_on_rows_of_many_blocks",
     ),
     Mutant(
         "inverse_transform",
@@ -144,7 +143,6 @@ MUTANTS: list[Mutant] = [
         "the running total is never carried from block to block",
         name="total-not-carried",
         says=("carry the total",),
-        try_first="test_inverse_transform_on_rows_of_many_blocks",
     ),
     Mutant(
         "inverse_transform",
@@ -561,5 +559,32 @@ MUTANTS: list[Mutant] = [
         name="done-rows-keep-drawing",
         says=("sits out", "done"),
         try_first="test_a_row_that_is_done_sits_out_the_later_rounds",
+    ),
+    # Issue 43's slips: each must be named by the first message a learner reads.
+    Mutant(
+        "softmax_kernel",
+        "s = s * tl.exp(m - shift) + ",
+        "s = s * tl.exp(shift - m) + ",
+        "the rescale of the running sum inverted: exp(new max - old max), which is infinite at "
+        "the first block (old max -inf) and above 1 after it",
+        name="rescale-inverted",
+        says=("rescale", "inverted"),
+    ),
+    Mutant(
+        "gumbel_kernel",
+        'best = tl.full((BLOCK_B,), float("-inf"), tl.float32)',
+        "best = tl.zeros((BLOCK_B,), tl.float32)",
+        "the running best starts at 0, not -inf: a row whose scores are all negative keeps "
+        "column 0",
+        name="best-starts-at-zero",
+        says=("starts at 0", "-inf"),
+    ),
+    Mutant(
+        "inverse_transform",
+        "chosen = tl.where((chosen < 0) & (first < n_cols), first, chosen)",
+        "chosen = tl.where(first < n_cols, first, chosen)",
+        "a later block's crossing overwrites the first: every block after it has prefix > u",
+        name="later-crossing-overwrites",
+        says=("first crossing", "later block"),
     ),
 ]
