@@ -219,9 +219,9 @@ assert useful < computed and static.kv_used < static.kv_reserved, (
 # (`context_lens`).
 
 # %% tags=["source"]
-# solution: solutions.paged_attention.PagedKVCache
-# solution: solutions.paged_attention.StepInputs
 # solution: solutions.paged_attention.prepare_inputs
+# solution: solutions.paged_attention.StepInputs
+# solution: solutions.paged_attention.PagedKVCache
 
 # %% [markdown]
 # The rest of the model runner: `paged_attention` projects the step's `T` rows to queries, keys
@@ -393,8 +393,8 @@ assert worst < 1e-4, "the demo says the paged logits equal HF's"
 # section 8 runs it.
 
 # %% tags=["source"]
-# solution: solutions.engine.EngineStats
 # solution: solutions.engine.LLMEngine
+# solution: solutions.engine.EngineStats
 # solution: solutions.engine.generate
 
 # %% [markdown]
@@ -412,8 +412,9 @@ assert worst < 1e-4, "the demo says the paged logits equal HF's"
 # overwritten.
 #
 # `KVCacheBlock` and `hash_block_tokens` are given. The queue is an `OrderedDict` of block ids
-# (values unused): `popitem(last=False)` takes the oldest, `del queue[id]` removes any one, and
-# `queue[id] = None` puts one at the end, all in constant time.
+# (values unused): `popitem` takes an entry from either end (its argument says which; read its
+# docstring), `del queue[id]` removes any one, and `queue[id] = None` puts one at the end, all in
+# constant time.
 
 # %% tags=["source"]
 # solution: solutions.block_pool.hash_block_tokens
@@ -435,8 +436,9 @@ assert worst < 1e-4, "the demo says the paged logits equal HF's"
 # - `free_blocks(blocks)`: one holder less for each, in the order given; a block whose count
 #   reaches 0 goes to the end of the free queue, keeping its contents and its name.
 #
-# Common mistakes: `popitem()` without `last=False` (it takes the newest: the block just freed,
-# whose prefix is the most likely to be asked for again); a block made free at every
+# Common mistakes: popping the queue's newest entry, which a plain `popitem` does, rather than
+# its oldest (the newest is the block just freed, whose prefix is the most likely to be asked
+# for again); a block made free at every
 # `free_blocks` rather than when its count reaches 0 (a shared block would be handed to a new
 # request while another still reads it); `touch` forgetting to take a free block out of the
 # queue (it would be handed out while held); an evicted block that keeps its name.
@@ -648,7 +650,9 @@ check("sample_requests")
 # mixed):
 #
 # 1. **Running requests first**, oldest first (the order of `self.running`), while budget is
-#    left. Each gets `min(tokens it lacks, budget left)`, after `self.kv.allocate_slots` finds
+#    left. Each gets the fewer of the tokens it lacks and the budget left; it lacks its known
+#    tokens (`request.num_tokens`: prompt and output so far) less those computed
+#    (`request.num_computed_tokens`). It gets them after `self.kv.allocate_slots` finds
 #    the blocks. When it cannot, the **newest** running request is preempted (`self._preempt`,
 #    given: its blocks are freed, it goes back to the front of the queue and will be computed
 #    again from its tokens, which it keeps) and the allocation is tried again. If the newest is
@@ -756,7 +760,7 @@ assert max(sum(n for _, n in step.values()) for step in served.timeline) <= 12, 
 # (section 5) and those not yet handed to another request are found again. The timeline's lower
 # panel, the tokens of each step, never goes past the budget of 12.
 #
-# A preempted request's tokens are still HF's (the claim cell checks): recomputing its keys and
+# A preempted request's tokens are still HF's (the cell above counts them): recomputing its keys and
 # values in other chunks gives the same numbers up to rounding (section 6). The recomputation is
 # the price. vLLM's earlier (V0) engine could also *swap* a preempted request's blocks to CPU
 # memory instead; it recomputed by default, and swapped mainly requests with several sequences
@@ -797,8 +801,10 @@ assert counts[True] == uncached and counts[False] == sum(len(r.prompt) for r in 
 # %% [markdown]
 # ## 9. Latency and throughput
 #
-# Back to section 1's trace, now served by your engine: every request joins at the next step
-# after it arrives, and leaves when its answer is written.
+# Back to section 1's trace, now served by your engine: a request joins at the next step after
+# it arrives if a seat is free (at most `max_num_seqs`, 32 here, run at once), the pool has its
+# blocks and the step's budget has room; otherwise it waits in the queue, first come, first
+# served. It leaves when its answer is written.
 
 # %%
 with one_thread():
@@ -820,7 +826,8 @@ assert engine_summary["ttft_ms"]["median"] < static_summary["ttft_ms"]["median"]
 #
 # - **Time to first token** (TTFT), from arrival to the first token: what a user waits before the
 #   answer starts. Static batching makes a request wait for a batch to finish and its own batch
-#   to fill; the engine admits it at the next step.
+#   to fill; the engine admits it at the next step when a seat, its blocks and the budget are
+#   free, and otherwise keeps it in the queue until they are.
 # - **Time per output token** (TPOT) after the first: how fast the answer streams. The engine's
 #   steps are larger (more requests in each), so its TPOT can be higher than static batching's:
 #   that is the trade continuous batching makes, and a server tunes it with the seats and the
@@ -849,9 +856,22 @@ print(
 )
 for goal, value in result["goals"].items():
     print(f"{goal:45} {value['measured']}  met: {value['met']}")
+engine_ttft, engine_tpot = result["engine"]["ttft_ms"], result["engine"]["tpot_ms"]
+print(f"the engine's p99 TTFT is {engine_ttft['p99'] / engine_tpot['median']:.0f} of its typical "
+      f"steps (median TPOT {engine_tpot['median']} ms), its median TTFT "
+      f"{engine_ttft['median'] / engine_tpot['median']:.1f}")  # fmt: skip
 print("recorded:", record["date"], record["code"], "-", record["machine"])
 
 # %% [markdown]
+# The engine's median request waits for its first token about one step, its unluckiest one in a
+# hundred tens of steps (printed above). That tail is the queue: the benchmark's 64 requests
+# arrive 40 a second and run for up to 160 tokens, so the later arrivals find all 32 seats
+# (`max_num_seqs`) taken and wait until a running request finishes. (A run of that trace on this
+# machine, counting each step's seats, found the five slowest requests waiting with every seat
+# taken in about three of every four steps of their wait, and the rest behind others admitted
+# first.) More seats would shorten that wait and lengthen every step: the trade of the TPOT
+# bullet above.
+#
 # HF's continuous batching runs on a CPU too; its profile in the record (printed above) says
 # that almost all of its step is its model's forward pass. On a GPU the balance changes: a
 # step's forward is fast, and its fixed cost (chapter 5: launches, Python, scheduling and input

@@ -15,8 +15,9 @@ from solutions.sampling import check_sampling_args
 @dataclass(frozen=True)
 class SamplingParams:
     """vLLM's names: `max_tokens` new tokens at most; `ignore_eos=True` keeps going past an
-    end-of-text (chapter 3's `stop_at_eos=False`); `top_k=None` and `top_p=None` are off;
-    `seed=None` draws from a generator seeded by the engine."""
+    end-of-text (chapter 3's `stop_at_eos=False`); `top_k=None` and `top_p=None` are off.
+    A `seed` gives the request its own generator (the engine makes it); `seed=None` draws from
+    PyTorch's global generator, shared with every other unseeded request."""
 
     temperature: float = 1.0
     top_k: int | None = None

@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from tests.graded._device import assert_made_on_the_inputs_device
 from tests.graded._oracles import N_SAMPLES
 from tests.graded._serving import PROMPTS, greedy_difference, invariant_problems, run_to_end
 from tests.graded._stats import assert_samples_follow
@@ -94,6 +95,24 @@ def attention_by_hand(queries, keys, values, tables, query_pos):
     return out
 
 
+def gathered_reshaped(queries, keys, values, tables, query_pos):
+    """`attend` under one hypothesis: each request's [L, n_heads, d_head] keys and values
+    reshaped, not transposed, to [n_heads, L, d_head]; in float64."""
+    G, Q, H, D = queries.shape
+    block_size = keys.shape[1]
+    B = max(map(len, tables))
+    out = torch.zeros(G, Q, H, D, dtype=torch.float64)
+    for g in range(G):
+        table = tables[g] + [0] * (B - len(tables[g]))
+        k = keys[table].reshape(H, B * block_size, D).double()
+        v = values[table].reshape(H, B * block_size, D).double()
+        for q in range(Q):
+            scores = torch.einsum("hd,hpd->hp", queries[g, q].double(), k) / D**0.5
+            scores[:, int(query_pos[g, q]) + 1 :] = float("-inf")
+            out[g, q] = torch.einsum("hp,hpd->hd", scores.softmax(-1), v)
+    return out
+
+
 def attend_case(seed: int, G: int, Q: int, num_blocks=16, block_size=4, H=4, D=8):
     """Random queries and a cache whose every slot holds something (large values where no
     position of any request is: a mask that lets them in shows); block tables out of order."""
@@ -102,8 +121,10 @@ def attend_case(seed: int, G: int, Q: int, num_blocks=16, block_size=4, H=4, D=8
     values = 30 * torch.randn(num_blocks, block_size, H, D, generator=g)
     order = torch.randperm(num_blocks - 1, generator=g).add(1).tolist()  # block 0: padding
     B = 3
-    tables = [order[i * B : (i + 1) * B] for i in range(G)]
     lengths = [B * block_size - 1 - 2 * i for i in range(G)]  # each ends inside its last block
+    # Each request's blocks, as many as its length needs: a third request has 2, and its table
+    # is padded with block 0 (whose large values it must not read).
+    tables = [order[i * B : (i + 1) * B][: -(-n // block_size)] for i, n in enumerate(lengths)]
     query_pos = torch.tensor([[n - Q + q for q in range(Q)] for n in lengths])
     for t, n in zip(tables, lengths, strict=True):  # its own positions: ordinary values
         for p in range(n):
@@ -130,7 +151,23 @@ def attend_mistake(queries, keys, values, tables, query_pos, got) -> str:
             " Every query read every position written so far: a chunk's early queries read its "
             "later tokens. The mask must compare each key's position with each query's own."
         )
-    sorted_tables = [sorted(t) for t in tables]
+    want = attention_by_hand(queries, keys, values, tables, query_pos)
+    G, Q, H, D = queries.shape
+    if torch.allclose(got.double(), want.transpose(1, 2).reshape(G, Q, H, D), atol=1e-4):
+        return (
+            " The numbers are right and in the wrong places: the result, heads first, was "
+            "reshaped (or viewed) into [G, Q, n_heads, d_head]. A reshape keeps the memory's "
+            "order; moving an axis takes a transpose."
+        )
+    if torch.allclose(got.double(), gathered_reshaped(queries, keys, values, tables, query_pos),
+                      atol=1e-4):  # fmt: skip
+        return (
+            " The gathered keys and values, [G, positions, n_heads, d_head], were reshaped (or "
+            "viewed) heads first: that mixes heads and positions. Moving the heads axis before "
+            "the positions takes a transpose."
+        )
+    B = max(map(len, tables))
+    sorted_tables = [sorted(t + [0] * (B - len(t))) for t in tables]  # the padded table sorted
     if torch.allclose(got.double(), attention_by_hand(queries, keys, values, sorted_tables,
                                                       query_pos), atol=1e-4):  # fmt: skip
         return " The blocks were read in sorted order: read them in the table's order."
@@ -161,6 +198,32 @@ def test_attention_reads_each_requests_own_positions_up_to_its_own(impl, G, Q):
         f"{G} request(s), {Q} queries each, positions {query_pos.tolist()}: the output differs "
         "from attention over each request's own positions, up to each query's own, read "
         "through its table." + attend_mistake(queries, keys, values, tables, query_pos, got)
+    )
+
+
+@pytest.mark.attend
+def test_attend_makes_its_tensors_on_the_queries_device(impl):
+    """On a GPU, a tensor made inside `attend` without `device=` (the key positions, say) lands
+    on the CPU beside queries on the GPU, and the mask that mixes them fails. PyTorch's `meta`
+    device (shapes, no values) fails the same way here, with no GPU."""
+    queries, keys, values, tables, query_pos = attend_case(seed=5, G=2, Q=3)
+    B = max(map(len, tables))
+    block_tables = torch.tensor([t + [0] * (B - len(t)) for t in tables])
+    on_meta = [t.to("meta") for t in (queries, keys, values, block_tables, query_pos)]
+    try:
+        got = impl.attend(*on_meta)
+    except RuntimeError as err:
+        if "device" not in str(err):
+            raise
+        pytest.fail(
+            "with every input on another device (PyTorch's meta device, standing in for a GPU), "
+            f"attend raised: {str(err).splitlines()[0]} A tensor made without a device (the "
+            "key positions' numbers, say) sits on the CPU: make each new tensor on the queries' "
+            "device."
+        )
+    assert got.device.type == "meta" and got.shape == queries.shape, (
+        f"with the inputs on the meta device, attend returned a {tuple(got.shape)} tensor on "
+        f"{got.device}: the result belongs on the queries' device, in their shape"
     )
 
 
@@ -241,7 +304,8 @@ def test_new_blocks_come_from_the_least_recently_freed(impl):
     first = [b.block_id for b in pool.get_new_blocks(3)]
     assert first == [0, 1, 2], (
         f"a fresh pool hands out blocks 0, 1, 2 first (the front of the free queue), got "
-        f"{first}. `popitem()` takes the newest; `popitem(last=False)` the oldest."
+        f"{first}. Which end of the OrderedDict does your pop take from? Called plainly, "
+        "`popitem` takes the newest entry; it has an argument that makes it take the oldest."
     )
     pool.free_blocks([pool.blocks[2], pool.blocks[0]])
     assert list(pool.free_queue) == [3, 4, 5, 2, 0], (
@@ -251,7 +315,8 @@ def test_new_blocks_come_from_the_least_recently_freed(impl):
     got = [b.block_id for b in pool.get_new_blocks(4)]
     assert got == [3, 4, 5, 2], (
         f"get_new_blocks takes from the FRONT of the queue (least recently freed): expected "
-        f"[3, 4, 5, 2], got {got}. `popitem()` takes the newest; `popitem(last=False)` the oldest."
+        f"[3, 4, 5, 2], got {got}. Which end of the OrderedDict does your pop take from? Called "
+        "plainly, `popitem` takes the newest entry (the block just freed)."
     )
     assert [pool.blocks[b].ref_cnt for b in got] == [1, 1, 1, 1], "a new block is held once"
 
@@ -263,8 +328,14 @@ def test_a_shared_block_is_free_only_when_its_last_holder_frees_it(impl):
     pool.touch([block])
     assert block.ref_cnt == 2, f"touch adds a holder: ref_cnt should be 2, got {block.ref_cnt}"
     pool.free_blocks([block])
-    assert block.ref_cnt == 1 and block.block_id not in pool.free_queue, (
-        "one of its two holders freed it: it must keep ref_cnt 1 and stay out of the free queue "
+    assert block.ref_cnt == 1, (
+        f"a block with 2 holders, freed by one of them: ref_cnt should be 1, got "
+        f"{block.ref_cnt}."
+        + (" The count was not decreased: every free takes one holder off, whether or not the "
+           "block becomes free." if block.ref_cnt == 2 else "")
+    )  # fmt: skip
+    assert block.block_id not in pool.free_queue, (
+        "one of its two holders freed it: ref_cnt is 1 and it must stay out of the free queue "
         "(the other holder still reads it); a block is free when its count reaches 0, not at "
         "every free"
     )
@@ -416,10 +487,16 @@ def test_too_few_free_blocks_gives_none_and_changes_nothing(impl):
     assert manager.allocate_slots(other, 5) is not None  # 2 blocks held
     req = request(impl, "a", range(100, 112))  # needs 3, 2 are free
     free_before = manager.pool.num_free_blocks
+    held = len(other.block_ids)
+    assert held == 2 and free_before == 2, (
+        f"setup: a request of 5 tokens in blocks of 4 should hold 2 blocks (rounded up), leaving "
+        f"2 of the 4 free; it holds {held} and {free_before} are free. Are the blocks needed "
+        "rounded up?"
+    )
     got = manager.allocate_slots(req, 12)
     assert got is None, (
-        f"12 tokens need 3 blocks of 4 and only {free_before} are free: return None (the "
-        "scheduler then preempts someone)"
+        "12 tokens need 3 blocks of 4 and only 2 are free: return None (the scheduler then "
+        f"preempts someone); got a table of {len(req.block_ids)} blocks"
     )
     assert manager.pool.num_free_blocks == free_before and req.block_ids == [], (
         "a refused allocation must change nothing: no block taken from the pool"
@@ -495,6 +572,30 @@ def plan(out) -> list[tuple[str, int]]:
     return [(req.request_id, n) for req, n in out.scheduled]
 
 
+def preempted_properly(out, step: str) -> None:
+    """Each request preempted in the step gave its blocks back and starts again from nothing."""
+    for victim in out.preempted:
+        if any(r is victim for r, _ in out.scheduled):
+            continue  # scheduled again after it was preempted: another test's mistake
+        assert not victim.block_ids and victim.num_computed_tokens == 0, (
+            f"{step}: request {victim.request_id} was preempted but still holds its blocks "
+            f"{victim.block_ids} and {victim.num_computed_tokens} computed tokens: a preempted "
+            "request gives its blocks back and is computed again later. Did it go through the "
+            "given `self._preempt`, which frees them, or only back into the queue?"
+        )
+
+
+def preempted_newest_first(out, running_before: list[str], step: str) -> None:
+    """The requests preempted in a step are the newest of those running, newest first."""
+    got = [r.request_id for r in out.preempted]
+    newest = list(reversed(running_before))[: len(got)]
+    assert got == newest, (
+        f"{step}: running before the step, oldest first: {running_before}; preempted {got}, "
+        f"where the newest go first ({newest}). The victim is the NEWEST running request, the "
+        "end of `self.running`; an older one keeps its place."
+    )
+
+
 @pytest.mark.schedule
 def test_running_requests_first_then_the_queue_within_the_budget(impl):
     kv = impl.KVCacheManager(num_blocks=32, block_size=4)
@@ -555,6 +656,7 @@ def test_when_blocks_run_out_the_newest_request_is_preempted(impl):
     assert plan(out) == [("a", 4), ("b", 4)], f"setup: both admitted, got {plan(out)}"
     step_done(out.scheduled)  # each has a 5th token to compute: it needs a third block
     out = scheduler.schedule()
+    preempted_properly(out, "a needs a block and none is free")
     assert [r.request_id for r in out.preempted] == ["b"], (
         f"a needs a block and none is free: the NEWEST running request (b) is preempted; got "
         f"{[r.request_id for r in out.preempted]}"
@@ -576,6 +678,7 @@ def test_nobody_is_admitted_in_a_step_that_preempted(impl):
     preempting_steps = 0
     for step in range(8):
         before = {id(r) for r in scheduler.running}
+        order = [r.request_id for r in scheduler.running]
         out = scheduler.schedule()
         if out.preempted:
             preempting_steps += 1
@@ -594,6 +697,8 @@ def test_nobody_is_admitted_in_a_step_that_preempted(impl):
                 f"{admitted}: nobody is admitted in a step that preempted (the pool is full; a "
                 "request admitted now would be preempted at the next step)"
             )
+            preempted_newest_first(out, order, f"step {step}")
+            preempted_properly(out, f"step {step}")
         step_done(out.scheduled)
     assert preempting_steps, "(the test meant to preempt: 4 blocks of 2 for 2 growing requests)"
 
@@ -689,6 +794,13 @@ def test_greedy_tokens_are_hfs_with_chunks_preemption_and_invariants(impl, shipp
 
 
 # --------------------------------------------------------------------------- sample_requests
+
+
+@pytest.mark.sample_requests
+def test_sample_requests_makes_its_tensors_on_the_logits_device(impl):
+    """Its argmax reads values, so it cannot run on the `meta` device: its source is read
+    instead (tests/graded/_device.py)."""
+    assert_made_on_the_inputs_device(impl.sample_requests, "sample_requests", "the logits")
 
 
 def sampled_request(impl, ids, seed=None, **params):

@@ -61,7 +61,7 @@ MUTANTS: list[Mutant] = [
         "self.free_queue.popitem(last=False)",
         "self.free_queue.popitem()",
         "the newest free block handed out, not the least recently freed",
-        says=("popitem(last=false)",),
+        says=("newest",),
     ),
     Mutant(
         "block_pool",
@@ -243,5 +243,49 @@ MUTANTS: list[Mutant] = [
         "frequency_penalty=request.params.frequency_penalty,",
         "top_p not passed on",
         says=("all of the request's settings",),
+    ),
+]
+MUTANTS += [
+    Mutant(
+        "attend",
+        "key_pos = torch.arange(B * keys.shape[1], device=queries.device)",
+        "key_pos = torch.arange(B * keys.shape[1])",
+        "the key positions made on the CPU, not on the queries' device",
+        says=("device",),
+    ),
+    Mutant(
+        "sample_requests",
+        "torch.tensor([request.all_token_ids], device=logits.device)",
+        "torch.tensor([request.all_token_ids])",
+        "the request's text made on the CPU, not on the logits' device",
+        says=("device",),
+    ),
+    Mutant(
+        "block_pool",
+        "block.ref_cnt -= 1\n            if block.ref_cnt == 0:\n",
+        "if block.ref_cnt == 1:\n                block.ref_cnt = 0\n",
+        "a shared block's count never decreased: only a block held once is freed",
+        says=("not decreased",),
+    ),
+    Mutant(
+        "schedule",
+        "self._preempt(victim)",
+        "self.waiting.appendleft(victim)",
+        "a preempted request put back in the queue without freeing its blocks",
+        says=("still holds",),
+    ),
+    Mutant(
+        "attend",
+        "return z.transpose(1, 2)",
+        "return z.reshape(z.shape[0], z.shape[2], z.shape[1], z.shape[3])",
+        "the output's heads and queries reshaped, not transposed",
+        says=("transpose",),
+    ),
+    Mutant(
+        "attend",
+        "return rows.transpose(1, 2).contiguous()",
+        "return rows.reshape(G, cache.shape[2], B * cache.shape[1], cache.shape[3])",
+        "the gathered keys reshaped heads first, not transposed",
+        says=("transpose",),
     ),
 ]
