@@ -47,6 +47,14 @@ MASKED_SAMPLED = (
     "torch.rand? torch.randn gives values below 0 and above 1, where -log(-log U) is NaN."
 )
 
+NOISE_ON_PROBABILITIES = (
+    "Your samples follow softmax(p), where p = softmax(logits / T) are the PROBABILITIES: a "
+    "nearly flat distribution, in which even a token whose logit is -inf (p = 0) comes out. "
+    "Is the Gumbel noise added to the probabilities instead of the logits? argmax(scores + G) "
+    "draws from softmax(scores), so the scores must be the logits divided by T, with no "
+    "softmax taken first."
+)
+
 
 def gumbel_logits(seed: int) -> torch.Tensor:
     """chapter 3's crafted logits (probabilities from ~0.3 to ~0), with token 3 masked out."""
@@ -130,6 +138,8 @@ def noise_mistake(samples: torch.Tensor, logits: torch.Tensor, temperature: floa
         if 0 <= token < len(scores) and scores[token] == scores.min():
             return ARGMIN.format(token=token)
         return SAME_NOISE.format(token=token, top=float(probs.max()))
+    if follows(samples, probs.softmax(-1)):
+        return NOISE_ON_PROBABILITIES
     if follows(samples, argmax_probs(scores, "exponential")):
         return EXPONENTIAL_NOISE
     if follows(samples, argmax_probs(scores, "negated")):

@@ -237,6 +237,18 @@ def test_causal_mask(impl, reference):
     )
 
 
+def attention_with_pattern_transposed(cfg, params: dict[str, torch.Tensor], x: torch.Tensor):
+    """Block 0's attention written out from its weights, with one known mistake: the values
+    mixed by the pattern's transpose (query and key axes swapped). Used to name it only."""
+    q, k, v = (torch.einsum("bpd,hde->bphe", x, params[f"W_{n}"]) + params[f"b_{n}"] for n in "QKV")
+    scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / cfg.d_head**0.5
+    n = x.shape[1]
+    future = torch.ones(n, n, dtype=torch.bool).triu(1)
+    pattern = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+    z = torch.einsum("bhkq,bkhe->bqhe", pattern, v)  # the mistake: pattern[b, h, k, q]
+    return torch.einsum("bqhe,hed->bqd", z, params["W_O"]) + params["b_O"]
+
+
 @pytest.mark.attention
 def test_attention_matches_reference(impl, reference, ref_run):
     _, _, cache = ref_run
@@ -260,6 +272,15 @@ def test_attention_matches_reference(impl, reference, ref_run):
         for shift, bias in [(params["b_O"], "b_O"), (v_shift, "b_V")]:
             if close_f32(out, expected - shift):
                 pytest.fail(f"Did you forget the bias {bias}? Add it as you add the others.")
+        if close_f32(out, attention_with_pattern_transposed(cfg, params, x)):
+            pytest.fail(
+                "Your output is what attention gives with the pattern read TRANSPOSED when the "
+                "values are mixed: query q took its weights from column q of the pattern (the "
+                "weights the queries gave to key q), not from its own row. The pattern is "
+                "[batch, head, query_pos, key_pos], and each row sums to 1 over the keys: when "
+                "you weight the values, is the pattern's key axis the one summed with the "
+                "values' position axis, and its query axis the one kept?"
+            )
         if close_f32(out, expected + (cfg.n_heads - 1) * params["b_O"]):
             pytest.fail(
                 f"Your output carries b_O {cfg.n_heads} times: it was added to each head's "

@@ -154,9 +154,30 @@ def test_apply_temperature_divides_the_logits(impl, temperature):
             "log-probability by the same amount. It divides the logits themselves, before any "
             "softmax."
         )
+    probabilities = (before / temperature).softmax(-1)
+    if (
+        got.shape == expected.shape
+        and not torch.allclose(got, expected, atol=1e-6)
+        and (
+            torch.allclose(got, probabilities, atol=1e-6)
+            or torch.allclose(got, before.softmax(-1) / temperature, atol=1e-6)
+        )
+    ):
+        pytest.fail(
+            f"at temperature {temperature} apply_temperature returned probabilities (each row "
+            "is >= 0 and sums to 1): a softmax was taken. It returns LOGITS, the logits divided "
+            "by T; the sampler takes the softmax later, once, after every logit processor has "
+            "run (a penalty or a top-k filter on probabilities would not do what it says)."
+        )
+    if temperature != 1 and torch.allclose(got, before * temperature, atol=1e-6):
+        pytest.fail(
+            "logits at temperature T are the logits divided by T; yours are the logits times "
+            "T (multiplying by T makes low temperatures flatter, which is backwards)."
+        )
     assert torch.allclose(got, expected, atol=1e-6), (
-        "logits at temperature T are the logits divided by T (multiplying by T makes low "
-        "temperatures flatter, which is backwards)"
+        f"at temperature {temperature}: expected the logits divided by T, {expected[0, :4]} "
+        f"..., got {got[0, :4]} ... (row 0). Is each logit divided by the temperature, and "
+        "nothing else done to it?"
     )
 
 
@@ -265,7 +286,30 @@ def test_frequency_penalty_counts_only_where_the_mask_is_true(impl):
         )
 
 
+@pytest.mark.apply_frequency_penalty
+def test_frequency_penalty_makes_its_tensors_on_the_inputs_device(impl):
+    """On a GPU, row offsets made with `torch.arange(batch)` sit on the CPU beside token ids on
+    the GPU, and the addition fails. On a CPU nothing shows, and `bincount` cannot run on
+    PyTorch's meta device, so the function's source is read (tests/graded/_device.py)."""
+    assert_made_on_the_inputs_device(
+        impl.apply_frequency_penalty, "apply_frequency_penalty", "the token ids and logits"
+    )
+
+
 # --------------------------------------------------------------------------- sample_basic
+
+
+def logits_go_to_multinomial(sample_basic) -> bool:
+    """Whether `sample_basic` refuses one row of finite logits, some of them negative: it does
+    when the logits reach torch.multinomial without a softmax (a softmax down the batch of one
+    row gives all ones, which it takes)."""
+    try:
+        sample_basic(torch.tensor([[-1.0, 0.5, 2.0, -3.0]]), generator=torch.Generator())
+    except RuntimeError:
+        return True
+    except Exception:  # noqa: BLE001 - a probe: any other failure means "not this slip"
+        return False
+    return False
 
 
 @pytest.mark.sample_basic
@@ -279,6 +323,14 @@ def test_sample_basic_follows_the_softmax(impl, seed):
     except NotImplementedError:
         raise
     except RuntimeError as err:  # torch.multinomial refuses inf, nan or a negative entry
+        if logits_go_to_multinomial(impl.sample_basic):
+            raise AssertionError(
+                f"sample_basic raised {type(err).__name__} ({err}), and it does so on a single "
+                "row of finite logits too, where a softmax is well defined: were the logits "
+                "handed to torch.multinomial as they are? It takes probabilities (finite and "
+                ">= 0); logits can be negative or -inf. Is the softmax over the vocabulary "
+                "missing?"
+            ) from err
         raise AssertionError(
             f"sample_basic raised {type(err).__name__} ({err}) on a batch of identical rows "
             "whose token 0 has logit -inf (a banned token). torch.multinomial takes "
@@ -777,6 +829,37 @@ class Favour(torch.nn.Module):
 
     def forward(self, tokens):
         return self.edit(self.model(tokens))
+
+
+@pytest.mark.sample
+def test_frequency_penalty_counts_the_tokens_generated_so_far(impl, shipped, hf):
+    model, tokenizer = shipped
+    ids = torch.tensor(tokenizer.encode(PROMPTS[2]))
+    (crown,) = tokenizer.encode(" crown")
+    assert crown not in ids.tolist()
+    # The wrapper sets " crown" 2.5 above the best logit, and the prompt never holds it: with
+    # penalty 1 it wins while it has been generated at most twice, then its count holds it back.
+    fake, penalty, n_new = Favour(model, crown, 2.5), 1.0, 8
+    got = impl.TransformerSampler(fake, tokenizer).sample(
+        ids, n_new, temperature=0.0, frequency_penalty=penalty
+    )
+    expected = hf_penalised_greedy(hf, ids.tolist(), n_new, penalty, model.cfg.n_ctx, fake.edit)
+    new_got, new_expected = got[len(ids) :].tolist(), expected[len(ids) :]
+    if new_got.count(crown) > new_expected.count(crown) and new_got[:3] == [crown] * 3:
+        pytest.fail(
+            f"' crown' (id {crown}) is not in the prompt; a wrapped model puts it 2.5 above the "
+            f"best logit at every step. With frequency_penalty {penalty} each time it is "
+            f"generated its logit falls by {penalty} more, so it should win only "
+            f"{new_expected.count(crown)} times: expected new tokens {new_expected}, got "
+            f"{new_got} (' crown' {new_got.count(crown)} times). Does the penalty count only "
+            "the prompt's tokens? The tokens generated so far are text too: at each step, "
+            "count the whole sequence so far."
+        )
+    assert got.tolist() == expected, (
+        "with frequency_penalty, each token's logit falls by the penalty times its count in "
+        f"the whole sequence so far, the generated tokens included: expected new tokens "
+        f"{new_expected}, got {new_got} (id {crown} is ' crown', favoured by a wrapped model)"
+    )
 
 
 @pytest.mark.sample

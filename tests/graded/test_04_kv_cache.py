@@ -203,16 +203,21 @@ def head_first(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(1, 2)
 
 
-def attention_by_hand(attn, acts, layer: int, n_past: int, n_new: int, allowed=None, scale=None):
+def attention_by_hand(
+    attn, acts, layer: int, n_past: int, n_new: int, allowed=None, scale=None, added=None
+):
     """The attention output of positions n_past .. n_past + n_new - 1 of layer `layer`, from
     transformer-lens's own queries, keys and values, with a chosen mask (True where a query may
-    read a key; None: every key) and score scale (None: 1/sqrt(d_head)). With a known mistake's
+    read a key; None: every key) and score scale (None: 1/sqrt(d_head)); `added`, a boolean
+    mask added to the scores as 1.0 and 0.0 (what a float mask does). With a known mistake's
     mask or scale, it is that mistake's output: the tests use it to name the mistake."""
     q, k, v = (head_first(acts[f"blocks.{layer}.attn.hook_{n}"]) for n in "qkv")
     q, k, v = q[:, :, n_past : n_past + n_new], k[:, :, : n_past + n_new], v[:, :, : n_past + n_new]
     scores = q @ k.transpose(-1, -2) * (attn.cfg.d_head**-0.5 if scale is None else scale)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
+    if added is not None:
+        scores = scores + added.to(scores.dtype)
     z = scores.softmax(dim=-1) @ v
     return torch.einsum("bhpe,hed->bpd", z, attn.W_O) + attn.b_O
 
@@ -325,6 +330,15 @@ def test_attention_of_a_chunk_matches_reference(impl, shipped, ref_run):
                                     values[:, :, :n_past], allowed)
         ):  # fmt: skip
             pytest.fail(BIAS_WITHOUT_HEAD_AXIS)
+        if close_f32(out, attention_by_hand(attn, acts, 1, n_past, n_new, added=allowed)):
+            pytest.fail(
+                "six new positions after 11 cached ones: your output is attention with "
+                "`allowed` ADDED to the scores as numbers (1.0 where a query may read a key, 0.0 "
+                "where it may not), so every query read every key, the later ones too. "
+                "scaled_dot_product_attention reads a boolean mask as 'may read' and a float "
+                "mask as a bias it adds to the scores. Is the mask you pass still boolean, or "
+                "did it become a float tensor on the way?"
+            )
         top_left = torch.arange(n_past + n_new)[None, :] <= torch.arange(n_new)[:, None]
         if close_f32(out, attention_by_hand(attn, acts, 1, n_past, n_new, top_left)):
             pytest.fail(

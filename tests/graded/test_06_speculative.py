@@ -199,6 +199,20 @@ def test_ngram_cases(impl, text, k, n, expected, what):
     assert text == before, "ngram_propose must not change the text it reads"
     call = f"ngram_propose({before}, k={k}, n={n}) should be {expected}, got {got}"
     starts = [s for s in range(len(text) - n) if text[s : s + n] == text[len(text) - n :]]
+    if expected and not got and starts == [0]:
+        pytest.fail(
+            f"{call}: nothing proposed, but the last {n} tokens occur earlier, at start 0, the "
+            "very beginning of the text (and nowhere else). Does the search reach start 0? "
+            "A backwards range stops one short of its stop value: the stop must lie below 0"
+        )
+    if starts and len(text) > n and got != expected:
+        early = text[max(starts) + n - 1 : max(starts) + n - 1 + k]
+        if got == early:
+            pytest.fail(
+                f"{call}: the proposal starts one token early, with the last token of the "
+                f"match itself (the match starts at {max(starts)} and covers {n} tokens). The "
+                "continuation is what comes right AFTER the n matched tokens"
+            )
     if expected and not got:
         pytest.fail(
             f"{call}: nothing proposed, but the last {n} tokens occur earlier. Does the search "

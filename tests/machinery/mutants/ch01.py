@@ -257,4 +257,12 @@ MUTANTS = [
         "every block reads the embeddings, not the previous block's output",
         says=("embeddings", "block to block"),
     ),
+    Mutant(
+        "attention",
+        'z = einops.einsum(pattern, v, "b h q k, b k h e -> b q h e")',
+        'z = einops.einsum(pattern, v, "b h k q, b k h e -> b q h e")',
+        "the attention pattern read transposed (query and key axes swapped) when mixing values",
+        name="pattern-transposed",
+        says=("transposed", "query", "key"),
+    ),
 ]

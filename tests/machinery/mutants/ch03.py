@@ -457,4 +457,50 @@ MUTANTS = [
         "the threshold shaped [batch]: it lines up with the vocabulary, not the rows",
         says=("threshold", "size-1 axis"),
     ),
+    # Issue 43: slips a learner's run found passing or told the wrong thing
+    Mutant(
+        "sample",
+        "        eos = self.tokenizer.eos_token_id\n"
+        "        for _ in tqdm(range(max_tokens_generated), disable=not progress, "
+        'desc="sampling"):\n'
+        "            logits = self.next_logits(input_ids)\n"
+        "            # The penalty counts every token so far, also those the model can no "
+        "longer see.\n"
+        "            next_token = self.sample_next_token(\n"
+        "                input_ids[None],",
+        "        eos = self.tokenizer.eos_token_id\n"
+        "        prompt_ids = input_ids\n"
+        "        for _ in tqdm(range(max_tokens_generated), disable=not progress, "
+        'desc="sampling"):\n'
+        "            logits = self.next_logits(input_ids)\n"
+        "            next_token = self.sample_next_token(\n"
+        "                prompt_ids[None],",
+        "the frequency penalty counts only the prompt's tokens, not those generated since",
+        name="penalty-counts-prompt-only",
+        says=("prompt", "generated"),
+    ),
+    Mutant(
+        "apply_frequency_penalty",
+        "offsets = torch.arange(batch, device=input_ids.device)[:, None] * d_vocab",
+        "offsets = torch.arange(batch)[:, None] * d_vocab",
+        "the row offsets made without device=: on a GPU they sit on the CPU beside GPU ids",
+        name="offsets-no-device",
+        says=("device",),
+    ),
+    Mutant(
+        "greedy_and_temperature",
+        "return logits / temperature  # the same T for every logit of every row",
+        "return (logits / temperature).softmax(dim=-1)",
+        "apply_temperature returns probabilities (a softmax) instead of logits",
+        name="temperature-returns-probabilities",
+        says=("probabilities", "logits"),
+    ),
+    Mutant(
+        "sample_basic",
+        "probs = logits.softmax(dim=-1)",
+        "probs = logits",
+        "logits handed straight to torch.multinomial: no softmax",
+        name="no-softmax",
+        says=("softmax", "probabilities", "logits"),
+    ),
 ]

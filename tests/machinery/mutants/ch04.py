@@ -389,4 +389,13 @@ MUTANTS = [
         "`done` made on the CPU whatever the tokens' device",
         says=("without a device", "tokens' device"),
     ),
+    Mutant(
+        "attention_with_cache",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
+        "mask = None if allowed is None else allowed.float()\n"
+        "    z = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)",
+        "`allowed` passed as a float mask: scaled_dot_product_attention adds it to the scores",
+        name="float-mask",
+        says=("boolean", "float", "added"),
+    ),
 ]

@@ -279,4 +279,20 @@ MUTANTS: list[Mutant] = [
         "only the last n - 1 tokens compared",
         says=("only the last n - 1 tokens",),
     ),
+    Mutant(
+        "ngram_propose",
+        "return text[start + n : start + n + k]",
+        "return text[start + n - 1 : start + n - 1 + k]",
+        "the continuation taken one token early: it starts with the match's own last token",
+        name="continuation-one-early",
+        says=("one token early", "last token of the match"),
+    ),
+    Mutant(
+        "ngram_propose",
+        "for start in range(len(text) - n - 1, -1, -1):",
+        "for start in range(len(text) - n - 1, 0, -1):",
+        "the search stops before start 0: a match at the very beginning is never found",
+        name="never-start-0",
+        says=("start 0", "beginning"),
+    ),
 ]

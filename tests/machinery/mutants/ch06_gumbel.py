@@ -234,4 +234,12 @@ MUTANTS: list[Mutant] = [
         name="rejection-in-place",
         says=("in place",),
     ),
+    Mutant(
+        "gumbel_sample",
+        "return (logits / temperature + gumbel).argmax(dim=-1)",
+        "return ((logits / temperature).softmax(dim=-1) + gumbel).argmax(dim=-1)",
+        "the Gumbel noise added to the probabilities instead of the logits",
+        name="noise-on-probabilities",
+        says=("probabilities", "logits"),
+    ),
 ]
