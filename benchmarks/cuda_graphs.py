@@ -46,25 +46,10 @@ from solutions.cuda_graphs import GraphedStep
 from solutions.fast_sampling import FastTransformerSampler
 from solutions.static_cache import StaticKeyValueCache, decode_step
 from utils.models import load_hf, load_model
-
-try:  # python -m benchmarks.cuda_graphs, from the repository root
-    from benchmarks.fixed_cost import interleaved_runs, ratio_within_runs
-except ModuleNotFoundError:  # python benchmarks/cuda_graphs.py: this folder is on sys.path
-    from fixed_cost import interleaved_runs, ratio_within_runs
+from utils.timing import goal, interleaved_runs, median_seconds, ratio_within_runs
 
 PROMPT = "\n"  # one token
 GOAL = ("fast_graphed_over_cached", "the CUDA-graph loop / chapter 4's eager cached loop", 3.0)
-
-
-def synced(fn):
-    """`fn`, with the GPU's queue drained before the clock stops."""
-
-    def run():
-        out = fn()
-        torch.cuda.synchronize()
-        return out
-
-    return run
 
 
 def step_alone(step, model, cache, calls: int = 200, runs: int = 5) -> float:
@@ -72,17 +57,11 @@ def step_alone(step, model, cache, calls: int = 200, runs: int = 5) -> float:
     token = torch.tensor([[5]], device=cache.device)
     slot = torch.tensor([100], device=cache.device)
     with torch.inference_mode():
-        for _ in range(3):
-            step(model, cache, token, slot, slot[None])
-        means = []
-        for _ in range(runs):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(calls):
-                step(model, cache, token, slot, slot[None])
-            torch.cuda.synchronize()
-            means.append((time.perf_counter() - start) / calls)
-    return round(1e6 * statistics.median(means), 1)
+        seconds = median_seconds(
+            lambda: step(model, cache, token, slot, slot[None]),
+            runs, calls, warmup=3, device=cache.device,
+        )  # fmt: skip
+    return round(1e6 * seconds, 1)
 
 
 def kernels_per_call(step, model, cache, calls: int = 20) -> float | None:
@@ -192,10 +171,10 @@ def bench(
             )
             break
 
-    methods = {name: synced(fn) for name, fn in methods.items()}
     times, same = interleaved_runs(
-        methods, "hf_dynamic", runs, progress=lambda line: print(line, file=sys.stderr)
-    )
+        methods, runs, reference="hf_dynamic", device=gpu,
+        progress=lambda line: print(line, file=sys.stderr),
+    )  # fmt: skip
 
     def ratio(fast: str, slow: str) -> float | None:
         return ratio_within_runs(times, fast, slow)
@@ -219,16 +198,9 @@ def bench(
 
     # A prefill position's share of a forward pass over n_ctx positions.
     tokens = torch.randint(0, model.cfg.d_vocab, (1, n_ctx), device=gpu)
-    prefill = []
     with torch.inference_mode():
-        model(tokens)
-        for _ in range(max(runs, 3)):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            model(tokens)
-            torch.cuda.synchronize()
-            prefill.append(time.perf_counter() - start)
-    per_position_us = 1e6 * statistics.median(prefill) / n_ctx
+        prefill = median_seconds(lambda: model(tokens), runs, calls=1, device=gpu)
+    per_position_us = 1e6 * prefill / n_ctx
 
     name, what, target = GOAL
     measured = ratio("fast_graphed", "cached")
@@ -257,14 +229,7 @@ def bench(
             k: round(v / per_position_us, 1) for k, v in step_us.items()
         },
         "compiled": compiled,
-        "goals": {
-            name: {
-                "what": what,
-                "measured": measured,
-                "target": target,
-                "met": None if measured is None else measured >= target,
-            }
-        },
+        "goals": {name: goal(what, measured, target, at_least=True)},
         "same_tokens_as_hf": same,
     }
 

@@ -36,9 +36,11 @@ from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 
 from solutions.cached_sampling import CachedTransformerSampler
-from solutions.fast_sampling import FastTransformerSampler, inductor_available
+from solutions.fast_sampling import FastTransformerSampler, compiled_step, inductor_available
 from solutions.static_cache import StaticKeyValueCache, decode_step
+from solutions.step_cost import step_bytes
 from utils.models import load_hf, load_model
+from utils.timing import best_seconds, goal, interleaved_runs, median_seconds, ratio_within_runs
 
 PROMPT = "\n"  # one token
 
@@ -102,7 +104,7 @@ def bench(model_name: str, runs: int) -> dict:
             hf_static, cache_implementation="static"
         )
 
-    times, same = interleaved_runs(methods, "hf_dynamic", runs)
+    times, same = interleaved_runs(methods, runs, reference="hf_dynamic")
     if inductor:
         # The decoding step's own entries in dynamo's cache: one per compilation of it (HF's
         # compiled forward has its own, and graph breaks anywhere are counted apart).
@@ -115,31 +117,16 @@ def bench(model_name: str, runs: int) -> dict:
         0, model.cfg.d_vocab, (1, n_ctx), generator=torch.Generator().manual_seed(0)
     )
     with torch.inference_mode():
-        model(tokens)
-        prefill = []
-        for _ in range(max(runs, 3)):
-            start = time.perf_counter()
-            model(tokens)
-            prefill.append(time.perf_counter() - start)
-    per_position = statistics.median(prefill) / n_ctx
+        per_position = median_seconds(lambda: model(tokens), runs, calls=1) / n_ctx
 
     # The other floor: a step reads every weight matrix once for one row, and a one-row matrix
     # product is as fast as the memory that feeds it. Measured on the unembedding (the largest
     # matrix), then applied to all the bytes a step's matrix products read.
     w_u = model.unembed.W_U.detach()
     row = torch.randn(1, w_u.shape[0])
-    reads = []
-    for _ in range(max(runs, 3)):
-        start = time.perf_counter()
-        for _ in range(100):
-            row @ w_u
-        reads.append((time.perf_counter() - start) / 100)
-    bytes_per_s = w_u.numel() * w_u.element_size() / statistics.median(reads)
-    matrices = [
-        p for name, p in model.named_parameters() if p.ndim >= 2 and "pos_embed" not in name
-    ]
-    matrices = [p for p in matrices if p is not model.embed.W_E]  # embedding: one row read
-    step_bytes = sum(p.numel() * p.element_size() for p in matrices)
+    one_row = median_seconds(lambda: row @ w_u, runs, calls=100)
+    bytes_per_s = w_u.numel() * w_u.element_size() / one_row
+    read_per_step = step_bytes(model)  # chapter 5's count of the bytes a step reads
 
     tps = {name: new / statistics.median(t) for name, t in times.items()}
 
@@ -163,11 +150,10 @@ def bench(model_name: str, runs: int) -> dict:
         "recompilations": compiled.get("recompilations"),
         "graph_breaks": compiled.get("graph_breaks"),
     }
-    goals = {}
-    for name, (what, target, at_least) in GOALS.items():  # (more goals are added by main)
-        value = measured[name]
-        met = None if value is None else (value >= target if at_least else value <= target)
-        goals[name] = {"what": what, "measured": value, "target": target, "met": met}
+    goals = {  # (more goals are added by main)
+        name: goal(what, measured[name], target, at_least)
+        for name, (what, target, at_least) in GOALS.items()
+    }
     return {
         "device": platform.processor() or "cpu",
         "torch_threads": torch.get_num_threads(),
@@ -179,8 +165,8 @@ def bench(model_name: str, runs: int) -> dict:
         "us_per_prefill_position": round(1e6 * per_position, 1),
         "weight_reads": {
             "one_row_matmul_gb_per_s": round(bytes_per_s / 1e9, 1),
-            "mb_of_matrices_per_step": round(step_bytes / 1e6, 2),
-            "us_per_step_at_that_rate": round(1e6 * step_bytes / bytes_per_s, 1),
+            "mb_read_per_step": round(read_per_step / 1e6, 2),
+            "us_per_step_at_that_rate": round(1e6 * read_per_step / bytes_per_s, 1),
         },
         "compiled": compiled,
         "goals": goals,
@@ -191,46 +177,6 @@ def bench(model_name: str, runs: int) -> dict:
     }
 
 
-def interleaved_runs(methods: dict, reference: str, runs: int, progress=None):
-    """Each method called `runs` times, in a rotated order each run (a busy spell of the machine
-    hits all of them), after one untimed call each. Returns each method's seconds per run, and
-    whether every call gave the tokens of `reference`'s first call."""
-    expected = methods[reference]()  # warm-up, and the tokens every call must give
-    same = {name: fn() == expected for name, fn in methods.items()}
-    times: dict[str, list[float]] = {name: [] for name in methods}
-    for run in range(runs):
-        names = list(methods)
-        for name in names[run % len(names) :] + names[: run % len(names)]:
-            start = time.perf_counter()
-            out = methods[name]()
-            times[name].append(time.perf_counter() - start)
-            same[name] &= out == expected
-        if progress is not None:
-            progress(f"run {run + 1} of {runs} done")
-    return times, same
-
-
-def ratio_within_runs(times: dict[str, list[float]], fast: str, slow: str) -> float | None:
-    """The median over runs of slow's seconds / fast's within each run (None if either was
-    not timed)."""
-    if fast not in times or slow not in times:
-        return None
-    per_run = [ts / tf for tf, ts in zip(times[fast], times[slow], strict=True)]
-    return round(statistics.median(per_run), 2)
-
-
-def median_seconds(run, runs: int, calls: int = 50) -> float:
-    """The median over `runs` of a call's mean time over `calls` calls, after a warm-up call."""
-    run()
-    means = []
-    for _ in range(max(runs, 3)):
-        start = time.perf_counter()
-        for _ in range(calls):
-            run()
-        means.append((time.perf_counter() - start) / calls)
-    return statistics.median(means)
-
-
 def step_costs(model, runs: int) -> dict:
     """One decoding step, alone: eager, compiled, and compiled without evaluating its guards
     (`skip_guard_eval_unsafe`: what checking the guards costs per call); and the draft model's
@@ -238,7 +184,7 @@ def step_costs(model, runs: int) -> dict:
     from utils.models import load_model as load
 
     draft = load("shakespeare-draft")[0]
-    eager, compiled = decode_step, torch.compile(decode_step, fullgraph=True, dynamic=False)
+    eager, compiled = decode_step, compiled_step(True)
     slot, token = torch.tensor([100]), torch.tensor([[5]])
     out = {}
     with torch.inference_mode():
@@ -299,8 +245,6 @@ def cost_model(model_name: str, positions: list[int]) -> dict:
         step_cached,
         step_flops,
     )
-    from utils.timing import best_seconds
-
     main = load_model(model_name)[0]
     draft = load_model("shakespeare-draft")[0]
     cfg = main.cfg
@@ -411,8 +355,7 @@ def main() -> None:
         ),
     }
     for name, (what, value, target, at_least) in more.items():
-        met = None if value is None else (value >= target if at_least else abs(value) <= target)
-        cpu["goals"][name] = {"what": what, "measured": value, "target": target, "met": met}
+        cpu["goals"][name] = goal(what, value, target, at_least)
     result = {"model": args.model, "torch": torch.__version__, "cpu": cpu}
     print(json.dumps(result, indent=2))
 

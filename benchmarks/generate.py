@@ -20,12 +20,9 @@ for the benchmark itself (default: PyTorch's choice, one per core).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import multiprocessing
 import platform
 import statistics
-import time
 
 import torch
 
@@ -33,6 +30,7 @@ from solutions.batched import generate_batch
 from solutions.cached_sampling import CachedTransformerSampler
 from solutions.sampling import TransformerSampler
 from utils.models import load_hf, load_model
+from utils.timing import busy_processes, timed
 
 PROMPT_1 = "\n"  # one token
 PROMPTS_8 = [
@@ -45,44 +43,6 @@ PROMPTS_8 = [
     "PUCK.\n",
     "PROSPERO.\nWe are such stuff as dreams",
 ]
-
-
-def _busy(stop) -> None:
-    """A stand-in for another test run: small and large matrix products, until told to stop."""
-    small, large = torch.randn(64, 192), torch.randn(512, 512)
-    while not stop.is_set():
-        for _ in range(50):
-            small @ small.T
-        large @ large
-
-
-@contextlib.contextmanager
-def load(n: int):
-    """N busy processes for the duration of the block (spawned: a fork would inherit torch's
-    thread pool in a state it cannot use)."""
-    ctx = multiprocessing.get_context("spawn")
-    stop = ctx.Event()
-    workers = [ctx.Process(target=_busy, args=(stop,), daemon=True) for _ in range(n)]
-    for w in workers:
-        w.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        for w in workers:
-            w.join(timeout=10)
-            if w.is_alive():
-                w.kill()
-
-
-def timed(fn, device: torch.device) -> tuple[float, object]:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    out = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start, out
 
 
 def bench_device(model_name: str, device: torch.device, runs: int, uncached: bool) -> dict:
@@ -213,7 +173,7 @@ def main() -> None:
     if args.device == "cuda" and not devices:
         raise SystemExit("--device cuda: no CUDA device here")
     result = {"model": args.model, "torch": torch.__version__, "load": args.load}
-    with load(args.load):
+    with busy_processes(args.load):
         for device in devices:
             result[device.type] = bench_device(
                 args.model, device, args.runs, not args.skip_uncached

@@ -80,11 +80,7 @@ from solutions.speculative_generation import SpeculativeStats, speculative_gener
 from solutions.static_cache import StaticKeyValueCache, forward_static
 from utils import speed
 from utils.models import load_model
-
-try:  # python -m benchmarks.speculative, from the repository root
-    from benchmarks.generate import load, timed
-except ModuleNotFoundError:  # python benchmarks/speculative.py: this folder is on sys.path
-    from generate import load, timed
+from utils.timing import busy_processes, interleaved_medians, median_ratio, timed
 
 DRAFTERS = ("model", "ngram")
 BATCH = 4
@@ -407,11 +403,6 @@ def ngram_works(main, tokenizer) -> str | None:
     return None
 
 
-def median_ratio(slow: list[float], fast: list[float]) -> float:
-    """The median over runs of slow / fast seconds: a speed-up measured within each run."""
-    return statistics.median(s / f for s, f in zip(slow, fast, strict=True))
-
-
 def benchmark(args, main, draft, tokenizer) -> dict:
     workloads = {w: spec["prompts"][: args.prompts] for w, spec in speed.WORKLOADS.items()}
     n_ctx = min(main.cfg.n_ctx, draft.cfg.n_ctx)
@@ -558,7 +549,7 @@ def bench_compiled(args, main, draft, tokenizer) -> dict:
                 steps[k] = lambda g=generator, c=cache, f=feed, w=wide: g.verify(
                     main, f, c, w, w[None]
                 )
-    seconds = speed._median_seconds(steps, reps=10 if args.quick else 30)
+    seconds = interleaved_medians(steps, 10 if args.quick else 30)
     s1 = seconds["main"]
     c, v = seconds["draft"] / s1, {k: seconds[k] / s1 for k in args.ks}
 
@@ -707,7 +698,7 @@ def main() -> None:
         },
         "runs": args.runs,
     }
-    with load(args.load), torch.inference_mode():
+    with busy_processes(args.load), torch.inference_mode():
         run = bench_compiled if args.compiled else benchmark
         result.update(run(args, main_model, draft_model, tokenizer))
     result["wall_s"] = round(time.perf_counter() - start, 1)

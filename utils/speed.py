@@ -26,6 +26,7 @@ import torch
 
 from solutions import drafters, lookahead, speculative_generation
 from solutions.cached_model import forward_with_cache
+from utils.timing import interleaved_medians
 
 WORKLOADS: dict[str, dict] = {
     "open-ended": {
@@ -78,18 +79,6 @@ def copy_rate(ids: list[int], start: int, n: int = 4) -> float:
     )
 
 
-def _median_seconds(steps: dict[object, Callable[[], object]], reps: int) -> dict[object, float]:
-    """Each step's median time over `reps` rounds in which every step runs once (interleaved:
-    a busy spell hits all of them), after 3 rounds of warm-up."""
-    seconds = {name: [] for name in steps}
-    for _ in range(reps + 3):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            seconds[name].append(time.perf_counter() - start)
-    return {name: statistics.median(s[3:]) for name, s in seconds.items()}
-
-
 @torch.inference_mode()
 def step_costs(
     main, draft, text: list[int], widths: list[int], cache_lens=(40, 160), reps: int = 30
@@ -110,7 +99,7 @@ def step_costs(
     draft_cache = forward_with_cache(draft, torch.tensor([text[:CACHE_LEN]]))[1]
     feed = torch.tensor([text[CACHE_LEN : CACHE_LEN + 1]])
     steps["draft"] = partial(forward_with_cache, draft, feed, draft_cache)
-    seconds = _median_seconds(steps, reps)
+    seconds = interleaved_medians(steps, reps)
     s1 = seconds[(CACHE_LEN, 1)]
     v = {L: {n: seconds[(L, n)] / s1 for n in sorted({1, *widths})} for L in cache_lens}
     return {"s1": s1, "c": seconds["draft"] / s1, "v": v}
