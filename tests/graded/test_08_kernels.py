@@ -1130,11 +1130,66 @@ def fused_argmax_mistake(h, w, got, rows) -> str | None:
                 f"Your picks are the winners' index within their vocabulary tile of {b} "
                 "columns: the best of each tile is the tile's start plus its index in the tile."
             )
-    for b in block_sizes(h.shape[1]):
-        if b < h.shape[1] and gives((h[:, :b].double() @ w[:, :b].double().T).argmax(dim=-1)):
+    d, v = h.shape[1], w.shape[0]
+    for b in block_sizes(d):
+        if b < d and gives((h[:, :b].double() @ w[:, :b].double().T).argmax(dim=-1)):
             return (
                 f"Your picks are the argmax of the dot products over the first {b} dimensions "
                 "only: accumulate each tile's dot products over all of D, block after block."
+            )
+
+    def strided(t: torch.Tensor, stride: int) -> torch.Tensor:
+        """t's rows as a kernel reads them with a row stride of `stride` elements."""
+        flat = t.double().flatten()
+        return torch.stack([flat[r * stride : r * stride + d] for r in range(t.shape[0])])
+
+    for b in block_sizes(d):
+        if b < d and gives((strided(h, b) @ w.double().T).argmax(dim=-1)):
+            return (
+                f"Your picks are the argmax of the product with hidden read at a row stride of "
+                f"{b} elements (BLOCK_D?), not d_model = {d}: row r of hidden then starts "
+                f"inside row r - 1. Hidden is [batch, d_model], contiguous: each row starts "
+                "d_model elements after the one before, whatever the block of D being read."
+            )
+        if b < d and gives((h.double() @ strided(w, b).T).argmax(dim=-1)):
+            return (
+                f"Your picks are the argmax of the product with W_U read at a row stride of "
+                f"{b} elements (BLOCK_D?), not d_model = {d}: W_U is [d_vocab, d_model], "
+                "contiguous, so the row of column c starts at c times d_model, whatever the "
+                "block of D being read."
+            )
+    transposed = w.double().flatten().reshape(d, v).T  # W_U read as if [d_model, d_vocab]
+    if gives((h.double() @ transposed.T).argmax(dim=-1)):
+        return (
+            "Your picks are the argmax of h times W_U read transposed, as if it were stored "
+            f"[d_model, d_vocab] = [{d}, {v}]: the column of token c was read with a stride of "
+            "d_vocab. W_U comes in HF's layout [d_vocab, d_model]: token c's d_model weights "
+            "are one contiguous row, starting at c times d_model. Load a [BLOCK_V, BLOCK_D] "
+            "block of those rows and transpose the block for the dot product."
+        )
+    return None
+
+
+def fused_sampling_mistake(samples, logits: torch.Tensor, temperature: float) -> str | None:
+    """Why the fused kernel's samples from one row of `logits` follow another law, in words, or
+    None: the known mistakes are modelled here as the distributions they draw from."""
+    logits = logits.double().cpu()
+    v = logits.numel()
+    for b in block_sizes(v)[1:]:  # vocabulary tiles narrower than the row
+        tile_max = torch.stack([logits[i : i + b].max() for i in range(0, v, b)])
+        tile = int(tile_max.argmax())  # the tile whose largest logit is largest (the first)
+        inside = torch.zeros(v, dtype=torch.bool)
+        inside[tile * b : (tile + 1) * b] = True
+        probs = torch.where(inside, logits / temperature, float("-inf")).softmax(-1)
+        if follows(samples, probs):
+            return (
+                f"every token came from columns {tile * b} to {min(v, (tile + 1) * b) - 1}, the "
+                f"vocabulary tile (of {b} columns) that holds the largest logit, and inside it "
+                "followed the softmax: each tile reported its largest raw logit, not its best "
+                "noisy score. The reduction over the tiles picks the tile with the best score it "
+                "is given, so each tile must store the score its own token won with (logit / T "
+                "plus its noise): a tile without the largest logit still wins when its noise is "
+                "larger."
             )
     return None
 
@@ -1145,8 +1200,8 @@ def test_fused_zero_temperature_is_the_argmax_of_the_product(impl, dtype):
     # Exact on rows whose best logit leads the runner-up by at least 0.05 (bf16 products are
     # accumulated in float32; the margin keeps rounding from deciding).
     g = torch.Generator().manual_seed(92)
-    h = torch.randn(40, 64, generator=g).to(dtype)
-    w = (torch.randn(700, 64, generator=g) / 8).to(dtype)
+    h = torch.randn(40, 80, generator=g).to(dtype)  # d_model no multiple of a GPU's BLOCK_D
+    w = (torch.randn(700, 80, generator=g) / 8).to(dtype)
     logits = h.double() @ w.double().T
     top2 = logits.topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1]) > 0.05
@@ -1262,6 +1317,9 @@ def test_fused_rows_are_independent(impl):
     try:
         assert_rows_independent(samples, probs, "fused_matmul_sample")
     except AssertionError as err:  # worded from what the samples show
+        mistake = fused_sampling_mistake(samples, (h.double() @ w.double().T)[0], 1.0)
+        if mistake is not None:
+            raise AssertionError(f"fused_matmul_sample: {mistake}\n{err}") from None
         same = float((samples[1:] == samples[:-1]).double().mean())
         if same > 0.9:  # independent rows agree with probability sum p^2 < 0.3
             raise AssertionError(
@@ -1303,6 +1361,9 @@ def test_fused_samples_follow_the_softmax_of_the_product(impl, temperature):
                 raise AssertionError(f"{what}: {TEMPERATURE_AFTER_NOISE}\n{err}") from None
             if temperature != 1 and follows(rows, (logits_i * temperature).softmax(-1)):
                 raise AssertionError(f"{what}: {TEMPERATURE_MULTIPLIED}\n{err}") from None
+            mistake = fused_sampling_mistake(rows, logits_i, temperature)
+            if mistake is not None:
+                raise AssertionError(f"{what}: {mistake}\n{err}") from None
             raise AssertionError(
                 f"{what}: every (row, column) needs its own noise: gumbel_noise with the "
                 "program's rows and the tile's start (without the tile's start, columns c and "
@@ -1359,6 +1420,10 @@ def test_rejection_kernel_decides_draft_j_with_u_j(impl):
     u = torch.rand(n, k + 1, generator=torch.Generator().manual_seed(9))
     p = target[:, :k].gather(-1, tokens[..., None])[..., 0]
     q = draft.gather(-1, tokens[..., None])[..., 0]
+    # The target read with a row stride of k positions: draft j of row r sees position
+    # r * k + j of the [n * (k + 1), V] target.
+    strided = target.reshape(n * (k + 1), -1)[torch.arange(n)[:, None] * k + torch.arange(k)]
+    p_strided = strided.gather(-1, tokens[..., None])[..., 0]
     expected = (u[:, :k] * q < p).long().cumprod(dim=1).bool()
     wrong = (accepted != expected).any(dim=1)
     if not wrong.any():
@@ -1380,6 +1445,15 @@ def test_rejection_kernel_decides_draft_j_with_u_j(impl):
             "Drafts after a rejection were kept: accepted is True up to the first rejection "
             "only. A draft after a rejected one was proposed after a token the main model did "
             "not take: it never counts, even if its own test passes.",
+        ),
+        (
+            (u[:, :k] * q < p_strided).long().cumprod(dim=1).bool(),
+            "Your decisions compare with the target's probabilities at the wrong positions: "
+            "draft j of row r read the target at position r * k + j of the flattened "
+            "[batch * (k + 1), d_vocab] tensor, a row stride of k positions. The target holds "
+            "k + 1 positions per row (one per draft, then the bonus token's), so from row 1 on "
+            "each row read its neighbour's positions. Its row stride is k + 1 positions of "
+            "d_vocab probabilities each.",
         ),
         (
             (u[:, :1] * q < p).long().cumprod(dim=1).bool(),

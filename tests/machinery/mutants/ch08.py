@@ -587,4 +587,37 @@ MUTANTS: list[Mutant] = [
         name="later-crossing-overwrites",
         says=("first crossing", "later block"),
     ),
+    Mutant(
+        "fused_matmul",
+        "h_ptr + rows.to(tl.int64)[:, None] * d_model + ds[None, :],",
+        "h_ptr + rows.to(tl.int64)[:, None] * BLOCK_D + ds[None, :],",
+        "hidden's row stride BLOCK_D, not d_model: each row reads part of the one before",
+        name="h-row-stride-block-d",
+        says=("row stride", "hidden", "d_model"),
+    ),
+    Mutant(
+        "fused_matmul",
+        "w_ptr + cols.to(tl.int64)[:, None] * d_model + ds[None, :],",
+        "w_ptr + ds[None, :] * n_vocab + cols.to(tl.int64)[:, None],",
+        "W_U read transposed, as if [d_model, d_vocab]: HF's layout is [d_vocab, d_model]",
+        name="w-transposed",
+        says=("transposed", "[d_vocab, d_model]"),
+    ),
+    Mutant(
+        "fused_matmul",
+        "best = tl.max(scores, axis=1)",
+        "best = tl.max(acc, axis=1)",
+        "each tile reports its raw largest logit, not its best noisy score: the tile with the "
+        "largest logit always wins",
+        name="tile-keeps-raw-max",
+        says=("tile", "noisy score"),
+    ),
+    Mutant(
+        "rejection_kernel",
+        "target_row = (rows64 * (k + 1) + j) * n_vocab",
+        "target_row = (rows64 * k + j) * n_vocab",
+        "the target's row stride k positions, not k + 1: row r reads row r - 1's positions",
+        name="target-row-stride-k",
+        says=("row stride", "k + 1"),
+    ),
 ]
