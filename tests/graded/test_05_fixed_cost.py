@@ -5,6 +5,8 @@ activations, HF GPT-2's logits and `generate` on HF's own static cache, chapter 
 
 from __future__ import annotations
 
+import collections
+import sys
 import warnings
 
 import numpy as np
@@ -34,6 +36,43 @@ CHAPTER = "05_fixed_cost"
 
 PAD_ID = 1000
 """Left padding's id in the padded tests: neither 0 nor end-of-text."""
+
+
+class ReadCounter:
+    """Counts the times Python reads a tensor's value: `.item()`, `.tolist()`, `bool(t)`,
+    `int(t)`, `float(t)`, and a tensor used as an index; `where` counts them by the function that
+    made each read (its code's name), so that a message can blame the function the read is in,
+    not its caller."""
+
+    NAMES = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self, monkeypatch):
+        self.reads = 0
+        self.where: collections.Counter[str] = collections.Counter()
+        for name in self.NAMES:
+            original = getattr(torch.Tensor, name)
+
+            def counted(tensor, *args, _original=original, **kwargs):
+                self.reads += 1
+                self.where[sys._getframe(1).f_code.co_name] += 1
+                return _original(tensor, *args, **kwargs)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+
+    def reset(self) -> None:
+        self.reads = 0
+        self.where.clear()
+
+    def inside(self, *functions: str) -> int:
+        """The reads made by code of these names."""
+        return sum(self.where[f] for f in functions)
+
+
+def reads(n: int) -> str:
+    return f"{n} host read" + ("" if n == 1 else "s")
+
+
+HOST_READS = "`.item()`, `.tolist()`, `int(t)`, `bool(t)` or an `if` on a tensor's value"
 
 
 # --------------------------------------------------------------------------- fit_step_cost
@@ -212,7 +251,8 @@ def test_the_cache_is_made_on_the_device_it_is_given(impl):
     tensors["causal"] = cache.causal
     wrong = [name for name, t in tensors.items() if t.device.type != "meta"]
     assert not wrong, (
-        f"asked for device='meta', but {', '.join(wrong)} were made on another device: pass "
+        f"asked for device='meta', but {', '.join(wrong)} {'was' if len(wrong) == 1 else 'were'} "
+        "made on another device: pass "
         "device= to every tensor you make (also the arange behind the causal mask)"
     )
 
@@ -355,7 +395,7 @@ def test_a_prefill_and_steps_give_hfs_logits(impl, shipped, hf):
                 "reads slots it may not (the causal part, cache.causal[slots]) or not the ones it "
                 "may (cache.mask must record the new slots before attention reads it)."
             )
-        pytest.fail(f"prefill logits differ from HF's {hint}")
+        pytest.fail(f"prefill logits differ from HF's: {hint}")
     assert cache.mask[0, :n].all() and not cache.mask[0, n:].any(), (
         "after a prefill of n tokens, cache.mask is True at slots 0..n-1 and False after"
     )
@@ -407,7 +447,140 @@ def test_a_left_padded_batch_gives_each_rows_own_logits(impl, shipped, hf):
         pytest.fail(f"row {b} (no padding) differs from HF's logits for the prompt alone")
 
 
+@pytest.mark.forward_static
+def test_a_padding_query_reads_its_own_slot(impl, shipped, hf):
+    # A padding query has no real key at or before its slot: the own-slot rule gives it one key
+    # to read, its own. It then sees only itself, at position 0: its logits are the one-token
+    # text [pad]'s. Without the rule its row is all masked: PyTorch's CPU attention (2.13)
+    # returns zeros there, other kernels NaN, which would then reach every real query through
+    # the cache (a weight of 0 times a NaN value is NaN).
+    model, tokenizer = shipped
+    rows = [tokenizer.encode(p) for p in BATCH_PROMPTS]
+    tokens, real = left_padded(rows, PAD_ID)
+    width = tokens.shape[1]
+    positions = (real.cumsum(dim=1) - 1).clamp(min=0)
+    cache = impl.StaticKeyValueCache(model.cfg, batch=len(rows))
+    with torch.no_grad():
+        logits = impl.forward_static(model, tokens, cache, torch.arange(width), positions, real)
+        alone = hf(torch.tensor([[PAD_ID]])).logits[0, 0]
+    b = next(b for b, r in enumerate(rows) if len(r) < width)
+    n_pad = width - len(rows[b])
+    got = logits[b, :n_pad]
+    if torch.isnan(got).any() or not close_f32(got, alone.expand_as(got)):
+        what = "NaN" if torch.isnan(got).any() else "logits that are not the pad token's alone"
+        pytest.fail(
+            f"row {b} starts with {n_pad} padding tokens, and at those slots forward_static gave "
+            f"{what}. A padding query has no real key at or before its own slot: does your "
+            "`allowed` let every query read its own slot, padding or not? Then a padding query "
+            "reads one key (its own) and its logits are those of the one-token text [pad] (HF's "
+            "GPT-2 on that token alone, the expected here); with no key at all its softmax row "
+            "is all -inf, which some attention kernels turn into NaN, and a NaN value in the "
+            "cache spoils every real query that multiplies it by a weight of 0."
+        )
+
+
+@pytest.mark.attention_static
+def test_attention_static_never_reads_the_device(impl, shipped, monkeypatch):
+    attn = shipped[0].blocks[1].attn
+    cfg = attn.cfg
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 3, cfg.d_model, generator=g)
+    keys = torch.zeros(2, cfg.n_heads, cfg.n_ctx, cfg.d_head)
+    values = torch.zeros_like(keys)
+    slots = torch.tensor([4, 5, 6])
+    allowed = allowed_for(cfg.n_ctx, slots, 7).expand(2, 1, 3, cfg.n_ctx)
+    with monkeypatch.context() as patch, torch.no_grad():
+        counter = ReadCounter(patch)
+        impl.attention_static(attn, x, keys, values, slots, allowed)
+    assert counter.reads == 0, (
+        f"one call of attention_static made {reads(counter.reads)} ({HOST_READS}). Each "
+        "read makes the host wait for the device and splits a compiled step in two. Which "
+        "line turns a tensor into a Python number, or branches on one?"
+    )
+
+
+@pytest.mark.forward_static
+def test_forward_static_never_reads_the_device(impl, shipped, monkeypatch):
+    model, tokenizer = shipped
+    rows = [tokenizer.encode(p) for p in BATCH_PROMPTS]
+    tokens, real = left_padded(rows, PAD_ID)
+    width = tokens.shape[1]
+    positions = (real.cumsum(dim=1) - 1).clamp(min=0)
+    cache = impl.StaticKeyValueCache(model.cfg, batch=len(rows))
+    slot = torch.tensor([width])
+    with monkeypatch.context() as patch, torch.no_grad():
+        counter = ReadCounter(patch)
+        impl.forward_static(model, tokens, cache, torch.arange(width), positions, real)
+        impl.forward_static(
+            model, torch.tensor([[7], [9], [11]]), cache, slot, positions[:, -1:] + 1
+        )
+    if not counter.reads:
+        return
+    in_attention = counter.inside("attention_static", "project")
+    if in_attention == counter.reads:
+        pytest.fail(
+            f"a prefill and a step made {reads(counter.reads)}, all inside your "
+            "attention_static, which forward_static calls: fix attention_static first "
+            "(pytest -m attention_static)"
+        )
+    pytest.fail(
+        f"a padded prefill and one decoding step made {reads(counter.reads - in_attention)} "
+        f"in forward_static itself ({HOST_READS}; by function: {dict(counter.where)}). "
+        "forward_static is the decoding step that section 4 compiles into one graph: a read "
+        "there makes every step wait for the device and splits the graph. Keep `real`, the "
+        "slots and the positions tensors: build the mask with tensor operations (a default of "
+        "all True is a tensor of ones, not a Python branch on values)."
+    )
+
+
 # --------------------------------------------------------------------------- fast_sample
+
+
+def recording_steps(sampler) -> list[tuple[int, int, int]]:
+    """Wraps `sampler.step` so that each call's (token, slot, position) is recorded, as numbers
+    copied at the call (the loop advances its slot in place afterwards)."""
+    calls: list[tuple[int, int, int]] = []
+    step = sampler.step
+
+    def recorded(model, cache, token, slot, position):
+        calls.append((int(token.flatten()[0]), int(slot.flatten()[0]), int(position.flatten()[0])))
+        return step(model, cache, token, slot, position)
+
+    sampler.step = recorded
+    return calls
+
+
+def slot_mistake(calls: list[tuple[int, int, int]], n_prompt: int, new: list[int]) -> str:
+    """What the slots, positions and tokens fed to the decoding steps say about the loop."""
+    if not calls:
+        return (
+            " The loop never called self.step: call it for the logits after each new token "
+            "(it is the step that section 4 compiles)."
+        )
+    tokens, slots, positions = (list(c) for c in zip(*calls, strict=True))
+    if slots[0] != n_prompt:
+        return (
+            f" The first decoding step got slot {slots[0]}, but the prompt's {n_prompt} tokens "
+            f"fill slots 0 to {n_prompt - 1}, so the first sampled token goes into slot "
+            f"{n_prompt}. Where does your slot start?"
+        )
+    if len(slots) > 1 and len(set(slots)) == 1:
+        return f" Every decoding step got slot {slots[0]}: advance the slot after each step."
+    expected = list(range(n_prompt, n_prompt + len(slots)))
+    if slots != expected:
+        return f" The steps got slots {slots[:6]}..., one more each step would be {expected[:6]}."
+    if positions != slots:
+        return (
+            f" The steps got positions {positions[:6]}... for slots {slots[:6]}...: without "
+            "padding, a token's position is its slot."
+        )
+    for i, (fed, sampled) in enumerate(zip(tokens, new, strict=False)):
+        if fed != sampled:
+            return (
+                f" Decoding step {i + 1} was fed token {fed}, but the token sampled before it "
+                f"was {sampled}: feed each sampled token to the next step."
+            )
+    return " Feed each sampled token to the next step, at the next slot."
 
 
 @pytest.mark.fast_sample
@@ -416,12 +589,13 @@ def test_greedy_tokens_are_hf_generates_on_its_static_cache(impl, shipped, hf, p
     model, tokenizer = shipped
     ids = tokenizer.encode(prompt)
     sampler = impl.FastTransformerSampler(model, tokenizer, compile=False)
+    calls = recording_steps(sampler)
     got = sampler.sample(ids, 40, temperature=0.0, stop_at_eos=False).tolist()
     expected = hf_static_greedy(hf, ids, 40, stop_at_eos=False)
     assert got == expected, (
         f"greedy text differs from HF's generate(cache_implementation='static'): "
-        f"{describe_difference(tokenizer, expected, got, len(ids))}. Feed each sampled token to "
-        "the next step, at the next slot (advance `slot` after each step)"
+        f"{describe_difference(tokenizer, expected, got, len(ids))}."
+        + slot_mistake(calls, len(ids), got[len(ids) :])
     )
 
 
@@ -457,24 +631,6 @@ def test_sampled_tokens_are_chapter_3s_under_the_same_seed(impl, shipped, kwargs
         )
 
 
-class ReadCounter:
-    """Counts the times Python reads a tensor's value: `.item()`, `.tolist()`, `bool(t)`,
-    `int(t)`, `float(t)`, and a tensor used as an index."""
-
-    NAMES = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
-
-    def __init__(self, monkeypatch):
-        self.reads = 0
-        for name in self.NAMES:
-            original = getattr(torch.Tensor, name)
-
-            def counted(tensor, *args, _original=original, **kwargs):
-                self.reads += 1
-                return _original(tensor, *args, **kwargs)
-
-            monkeypatch.setattr(torch.Tensor, name, counted)
-
-
 @pytest.mark.fast_sample
 @pytest.mark.parametrize("stop_at_eos", [True, False])
 def test_the_loop_reads_the_device_once_every_sync_every_tokens(
@@ -483,24 +639,87 @@ def test_the_loop_reads_the_device_once_every_sync_every_tokens(
     model, tokenizer = shipped
     sampler = impl.FastTransformerSampler(model, tokenizer, compile=False, sync_every=16)
     ids = tokenizer.encode(PROMPT)
-    counts = []
+    counts, inside = [], []
     with monkeypatch.context() as patch:
         counter = ReadCounter(patch)
         for n_tokens in (64, 128):
-            counter.reads = 0
+            counter.reset()
             sampler.sample(ids, n_tokens, temperature=1.0, seed=0, stop_at_eos=stop_at_eos)
             counts.append(counter.reads)
+            inside.append(counter.inside("forward_static", "attention_static", "project"))
     allowed = 64 // 16 if stop_at_eos else 0
-    assert counts[1] - counts[0] <= allowed, (
-        f"64 more tokens made {counts[1] - counts[0]} more host reads (.item(), .tolist(), "
-        f"bool(tensor), int(tensor), `if tensor:`...); "
+    more = counts[1] - counts[0]
+    if more > allowed and inside[1] > inside[0]:
+        pytest.fail(
+            f"64 more tokens made {more} more host reads, {inside[1] - inside[0]} of them inside "
+            "your forward_static or attention_static, which every decoding step calls: the "
+            "reads are there, not in the loop. Fix them first (pytest -m forward_static and "
+            "-m attention_static say where)."
+        )
+    assert more <= allowed, (
+        f"64 more tokens made {more} more host reads in the loop ({HOST_READS}); "
         + (
             f"a loop that waits only every sync_every=16 tokens makes {allowed}. "
             if stop_at_eos
             else "without stop_at_eos there is nothing to check before the end: 0. "
         )
         + "Keep the token a tensor, write it into `text`, and mark the end of text with a mask "
-        "(torch.where) instead of an `if`"
+        "(look up torch.where) instead of an `if`"
+    )
+
+
+@pytest.mark.fast_sample
+def test_verbose_prints_each_token_and_counts_a_host_read_for_each(impl, shipped, capsys):
+    model, tokenizer = shipped
+    kwargs = dict(temperature=1.0, seed=7, stop_at_eos=False)
+    chapter_3 = impl.TransformerSampler(model, tokenizer)
+    capsys.readouterr()
+    chapter_3.sample(PROMPT, 12, verbose=True, **kwargs)
+    expected = capsys.readouterr().out
+    sampler = impl.FastTransformerSampler(model, tokenizer, compile=False, sync_every=16)
+    sampler.sample(PROMPT, 12, **kwargs)
+    quiet = sampler.host_reads
+    capsys.readouterr()
+    sampler.sample(PROMPT, 12, verbose=True, **kwargs)
+    printed = capsys.readouterr().out
+    assert printed == expected, (
+        f"with verbose=True, chapter 3's sampler prints each new token as it comes, "
+        f"{expected!r}; yours printed {printed!r}. Print each token's text once, right after it "
+        "is sampled, on one line (no newline between tokens)"
+    )
+    assert sampler.host_reads - quiet == 12, (
+        f"12 tokens printed as they come are 12 host reads (each print waits for its token), "
+        f"so verbose=True should add 12 to self.host_reads; yours added "
+        f"{sampler.host_reads - quiet}. Count one host read for each token you print"
+    )
+
+
+@pytest.mark.fast_sample
+def test_after_the_end_of_text_the_steps_are_fed_end_of_text(impl, shipped):
+    # HF's generate does the same for a finished row of a batch: it writes the pad token in
+    # place of whatever was sampled (transformers' GenerationMixin._sample,
+    # `next_tokens * unfinished_sequences + pad_token_id * (1 - unfinished_sequences)`). At
+    # batch 1 the given code cuts the text anyway; what the mask decides is what the steps
+    # between the end of text and the next check are fed, and what `text` holds there.
+    model, tokenizer = shipped
+    eos = tokenizer.eos_token_id
+    # On the shipped model this draw writes end-of-text as new token 6, then other tokens.
+    kwargs = dict(temperature=1.3, seed=14)
+    prompt = "KING.\n"
+    sampler = impl.FastTransformerSampler(model, tokenizer, compile=False, sync_every=16)
+    calls = recording_steps(sampler)
+    out = sampler.sample(prompt, 120, **kwargs)
+    n_prompt = len(tokenizer.encode(prompt))
+    new = tokenizer.encode(out)[n_prompt:]
+    assert new and new[-1] == eos, "test setup: this draw should end with end-of-text"
+    fed = [token for token, _, _ in calls]
+    after = fed[len(new) - 1 :]
+    assert after and all(t == eos for t in after), (
+        f"the text ended at new token {len(new)} (end-of-text), and the loop went on for "
+        f"{len(after)} more steps until its check every sync_every=16 tokens; those steps were "
+        f"fed {after[:8]}..., not end-of-text ({eos}) each time. Once a text is done, every "
+        "later token is end-of-text, whatever was sampled: is each sampled token replaced by "
+        "end-of-text when `done` is already set, before it is written and fed to the next step?"
     )
 
 
@@ -521,9 +740,9 @@ def test_the_loop_stops_soon_after_the_end_of_text(impl, shipped):
     n_new = len(tokenizer.encode(expected)) - n_prompt
     assert len(calls) <= n_new + 8, (
         f"the text ended after {n_new} new tokens, and the loop ran {len(calls)} decoding steps "
-        "(of 99 at most): with sync_every=8 it must stop within 8 steps of the end. Mark done "
-        "when the token is end-of-text (done |= token == eos), and every sync_every tokens "
-        "stop if done"
+        "(of 99 at most): with sync_every=8 it must stop within 8 steps of the end. Is `done` set "
+        "(or-ed in place) as soon as a token is end-of-text, and does the loop, every "
+        "sync_every tokens, stop when `done` is set?"
     )
 
 
@@ -545,8 +764,8 @@ def test_without_stop_at_eos_sampling_goes_on_after_the_end_of_text(impl, shippe
         pytest.fail(
             f"stop_at_eos=False, on a model that samples end-of-text often: {where}. Without "
             "stop_at_eos, an end-of-text is a token like any other and sampling goes on after "
-            "it, as in chapter 3: mask the tokens after it (torch.where(done, eos, token)) only "
-            "when stop_at_eos"
+            "it, as in chapter 3: replace the tokens after it by end-of-text only when "
+            "stop_at_eos"
         )
 
 
@@ -573,7 +792,7 @@ def test_a_compiled_step_is_one_graph_compiled_once_for_a_whole_generation(impl,
     sampler = impl.FastTransformerSampler(model, tokenizer, compile="eager")
     ints = (
         "a compiled step is guarded on every Python number it is given. Pass the slot and the "
-        "position as tensors (and advance the slot in place, slot += 1), never as Python ints"
+        "position as tensors (and advance the slot tensor in place), never as Python ints"
     )
     try:
         first = sampler.sample(PROMPT, 24, temperature=1.0, seed=3, stop_at_eos=False)
@@ -620,9 +839,10 @@ def oracle_int8(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def quantized(impl, W) -> tuple[torch.Tensor, torch.Tensor]:
-    """The learner's (q, scale), with a scale of the wrong shape named where it breaks."""
+    """The learner's (q, scale), with a scale of the wrong shape named where it breaks, and a
+    scale of another dtype than W's named before any comparison (which would refuse it)."""
     try:
-        return impl.quantize_int8(W)
+        q, scale = impl.quantize_int8(W)
     except RuntimeError as error:
         if "size of tensor" in str(error) or "must match" in str(error):
             pytest.fail(
@@ -631,6 +851,15 @@ def quantized(impl, W) -> tuple[torch.Tensor, torch.Tensor]:
                 "over d_in (dim=-2), one scale per d_out, then unsqueeze(-2) to divide."
             )
         raise
+    if not isinstance(scale, torch.Tensor) or scale.dtype != W.dtype:
+        got = scale.dtype if isinstance(scale, torch.Tensor) else type(scale).__name__
+        pytest.fail(
+            f"quantize_int8 of a {W.dtype} matrix returned scales of {got}: keep the scales in "
+            f"W's own dtype ({W.dtype}; the docstring says so). They are few (one per column), "
+            "so a narrower dtype saves almost nothing, and a float16 scale keeps only about "
+            "three digits: it adds a rounding of its own to every weight it restores."
+        )
+    return q, scale
 
 
 def int8_mistake(W, q, scale) -> str:
