@@ -77,10 +77,10 @@ from solutions.fast_sampling import FastTransformerSampler, inductor_available
 from solutions.fast_speculative import FastSpeculativeGenerator
 from solutions.lookahead import lookahead_generate
 from solutions.speculative_generation import SpeculativeStats, speculative_generate
-from solutions.static_cache import StaticKeyValueCache, forward_static
+from solutions.static_cache import StaticKeyValueCache, decode_step, forward_static
 from utils import speed
 from utils.models import load_model
-from utils.timing import busy_processes, interleaved_medians, median_ratio, timed
+from utils.timing import busy_processes, interleaved_runs, median_ratio, timed
 
 DRAFTERS = ("model", "ngram")
 BATCH = 4
@@ -542,6 +542,11 @@ def bench_compiled(args, main, draft, tokenizer) -> dict:
             token = text[0, speed.CACHE_LEN : speed.CACHE_LEN + 1][None]  # as the sampler does
         step = fast.step if label == "main" else generators[args.ks[0]].draft_step
         steps[label] = lambda s=step, m=model, c=cache, t=token, sl=slot: s(m, c, t, sl, sl[None])
+        # The same step eager, on the same cache, in the same interleaved runs: c eager and
+        # compiled from one measurement (two records once disagreed: 0.29 and 0.548 compiled).
+        steps[f"{label}_eager"] = lambda m=model, c=cache, t=token, sl=slot: decode_step(
+            m, c, t, sl, sl[None]
+        )
         if label == "main":
             for k, generator in generators.items():
                 wide = torch.arange(speed.CACHE_LEN, speed.CACHE_LEN + k + 1, device=device)
@@ -549,9 +554,14 @@ def bench_compiled(args, main, draft, tokenizer) -> dict:
                 steps[k] = lambda g=generator, c=cache, f=feed, w=wide: g.verify(
                     main, f, c, w, w[None]
                 )
-    seconds = interleaved_medians(steps, 10 if args.quick else 30)
+    times, _ = interleaved_runs(steps, 10 if args.quick else 30)
+    seconds = {name: statistics.median(t) for name, t in times.items()}
     s1 = seconds["main"]
     c, v = seconds["draft"] / s1, {k: seconds[k] / s1 for k in args.ks}
+    c_by_run = {  # c within each run: its spread says how far one run's c can be trusted
+        mode: [d / m for d, m in zip(times[f"draft{tail}"], times[f"main{tail}"], strict=True)]
+        for mode, tail in [("compiled", ""), ("eager", "_eager")]
+    }
 
     report = {}
     for (workload, temperature), result in results.items():
@@ -610,9 +620,29 @@ def bench_compiled(args, main, draft, tokenizer) -> dict:
             "costs": {
                 "cache_len": speed.CACHE_LEN,
                 "main_step_ms": round(1e3 * s1, 4),
+                "main_step_eager_ms": round(1e3 * seconds["main_eager"], 4),
                 "c": round(c, 3),
+                "c_eager": round(seconds["draft_eager"] / seconds["main_eager"], 3),
+                "c_within_runs": {
+                    mode: {
+                        "median": round(statistics.median(cs), 3),
+                        "min": round(min(cs), 3),
+                        "max": round(max(cs), 3),
+                    }
+                    for mode, cs in c_by_run.items()
+                },
                 "v": {f"n={k + 1}": round(x, 3) for k, x in v.items()},
             },
+            "textbook_best_over_fast": max(
+                (
+                    (row["textbook_over_fast"], f"k={k} on {workload} text, {t}")
+                    for workload, by_t in report.items()
+                    for t, part in by_t.items()
+                    for k in args.ks
+                    for row in [part[f"k={k}"]]
+                ),
+                default=None,
+            ),
             "workloads": report,
             "goals": goals,
         }
