@@ -41,6 +41,7 @@ import triton.language as tl  # noqa: E402
 from solutions.kernels import gumbel_sample as reference_gumbel_sample  # noqa: E402
 from solutions.kernels import runtime  # noqa: E402  (sets the mode first)
 from solutions.kernels.runtime import DEVICE, INTERPRET  # noqa: E402
+from solutions.kernels.top_k_top_p import MAX_ROUNDS  # noqa: E402  (given: the notebook's too)
 from tests.graded import _rejection as rejection  # noqa: E402
 from tests.graded._compile import COMPILE_BUDGET_S, assert_compiles_for_a_gpu  # noqa: E402
 from tests.graded._gumbel import (  # noqa: E402
@@ -854,6 +855,43 @@ def crafted_probs(seed: int, v: int = 24) -> torch.Tensor:
     return crafted_logits(seed, v).double().softmax(-1)
 
 
+@triton.jit
+def _round_uniforms(
+    out_ptr, n, seed, STRIDE: tl.constexpr, ROUNDS: tl.constexpr, BLOCK: tl.constexpr
+):
+    """out[r, i] = tl.rand(seed, r * STRIDE + i) for i < ROUNDS: the uniform of round i of row r
+    in the top-k / top-p kernel's docstring (STRIDE = MAX_ROUNDS)."""
+    rows = tl.arange(0, BLOCK)[:, None]
+    rounds = tl.arange(0, ROUNDS)[None, :]
+    u = tl.rand(seed, rows * STRIDE + rounds)
+    tl.store(out_ptr + rows * ROUNDS + rounds, u, mask=(rows < n) & (rounds < ROUNDS))
+
+
+def top_k_rounds(p: torch.Tensor, uniforms: torch.Tensor, k: int, swapped: bool) -> int:
+    """The token dual-pivot top-k sampling returns for one row `p` (float32) with the uniforms
+    of its rounds, replayed in float32 from the kernel's docstring; with `swapped`, the two
+    pivots trade places (the midpoint decides whether the draw is kept). -1: no candidate."""
+    low, high = torch.tensor(0.0), torch.tensor(1.0)
+    mass = torch.tensor(1.0)  # the first round's candidates are the whole row
+    j = -1
+    for u in uniforms:
+        q = torch.where(p > low, p, 0.0)
+        crossed = ((q.cumsum(0) > u * mass) & (q > 0)).nonzero()
+        candidates = (q > 0).nonzero()
+        if candidates.numel() == 0:
+            return -1
+        j = int(crossed[0]) if crossed.numel() else int(candidates[-1])
+        mid = (p[j] + high) * 0.5
+        pivot0, pivot1 = (mid, p[j]) if swapped else (p[j], mid)
+        if int((p > pivot0).sum()) < k:
+            return j
+        if int((p > pivot1).sum()) < k:
+            low, high, mass = pivot0, pivot1, p[p > pivot0].sum()
+        else:
+            low, mass = pivot1, p[p > pivot1].sum()
+    return j
+
+
 @pytest.mark.top_k_top_p
 def test_top_k_of_one_is_the_argmax(impl):
     # Exact, and cheap: a kernel that never accepts runs into its round cap on 16 rows only.
@@ -882,6 +920,21 @@ def test_top_k_of_one_is_the_argmax(impl):
         f"top_k=1 keeps only each row's most likely token: expected {expected.tolist()}, got "
         f"{got.tolist()}."
     )
+    n_rounds = 64
+    uniforms = torch.empty(16, n_rounds, device=DEVICE)
+    _round_uniforms[(1,)](uniforms, 16, 0, STRIDE=MAX_ROUNDS, ROUNDS=n_rounds, BLOCK=16)
+    uniforms = uniforms.cpu()
+    swapped = torch.tensor([top_k_rounds(probs[r], uniforms[r], 1, True) for r in range(16)])
+    if int((swapped == got).sum()) >= 15:  # all but a rounding accident
+        more = int((probs[row] > probs[row, got[row]]).sum())
+        pytest.fail(
+            f"{told} Your tokens are what the rounds give with the two pivots swapped: row "
+            f"{row}'s token {int(got[row])}, with {more} tokens more likely, was kept because "
+            "the midpoint between its probability and `high` passed the test. The draw j is "
+            "kept or rejected by the first pivot, its own probability p_j; the second pivot, "
+            "halfway from p_j to high, only decides how far the interval narrows when j is "
+            "rejected (low up to the second pivot if it fails too, high down to it if it passes)."
+        )
     bound = rounds_bound(probs[row].double(), top_k_set(probs[row].double(), 1))
     assert int(rounds[row]) <= bound, (
         f"{told} Row {row} took {int(rounds[row])} rounds, where dual-pivot sampling needs at "

@@ -588,6 +588,14 @@ MUTANTS: list[Mutant] = [
         says=("first crossing", "later block"),
     ),
     Mutant(
+        "top_k_top_p",
+        "pivot0 = p_j.to(tl.float32)\n        pivot1 = (pivot0 + high) * 0.5",
+        "pivot1 = p_j.to(tl.float32)\n        pivot0 = (pivot1 + high) * 0.5",
+        "the two pivots swapped: the draw is accepted when the midpoint passes, not p_j",
+        name="pivots-swapped",
+        says=("pivots", "swapped"),
+    ),
+    Mutant(
         "fused_matmul",
         "h_ptr + rows.to(tl.int64)[:, None] * d_model + ds[None, :],",
         "h_ptr + rows.to(tl.int64)[:, None] * BLOCK_D + ds[None, :],",
