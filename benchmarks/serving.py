@@ -4,7 +4,7 @@
                                  [--threads 1] [--seed 0] [--runs 3] [--quick] [--hf]
                                  [--default-allocator]
 
-A seeded trace (`poisson_trace`; it and both servers live in solutions/serving.py): `--requests`
+A seeded trace (`poisson_trace`; it and both servers live in utils/serving.py): `--requests`
 requests arriving as a Poisson process of `--rate` requests per second, prompts of 4-60 tokens
 cut from the plays, answers of 16-160 tokens (greedy, no stop at end-of-text: every method writes
 the same tokens, checked). Two ways to serve it, each run against the wall clock (a request
@@ -43,14 +43,14 @@ import time
 
 import torch
 
-from solutions.serving import (
+from utils.models import load_hf, load_model
+from utils.serving import (
     Served,
     poisson_trace,
     serve_engine,
     serve_static,
     shared_prefix_trace,
 )
-from utils.models import load_hf, load_model
 
 PREFIX = 128  # the shared prefix of the prefix trace, in tokens
 BLOCK_SIZE = 16  # serve_engine's default

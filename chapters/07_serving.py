@@ -36,7 +36,8 @@
 #
 # Given: `Request` and `SamplingParams` (a request's record and settings), `PagedKVCache`,
 # `prepare_inputs`, `paged_attention` and `forward_paged` (the model runner), `hash_block_tokens`,
-# `LLMEngine` and `generate`, and the trace and its two servers (`solutions/serving.py`).
+# `LLMEngine` and `generate`; the trace and its two servers are the course's measuring
+# machinery (`utils/serving.py`), not part of the engine.
 #
 # Nothing is checked against the course's code alone: your paged attention's logits against HF's
 # `GPT2LMHeadModel` on the same text, the engine's greedy tokens (with your scheduler, pool and
@@ -82,16 +83,16 @@ from solutions.model import DemoTransformer
 from solutions.request import Request, RequestOutput, RequestStatus
 from solutions.sampling import sample_next_token
 from solutions.sampling_params import SamplingParams
-from solutions.serving import (
+from utils.check import check
+from utils.display import show_solution
+from utils.plots import plot_block_table, plot_memory_over_time, plot_schedule_timeline
+from utils.serving import (
     TraceRequest,
     poisson_trace,
     serve_engine,
     serve_static,
     shared_prefix_trace,
 )
-from utils.check import check
-from utils.display import show_solution
-from utils.plots import plot_block_table, plot_memory_over_time, plot_schedule_timeline
 from utils.timing import one_thread
 
 # %% [markdown]
@@ -115,7 +116,7 @@ print(f"{cfg.n_layers} layers, {cfg.n_heads} heads of {cfg.d_head}, n_ctx {cfg.n
 # ## 1. Why static batching wastes
 #
 # A **trace** is a list of requests, each with an arrival time, a prompt and an answer length.
-# `poisson_trace` (given, in `solutions/serving.py`) draws one: requests arrive as a Poisson
+# `poisson_trace` (in `utils/serving.py`) draws one: requests arrive as a Poisson
 # process (the gaps between arrivals are exponential, the way independent users arrive),
 # prompts of 4 to 60 tokens cut from the plays, answers of 16 to 160 tokens (fewer here in a
 # quick run). Every answer is greedy and runs to its length, so that every server writes the
@@ -381,11 +382,23 @@ assert worst < 1e-4, "the demo says the paged logits equal HF's"
 # - `add_request(request_id, prompt, params)` queues a request. One it could never serve (its
 #   prompt and `max_tokens` would not fit in `n_ctx`, or in the whole pool) ends at once, with
 #   an error in the next step's outputs, and every other request goes on.
-# - `step()` asks the scheduler what runs, runs `forward_paged` once over every scheduled token
-#   of every request, samples a token for each request that reached its last known token,
-#   retires the finished ones (their blocks are free at once) and returns what advanced.
+# - `step()` reads as four lines, as nano-vllm's does: the scheduler plans the step
+#   (`schedule`), the model runs once over every scheduled token of every request
+#   (`forward_paged`), a token is sampled for each request that reached its last known token
+#   (`sample_requests`), and the scheduler updates the requests (`update`: their computed
+#   tokens, their new token, the stop, the finished ones taken out with their blocks freed at
+#   once). It returns what advanced.
 # - `abort_request(request_id)` ends a request now; `has_unfinished_requests()` says whether to
 #   keep stepping; `generate(engine, prompts, params)` runs a list to the end.
+#
+# One owner for a request's progress: only the scheduler changes a request's record. A request
+# (`Request`, given; vLLM's `Request`, nano-vllm's `Sequence`) carries its `prompt_token_ids`
+# and `output_token_ids` (together `all_token_ids`; their count is `num_tokens`),
+# `num_computed_tokens` (how many of them have their keys and values in its blocks),
+# `num_cached_tokens` (how many of those the prefix cache gave when it was admitted), its block
+# table `block_ids` (the only one: the cache manager reads and writes it), its `status`
+# (`WAITING`, `RUNNING`, `FINISHED`) and its `params`. The engine's statistics read each step's
+# plan, which names the requests it admitted and preempted.
 #
 # Read `step` below, then build what it calls, by their names in this notebook: `Scheduler`
 # (section 7), which asks a `KVCacheManager` (section 5) built on a `BlockPool` (section 4) for
@@ -506,7 +519,9 @@ check("block_pool")
 #   `num_new_tokens` more tokens after the ones it has computed and the cache hits `computed`
 #   (which it now takes), or return `None` and change nothing when the free blocks are too few.
 #   You compute `num_new_blocks`, the blocks it must add, and decide whether the pool has them;
-#   the given lines after your part take the hits and the new blocks.
+#   the given lines after your part take the hits and the new blocks, and name the full blocks
+#   among the tokens the table now covers (`cache_blocks`, as vLLM's `allocate_slots` does:
+#   nobody who allocates can forget it).
 #
 # Two subtleties in the count. The blocks a request needs for `k` tokens are `ceil(k /
 # block_size)`; it holds some already (`blocks`, and the hits it is about to take). And a hit
@@ -657,17 +672,21 @@ check("sample_requests")
 #    given: its blocks are freed, it goes back to the front of the queue and will be computed
 #    again from its tokens, which it keeps) and the allocation is tried again. If the newest is
 #    the request itself, it is preempted, and since everyone after it is preempted already, the
-#    first loop ends there. A request scheduled
-#    has its full blocks named (`self.kv.cache_blocks(request, tokens it will have computed)`),
-#    then joins `out.scheduled` as `(request, num_new)`.
+#    first loop ends there. A request scheduled joins `out.scheduled` as `(request, num_new)`
+#    (its full blocks are named by `allocate_slots` itself).
 # 2. **Then the queue**, in order, while budget is left, fewer than `max_num_seqs` run, and no
 #    one was preempted in this step (the pool is full: a request admitted now would be preempted
 #    at the next). The head of the queue asks the cache for its prefix hits
 #    (`get_computed_blocks`), then for blocks for `min(tokens not cached, budget left)`; if there
 #    are none, admission stops (first come, first served: nobody overtakes the head). An admitted
 #    request leaves the queue, becomes `RUNNING`, starts with its cached tokens computed
-#    (`num_computed_tokens` and `num_cached_tokens`), names its full blocks, joins
-#    `self.running` and `out.scheduled`.
+#    (`num_computed_tokens` and `num_cached_tokens`), joins `self.running` and `out.scheduled`,
+#    and is named in `out.admitted` (the engine counts its cache hits from there).
+#
+# The rest of the class is given: `_preempt`; `update`, which after the model ran advances each
+# scheduled request's computed tokens, appends its sampled token, decides whether it stops
+# (end-of-text, `max_tokens`) and finishes it; and `finish`, which sets a request's status and
+# reason, takes it out and frees its blocks in one call.
 #
 # Why the newest, that is the last admitted (the end of `running`)? It has usually computed
 # least, so preempting it loses least, and the requests admitted before it keep going: as they
@@ -697,11 +716,11 @@ check("sample_requests")
 # First loop, with an index into `self.running`: the tokens to schedule are the fewer of the
 # tokens the request lacks and the budget left. While the cache manager cannot allocate them:
 # take the last running request out, preempt it, record it, and stop trying if it was this
-# request. If the allocation succeeded: name its blocks, record it as scheduled, take its tokens
+# request. If the allocation succeeded: record it as scheduled, take its tokens
 # from the budget and move the index on (a preempted request was taken from the end, so the
 # index still points at the next one to schedule).
 # Second loop: check the seats, peek at `self.waiting[0]`, get its hits, allocate, and only then
-# `popleft()` it and update its record.
+# `popleft()` it, update its record and name it in the plan.
 #
 # </details>
 #
@@ -794,9 +813,9 @@ assert counts[True] == uncached and counts[False] == sum(len(r.prompt) for r in 
 
 # %% [markdown]
 # All eight requests arrive at once, and the engine admits them in the same step: the second
-# finds the first's blocks already named, because the scheduler names a block when it schedules
-# the tokens that fill it (their keys are written in this step's forward pass, layer by layer,
-# before any attention of that layer reads them).
+# finds the first's blocks already named, because `allocate_slots` names a block when the
+# tokens that fill it are scheduled (their keys are written in this step's forward pass, layer
+# by layer, before any attention of that layer reads them).
 
 # %% [markdown]
 # ## 9. Latency and throughput
@@ -814,6 +833,10 @@ print("static batching:", static_summary)
 print("your engine:    ", engine_summary)
 print("same tokens:", served.tokens == static.tokens)
 print(f"KV positions at the fullest step: reserved {served.kv_reserved}, used {served.kv_used}")
+seats_full = sum(1 for r, w in zip(served.running, served.waiting, strict=True) if w and r == 32)
+print(f"most requests running at once: {max(served.running)} of 32 seats; steps that ended with "
+      f"a request waiting: {sum(1 for w in served.waiting if w)}, {seats_full} of them with every "
+      "seat taken")  # fmt: skip
 
 # %% tags=["claim"]
 assert served.tokens == static.tokens, "section 9 says both servers write the same tokens"
@@ -866,11 +889,13 @@ print("recorded:", record["date"], record["code"], "-", record["machine"])
 # The engine's median request waits for its first token about one step, its unluckiest one in a
 # hundred tens of steps (printed above). That tail is the queue: the benchmark's 64 requests
 # arrive 40 a second and run for up to 160 tokens, so the later arrivals find all 32 seats
-# (`max_num_seqs`) taken and wait until a running request finishes. (A run of that trace on this
-# machine, counting each step's seats, found the five slowest requests waiting with every seat
-# taken in about three of every four steps of their wait, and the rest behind others admitted
-# first.) More seats would shorten that wait and lengthen every step: the trade of the TPOT
-# bullet above.
+# (`max_num_seqs`) taken and wait until a running request finishes. Your own run above printed
+# how often that happened on its (shorter) trace: the steps that ended with a request waiting
+# and every seat taken. (The same count on the benchmark's trace, run with `serve_engine` on the
+# course's 2-core machine while this chapter was revised, found the five slowest requests
+# waiting with every seat taken in about three of every four steps of their wait, behind
+# others admitted first in the rest.) More seats would shorten that wait and lengthen every
+# step: the trade of the TPOT bullet above.
 #
 # HF's continuous batching runs on a CPU too; its profile in the record (printed above) says
 # that almost all of its step is its model's forward pass. On a GPU the balance changes: a

@@ -32,6 +32,14 @@ Chapter 4 makes generation fast:
     cached_beams.py    CachedBeams: the cache follows the beams
     batched.py         left_pad and generate_batch: many prompts at once
 
+Chapter 5 takes out the fixed cost of a step:
+
+    step_cost.py       what a decoding step costs: dispatches, arithmetic, bytes read
+    static_cache.py    StaticKeyValueCache: allocated once for n_ctx, written in place
+    fast_sampling.py   FastTransformerSampler: a step of one shape, sampling on the device
+    cuda_graphs.py     a decoding step recorded once as a CUDA graph and replayed
+    int8.py            weight-only int8, one scale per output channel
+
 Chapter 6 speeds it up again without changing what it samples:
 
     speculative.py            rejection sampling: one distribution, then a batch of k drafts
@@ -39,6 +47,18 @@ Chapter 6 speeds it up again without changing what it samples:
     speculative_generation.py the round, and speculative_generate
     gumbel.py                 the Gumbel-max trick; how often two samplers agree
     lookahead.py              lookahead decoding: Jacobi iteration, the one-pass layout, n-grams
+    fast_speculative.py       speculative decoding on chapter 5's static caches, compiled
+
+Chapter 7 serves many requests at once (vLLM's and nano-vllm's decomposition):
+
+    sampling_params.py SamplingParams: one request's sampling settings
+    request.py         Request: a request's record (its tokens, computed tokens, block table)
+    paged_attention.py the model runner: one flattened step through block tables
+    block_pool.py      BlockPool: reference counts, the free queue, prefix names
+    kv_cache_manager.py KVCacheManager: prefix-cache hits and a request's blocks
+    scheduler.py       Scheduler: continuous batching, chunked prefill, preemption; it alone
+                       advances, stops and finishes a request
+    engine.py          LLMEngine: add_request, step (schedule, run, sample, update), abort
 
 Chapter 8's kernels live in solutions/kernels/; importing this package first decides how they
 run (triton_mode.py), before anything else can import Triton.

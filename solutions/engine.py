@@ -1,6 +1,7 @@
 """LLMEngine: requests in, tokens out, one step at a time (vLLM's `LLMEngine`, nano-vllm's
-`llm_engine.py`). A step asks the scheduler what runs, runs the model once over all of it,
-samples a token for each request that reached its end, and retires the finished ones.
+`llm_engine.py`). A step reads as four lines: the scheduler plans it, the model runs once over
+all of it, a token is sampled for each request that reached its end, and the scheduler updates
+the requests (computed tokens, new tokens, stops, finished ones freed).
 
     engine = LLMEngine(model, tokenizer, num_blocks=64, block_size=16)
     engine.add_request("a", "ROMEO.\\n", SamplingParams(temperature=0.8, max_tokens=20, seed=1))
@@ -14,7 +15,7 @@ is the chapter's last section.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from jaxtyping import Float
@@ -26,16 +27,36 @@ from solutions.paged_attention import PagedKVCache, forward_paged, prepare_input
 from solutions.request import Request, RequestOutput
 from solutions.sampling import sample_next_token
 from solutions.sampling_params import SamplingParams
-from solutions.scheduler import Scheduler
+from solutions.scheduler import Scheduler, SchedulerOutput
 
 
 @dataclass
 class EngineStats:
+    """Counts over every step, read from each step's plan (vLLM's `SchedulerStats`), and what
+    the last step did, for a timeline: request id -> ("prefill", tokens of its prompt or of a
+    recompute), ("decode", 1) or ("preempted", 0)."""
+
     steps: int = 0
     tokens_computed: int = 0  # prompt and output tokens the model read (a recompute counts)
     prompt_tokens_computed: int = 0
     prompt_tokens_cached: int = 0  # prompt tokens found in the prefix cache instead
     preemptions: int = 0
+    last_step: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    def record(self, plan: SchedulerOutput) -> None:
+        """Count a step's plan, before it runs (a request's computed tokens are where the step
+        starts)."""
+        self.preemptions += len(plan.preempted)
+        self.last_step = {r.request_id: ("preempted", 0) for r in plan.preempted}
+        self.steps += bool(plan.scheduled)
+        for request in plan.admitted:
+            self.prompt_tokens_cached += request.num_cached_tokens
+        for request, num_new in plan.scheduled:
+            start, prompt = request.num_computed_tokens, len(request.prompt_token_ids)
+            self.tokens_computed += num_new
+            self.prompt_tokens_computed += max(0, min(num_new, prompt - start))
+            decode = num_new == 1 and start >= prompt
+            self.last_step[request.request_id] = ("decode", 1) if decode else ("prefill", num_new)
 
 
 def sample_requests(requests: list[Request], logits: Float[Tensor, "R d_vocab"]) -> list[int]:
@@ -88,7 +109,9 @@ class LLMEngine:
         self.n_ctx = model.cfg.n_ctx
         self.block_size = block_size
         self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(self.kv, max_num_batched_tokens, max_num_seqs)
+        self.scheduler = Scheduler(
+            self.kv, max_num_batched_tokens, max_num_seqs, tokenizer.eos_token_id
+        )
         self.cache = PagedKVCache.allocate(model, num_blocks, block_size)
         self.requests: dict[str, Request] = {}
         self.pending: list[RequestOutput] = []  # errors and aborts, reported by the next step
@@ -112,7 +135,7 @@ class LLMEngine:
         self.requests[request_id] = request
         error = self._cannot_serve(request)
         if error is not None:
-            request.finish("error", error)
+            self.scheduler.finish(request, "error", error)  # never queued: nothing to free
             self.pending.append(self._output(request, []))
             return
         self.scheduler.add_request(request)
@@ -145,8 +168,7 @@ class LLMEngine:
         request = self.requests.get(request_id)
         if request is None or request.is_finished:
             return
-        self.scheduler.finish(request)
-        request.finish("abort")
+        self.scheduler.finish(request, "abort")
         self.pending.append(self._output(request, []))
 
     def has_unfinished_requests(self) -> bool:
@@ -154,53 +176,31 @@ class LLMEngine:
 
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        """One step: schedule, run the model once, sample, retire. Returns an output for each
+        """One step: schedule, run the model once, sample, update. Returns an output for each
         request that advanced or ended."""
         outputs, self.pending = self.pending, []
         plan = self.scheduler.schedule()
-        self.stats.preemptions += len(plan.preempted)
+        self.stats.record(plan)
         if not plan.scheduled:
             return outputs
-        self.stats.steps += 1
-        device = self.model.embed.W_E.device
+        sampling, logits = self._run(plan)
+        tokens = sample_requests(sampling, logits)
+        for request, new in self.scheduler.update(plan, tokens):
+            outputs.append(self._output(request, new))
+        return outputs
+
+    def _run(self, plan: SchedulerOutput) -> tuple[list[Request], Float[Tensor, "S d_vocab"]]:
+        """The model over the plan's tokens: the requests that sample in this step (those that
+        compute their last known token) and the logits at their last rows."""
         inputs = prepare_inputs(
             [(r.all_token_ids, r.num_computed_tokens, n, r.block_ids) for r, n in plan.scheduled],
             self.block_size,
-            device,
+            self.model.embed.W_E.device,
         )
-        # A request samples if this step computes its last known token.
         samples = [r.num_computed_tokens + n == r.num_tokens for r, n in plan.scheduled]
         last_rows = inputs.query_start[1:] - 1
         logits = forward_paged(self.model, self.cache, inputs, last_rows[torch.tensor(samples)])
-        sampled = [r for (r, _), s in zip(plan.scheduled, samples, strict=True) if s]
-        tokens = sample_requests(sampled, logits)
-        row = 0
-        for (request, num_new), sampling in zip(plan.scheduled, samples, strict=True):
-            prompt_left = len(request.prompt_token_ids) - request.num_computed_tokens
-            self.stats.tokens_computed += num_new
-            self.stats.prompt_tokens_computed += max(0, min(num_new, prompt_left))
-            if request.num_computed_tokens == request.num_cached_tokens:  # just admitted
-                self.stats.prompt_tokens_cached += request.num_cached_tokens
-            request.num_computed_tokens += num_new
-            if not sampling:
-                outputs.append(self._output(request, []))
-                continue
-            token = tokens[row]
-            row += 1
-            request.output_token_ids.append(token)
-            reason = self._stop_reason(request, token)
-            if reason is not None:
-                self.scheduler.finish(request)
-                request.finish(reason)
-            outputs.append(self._output(request, [token]))
-        return outputs
-
-    def _stop_reason(self, request: Request, token: int) -> str | None:
-        if token == self.tokenizer.eos_token_id and not request.params.ignore_eos:
-            return "stop"
-        if len(request.output_token_ids) >= request.params.max_tokens:
-            return "length"
-        return None
+        return [r for (r, _), s in zip(plan.scheduled, samples, strict=True) if s], logits
 
     @staticmethod
     def _output(request: Request, new: list[int]) -> RequestOutput:

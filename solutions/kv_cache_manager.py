@@ -4,9 +4,13 @@ Three questions, asked by the scheduler:
 - `get_computed_blocks(request)`: which of the request's leading full blocks are already in the
   prefix cache, and so how many of its tokens need no computing;
 - `allocate_slots(request, n, computed)`: make the request's block table cover n more tokens, or
-  say (None) that the pool cannot, so that the scheduler can preempt someone and try again;
+  say (None) that the pool cannot, so that the scheduler can preempt someone and try again; the
+  blocks those tokens fill are named then and there (`cache_blocks`, as vLLM's does), so that
+  no caller can forget it;
 - `free(request)`: give its blocks back.
-And `cache_blocks(request, n)` names the full blocks among its first n tokens.
+
+The block table is the request's own `block_ids` (one table: the manager keeps no copy); the
+manager looks each id up in the pool.
 """
 
 import math
@@ -20,9 +24,12 @@ class KVCacheManager:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
         self.enable_prefix_caching = enable_prefix_caching
-        # Per request: its blocks, and the names of its full blocks so far (computed once each).
-        self.req_blocks: dict[str, list[KVCacheBlock]] = {}
+        # Per request: the names of its full blocks so far (computed once each).
         self.req_hashes: dict[str, list[bytes]] = {}
+
+    def blocks_of(self, request: Request) -> list[KVCacheBlock]:
+        """The request's blocks, in its table's order."""
+        return [self.pool.blocks[i] for i in request.block_ids]
 
     def block_hashes(self, request: Request, num_tokens: int) -> list[bytes]:
         """The names of the full blocks among the request's first `num_tokens` tokens."""
@@ -55,9 +62,9 @@ class KVCacheManager:
     ) -> list[KVCacheBlock] | None:
         """Blocks for the request's `num_new_tokens` next tokens (after its computed ones and
         the `computed` cache hits, which it then holds), or None, changing nothing, if the free
-        blocks are too few."""
+        blocks are too few. The full blocks among the tokens it will then have are named."""
         computed = computed or []
-        blocks = self.req_blocks.get(request.request_id, [])
+        blocks = self.blocks_of(request)
         # Count num_new_blocks, the blocks to add; return None if the pool cannot give them.
         # BEGIN SOLUTION
         num_computed = request.num_computed_tokens + len(computed) * self.block_size
@@ -69,22 +76,24 @@ class KVCacheManager:
             return None
         # END SOLUTION
         self.pool.touch(computed)
-        self.req_blocks[request.request_id] = blocks
         blocks.extend(computed)
         if num_new_blocks > 0:
             blocks.extend(self.pool.get_new_blocks(num_new_blocks))
         request.block_ids = [block.block_id for block in blocks]
+        # Named now, as soon as the tokens that fill them are scheduled (see cache_blocks).
+        scheduled = request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
+        self.cache_blocks(request, min(scheduled, request.num_tokens))
         return blocks
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Name every full block among the request's first `num_tokens` tokens. The scheduler
-        names a block as soon as it schedules the tokens that fill it: their keys and values
+        """Name every full block among the request's first `num_tokens` tokens. `allocate_slots`
+        names a block as soon as the tokens that fill it are scheduled: their keys and values
         are written in this step's pass, and a request that finds the name in this same step
         reads them in that pass, after they are written (each layer writes every token's key
         and value before any token's attention reads)."""
         if not self.enable_prefix_caching:
             return
-        blocks = self.req_blocks.get(request.request_id, [])
+        blocks = self.blocks_of(request)
         hashes = self.block_hashes(request, num_tokens)
         for block, block_hash in zip(blocks, hashes, strict=False):
             self.pool.cache_full_block(block, block_hash)
@@ -92,9 +101,9 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Give the request's blocks back, its last block first: of the blocks that become
         free, a prefix's tail is then evicted before its head, which more requests share."""
-        blocks = self.req_blocks.pop(request.request_id, [])
-        self.pool.free_blocks(list(reversed(blocks)))
+        blocks = self.blocks_of(request)
         request.block_ids = []
+        self.pool.free_blocks(list(reversed(blocks)))
 
     def forget(self, request: Request) -> None:
         """Drop the request's cached names too (it is finished and will not be scheduled)."""

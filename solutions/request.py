@@ -1,9 +1,11 @@
 """A request's record: what the engine knows about one prompt on its way through (nano-vllm's
 `Sequence`, vLLM's `Request`).
 
-The engine never holds a request's keys and values itself: it holds `block_ids`, the request's
-block table, and `num_computed_tokens`, how many of its tokens already have their keys and values
-in those blocks. Everything else follows from these two numbers. A request whose
+The engine never holds a request's keys and values itself: the request holds `block_ids`, its
+block table (the only one: the cache manager reads and writes it), and `num_computed_tokens`, how
+many of its tokens already have their keys and values in those blocks. Everything else follows
+from these two numbers. The scheduler owns them: it sets them when it admits, preempts, advances
+and finishes a request (nano-vllm's `Scheduler.postprocess`). A request whose
 `num_computed_tokens` is below its prompt's length is still prefilling (perhaps one chunk per
 step); once every token but the newest is computed, each step computes that one and samples the
 next.
@@ -51,9 +53,6 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
-
-    def finish(self, reason: str, error: str | None = None) -> None:
-        self.status, self.finish_reason, self.error = RequestStatus.FINISHED, reason, error
 
 
 @dataclass

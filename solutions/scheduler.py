@@ -14,6 +14,11 @@ When a running request needs a block and none is free, the newest running reques
 again from its tokens (which it keeps) when there is room. Never a crash, never a deadlock: a
 request alone always fits, because the engine refuses any request that could not fit the whole
 pool.
+
+The scheduler is the one owner of a request's progress (nano-vllm's `postprocess`; vLLM splits
+it between `_update_after_schedule` and `update_from_output`): `schedule` admits and preempts,
+`update` advances the computed tokens after the model ran, appends the sampled token, decides
+the stop and finishes, and `finish` sets the status and frees the blocks, in one call.
 """
 
 from collections import deque
@@ -25,7 +30,10 @@ from solutions.request import Request, RequestStatus
 
 @dataclass
 class SchedulerOutput:
+    """One step's plan: who runs and how many tokens, in the order they are laid out."""
+
     scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, num_new)
+    admitted: list[Request] = field(default_factory=list)  # from the queue, in this step
     preempted: list[Request] = field(default_factory=list)
 
     @property
@@ -34,10 +42,17 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int, max_num_seqs: int):
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        eos_token_id: int | None = None,
+    ):
         self.kv = kv
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
+        self.eos_token_id = eos_token_id
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -60,7 +75,6 @@ class Scheduler:
                 if victim is request:
                     break
             else:
-                self.kv.cache_blocks(request, request.num_computed_tokens + num_new)
                 out.scheduled.append((request, num_new))
                 budget -= num_new
                 i += 1
@@ -79,10 +93,9 @@ class Scheduler:
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = request.num_cached_tokens = num_cached
-            # Named now: a request admitted after it in this same step can share its blocks.
-            self.kv.cache_blocks(request, num_cached + num_new)
             self.running.append(request)
             out.scheduled.append((request, num_new))
+            out.admitted.append(request)
             budget -= num_new
             # END SOLUTION
         return out
@@ -99,11 +112,45 @@ class Scheduler:
         request.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def finish(self, request: Request) -> None:
-        """Take a finished (or aborted) request out, and give its blocks back at once."""
+    def update(self, out: SchedulerOutput, sampled: list[int]) -> list[tuple[Request, list[int]]]:
+        """After the model ran the plan `out`: each scheduled request has its tokens computed;
+        one that computed its last known token takes its sampled token (`sampled`, in the
+        plan's order) and finishes if it stops. Returns each request with its new tokens."""
+        tokens = iter(sampled)
+        advanced = []
+        for request, num_new in out.scheduled:
+            request.num_computed_tokens += num_new
+            if request.num_computed_tokens < request.num_tokens:  # a prompt chunk: no token yet
+                advanced.append((request, []))
+                continue
+            token = next(tokens)
+            request.output_token_ids.append(token)
+            reason = self.stop_reason(request, token)
+            if reason is not None:
+                self.finish(request, reason)
+            advanced.append((request, [token]))
+        if next(tokens, None) is not None:
+            raise ValueError(f"{len(sampled)} sampled tokens, more than the requests that sample")
+        return advanced
+
+    def stop_reason(self, request: Request, token: int) -> str | None:
+        """vLLM's reasons: "stop" at an end-of-text (unless `ignore_eos`), "length" at
+        `max_tokens`."""
+        if token == self.eos_token_id and not request.params.ignore_eos:
+            return "stop"
+        if len(request.output_token_ids) >= request.params.max_tokens:
+            return "length"
+        return None
+
+    def finish(self, request: Request, reason: str, error: str | None = None) -> None:
+        """End a request (finished, aborted or refused): its status and reason set, taken out
+        of the queue or the running requests, its blocks given back at once."""
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
         self.kv.free(request)
         self.kv.forget(request)
+        request.status, request.finish_reason, request.error = (
+            RequestStatus.FINISHED, reason, error
+        )  # fmt: skip

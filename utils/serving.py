@@ -1,5 +1,7 @@
 """Serving a trace: requests that arrive over time, two ways to serve them, and what a user of
-each feels (chapter 7's measurements, and `benchmarks/serving.py`'s).
+each feels (chapter 7's measurements, and `benchmarks/serving.py`'s). Measuring machinery, not
+the course's reference code: it drives `solutions`' engine and chapter 4's batching against the
+wall clock, and reads its prompts from the corpus.
 
 A **trace** is a list of requests, each with its arrival time (seconds from the start), its
 prompt's token ids and its answer's length. Both servers run against the wall clock: a request
@@ -30,7 +32,6 @@ import torch
 from solutions.batched import left_pad
 from solutions.cached_model import forward_with_cache
 from solutions.engine import LLMEngine
-from solutions.request import RequestStatus
 from solutions.sampling_params import SamplingParams
 from utils.corpus import load_plays
 
@@ -92,7 +93,9 @@ def percentiles(seconds: list[float]) -> dict:
 class Served:
     """What a server did with a trace: when each request's first and last tokens came (seconds
     from the start), its tokens, and the KV positions reserved and used at the fullest moment.
-    `timeline` and `blocks_in_use`: the engine's steps, for the chapter's figures."""
+    `timeline`, `blocks_in_use`, `running` and `waiting`: the engine's steps (what each request
+    computed, the blocks its running requests held, how many ran and how many waited after the
+    step), for the chapter's figures."""
 
     first: dict[str, float] = field(default_factory=dict)
     last: dict[str, float] = field(default_factory=dict)
@@ -102,6 +105,8 @@ class Served:
     kv_requests: int = 0  # the requests holding it
     timeline: list[dict[str, tuple[str, int]]] = field(default_factory=list)
     blocks_in_use: list[int] = field(default_factory=list)
+    running: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
 
     def summary(self, requests: list[TraceRequest]) -> dict:
         """Throughput, TTFT and TPOT (medians and 99th percentiles) over the trace."""
@@ -180,27 +185,18 @@ def serve_engine(
         if not engine.has_unfinished_requests():
             time.sleep(0.0005)
             continue
-        before = {r.request_id: r.num_computed_tokens for r in engine.scheduler.running}
         outputs = engine.step()
         now = time.perf_counter() - start
-        step: dict[str, tuple[str, int]] = {}
         for output in outputs:
-            request = engine.requests[output.request_id]
             if output.new_token_ids:
                 served.first.setdefault(output.request_id, now)
                 served.last[output.request_id] = now
             if output.finished:
                 served.tokens[output.request_id] = output.output_token_ids
-            # Computed in this step: from where it was, or, if admitted in it, from its hits.
-            was = before.get(output.request_id, request.num_cached_tokens)
-            done = request.num_computed_tokens - was
-            prefill = done > 1 or was < len(request.prompt_token_ids)
-            step[output.request_id] = ("prefill", done) if prefill else ("decode", 1)
-        for request_id in before:  # running before the step, waiting after it: preempted
-            if engine.requests[request_id].status == RequestStatus.WAITING:
-                step[request_id] = ("preempted", 0)
-        served.timeline.append(step)
+        served.timeline.append(dict(engine.stats.last_step))  # the step's plan, as counted
         running = engine.scheduler.running
+        served.running.append(len(running))
+        served.waiting.append(len(engine.scheduler.waiting))
         served.blocks_in_use.append(sum(len(r.block_ids) for r in running))
         reserved = block_size * sum(len(r.block_ids) for r in running)
         if reserved > served.kv_reserved:

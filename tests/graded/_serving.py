@@ -30,27 +30,25 @@ def invariant_problems(engine) -> list[str]:
     count is its holders, the free queue is exactly the unheld blocks, every name points at its
     block, a running request's table covers its computed tokens with less than one block to
     spare, a waiting one holds none, at most `max_num_seqs` run, a finished one holds none."""
-    kv, pool, size = engine.kv, engine.kv.pool, engine.block_size
+    pool, size = engine.kv.pool, engine.block_size
     running, waiting = engine.scheduler.running, list(engine.scheduler.waiting)
     problems = []
     holders = {block.block_id: 0 for block in pool.blocks}
     for request in running:
-        blocks = kv.req_blocks.get(request.request_id, [])
+        table = request.block_ids  # the one block table
         if request.status.name != "RUNNING":
             problems.append(f"running request {request.request_id} has status {request.status}")
-        if request.block_ids != [b.block_id for b in blocks]:
-            problems.append(f"request {request.request_id}'s block_ids are not its blocks")
-        if len(set(request.block_ids)) != len(blocks):
+        if len(set(table)) != len(table):
             problems.append(f"request {request.request_id} holds a block twice")
-        if len(blocks) != math.ceil(request.num_computed_tokens / size):
+        if len(table) != math.ceil(request.num_computed_tokens / size):
             problems.append(
-                f"request {request.request_id} holds {len(blocks)} blocks of {size} for "
+                f"request {request.request_id} holds {len(table)} blocks of {size} for "
                 f"{request.num_computed_tokens} computed tokens"
             )
-        for block in blocks:
-            holders[block.block_id] += 1
+        for block_id in table:
+            holders[block_id] += 1
     for request in waiting:
-        if request.block_ids or request.request_id in kv.req_blocks:
+        if request.block_ids:
             problems.append(f"waiting request {request.request_id} still holds blocks")
         if request.num_computed_tokens != 0:
             problems.append(f"waiting request {request.request_id} keeps computed tokens")
@@ -73,7 +71,7 @@ def invariant_problems(engine) -> list[str]:
             f"{len(running)} requests run, max_num_seqs is {engine.scheduler.max_num_seqs}"
         )
     for request in engine.requests.values():
-        if request.is_finished and (request.block_ids or request.request_id in kv.req_blocks):
+        if request.is_finished and request.block_ids:
             problems.append(f"finished request {request.request_id} still holds blocks")
     return problems
 

@@ -716,6 +716,12 @@ def test_an_admitted_request_starts_at_its_cache_hits(impl):
     assert b.status == impl.RequestStatus.RUNNING, (
         f"an admitted request's status must become RUNNING, got {b.status}"
     )
+    admitted = [r.request_id for r in out.admitted]
+    assert admitted == ["b"], (
+        f"b was admitted from the queue in this step (a was running already): the plan's "
+        f"`admitted` list should name b alone, got {admitted}. The engine counts each admitted "
+        "request's cache hits from that list, and the timeline shows its first chunk."
+    )
     assert ("b", 3) in plan(out) and b.num_computed_tokens == 8 and b.num_cached_tokens == 8, (
         f"b shares a's first 2 full blocks (8 tokens): it must start with 8 tokens computed "
         f"(num_computed_tokens and num_cached_tokens) and be scheduled for its 3 others; got "
@@ -750,9 +756,9 @@ def test_requests_admitted_in_one_step_share_the_blocks_the_first_one_names(impl
     outputs = run_to_end(engine, max_steps=100)
     assert engine.stats.prompt_tokens_cached == 12, (
         f"both arrive before the first step: the second must find the first's 3 full blocks "
-        f"(12 tokens), named when the first was admitted in that same step; it found "
-        f"{engine.stats.prompt_tokens_cached}. Name an admitted request's full blocks at once "
-        "(cache_blocks), not only from its next step."
+        f"(12 tokens), named when the first's blocks were allocated in that same step; it "
+        f"found {engine.stats.prompt_tokens_cached}. Is the second admitted in the same step, "
+        "after the first, with its cache hits looked up only then?"
     )
     for name, ids in [("first", shared + [10, 11]), ("second", shared + [20, 21, 22])]:
         want, problem = greedy_difference(hf, ids, outputs[name][-1].output_token_ids, 12)

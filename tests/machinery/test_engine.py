@@ -211,6 +211,33 @@ def test_freed_blocks_keep_their_names_and_are_evicted_least_recent_first():
         pool.free_blocks([a])
 
 
+def test_the_scheduler_alone_advances_stops_and_finishes_a_request(shipped):
+    """One owner of a request's progress (nano-vllm's `postprocess`): each step's plan names who
+    was admitted; the engine's stats and its record of the step read that plan; the scheduler's
+    `update` advances the computed tokens, appends the token and finishes, status included."""
+    model, tokenizer = shipped
+    engine = LLMEngine(model, tokenizer, num_blocks=32, block_size=4, max_num_batched_tokens=8)
+    prompt = tokenizer.encode(PROMPTS[0])  # longer than the budget: read in chunks of 8
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    engine.add_request("a", prompt, params)
+    plans, schedule = [], engine.scheduler.schedule
+    engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
+    request, steps = engine.requests["a"], []
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        steps.append((request.num_computed_tokens, dict(engine.stats.last_step), outputs))
+    assert [p.admitted for p in plans] == [[request]] + [[]] * (len(plans) - 1)
+    chunks = [min(8, len(prompt) - 8 * i) for i in range(-(-len(prompt) // 8))]
+    want = [("prefill", n) for n in chunks] + [("decode", 1)] * 2
+    assert [last["a"] for _, last, _ in steps] == want
+    read = [sum(chunks[: i + 1]) for i in range(len(chunks))]
+    assert [computed for computed, _, _ in steps] == read + [len(prompt) + 1, len(prompt) + 2]
+    assert [len(o[0].new_token_ids) for _, _, o in steps] == [0] * (len(chunks) - 1) + [1, 1, 1]
+    assert request.is_finished and request.finish_reason == "length"
+    assert request.block_ids == [] and engine.scheduler.running == []
+    assert engine.stats.prompt_tokens_computed == len(prompt) and engine.stats.steps == len(steps)
+
+
 def test_abort_frees_at_once_and_the_others_go_on(shipped):
     model, tokenizer = shipped
     engine = LLMEngine(model, tokenizer, num_blocks=30, block_size=4)

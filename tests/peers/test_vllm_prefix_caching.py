@@ -21,10 +21,9 @@ What changed on the way (tests/peers/README.md says more):
 - Block ids. vLLM keeps block 0 as a null block, so its pool of 11 has 10 usable blocks, ids 1 to
   10. The course has no null block: a pool of 10 has ids 0 to 9. The tests write vLLM's ids and
   `vllm_ids` takes 1 off each, so vLLM's orders appear as vLLM wrote them.
-- When a block is named. vLLM's `allocate_slots` names the full blocks it covers; the course's
-  scheduler calls `cache_blocks(request, num_computed + num_new)` right after `allocate_slots`
-  (the same moment: the tokens are scheduled, not yet computed). The port's helpers `admit` and
-  `extend` make the scheduler's two calls.
+- When a block is named: as in vLLM, `allocate_slots` names the full blocks among the tokens it
+  covers (the tokens are scheduled, not yet computed), through the manager's `cache_blocks`.
+  The port's helpers `admit` and `extend` make the scheduler's calls.
 - `allocate_slots` returns the request's whole block table; vLLM returns the new blocks only.
   Where vLLM asserts the new blocks, the port asserts the table's tail.
 - One hash, SHA-256 of the parent's name and the tokens, with no seed for the first block and no
@@ -88,17 +87,13 @@ def admit(kv: KVCacheManager, request: Request):
     table = kv.allocate_slots(request, num_new, computed)
     if table is not None:
         request.num_computed_tokens = num_cached
-        kv.cache_blocks(request, num_cached + num_new)
     return computed, num_cached, table
 
 
 def extend(kv: KVCacheManager, request: Request, num_new: int):
-    """What the scheduler does for a running request: slots for `num_new` more tokens, and names
-    for the blocks they fill. Returns the table, or None."""
-    table = kv.allocate_slots(request, num_new)
-    if table is not None:
-        kv.cache_blocks(request, request.num_computed_tokens + num_new)
-    return table
+    """What the scheduler does for a running request: slots for `num_new` more tokens (and names
+    for the blocks they fill). Returns the table, or None."""
+    return kv.allocate_slots(request, num_new)
 
 
 def chain(token_ids: list[int], block_size: int) -> list[bytes]:
@@ -278,24 +273,26 @@ def test_nothing_is_shared_with_prefix_caching_off():
 
 def test_cache_blocks_names_each_full_block_once():
     """vLLM's `test_cache_blocks` (there `BlockPool.cache_full_blocks`; here the manager's
-    `cache_blocks`): 14 tokens in blocks of 4. Two full blocks are named, then a third without
-    renaming the first two; the partial fourth never is."""
+    `cache_blocks`, which `allocate_slots` calls): 14 tokens in blocks of 4, allocated 8, 4 and
+    2 at a time. Two full blocks are named, then a third without renaming the first two; the
+    partial fourth never is."""
     kv = KVCacheManager(num_blocks=5, block_size=4)
     req = make_request("0", list(range(14)))
-    table = kv.allocate_slots(req, 14)
-    assert len(table) == 4 and kv.pool.cached == {}  # allocating names nothing
     names = chain(list(range(14)), 4)
 
-    kv.cache_blocks(req, 8)
+    table = kv.allocate_slots(req, 8)
     assert len(kv.pool.cached) == 2
-    assert [block.block_hash for block in table] == [names[0], names[1], None, None]
+    assert [block.block_hash for block in table] == [names[0], names[1]]
 
-    kv.cache_blocks(req, 12)  # blocks that do not start at the request's first
+    req.num_computed_tokens = 8
+    table = kv.allocate_slots(req, 4)  # blocks that do not start at the request's first
     assert len(kv.pool.cached) == 3
-    assert [block.block_hash for block in table] == [*names, None]
+    assert [block.block_hash for block in table] == names
 
-    kv.cache_blocks(req, 14)  # the fourth block holds 2 tokens
-    assert len(kv.pool.cached) == 3 and table[3].block_hash is None
+    req.num_computed_tokens = 12
+    table = kv.allocate_slots(req, 2)  # the fourth block holds 2 tokens
+    kv.cache_blocks(req, 14)  # naming again changes nothing
+    assert len(kv.pool.cached) == 3 and [block.block_hash for block in table] == [*names, None]
 
 
 def test_a_failed_allocation_leaves_the_hit_blocks_untouched():
@@ -307,12 +304,12 @@ def test_a_failed_allocation_leaves_the_hit_blocks_untouched():
     req0 = make_request("0", COMMON)
     computed, num_cached, _ = admit(kv, req0)
     assert computed == [] and num_cached == 0
-    part0 = list(kv.req_blocks["0"])
+    part0 = kv.blocks_of(req0)
 
     req1 = make_request("1", COMMON * 2)
     computed, num_cached, _ = admit(kv, req1)
     assert computed == part0 and num_cached == 3 * 16
-    part1 = list(kv.req_blocks["1"])
+    part1 = kv.blocks_of(req1)
     kv.free(req1)
     assert {block.ref_cnt for block in part1[:3]} == {1}
     assert {block.ref_cnt for block in part1[3:]} == {0}
@@ -329,7 +326,7 @@ def test_a_failed_allocation_leaves_the_hit_blocks_untouched():
     assert kv.allocate_slots(req3, 48, computed) is None
     assert {block.ref_cnt for block in part1[:3]} == {1}
     assert {block.ref_cnt for block in part1[3:]} == {0}
-    assert free_order(pool) == queue and "3" not in kv.req_blocks
+    assert free_order(pool) == queue and req3.block_ids == []
     assert all(pool.get_cached_block(b.block_hash) is b for b in part1), "no hit was evicted"
 
 
@@ -532,13 +529,13 @@ def test_add_and_abort_requests():
         scheduler.add_request(request)
         assert len(scheduler.waiting) == i + 1
     for i, request in enumerate(requests):
-        scheduler.finish(request)
+        scheduler.finish(request, "abort")
         assert request not in scheduler.waiting and len(scheduler.waiting) == 9 - i
 
     scheduler.add_request(requests[0])
     scheduler.schedule()
     assert scheduler.running == [requests[0]] and scheduler.kv.pool.num_free_blocks == 9999
-    scheduler.finish(requests[0])
+    scheduler.finish(requests[0], "abort")
     assert scheduler.running == [] and scheduler.kv.pool.num_free_blocks == 10000
 
 

@@ -224,13 +224,6 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "schedule",
-        "            self.kv.cache_blocks(request, num_cached + num_new)\n",
-        "",
-        "an admitted request's blocks named only from its next step",
-        says=("cache_blocks",),
-    ),
-    Mutant(
-        "schedule",
         "                if victim is request:\n                    break\n",
         "",
         "no break when the request preempted is the request itself",
@@ -273,6 +266,13 @@ MUTANTS += [
         "self.waiting.appendleft(victim)",
         "a preempted request put back in the queue without freeing its blocks",
         says=("still holds",),
+    ),
+    Mutant(
+        "schedule",
+        "            out.admitted.append(request)\n",
+        "",
+        "an admitted request not named in the plan's admitted list",
+        says=("admitted",),
     ),
     Mutant(
         "attend",
