@@ -32,9 +32,11 @@
 #   wait inside a step;
 # - `quantize_int8`: per-channel int8 weights.
 #
-# Given: `profile_ops` (the profiler's counts), `Rates` and `StepCost` (the cost model's floor and
-# predictions), `decode_step` (one step, the function that gets compiled), `inductor_available`
-# and `compiled_step` (which compiles it), `GraphedStep` (the CUDA graph), `dequantize_int8` and
+# Given: `profile_ops` (the profiler's counts), `step_flops` (chapter 4's count of a step's
+# arithmetic), `step_bytes` (the bytes of the weights a step reads) and `step_cached` (the cached
+# numbers it reads), `Rates` and `StepCost` (the cost model's floor and predictions),
+# `decode_step` (one step, the function that gets compiled), `inductor_available` and
+# `compiled_step` (which compiles it), `GraphedStep` (the CUDA graph), `dequantize_int8` and
 # `int8_model`.
 #
 # Nothing is checked against the course's code alone: your fit against NumPy's least squares,
@@ -158,7 +160,12 @@ for name, calls, us in ops[:12]:
     table.add_row(name, f"{calls:.0f}", f"{us:.1f}", f"{calls * us:.0f}")
 Console().print(table)
 profiled_us = sum(calls * us for _, calls, us in ops)
+products = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"}
+products_us = sum(calls * us for name, calls, us in ops if name in products)
+products_calls = sum(calls for name, calls, _ in ops if name in products)
 print(f"{len(ops)} kinds of operation; their own time adds up to {profiled_us:.0f} µs a step")
+print(f"matrix products: {products_calls:.0f} of the {n_ops:.0f} operations, {products_us:.0f} µs; "
+      f"the other {n_ops - products_calls:.0f}: {profiled_us - products_us:.0f} µs")  # fmt: skip
 
 # %% tags=["claim"]
 assert 800 < n_ops < 1000, "section 1 says some 900 operations for one token"
@@ -167,7 +174,11 @@ assert 800 < n_ops < 1000, "section 1 says some 900 operations for one token"
 # Some 900 operations for one token, most of them tiny: additions, copies, views, reshapes, the
 # `aten::cat` that makes chapter 4's cache grow. The matrix products (`aten::mm`, `aten::bmm`)
 # are few, and they lead the time column: they do the step's real work, reading every weight.
-# Yet the hundreds of small operations below them add up to as much again, or more.
+# The cell's last line adds up the rest: hundreds of small operations, each far cheaper than a
+# product. On the idle machine this course was written on, they added up to about as much time
+# as the products, or more. Times move with what else your machine is doing (each operation
+# waits its turn for a core), the counts do not: read your own line, and trust its counts more
+# than its times.
 #
 # Now against a clock. A forward pass over all 256 positions does each position's arithmetic in
 # big matrix products; divide its time by 256 and you have what one position costs when the
@@ -361,21 +372,24 @@ print(
 # Read the table in three ways.
 #
 # - **The floor is a small part of a step.** Most of chapter 4's step is the per-operation
-#   term: some 900 operations at a microsecond or two each (the cell prints the fitted cost), on
-#   a machine whose arithmetic and memory would do the step's real work in a fraction of that.
+#   term: some 900 operations, each at the fitted cost the cell prints (a busy machine raises
+#   it: every operation then also waits for a core), on a machine whose arithmetic and memory
+#   would do the step's real work in a fraction of that time.
 # - **The cache term** is what grows with the position: chapter 4's cache is read, and copied to
 #   grow by one position, at every step. At 256 positions of 6 heads of 32 numbers in 4 layers,
 #   that is at most 393,216 numbers (1.5 MiB), so the fitted cost per number times that count
 #   says how much of a late step the cache costs here. On a busy machine the fit can come out
 #   near zero or even below: then it is fitting noise. For long texts and large models this is
 #   the term that grows (chapter 7's subject).
-# - **The prediction for the other model** says how fixed the fixed cost is. On the machines
-#   this course was written on, the costs fitted on the main model predicted the draft's steps
-#   too long: the last line of the cell above shows that each of the draft's operations costs
-#   less than a main-model operation. Part of a "fixed" cost grows with the size of what the
+# - **The prediction for the other model** says how fixed the fixed cost is. Compare the
+#   fitted cost per operation with the draft's own time above its floor per operation (the
+#   cell's last line). Where the draft's is lower, the costs fitted on the main model predict
+#   the draft's steps too long, and part of a "fixed" cost grows with the size of what the
 #   operation touches: a LayerNorm over 128 numbers is cheaper than over 192, and small tensors
-#   stay in the processor's caches. A model with one cost per operation is a first
-#   approximation: good enough to say *where* the time goes, not to predict another model to a
+#   stay in the processor's caches. Where the two are close, the fit predicts the draft well.
+#   Runs of this comparison on one machine on different days have not always agreed, and the
+#   machine's load moves both numbers: a model with one cost per operation is a first
+#   approximation, good enough to say *where* the time goes, not to predict another model to a
 #   few percent. The benchmark (`python benchmarks/fixed_cost.py`, section 8) records its errors.
 #
 # What the model says to do is clear either way: **fewer operations per token**. The rest of the
@@ -386,8 +400,11 @@ print(
 #
 # Chapter 4's cache grows: every step concatenates one position onto every layer's keys and
 # values (`aten::cat` in the profile), which allocates new tensors, copies the old ones into
-# them, and gives every step new shapes. New shapes are what a compiler cannot live with: a
-# graph compiled for a cache of 37 positions does not fit a cache of 38.
+# them, and gives every step new shapes. New shapes cost a compiled step: a graph compiled for a
+# cache of 37 positions is code for 37. Either it is compiled again for 38 (and 39, ...), or it
+# is compiled once more with the length as a symbol, more general and less specialised code
+# (section 4 shows both); and a CUDA graph (section 5) replays fixed shapes at fixed addresses,
+# with no symbol at all.
 #
 # A **static cache** allocates everything once, before the first token, for all `n_ctx`
 # positions: one buffer per layer for the keys and one for the values, each
@@ -413,7 +430,9 @@ print(
 #   written yet, and for padding);
 # - `causal` `[n_ctx, n_ctx]`: `True` where a query in slot $q$ may read the key in slot $k$,
 #   that is where $k \le q$. It is made once: a step's causal mask is then the rows of its own
-#   slots, `causal[slots]`, not a new tensor.
+#   slots, `causal[slots]`, picked rather than computed again. Picked, not shared: indexing with
+#   a tensor of indices (advanced indexing) always copies, so `causal[slots]` is a new
+#   `[new, n_ctx]` tensor, not a view of `causal`; a small one, and the same shape every step.
 #
 # Note that `causal` is `True` where attention is **allowed**: the convention of
 # `F.scaled_dot_product_attention`'s boolean mask, which reads it directly. (Chapter 4's
@@ -443,9 +462,9 @@ print(
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# `torch.zeros(shape, device=device, dtype=dtype)` once per layer for the keys, again for the
-# values; `torch.zeros(..., dtype=torch.bool, device=device)` for the mask. For `causal`, make
-# `slots = torch.arange(n_ctx, device=device)` and compare a row vector of key slots with a
+# `torch.zeros` once per layer for the keys (with the shape, the device and the dtype), again
+# for the values; `torch.zeros` with a bool dtype for the mask. For `causal`, make a range of
+# all `n_ctx` slots on the device (`torch.arange`) and compare a row vector of key slots with a
 # column vector of query slots (broadcasting gives the `[n_ctx, n_ctx]` table; the rows are the
 # queries).
 #
@@ -510,9 +529,10 @@ print("causal, first 5 slots (1: may read):\n", demo_cache.causal[:5, :5].int())
 # <details><summary>Hint 2: the approach</summary>
 #
 # Project `x` to queries, keys and values in the cache's layout, `[batch, n_heads, new,
-# d_head]`. `Tensor.index_copy_(dim, index, source)` writes `source` along `dim` at `index`, in
-# place: the slots are dimension 2 of the buffers. Then `F.scaled_dot_product_attention(q, keys,
-# values, attn_mask=allowed)`, and chapter 1's output projection.
+# d_head]`. `Tensor.index_copy_` writes a source along one dimension at given indices, in
+# place: the slots are dimension 2 of the buffers. Then `F.scaled_dot_product_attention` of the
+# new queries over the whole buffers, with `allowed` as its `attn_mask`, and chapter 1's output
+# projection.
 #
 # </details>
 #
@@ -553,7 +573,16 @@ check("attention_static")
 # Common mistakes: the position embedding taken at the slots (wrong only for padded rows);
 # `cache.mask` not updated (every query then reads only its own key); `real` ignored (padding
 # is then read as text); the causal part forgotten (in a prefill, each query would read the
-# future); the own-slot rule forgotten.
+# future); the own-slot rule forgotten; a host read (`.tolist()` of the slots, an `if` on
+# `real`'s values).
+#
+# The tests compare your logits with HF's `GPT2LMHeadModel`: a prefill and steps, a left-padded
+# batch at every real position, and the padding slots themselves. There the own-slot rule
+# decides: a padding query reads only its own key, at position 0, so its logits are those of
+# the one-token text made of the pad token. (Without the rule its row of `allowed` is all
+# `False`. PyTorch 2.13's CPU attention then returns zeros, other kernels NaN, and a NaN in the
+# cache would reach every real query, since a weight of 0 times NaN is NaN.) They also count
+# the host reads one call makes: none.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -564,12 +593,14 @@ check("attention_static")
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# Write `real` into `cache.mask[:, slots]`. `cache.causal[slots]` is `[new, n_ctx]`;
-# `cache.mask[:, None, None, :]` is `[batch, 1, 1, n_ctx]`; one more `[new, n_ctx]` table is
-# `True` where the key's slot equals the query's own slot. Combine them with `&` and `|` so that
-# broadcasting gives `[batch, 1, new, n_ctx]`. The residual stream starts as
-# `model.embed(tokens) + model.pos_embed.W_pos[positions]`; each block is then
-# `residual + attention(ln1(residual))` followed by `residual + mlp(ln2(residual))`.
+# Write `real` into the new slots' columns of the cache's mask. Then three tables: the causal
+# rows of the new slots, `[new, n_ctx]`; the cache's mask with two new axes in the middle,
+# `[batch, 1, 1, n_ctx]`; and one more `[new, n_ctx]` table that is `True` where a key's slot is
+# the query's own slot (compare a range of all slots with the new slots). A key may be read when
+# it is causally allowed, and it is either real or the query's own: an "and" of the first with
+# an "or" of the other two, which broadcasting turns into `[batch, 1, new, n_ctx]`. The residual
+# stream starts as the token embedding plus the position embedding's rows at `positions`; each
+# block then adds its attention (on `ln1` of the stream) and its MLP (on `ln2`), as in chapter 4.
 #
 # </details>
 #
@@ -638,7 +669,13 @@ assert largest < 1e-4 and not moved, "section 2 says the same logits and buffers
 #   operations with a `torch.Generator`);
 # - writes the tokens into a preallocated tensor, not a Python list;
 # - handles the end of text with a **mask**: once a text has written `<|endoftext|>`, its later
-#   tokens are replaced by end-of-text (`torch.where`), and a `done` flag (a tensor) records it;
+#   tokens are replaced by end-of-text (`torch.where`), and a `done` flag (a tensor) records it.
+#   The steps between the end and the next look are then fed end-of-text, and the buffer holds
+#   the finished text followed by end-of-text, whatever was sampled: HF's `generate` does the
+#   same for the finished rows of a batch (transformers 5.24, `GenerationMixin._sample` writes
+#   the pad token there). One text at a time, the given code cuts the text after its first
+#   end-of-text anyway; in a batch, a finished row steps on with the others, and the mask is
+#   what it writes;
 # - looks at `done` only every `sync_every` steps, to stop early, and reads the tokens once at
 #   the end.
 #
@@ -687,9 +724,11 @@ assert largest < 1e-4 and not moved, "section 2 says the same logits and buffers
 # passed as a Python `int` (section 4 shows what that costs a compiled step); `slot` not
 # advanced; the penalty's counts not updated; the model called once more than needed.
 #
-# The tests compare your greedy tokens with HF's `generate` on its own static cache, your
-# sampled tokens with chapter 3's sampler under the same seed (every sampling argument, with
-# `stop_at_eos` both ways), count your host reads, and compile your step with dynamo to count
+# The tests compare your greedy tokens with HF's `generate` on its own static cache (and, if
+# they differ, the slots your steps were given), your sampled tokens with chapter 3's sampler
+# under the same seed (every sampling argument, with `stop_at_eos` both ways), what the steps
+# after an end of text are fed, your printed tokens with chapter 3's under `verbose`, count your
+# host reads (also `self.host_reads` with `verbose`), and compile your step with dynamo to count
 # its graphs.
 #
 # <details><summary>Hint 1: a nudge</summary>
@@ -701,12 +740,15 @@ assert largest < 1e-4 and not moved, "section 2 says the same logits and buffers
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# `text = torch.full((n_prompt + max_tokens_generated,), eos, device=device)` with the prompt
-# copied into its start; `counts` from `torch.bincount(input_ids, minlength=d_vocab)`, updated
-# with `Tensor.index_add_`; `done = torch.zeros(1, dtype=torch.bool, device=device)`; `slot =
-# torch.tensor([n_prompt], device=device)`, advanced with `slot += 1`. In the loop, `token =
-# torch.where(done, eos, token)` then `done |= token == eos`, and `text[k : k + 1] = token` at
-# the token's index `k`. Check `n_new` against `max_tokens_generated` *before* the next step.
+# Before the loop, on the prompt's device: `text`, a long tensor with room for the prompt and
+# every new token, filled with end-of-text and the prompt copied into its start (look up
+# `torch.full`); `counts`, the prompt's token counts as floats, one row of `d_vocab` (look up
+# `torch.bincount` and its `minlength`); `done`, a one-element bool tensor, False; `slot`, a
+# one-element long tensor holding `n_prompt`. In the loop: where `done` is set, replace the
+# token by end-of-text (`torch.where`), then or the token's own test for end-of-text into
+# `done`, in place; write the token into `text` at its index with a slice (a tensor, never an
+# int); add one to its count (`Tensor.index_add_`); count `n_new`, and stop before calling the
+# model once `n_new` reaches `max_tokens_generated`; add one to `slot` in place after the step.
 #
 # </details>
 #
@@ -758,9 +800,12 @@ assert fast_eager.host_reads <= n_demo // 16 + 1, "section 3: one read every syn
 # - a **graph break**: something dynamo cannot put into a graph (a host read, a Python branch on
 #   a tensor's value, a call it cannot trace) splits the function, and Python runs in between;
 #   `fullgraph=True` turns a break into an error;
-# - a **recompilation**: a guard fails, and the function is compiled again. A Python `int` that
-#   the function uses is a guard on its value: pass the position as an `int`, and every step is
-#   a new value, a new compilation. That is why `decode_step` takes tensors.
+# - a **recompilation**: a guard fails, and the function is compiled again. What a Python `int`
+#   (or a shape) costs depends on `torch.compile`'s `dynamic` argument. With `dynamic=False`,
+#   which this chapter's `compiled_step` passes, every int is specialised to its value: pass the
+#   position as an `int`, and every step is a new value and a new compilation, until dynamo's
+#   limit. With the default, `dynamic=None`, the first new value compiles the function once
+#   more, with the int as a symbol, and that version then serves every later value.
 #
 # `torch._dynamo.explain` traces a function with dynamo alone and reports its graphs and breaks,
 # in seconds, without a compiler.
@@ -780,8 +825,9 @@ assert report.graph_count == 1 and report.graph_break_count == 0, "section 4: on
 
 # %% [markdown]
 # And what a Python number does. The step below takes its slot as an `int` and makes the tensor
-# inside; we compile it with dynamo's `"eager"` backend (no compiler needed) and count the
-# entries in dynamo's cache for it after each step.
+# inside; we compile it with dynamo's `"eager"` backend (no compiler needed), once with
+# `dynamic=False` and once with the default, and count the entries in dynamo's cache for it
+# after each step; then `decode_step`, whose slot is a tensor.
 
 # %%
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
@@ -792,29 +838,58 @@ def step_with_int_slot(model, cache, token, slot: int):
     return forward_static(model, token, cache, slots, slots[None])[:, -1]
 
 
+def versions(step, args_at, dynamic, n_steps=4) -> list[int]:
+    """Compiled versions of `step` in dynamo's cache after each of `n_steps` steps."""
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="eager", dynamic=dynamic)
+    counts = []
+    with torch.inference_mode():
+        for s in range(n_steps):
+            compiled(*args_at(s))
+            counts.append(len(_debug_get_cache_entry_list(step.__code__)))
+    return counts
+
+
+version_cache, five = StaticKeyValueCache(cfg, 1), torch.tensor([[5]])
+entries = {
+    "int slot, dynamic=False": versions(
+        step_with_int_slot, lambda s: (model, version_cache, five, s), dynamic=False
+    ),
+    "int slot, dynamic=None (the default)": versions(
+        step_with_int_slot, lambda s: (model, version_cache, five, s), dynamic=None
+    ),
+    "tensor slot, dynamic=False": versions(
+        decode_step,
+        lambda s: (model, version_cache, five, torch.tensor([s]), torch.tensor([[s]])),
+        dynamic=False,
+    ),
+}
 torch._dynamo.reset()
-compiled_int = torch.compile(step_with_int_slot, backend="eager", dynamic=False)
-compiled_tensor = torch.compile(decode_step, backend="eager", dynamic=False)
-with torch.inference_mode():
-    int_cache, tensor_cache = StaticKeyValueCache(cfg, 1), StaticKeyValueCache(cfg, 1)
-    for s in range(4):
-        compiled_int(model, int_cache, torch.tensor([[5]]), s)
-        slot = torch.tensor([s])
-        compiled_tensor(model, tensor_cache, torch.tensor([[5]]), slot, slot[None])
-        entries_int = len(_debug_get_cache_entry_list(step_with_int_slot.__code__))
-        entries_tensor = len(_debug_get_cache_entry_list(decode_step.__code__))
-        print(
-            f"after step {s}: {entries_int} compiled versions (int slot), {entries_tensor} (tensor)"
-        )
+for name, counts in entries.items():
+    print(f"{name:37} compiled versions after steps 0-3: {counts}")
 
 # %% tags=["claim"]
-assert (entries_int, entries_tensor) == (4, 1), "section 4: a version per int, one for tensors"
+assert entries["int slot, dynamic=False"] == [1, 2, 3, 4], "section 4: a version per int value"
+assert entries["int slot, dynamic=None (the default)"] == [1, 2, 2, 2], "one more, symbolic"
+assert entries["tensor slot, dynamic=False"] == [1, 1, 1, 1], "section 4: one for tensors"
 
 # %% [markdown]
-# With an `int`, each new slot compiles a new version of the step. Dynamo stops after
-# `torch._dynamo.config.recompile_limit` versions (8 by default): then it runs the function
-# uncompiled, with a warning, or, under `fullgraph=True`, raises an error. With a tensor, the
-# value is data: one version serves every step.
+# With an `int` and `dynamic=False`, each new slot compiles a new version of the step. Dynamo
+# stops after `torch._dynamo.config.recompile_limit` versions (8 by default): then it runs the
+# function uncompiled, with a warning, or, under `fullgraph=True`, raises an error. With the
+# default, the second value fails the guard on the first, and dynamo compiles the step again
+# with the slot as a symbol (an "automatic dynamic" int): that version serves every later slot.
+# A cache grown by `torch.cat` goes the same way (on torch 2.13, one version per length with
+# `dynamic=False`; two in all with the default). With a tensor, the value is data: one version
+# serves every step, whatever `dynamic` says.
+#
+# So why does this chapter pass tensors, keep a cache of one shape, and compile with
+# `dynamic=False`, when the default would settle for two versions? Because a version with
+# symbols is general code: its sizes are read from the inputs at every call, and Inductor
+# cannot specialise its loops to sizes it does not know. And on a GPU, a CUDA graph
+# (section 5) is recorded for fixed shapes at fixed addresses: a new length, symbolic or not,
+# is a new recording. Tensors for what changes and one shape for the cache give one fully
+# specialised version, and one graph to replay.
 #
 # ### Timing it
 #
@@ -877,8 +952,10 @@ assert inductor_ok or compile_seconds is None, "the compiled row is there only w
 # far fewer operations. How much faster it is here depends on your machine and on what else it
 # is doing: the table says.
 #
-# Last, the compiled step against section 1's floor: the step's time, and the long pass's time
-# per position.
+# Last, the compiled step against section 1's floor. Section 1 timed chapter 4's step and the
+# long pass minutes ago, maybe under another load; the cell below times all four again, in
+# turns, so that whatever else your machine is doing slows them alike: chapter 4's step, the
+# static-cache step eager and compiled, and the long pass's time per position.
 
 # %% tags=["demo"]
 if inductor_ok:
@@ -888,18 +965,29 @@ if inductor_ok:
         slot = torch.tensor([100])
         token = torch.tensor([[5]])
         step_fn(model, timing_cache, token, slot, slot[None])  # compiled already: a cache hit
-        compiled_s = best_seconds(lambda: step_fn(model, timing_cache, token, slot, slot[None]),
-                                  10 * repeats)  # fmt: skip
-        eager_s = best_seconds(lambda: decode_step(model, timing_cache, token, slot, slot[None]),
-                               10 * repeats)  # fmt: skip
-    print(f"a step: {1e6 * eager_s:.0f} µs eager, {1e6 * compiled_s:.0f} µs compiled")
-    print(f"a position of the long pass: {1e6 * per_position:.0f} µs")
-    print(f"the compiled step costs {compiled_s / per_position:.1f} times a position's share "
-          f"(chapter 4's: {step4 / per_position:.1f})")  # fmt: skip
+        args = (model, timing_cache, token, slot, slot[None])
+        timed = {
+            "chapter 4's step": lambda: forward_with_cache(model, last, cache4),
+            "static cache, eager": lambda: decode_step(*args),
+            "static cache, compiled": lambda: step_fn(*args),
+        }
+        best = dict.fromkeys([*timed, "long pass"], float("inf"))
+        for _ in range(3):  # in turns: a load that comes and goes meets every one of them
+            for name, run in timed.items():
+                best[name] = min(best[name], best_seconds(run, 3 * repeats))
+            best["long pass"] = min(best["long pass"], best_seconds(lambda: model(long_ids), 1))
+    position_now = best.pop("long pass") / cfg.n_ctx
+    print(f"a position of the long pass: {1e6 * position_now:.0f} µs")
+    for name, seconds in best.items():
+        print(f"{name:23} {1e6 * seconds:6.0f} µs, {seconds / position_now:5.1f} times a position")
 
 # %% [markdown]
-# Compiled, the step still costs several times a position's share of the long pass. Part of
-# what is left is the cost of *calling* compiled code: before each call, dynamo checks its
+# Read the last column rather than the microseconds: timed in turns, the ratios move less under
+# load than the times, though a busy machine still moves them. On the idle machine the
+# benchmark ran on (section 8; its record, `benchmarks/results/fixed_cost.json`, keeps the
+# steps alone under `step` and a prefill position under `us_per_prefill_position`), the
+# compiled step was faster than the eager ones and still several times a position's share.
+# Part of what is left is the cost of *calling* compiled code: before each call, dynamo checks its
 # guards (every input's shape, dtype and device, and every weight of the model it reads). The
 # benchmark (section 8) measures what that costs, by timing the step with guard checks turned
 # off (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`, unsafe outside a measurement).
@@ -969,9 +1057,8 @@ else:
     print("   " + record["also_seen"]["chapter_5_cuda_graph_cell"].split(": ", 1)[1])
     step, kernels, tps = run["step_alone_us"], run["kernels_per_step"], run["tokens_per_s"]
     print(
-        f"and benchmarks/cuda_graphs.py measured a step alone: {step['eager']:.0f} µs eager "
-        f"({kernels['eager']:.0f} kernels), {step['graphed']:.0f} µs replayed "
-        f"({kernels['graphed']:.0f} kernels), "
+        f"and benchmarks/cuda_graphs.py measured a step alone: {step['eager']:.0f} µs eager, "
+        f"{step['graphed']:.0f} µs replayed ({kernels['graphed']:.0f} kernels in a replay), "
         f"{step['reduce_overhead']:.0f} µs compiled with mode='reduce-overhead' (Inductor's "
         f"step: {kernels['compiled']:.0f} kernels); a prefill position "
         f"{run['us_per_prefill_position']:.1f} µs"
@@ -987,8 +1074,11 @@ else:
 # 4's on the GPU: a step's time there is not its arithmetic (compare a prefill position) but the
 # launching of its kernels, each sent by the CPU through Python and PyTorch. Replayed from a
 # graph, the CPU sends one launch, and the step costs a fraction of the eager one. What is left
-# is the kernels themselves, run back to back: divide the replayed step's time by its kernels,
-# and each one takes about two microseconds of the GPU however little it computes. So fewer
+# is the kernels themselves, run back to back: divide the replayed step's time by the kernels
+# the profiler counted in a replay, and each one takes about two microseconds of the GPU
+# however little it computes. (The record also counts an eager call's kernels, a dozen fewer
+# than a replay's; why the two counts differ it does not say, so the cell leaves the eager
+# count out.) So fewer
 # kernels is the next saving, and that is what `mode="reduce-overhead"` adds: Inductor fuses the
 # step into fewer kernels and records *those* as a graph.
 #
@@ -1020,14 +1110,16 @@ else:
 #
 # *About 20 minutes.*
 #
-# `quantize_int8(W)` returns `(q, scale)`: `q` int8 of `W`'s shape, `scale` float `[..., d_out]`,
-# with `W ≈ q * scale[..., None, :]`. `W` may have leading dimensions (the attention weights are
-# `[n_heads, d_model, d_head]`): each matrix of the batch gets its own scales. A column of zeros
-# gets a tiny positive scale (`torch.finfo(W.dtype).eps`), not 0: its `q` is then 0, not NaN.
+# `quantize_int8(W)` returns `(q, scale)`: `q` int8 of `W`'s shape, `scale` `[..., d_out]` in
+# `W`'s dtype, with `W ≈ q * scale[..., None, :]`. `W` may have leading dimensions (the
+# attention weights are `[n_heads, d_model, d_head]`): each matrix of the batch gets its own
+# scales. A column of zeros gets a tiny positive scale (`torch.finfo(W.dtype).eps`), not 0: its
+# `q` is then 0, not NaN.
 #
 # Common mistakes: the largest magnitude taken along the wrong dimension (per row: one scale
 # per *input*); dividing by 128 or 255; `.to(torch.int8)` without rounding first (it truncates
-# toward zero); a zero column divided by a zero scale.
+# toward zero); a zero column divided by a zero scale; the scale stored in float16 to save
+# bytes (there is one per column: it saves almost nothing, and adds a rounding of its own).
 #
 # The tests compare your scales with PyTorch's own observer (`torch.ao.quantization`'s
 # `PerChannelMinMaxObserver`, symmetric, range ±127) and your integers with
@@ -1042,9 +1134,10 @@ else:
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# `W.abs().amax(dim=...)` over `d_in`, divided by 127, then clamped below at the eps; `W` divided
-# by the scale (put back the `d_in` dimension with `unsqueeze` so that it broadcasts),
-# `torch.round`, clamped to [-127, 127], converted to `torch.int8`.
+# The largest magnitude over `d_in` (look up `Tensor.amax`), divided by 127, then clamped
+# below at the eps; `W` divided by the scale (put back the `d_in` dimension with `unsqueeze` so
+# that it broadcasts), rounded (`torch.round`), clamped to [-127, 127], converted to int8. Keep
+# the scale in `W`'s dtype.
 #
 # </details>
 #
@@ -1192,9 +1285,10 @@ Console().print(table)
 #
 # <details><summary>Answer</summary>
 #
-# So that every step has the same shapes: a compiled step (and a CUDA graph) is valid only for
-# the shapes it was made for. The masked slots cost some arithmetic, which is cheap next to a
-# recompilation or a new allocation per step.
+# So that every step has the same shapes: a step compiled with `dynamic=False` (as here) and a
+# CUDA graph are valid only for the shapes they were made for, and a version compiled with
+# symbolic sizes is more general, less specialised code. The masked slots cost some
+# arithmetic, which is cheap next to a recompilation or a new allocation per step.
 #
 # </details>
 #
@@ -1202,9 +1296,12 @@ Console().print(table)
 #
 # <details><summary>Answer</summary>
 #
-# Dynamo guards on the value of every Python number a compiled function uses: a new value fails
-# the guard and compiles the function again, at every step. A tensor's value is data: one
-# compiled version serves every position.
+# With `dynamic=False`, dynamo guards on the value of every Python number a compiled function
+# uses: a new value fails the guard and compiles the function again, at every step, until the
+# recompile limit. With the default `dynamic=None`, the second value compiles it once more with
+# the number as a symbol, and that version serves the rest: two compilations, and general code.
+# A tensor's value is data: one specialised version serves every position, and a CUDA graph can
+# replay it.
 #
 # </details>
 #
@@ -1253,13 +1350,20 @@ Console().print(table)
 # - Williams, Waterman and Patterson, *Roofline: An Insightful Visual Performance Model for
 #   Multicore Architectures*, Communications of the ACM, 2009: the floor of section 1.
 # - Dettmers et al., *LLM.int8(): 8-bit Matrix Multiplication for Transformers at Scale*, 2022
-#   (arXiv:2208.07339): why int8 per channel loses so little, and where it starts to lose.
+#   (arXiv:2208.07339): int8 matrix multiplication, activations included. What it finds losing
+#   accuracy is the int8 *activations*: outlier features that appear in models from about 6.7
+#   billion parameters, which it keeps in 16 bits. Weight-only int8, as in section 6, never
+#   quantizes activations.
 # - Leviathan, Kalman and Matias, *Fast Inference from Transformers via Speculative Decoding*,
 #   ICML 2023 (arXiv:2211.17192): the speed-up formula of section 7.
 #
 # ## What's next
 #
-# One text at a time, a step is now close to what this machine's arithmetic and memory allow
-# for one position. Chapter 6 gets more than one token out of a main-model step: speculative
-# and lookahead decoding, on chapter 4's cache. Chapter 7 serves many requests
+# One text at a time, the compiled step is faster, and still far from what this machine's
+# memory allows: the benchmark's record (`python benchmarks/fixed_cost.py --runs 5 --threads 1`,
+# the course's 2-core machine, idle, 2026-11-26, `benchmarks/results/fixed_cost.json`) has the
+# compiled step alone at 863 µs, 4.2 times the 204 µs its weights take to read at the measured
+# rate, and 6.9 times a prefill position (7.98 times per generated token in a whole
+# generation). Chapter 6 gets more than one token out of a main-model step: speculative and
+# lookahead decoding, on chapter 4's cache. Chapter 7 serves many requests
 # at once, which shares each step's fixed cost among many texts.

@@ -23,8 +23,8 @@ def quantize_int8(
 ) -> tuple[Int8[Tensor, "... d_in d_out"], Float[Tensor, "... d_out"]]:
     """`(q, scale)` with `W ≈ q * scale[..., None, :]`: per column (output channel) of each
     matrix, `scale` = the column's largest magnitude / 127 and `q` = W / scale rounded to the
-    nearest integer (ties to even, as `torch.round`), in [-127, 127]. A column of zeros gets a
-    tiny positive scale, not 0 (no division by zero)."""
+    nearest integer (ties to even, as `torch.round`), in [-127, 127]. `scale` has W's dtype. A
+    column of zeros gets a tiny positive scale, not 0 (no division by zero)."""
     # BEGIN SOLUTION
     scale = W.abs().amax(dim=-2) / 127
     scale = scale.clamp(min=torch.finfo(W.dtype).eps)  # an all-zero column: q = 0, not NaN

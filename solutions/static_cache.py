@@ -30,7 +30,8 @@ class StaticKeyValueCache:
     `keys[i]` and `values[i]` are layer i's buffers, [batch, n_heads, n_ctx, d_head] (chapter 4's
     layout); `mask` [batch, n_ctx] is True at the slots that hold a real token; `causal`
     [n_ctx, n_ctx] is True where the query in slot q may read the key in slot k (k <= q), made
-    once, so that a step's mask is a slice of it, not a new tensor."""
+    once, so that a step picks its rows (`causal[slots]`) instead of comparing slots again. The
+    rows picked are a copy, not a view: indexing with a tensor of indices always copies."""
 
     def __init__(
         self,
