@@ -68,7 +68,7 @@ def slots_of(block_table: list[int], positions: range, block_size: int) -> list[
 
 def prepare_inputs(
     scheduled: list[tuple[list[int], int, int, list[int]]], block_size: int, device=None
-) -> StepInputs:
+) -> "StepInputs":  # defined just below it in the notebook
     """`scheduled`: per request (its token ids, num_computed, num_new, block table). The step
     feeds tokens [num_computed, num_computed + num_new) of each."""
     token_ids, positions, slot_mapping, starts, lens, tables = [], [], [], [0], [], []
