@@ -191,8 +191,10 @@ def _is_check_cell(source: str) -> bool:
 
 
 def _first_line(source: str) -> str:
+    """A cell's first line of code, to name it by: not a comment, and not a decorator (many
+    given cells start with `@dataclass`, which would name them all alike)."""
     for line in source.splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
+        if line.strip() and not line.lstrip().startswith(("#", "@")):
             return line.strip()[:40]
     return "…"
 

@@ -444,3 +444,13 @@ def test_a_test_whose_process_crashes_on_memory_is_told_about_masks():
     assert "tl.load" in message and "mask" in message, message
     hang = sandbox.Outcome("killed", detail="stuck for 20 s, inside a library call")
     assert "end the process" in unfinished_message(hang)
+
+
+def test_a_given_cell_is_named_by_its_first_line_of_code_not_its_decorator():
+    """Many given cells start with `@dataclass`: naming them by it would name them all alike."""
+    from utils.grading import _first_line
+
+    assert _first_line("# the plan\n@dataclass\nclass SchedulerOutput:\n    x: int") == (
+        "class SchedulerOutput:"
+    )
+    assert _first_line("def prepare_inputs(\n    scheduled,\n):") == "def prepare_inputs("
