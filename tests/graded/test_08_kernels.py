@@ -189,6 +189,21 @@ def softmax_mistake(x: torch.Tensor, got: torch.Tensor, row: int) -> str | None:
         return torch.allclose(got[rows], model[rows], atol=1e-6, rtol=1e-3, equal_nan=True)
 
     m = x.amax(dim=1, keepdim=True)
+    low = m[:, 0] < -120  # exp(x) is 0 in float32 in these rows, and in their sum
+    fine = torch.softmax(x, dim=-1)
+    if (
+        low.any()
+        and bool((got[low].nan_to_num(0.0) == 0).all())
+        and torch.allclose(got[~low], fine[~low], atol=1e-6, rtol=1e-3)
+    ):
+        r = int(low.nonzero()[0])
+        return (
+            f"row {r}, whose logits are all far below 0 (its largest is {float(m[r]):.1f}), "
+            f"came out as {float(got[r, 0]):g} everywhere, while the other rows are right: the "
+            "max subtracted there was 0, not the row's max. Is your running max still 0? A "
+            "running max that starts at 0 is never raised by a negative logit, so it stays 0 and "
+            "exp(x - 0) underflows to 0 in float32. It must start at -inf, below every logit."
+        )
     if gives(torch.softmax(x, dim=-1) * m.exp()):
         return (
             "each value is the softmax times exp(the row's max): the pass that writes did not "
@@ -257,6 +272,7 @@ def softmax_mistake(x: torch.Tensor, got: torch.Tensor, row: int) -> str | None:
 def test_softmax_matches_torch(impl, v):
     g = torch.Generator().manual_seed(v)
     x = torch.randn(6, v, generator=g) * 3
+    x[4] -= 200.0  # every logit far below 0: exp(x - 0) underflows to 0 in float32
     if v > 1:
         x[1, ::3] = float("-inf")  # masked tokens (never the whole row)
         x[2] += 1e4  # large logits: exp overflows unless the row's max is subtracted first
@@ -284,8 +300,11 @@ def test_softmax_matches_torch(impl, v):
         )
     if torch.allclose(got, expected, atol=1e-6, rtol=1e-4):
         return
-    worst = int((got - expected).abs().amax(dim=-1).argmax())
-    error = float((got - expected).abs().max())
+    errors = (got - expected).abs().amax(dim=-1)
+    if float(torch.cat([errors[:4], errors[5:]]).max()) > 1e-4:
+        errors[4] = 0.0  # quote a row with ordinary logits where one is wrong too
+    worst = int(errors.argmax())
+    error = float(errors[worst])
     mistake = softmax_mistake(x, got, worst)
     if mistake is None and v <= 1024:  # one block, on every device
         mistake = (
@@ -365,6 +384,17 @@ def test_gumbel_kernel_near_zero_temperature_is_argmax(impl, temperature):
             f"{told} Temperature 0 means no noise: take the plain argmax of the logits (a "
             "constexpr branch). Multiplying by inv_temperature = 0 instead leaves scores "
             "x * 0 + G, pure noise: a random token."
+        )
+    # The same noise replayed (the given gumbel_noise, through the reference kernel at T = 1):
+    # the tokens of argmax(x * T + G), logits multiplied by T instead of divided.
+    times = reference_gumbel_sample((wide * temperature).to(DEVICE), 1.0, 5).cpu()
+    if torch.equal(got, times):
+        pytest.fail(
+            f"{told} Your tokens are argmax(x * T + G) with the kernel's own noise: the logits "
+            "were multiplied by the temperature, not divided by it. inv_temperature is 1 / T "
+            "already, so dividing by it multiplies by T, and at T = 0.001 the noise outweighs "
+            "logits shrunk a thousandfold. Multiply the logits by inv_temperature, then add "
+            "the noise."
         )
     pytest.fail(
         f"{told} Each row's best logit leads by 0.1, {0.1 / temperature:g} once divided by "
@@ -539,13 +569,35 @@ def shared_uniform(samples: torch.Tensor, probs: torch.Tensor) -> str | None:
     return None
 
 
+def one_column_late(samples: torch.Tensor, probs: torch.Tensor) -> str | None:
+    """Whether the samples follow the law of an exclusive prefix sum (the sum of the columns
+    before c, without p_c): each possible column drawn with the probability of the possible
+    column before it, the first never (the last also takes its own, through the fallback). In
+    words, or None."""
+    probs = probs.double().cpu() / probs.sum()
+    possible = (probs > 0).nonzero().flatten()
+    late = torch.zeros_like(probs)
+    late[possible[1:]] = probs[possible[:-1]]
+    late[possible[-1]] += probs[possible[-1]]
+    if not follows(samples, late):
+        return None
+    return (
+        f"your tokens come one possible column late: column {int(possible[0])} is never drawn, "
+        f"and column {int(possible[1])} is drawn with the probability of column "
+        f"{int(possible[0])}. Your prefix that decides column c is exclusive, the sum of the "
+        "columns before c: it must include p_c itself (an inclusive prefix sum, which "
+        "tl.cumsum gives), so that column c is chosen when u falls inside its own share."
+    )
+
+
 @contextlib.contextmanager
 def shared_uniforms_named(samples: torch.Tensor, probs: torch.Tensor, what: str):
-    """Re-raise a failed check with what `shared_uniform` sees in the samples, if anything."""
+    """Re-raise a failed check with what `shared_uniform` or `one_column_late` sees in the
+    samples, if anything."""
     try:
         yield
     except AssertionError as err:
-        mistake = shared_uniform(samples, probs)
+        mistake = shared_uniform(samples, probs) or one_column_late(samples, probs)
         if mistake is None:
             raise
         raise AssertionError(f"{what}: {mistake}\n{err}") from None
@@ -1107,7 +1159,12 @@ def test_top_p_is_exact_in_a_bounded_number_of_rounds(impl, shape):
     assert_samples_follow(samples, kept(probs, mask), f"top_p={top_p} on a {shape} distribution")
     bound = rounds_bound(probs, mask)
     worst = int(rounds.max())
-    assert 1 <= int(rounds.min()) and worst <= bound, (
+    assert int(rounds.min()) >= 1, (
+        f"{shape} distribution: a row reports {int(rounds.min())} rounds, but every row draws "
+        "at least once: a row whose first draw is kept took 1 round. Are your rounds counted "
+        "from 0? Count them from 1: the round that keeps the token counts too."
+    )
+    assert worst <= bound, (
         f"{shape} distribution: rows took between {int(rounds.min())} and {worst} rounds; the "
         f"bound is {bound}. Each rejected round must move low up to the rejected pivot (or to "
         "the second pivot when it is rejected too) and high down to the second pivot when "

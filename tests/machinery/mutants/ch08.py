@@ -628,4 +628,37 @@ MUTANTS: list[Mutant] = [
         name="target-row-stride-k",
         says=("row stride", "k + 1"),
     ),
+    # SLIPS.md's classes tried on every exercise (issue 43).
+    Mutant(
+        "softmax_kernel",
+        'm = tl.full((BLOCK_B,), float("-inf"), tl.float32)',
+        "m = tl.zeros((BLOCK_B,), tl.float32)",
+        "the running max starts at 0: a row whose logits are all far below 0 underflows",
+        name="max-starts-at-zero",
+        says=("starts at 0", "-inf"),
+    ),
+    Mutant(
+        "gumbel_kernel",
+        "scores = x * inv_temperature + gumbel_noise(seed, rows, start, n_cols, BLOCK_B, BLOCK_V)",
+        "scores = x / inv_temperature + gumbel_noise(seed, rows, start, n_cols, BLOCK_B, BLOCK_V)",
+        "the logits divided by inv_temperature: multiplied by T, not divided",
+        name="divided-by-inv-temperature",
+        says=("multiplied by", "inv_temperature"),
+    ),
+    Mutant(
+        "inverse_transform",
+        "prefix = total[:, None] + tl.cumsum(p, axis=1)",
+        "prefix = total[:, None] + tl.cumsum(p, axis=1) - p",
+        "the exclusive prefix sum (without the column itself): each token one column late",
+        name="exclusive-prefix",
+        says=("exclusive", "itself"),
+    ),
+    Mutant(
+        "top_k_top_p",
+        "rounds = tl.where(active, i + 1, rounds)",
+        "rounds = tl.where(active, i, rounds)",
+        "rounds counted from 0: a draw kept in its first round reports 0 rounds",
+        name="rounds-from-zero",
+        says=("rounds", "from 1"),
+    ),
 ]
