@@ -80,3 +80,21 @@ def test_the_fused_kernel_draws_what_the_gumbel_kernel_draws_from_the_product(te
     assert torch.equal(fused.cpu(), plain.cpu()), (fused != plain).nonzero()
     other = gumbel_sample((h @ w.T).to(DEVICE), temperature, seed=22)
     assert not torch.equal(fused.cpu(), other.cpu())  # the agreement is the noise's, not chance
+
+
+@pytest.mark.parametrize("top_k", [1, 3, 10])
+def test_the_graded_replay_of_dual_pivot_rounds_gives_the_kernels_tokens(top_k):
+    # test_top_k_of_one_is_the_argmax names the swapped pivots by replaying the rounds in
+    # PyTorch from the kernel's docstring (each round's uniform from tl.rand). Unswapped, the
+    # replay must give the reference kernel's tokens, or its diagnosis would be a guess.
+    from solutions.kernels.top_k_top_p import MAX_ROUNDS
+    from tests.graded.test_08_kernels import _round_uniforms, top_k_rounds
+
+    g = torch.Generator().manual_seed(79)
+    probs = torch.rand(16, 100, generator=g).pow(8)
+    probs /= probs.sum(dim=-1, keepdim=True)
+    uniforms = torch.empty(16, 64, device=DEVICE)
+    _round_uniforms[(1,)](uniforms, 16, 0, STRIDE=MAX_ROUNDS, ROUNDS=64, BLOCK=16)
+    tokens = top_k_top_p_sample(probs.to(DEVICE), top_k=top_k, seed=0).cpu()
+    replay = [top_k_rounds(probs[r], uniforms[r].cpu(), top_k, False) for r in range(16)]
+    assert replay == tokens.tolist()
