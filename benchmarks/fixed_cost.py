@@ -13,7 +13,8 @@ Methods:
 - `hf_dynamic`: HF `generate`, its default dynamic cache, eager;
 - `cached`: chapter 4's `CachedTransformerSampler`;
 - `hf_static_compiled`: HF `generate(cache_implementation="static")` with the model's forward
-  under `torch.compile` (HF's documented recipe for a compiled static cache);
+  under `torch.compile(fullgraph=True)` in the default mode (HF's `llm_optims.md` pairs the static
+  cache with `mode="reduce-overhead"`, which records CUDA graphs: on a CPU there is none to record);
 - `fast_eager`, `fast_compiled`: `FastTransformerSampler` without and with `torch.compile`.
 
 Against the arithmetic: a prefill position's cost is a forward pass over n_ctx positions divided

@@ -52,7 +52,7 @@ steps are traced with dynamo and run eagerly (`compile` says which).
 
 Every run generates `--tokens` new tokens per prompt (no stop at end-of-text), fewer if the
 longest prompt plus the tokens plus the widest pass would not fit the model's n_ctx. The
-default run takes minutes (the README quotes one run's time). `--quick` is a smoke test (k in
+default run takes minutes (its JSON records `wall_s`). `--quick` is a smoke test (k in
 {1, 3}, T = 0, lookahead 5,3,5 and 5,3,5,p, one prompt per workload, 30 tokens, one run).
 `--load N` starts N busy processes beside the benchmark (those of benchmarks/generate.py);
 `--threads T` sets PyTorch's intra-op threads (default 1: the ratios then do not depend on how
