@@ -23,7 +23,12 @@ from torch import Tensor, nn
 
 from solutions import checks
 from solutions.kv_cache_manager import KVCacheManager
-from solutions.paged_attention import PagedKVCache, forward_paged, prepare_inputs
+from solutions.paged_attention import (
+    PagedKVCache,
+    attend_strided,
+    forward_paged,
+    prepare_inputs,
+)
 from solutions.request import Request, RequestOutput
 from solutions.sampling import sample_next_token
 from solutions.sampling_params import SamplingParams
@@ -199,7 +204,8 @@ class LLMEngine:
         )
         samples = [r.num_computed_tokens + n == r.num_tokens for r, n in plan.scheduled]
         last_rows = inputs.query_start[1:] - 1
-        logits = forward_paged(self.model, self.cache, inputs, last_rows[torch.tensor(samples)])
+        at = last_rows[torch.tensor(samples, device=last_rows.device)]
+        logits = forward_paged(self.model, self.cache, inputs, at, attend_strided)
         return [r for (r, _), s in zip(plan.scheduled, samples, strict=True) if s], logits
 
     @staticmethod

@@ -130,41 +130,89 @@ def attend(
     # END SOLUTION
 
 
+def attend_strided(
+    queries: Float[Tensor, "G Q n_heads d_head"],
+    keys: Float[Tensor, "num_blocks block_size n_heads d_head"],
+    values: Float[Tensor, "num_blocks block_size n_heads d_head"],
+    block_tables: Int[Tensor, "G B"],
+    query_pos: Int[Tensor, "G Q"],
+) -> Float[Tensor, "G Q n_heads d_head"]:
+    """`attend`, one copy fewer. Picking blocks through a table cannot be a view: `index_select`
+    copies them, whole blocks, into [G * B, block_size, n_heads, d_head]. Putting the heads
+    first needs no second copy: the attention function reads a strided view (any strides, as
+    long as each head's d_head numbers lie side by side), so the blocks are read where the
+    first copy left them."""
+    G, B = block_tables.shape
+    L = B * keys.shape[1]
+    picked = block_tables.flatten()
+    k = keys.index_select(0, picked).view(G, L, *keys.shape[2:]).transpose(1, 2)  # a view
+    v = values.index_select(0, picked).view(G, L, *values.shape[2:]).transpose(1, 2)
+    readable = torch.arange(L, device=queries.device) <= query_pos[..., None]  # [G, Q, L]
+    out = F.scaled_dot_product_attention(queries.transpose(1, 2), k, v, attn_mask=readable[:, None])
+    return out.transpose(1, 2)
+
+
+@dataclass
+class AttentionGroup:
+    """Requests attended in one call: their rows of the flattened batch, [G, Q] (a decode's
+    one row, or a chunk's rows), their first B blocks and each query's position."""
+
+    rows: Int[Tensor, "G Q"]
+    block_tables: Int[Tensor, "G B"]
+    query_pos: Int[Tensor, "G Q"]
+
+
+def attention_groups(inputs: StepInputs, block_size: int, bucket: int = 2) -> list[AttentionGroup]:
+    """How the step's requests are attended, decided once a step for every layer. Decodes (one
+    query each) are attended together, in groups of requests whose tables have about as many
+    blocks (rounded up to a multiple of `bucket`): a group reads B blocks for each of its
+    requests, its longest table's, so a short request beside a long one would read the long
+    one's padding. Each prompt chunk is attended alone."""
+    counts = inputs.query_start.diff().tolist()
+    starts, lens = inputs.query_start.tolist(), inputs.context_lens.tolist()
+    device = inputs.query_start.device
+    by_size: dict[int, list[int]] = {}
+    groups = []
+    for r, count in enumerate(counts):
+        B = -(-lens[r] // block_size)
+        if count == 1:
+            by_size.setdefault(-(-B // bucket) * bucket, []).append(r)
+            continue
+        rows = torch.arange(starts[r], starts[r] + count, device=device)
+        groups.append(AttentionGroup(rows[None], inputs.block_tables[r : r + 1, :B],
+                                     inputs.positions[rows][None]))  # fmt: skip
+    for size in sorted(by_size):
+        decodes = torch.tensor(by_size[size], device=device)
+        B = -(-max(lens[r] for r in by_size[size]) // block_size)
+        rows = inputs.query_start[decodes]
+        groups.append(AttentionGroup(rows[:, None], inputs.block_tables[decodes, :B],
+                                     inputs.positions[rows][:, None]))  # fmt: skip
+    return groups
+
+
 def paged_attention(
     attn: Attention,
     x: Float[Tensor, "T d_model"],
     keys: Float[Tensor, "num_blocks block_size n_heads d_head"],
     values: Float[Tensor, "num_blocks block_size n_heads d_head"],
     inputs: StepInputs,
+    groups: list[AttentionGroup],
+    attention=attend,
 ) -> Float[Tensor, "T d_model"]:
     """Attention for the step's T tokens: write their keys and values to their slots, then
-    let each request's queries read its own positions, up to their own."""
-    q = torch.einsum("td,hde->the", x, attn.W_Q) + attn.b_Q  # [T, n_heads, d_head]
-    k = torch.einsum("td,hde->the", x, attn.W_K) + attn.b_K
-    v = torch.einsum("td,hde->the", x, attn.W_V) + attn.b_V
+    let each request's queries read its own positions, up to their own, group by group
+    (`attention`: `attend`, or any function with its contract)."""
+    T, (H, d_model, d_head) = x.shape[0], attn.W_Q.shape
+    # The three projections as one product (vLLM's QKVParallelLinear): [T, 3 * H * d_head].
+    W_QKV = torch.cat([attn.W_Q, attn.W_K, attn.W_V]).transpose(0, 1).reshape(d_model, -1)
+    b_QKV = torch.cat([attn.b_Q, attn.b_K, attn.b_V]).flatten()
+    q, k, v = torch.addmm(b_QKV, x, W_QKV).view(T, 3, H, d_head).unbind(1)
     keys.flatten(0, 1)[inputs.slot_mapping] = k  # into the cache: flatten is a view of it
     values.flatten(0, 1)[inputs.slot_mapping] = v
-    # Requests come in two shapes: decodes, one query each, all attended at once; and prompt
-    # chunks, each attended alone. Padding a decode's one query to a chunk's length would
-    # multiply its attention's work by that length.
     z = torch.empty_like(q)
-    block_size = keys.shape[1]
-    counts, lens = inputs.query_start.diff().tolist(), inputs.context_lens.tolist()
-    decodes = [r for r, count in enumerate(counts) if count == 1]
-    if decodes:
-        rows = inputs.query_start[decodes]
-        B = -(-max(lens[r] for r in decodes) // block_size)
-        z[rows] = attend(q[rows, None], keys, values, inputs.block_tables[decodes, :B],
-                         inputs.context_lens[decodes, None] - 1)[:, 0]  # fmt: skip
-    for r, count in enumerate(counts):
-        if count > 1:
-            start, length = int(inputs.query_start[r]), lens[r]
-            positions = torch.arange(length - count, length, device=x.device)
-            B = -(-length // block_size)
-            z[start : start + count] = attend(q[None, start : start + count], keys, values,
-                                              inputs.block_tables[r : r + 1, :B],
-                                              positions[None])[0]  # fmt: skip
-    return torch.einsum("the,hed->td", z, attn.W_O) + attn.b_O
+    for g in groups:
+        z[g.rows] = attention(q[g.rows], keys, values, g.block_tables, g.query_pos)
+    return torch.addmm(attn.b_O, z.view(T, H * d_head), attn.W_O.view(H * d_head, d_model))
 
 
 def forward_paged(
@@ -172,12 +220,17 @@ def forward_paged(
     keys_values: PagedKVCache,
     inputs: StepInputs,
     logits_at: Int[Tensor, "S"],
+    attention=attend,
 ) -> Float[Tensor, "S d_vocab"]:
     """The logits at rows `logits_at` of the flattened batch (the last token of each request
     that samples in this step; a prefill chunk that does not reach its prompt's end samples
-    nothing and needs no unembedding)."""
+    nothing and needs no unembedding). `attention`: `attend`, or `attend_strided`."""
+    groups = attention_groups(inputs, keys_values.block_size)
     residual = model.embed(inputs.token_ids[None])[0] + model.pos_embed.W_pos[inputs.positions]
     for block, keys, values in zip(model.blocks, keys_values.keys, keys_values.values, strict=True):
-        residual = residual + paged_attention(block.attn, block.ln1(residual), keys, values, inputs)
+        x = block.ln1(residual)
+        residual = residual + paged_attention(
+            block.attn, x, keys, values, inputs, groups, attention
+        )
         residual = residual + block.mlp(block.ln2(residual))
     return model.unembed(model.ln_final(residual[logits_at]))
