@@ -273,6 +273,13 @@ def forced_outcomes_give_the_layout(sample, device="cpu"):
             "tokens. After the main model's token (the recovered one) every column is -1: a "
             "draft after the first rejection never counts"
         )
+    if got[0][3] == 3:
+        pytest.fail(
+            f"tokens should be {expected_out}, got {got}: row 0 kept all {k} drafts, and its "
+            f"bonus token came from position {k - 1}, the last draft's distribution (token 3 "
+            f"for sure), not from position {k}, the target's LAST position (token 4). The "
+            "target has k + 1 positions: the bonus token reads the one after the last draft"
+        )
     assert out.tolist() == expected_out, (
         f"tokens should be {expected_out}, got {out.tolist()}: the accepted drafts, then the "
         "recovered token (from max(0, p - q)) or, when all k were kept, the bonus token (from the "

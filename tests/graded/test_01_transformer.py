@@ -237,15 +237,20 @@ def test_causal_mask(impl, reference):
     )
 
 
-def attention_with_pattern_transposed(cfg, params: dict[str, torch.Tensor], x: torch.Tensor):
-    """Block 0's attention written out from its weights, with one known mistake: the values
-    mixed by the pattern's transpose (query and key axes swapped). Used to name it only."""
+def attention_with_axes_swapped(cfg, params: dict[str, torch.Tensor], x: torch.Tensor, where: str):
+    """Block 0's attention written out from its weights, with one known mistake: the query and
+    key axes swapped in the `scores` (before the mask and softmax) or in the `pattern` (when it
+    mixes the values). Used to name it only."""
     q, k, v = (torch.einsum("bpd,hde->bphe", x, params[f"W_{n}"]) + params[f"b_{n}"] for n in "QKV")
     scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / cfg.d_head**0.5
+    if where == "scores":
+        scores = scores.transpose(-1, -2)
     n = x.shape[1]
     future = torch.ones(n, n, dtype=torch.bool).triu(1)
     pattern = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
-    z = torch.einsum("bhkq,bkhe->bqhe", pattern, v)  # the mistake: pattern[b, h, k, q]
+    if where == "pattern":
+        pattern = pattern.transpose(-1, -2)
+    z = torch.einsum("bhqk,bkhe->bqhe", pattern, v)
     return torch.einsum("bqhe,hed->bqd", z, params["W_O"]) + params["b_O"]
 
 
@@ -272,7 +277,15 @@ def test_attention_matches_reference(impl, reference, ref_run):
         for shift, bias in [(params["b_O"], "b_O"), (v_shift, "b_V")]:
             if close_f32(out, expected - shift):
                 pytest.fail(f"Did you forget the bias {bias}? Add it as you add the others.")
-        if close_f32(out, attention_with_pattern_transposed(cfg, params, x)):
+        if close_f32(out, attention_with_axes_swapped(cfg, params, x, "scores")):
+            pytest.fail(
+                "Your output is what attention gives with the SCORES laid out transposed, "
+                "[.., key_pos, query_pos]: the causal mask and the softmax then act on the "
+                "wrong axes (each row is a key, normalised over the queries). When you take "
+                "the dot product of queries and keys, is the query axis the one before the key "
+                "axis in the result, [batch, head, query_pos, key_pos]?"
+            )
+        if close_f32(out, attention_with_axes_swapped(cfg, params, x, "pattern")):
             pytest.fail(
                 "Your output is what attention gives with the pattern read TRANSPOSED when the "
                 "values are mixed: query q took its weights from column q of the pattern (the "
@@ -442,6 +455,11 @@ def test_transformer_matches_bridge(impl, reference, ref_run):
         embedded = cache["blocks.0.hook_resid_pre"]
         last_in = cache[f"blocks.{n - 1}.hook_resid_pre"]
         variants = [  # the reference run with one known mistake, by hooks
+            (
+                "the first block is skipped (its output is its input): does every block run, "
+                "from block 0 on?",
+                [("blocks.0.hook_resid_post", lambda t, hook: embedded)],
+            ),
             (
                 "the last block is skipped (its output is its input): does every block run?",
                 [(f"blocks.{n - 1}.hook_resid_post", lambda t, hook: last_in)],

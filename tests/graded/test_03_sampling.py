@@ -220,7 +220,17 @@ def test_frequency_penalty_matches_the_closed_form(impl, penalty):
     input_ids = torch.tensor(sequences)
     logits = torch.randn(2, d_vocab, generator=torch.Generator().manual_seed(4))
     original = logits.clone()
-    got = impl.apply_frequency_penalty(input_ids, logits, penalty)
+    try:
+        got = impl.apply_frequency_penalty(input_ids, logits, penalty)
+    except RuntimeError as err:
+        if "invalid for input of size" in str(err):
+            raise AssertionError(
+                f"apply_frequency_penalty raised RuntimeError ({err}): the counts came out "
+                f"with more bins than batch x d_vocab = {2 * d_vocab}, so a shifted id went "
+                "past the last row's range. Row r's bins are r * d_vocab up to (r + 1) * "
+                "d_vocab - 1: do the row offsets start at 0 for row 0, or one row too far on?"
+            ) from err
+        raise
     assert_untouched(logits, original, "apply_frequency_penalty", IN_PLACE_LOGITS)
     assert_untouched(input_ids, torch.tensor(sequences), "apply_frequency_penalty", IN_PLACE_IDS)
     # The known mistakes, recognised by what they return: counts are exact, by Counter.
@@ -299,17 +309,42 @@ def test_frequency_penalty_makes_its_tensors_on_the_inputs_device(impl):
 # --------------------------------------------------------------------------- sample_basic
 
 
-def logits_go_to_multinomial(sample_basic) -> bool:
-    """Whether `sample_basic` refuses one row of finite logits, some of them negative: it does
-    when the logits reach torch.multinomial without a softmax (a softmax down the batch of one
-    row gives all ones, which it takes)."""
-    try:
-        sample_basic(torch.tensor([[-1.0, 0.5, 2.0, -3.0]]), generator=torch.Generator())
-    except RuntimeError:
-        return True
-    except Exception:  # noqa: BLE001 - a probe: any other failure means "not this slip"
+def why_multinomial_refused(sample_basic) -> str:
+    """Which known mistake makes torch.multinomial refuse what `sample_basic` hands it, probed
+    with one row of finite logits, some negative, and one of positive logits. Without a
+    softmax, only the first is refused; log-probabilities (negative) are refused in both; a
+    softmax down the batch of one row gives all ones, which it takes."""
+
+    def refuses(row: list[float]) -> bool:
+        try:
+            sample_basic(torch.tensor([row]), generator=torch.Generator())
+        except RuntimeError:
+            return True
+        except Exception:  # noqa: BLE001 - a probe: any other failure means "not this slip"
+            return False
         return False
-    return False
+
+    if refuses([1.0, 0.5, 2.0, 3.0]):
+        return (
+            "on a batch whose token 0 has logit -inf, and on a single row of positive logits "
+            "too: what reaches torch.multinomial "
+            "is negative even there. Are those LOG-probabilities (a log_softmax)? "
+            "torch.multinomial takes probabilities, finite and >= 0."
+        )
+    if refuses([-1.0, 0.5, 2.0, -3.0]):
+        return (
+            "on a batch whose token 0 has logit -inf, and on a single row of finite logits with "
+            "some below 0 too, where a softmax is "
+            "well defined: were the logits handed to torch.multinomial as they are? It takes "
+            "probabilities (finite and >= 0); logits can be negative or -inf. Is the softmax "
+            "over the vocabulary missing?"
+        )
+    return (
+        "on a batch of identical rows whose token 0 has logit -inf (a banned token). "
+        "torch.multinomial takes probabilities, finite and >= 0. Is the softmax taken over the "
+        "batch (dim=0) instead of the vocabulary (dim=-1)? Down the batch, token 0's column is "
+        "all -inf, and its softmax is 0/0 = nan."
+    )
 
 
 @pytest.mark.sample_basic
@@ -323,20 +358,9 @@ def test_sample_basic_follows_the_softmax(impl, seed):
     except NotImplementedError:
         raise
     except RuntimeError as err:  # torch.multinomial refuses inf, nan or a negative entry
-        if logits_go_to_multinomial(impl.sample_basic):
-            raise AssertionError(
-                f"sample_basic raised {type(err).__name__} ({err}), and it does so on a single "
-                "row of finite logits too, where a softmax is well defined: were the logits "
-                "handed to torch.multinomial as they are? It takes probabilities (finite and "
-                ">= 0); logits can be negative or -inf. Is the softmax over the vocabulary "
-                "missing?"
-            ) from err
         raise AssertionError(
-            f"sample_basic raised {type(err).__name__} ({err}) on a batch of identical rows "
-            "whose token 0 has logit -inf (a banned token). torch.multinomial takes "
-            "probabilities, finite and >= 0. Is the softmax taken over the batch (dim=0) "
-            "instead of the vocabulary (dim=-1)? Down the batch, token 0's column is all -inf, "
-            "and its softmax is 0/0 = nan. (Log-probabilities, which are negative, fail too.)"
+            f"sample_basic raised {type(err).__name__} ({err}) "
+            + why_multinomial_refused(impl.sample_basic)
         ) from err
     assert_samples_follow(samples, logits.softmax(-1), "sample_basic")
 
@@ -408,6 +432,19 @@ def test_filter_top_k_keeps_what_hf_keeps(impl):
         assert_untouched(row, before, "filter_top_k", IN_PLACE)
         kept = torch.isfinite(got)
         expected = hf_kept(TopKLogitsWarper(top_k=k), logits[None])[0]
+        if (
+            not torch.equal(kept, expected)
+            and (got >= 0).all()
+            and float(got.sum()) < 1 + 1e-4
+            and bool((logits < 0).any())
+        ):
+            pytest.fail(
+                f"top-k with k={k}: filter_top_k returned probabilities (each >= 0, summing to "
+                "at most 1, where the logits have negatives): a softmax was taken. It returns "
+                "LOGITS, the removed ones set to -inf; sample_basic takes the softmax. (A "
+                "removed token at probability 0 becomes exp(0) = 1 there, as likely as any "
+                "other.)"
+            )
         if not torch.equal(kept, expected) and k <= len(logits):
             kth = logits.sort(descending=True).values[k - 1]
             if torch.equal(kept, logits > kth):
@@ -504,6 +541,28 @@ def diagnose_top_p(logits, top_p: float, min_keep: int, kept, expected) -> None:
         pytest.fail(
             f"{where} {n_kept}, fewer than min_tokens_to_keep={min_keep}: the first "
             "min_tokens_to_keep tokens (in sorted order) stay whatever their mass."
+        )
+    sorted_logits, order = logits.sort(descending=True)
+
+    def kept_by(cumulative: torch.Tensor) -> torch.Tensor:
+        """The kept set when `cumulative` (sorted order) is taken for the running total."""
+        before = torch.cat([torch.zeros(1), cumulative[:-1]])
+        remove = before >= top_p
+        remove[:min_keep] = False
+        return torch.zeros_like(remove).scatter(0, order, ~remove)
+
+    if torch.equal(kept, kept_by(sorted_logits.cumsum(-1))):
+        pytest.fail(
+            f"{where} {n_kept}: the running total is one of the LOGITS, not of the "
+            "probabilities. top_p is a probability mass: add up the probabilities (the "
+            "softmax of the sorted logits), most likely first."
+        )
+    if torch.equal(kept, kept_by(sorted_logits.softmax(-1))):
+        pytest.fail(
+            f"{where} {n_kept}: each token was compared with the probability of the one just "
+            "before it alone, not with the running total of all the tokens before it. Is the "
+            "cumulative sum taken over the vocabulary (the last dimension)? Over the batch, a "
+            "batch of one row, it changes nothing."
         )
     if n_kept == n_hf:
         pytest.fail(
@@ -779,9 +838,17 @@ def test_sampling_past_the_context_window_reads_the_last_n_ctx_tokens(impl, ship
             "at most n_ctx tokens, but sample returns the whole sequence, every token of the "
             "prompt included. Crop only what goes into the model."
         )
+    short = hf_window_greedy(hf, ids.tolist(), 8, lambda t, length: max(0, length - n_ctx + 1))
+    if got.tolist() == short != expected:
+        pytest.fail(
+            f"past {n_ctx} tokens your model reads the most recent {n_ctx - 1}, one token "
+            f"fewer than it can: the window is n_ctx = {n_ctx} tokens long. Is the crop off "
+            "by one?"
+        )
     assert got.tolist() == expected, (
-        f"past {n_ctx} tokens the model can only read the most recent n_ctx of them: crop the "
-        "input to input_ids[-n_ctx:] at each step (the output keeps every token)"
+        f"past {n_ctx} tokens the model can only read the most recent n_ctx of them: at each "
+        "step, crop what goes INTO the model to its last n_ctx tokens (the output keeps every "
+        "token)"
     )
 
 
@@ -965,6 +1032,13 @@ def test_banned_ngram_tokens_match_hf(impl, ngram_size):
         ) from err
 
 
+@pytest.mark.no_repeat_ngram
+def test_banned_ngram_tokens_makes_its_tensors_on_the_tokens_device(impl):
+    """On a GPU, a `banned` table made without `device=` sits on the CPU beside tokens on the
+    GPU; `nonzero` cannot run on PyTorch's meta device, so the source is read instead."""
+    assert_made_on_the_inputs_device(impl.banned_ngram_tokens, "banned_ngram_tokens", "the tokens")
+
+
 # --------------------------------------------------------------------------- Beams
 
 
@@ -1012,6 +1086,23 @@ def test_generate_extends_each_beam_with_its_best_tokens(impl, shipped, hf, ngra
             "together, each after its own parent: each parent repeats k times in a row, not "
             "the whole list of parents k times over."
         )
+    got_last = new.tokens[:, -1] if new.tokens.shape == (3 * k, tokens.shape[1] + 1) else None
+    if got_last is not None and not torch.equal(got_last, top.indices.flatten()):
+        if torch.equal(got_last, top.indices.T.flatten()):
+            pytest.fail(
+                "the new tokens come rank by rank (every beam's best token, then every beam's "
+                "second best, ...) while the prefixes come beam by beam, so continuations are "
+                "glued to the wrong parent. The [beam, k] table of top tokens must be flattened "
+                "row by row: beam 0's k tokens first, then beam 1's."
+            )
+        with torch.no_grad():
+            down_the_beams = hf(tokens).logits[:, -1].float().log_softmax(0)
+        if not ngram_size and torch.equal(got_last, down_the_beams.topk(k).indices.flatten()):
+            pytest.fail(
+                "your new tokens are the top k of a log_softmax taken over the BEAMS (dim 0), "
+                "each token normalised against the other beams' logits for it. A beam's "
+                "log-probabilities are normalised over the vocabulary, its last dimension."
+            )
     for b in range(3):
         for j in range(k):
             i = b * k + j

@@ -156,7 +156,9 @@ def test_causal_mask_is_made_on_the_device_it_is_given(impl):
 
 
 @pytest.mark.causal_mask
-@pytest.mark.parametrize("n_query,n_key", [(1, 1), (4, 4), (1, 9), (3, 10), (5, 7)])
+# (3, 10) before (1, 9): one query cannot tell a mask the wrong way round from a diagonal moved
+# the wrong way, three can.
+@pytest.mark.parametrize("n_query,n_key", [(1, 1), (4, 4), (3, 10), (1, 9), (5, 7)])
 def test_causal_mask_hides_the_keys_after_each_query(impl, n_query, n_key):
     mask = impl.causal_mask(n_query, n_key)
     offset = n_key - n_query
@@ -171,6 +173,14 @@ def test_causal_mask_hides_the_keys_after_each_query(impl, n_query, n_key):
         pytest.fail(
             "This is chapter 1's mask: with a cache, the queries are the LAST n_query positions, "
             "so query i sits at position n_key - n_query + i. Shift the diagonal."
+        )
+    moved_left = torch.triu(torch.ones_like(mask), diagonal=1 - offset)
+    if n_query > 1 and offset > 0 and torch.equal(mask, moved_left):
+        pytest.fail(
+            f"{n_query} queries after {offset} cached positions: your diagonal moved {offset} "
+            f"places LEFT, so each query is hidden from keys before its own position. Query i "
+            f"sits at position {offset} + i: the diagonal moves RIGHT by the number of cached "
+            "positions. Is the offset's sign the wrong way round?"
         )
     own_key = torch.arange(n_key)[None, :] == offset + torch.arange(n_query)[:, None]
     inverted, own_hidden = torch.equal(mask, ~expected), torch.equal(mask, expected | own_key)
@@ -273,9 +283,17 @@ def test_attention_of_one_new_position_matches_reference(impl, shipped, ref_run,
             out, k, v = impl.attention_with_cache(
                 attn, x[:, n_past : n_past + 1], keys[:, :, :n_past], values[:, :, :n_past]
             )
-    except RuntimeError:
+    except RuntimeError as err:
         if bias_slip_in_a_chunk(impl, attn, acts, layer, n_past):
             pytest.fail(BIAS_WITHOUT_HEAD_AXIS)
+        said = str(err)
+        if "Sizes of tensors must match except in dimension" in said and "dimension 2" not in said:
+            pytest.fail(
+                f"attention_with_cache raised RuntimeError ({said.splitlines()[0]}): the cached "
+                "and new keys (or values) were joined along the wrong axis. The cache's layout "
+                "is [batch, n_heads, pos, d_head]: the new position goes after the cached ones "
+                "on the positions axis, the third."
+            )
         raise
     assert k.shape == (1, attn.cfg.n_heads, n_past + 1, attn.cfg.d_head), (
         f"return the keys of ALL positions, past and new, as [batch, n_heads, pos, d_head]; "
@@ -355,6 +373,59 @@ def test_attention_of_a_chunk_matches_reference(impl, shipped, ref_run):
     assert_close_f32(out, expected, "six new positions at once; did you pass `allowed` on?")
 
 
+def attention_written_out(attn, x, past_keys, past_values, allowed, heads_by_reshape=False):
+    """Chapter 1's attention for new positions `x` [batch, new, d_model] after the cached keys
+    and values, written out from the layer's weights (einsum, softmax). With `heads_by_reshape`,
+    the known mistake: the projections [n_heads, batch * new, d_head] brought to the cache's
+    layout by a reshape instead of moving the heads axis, which mixes batch rows and heads."""
+    batch, n_new, _ = x.shape
+
+    def project(W, b):
+        if heads_by_reshape:
+            rows = torch.einsum("nd,hde->hne", x.flatten(0, 1), W) + b[:, None]
+            return rows.reshape(batch, W.shape[0], n_new, -1)
+        return torch.einsum("bpd,hde->bhpe", x, W) + b[None, :, None]
+
+    q, k, v = project(attn.W_Q, attn.b_Q), project(attn.W_K, attn.b_K), project(attn.W_V, attn.b_V)
+    keys, values = torch.cat([past_keys, k], dim=2), torch.cat([past_values, v], dim=2)
+    scores = (q @ keys.transpose(-1, -2) / attn.cfg.d_head**0.5).masked_fill(~allowed, -torch.inf)
+    z = scores.softmax(dim=-1) @ values
+    return torch.einsum("bhpe,hed->bpd", z, attn.W_O) + attn.b_O
+
+
+@pytest.mark.attention_with_cache
+def test_attention_keeps_the_batch_rows_and_the_heads_apart(impl, shipped):
+    """A batch of two different rows, 3 new positions after 5 cached ones: every axis (batch 2,
+    heads 6, new 3, all 8, d_head 32) has its own length, so a reshape that should have been a
+    transpose cannot pass by luck, as it does at batch 1."""
+    attn = shipped[0].blocks[0].attn
+    cfg = attn.cfg
+    g = torch.Generator().manual_seed(43)
+    x = torch.randn(2, 3, cfg.d_model, generator=g)
+    past_k, past_v = (torch.randn(2, cfg.n_heads, 5, cfg.d_head, generator=g) for _ in "kv")
+    allowed = torch.arange(8)[None, :] <= torch.arange(5, 8)[:, None]
+    with torch.no_grad():
+        out, _, _ = impl.attention_with_cache(attn, x, past_k, past_v, allowed)
+        expected = attention_written_out(attn, x, past_k, past_v, allowed)
+        reshaped = attention_written_out(attn, x, past_k, past_v, allowed, heads_by_reshape=True)
+    assert out.shape == expected.shape, (
+        f"a batch of 2 rows, 3 new positions: expected output {tuple(expected.shape)}, got "
+        f"{tuple(out.shape)}"
+    )
+    if not close_f32(out, expected) and close_f32(out, reshaped):
+        pytest.fail(
+            "on a batch of two rows, your output is what comes out when the projections "
+            "[n_heads, batch * new, d_head] are RESHAPED to [batch, n_heads, new, d_head]: a "
+            "reshape keeps the numbers in memory order, so row 0's positions land in other "
+            "heads and in row 1. At batch 1 it happens to give the right numbers. Split the "
+            "batch and position axes, then move the heads axis into place (a transpose, not a "
+            "reshape)."
+        )
+    assert_close_f32(
+        out, expected, "a batch of two rows, 3 new positions after 5 cached ones (by hand)"
+    )
+
+
 # --------------------------------------------------------------------------- forward_with_cache
 
 
@@ -385,12 +456,20 @@ def attention_reading_later_keys(attn, x: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bhpe,hed->bpd", z, attn.W_O) + attn.b_O
 
 
-def uncached_variant(model, tokens, ln1=True, mlp_after_attn=True, final_ln=True, causal=True):
+def uncached_variant(
+    model, tokens, ln1=True, mlp_after_attn=True, final_ln=True, causal=True, first_position=0
+):
     """model(tokens) written out from the model's own layers, or with one known mistake: the
     attention reads the residual stream without ln1, the MLP reads the stream from before the
-    attention was added, the final LayerNorm is left out, or the queries read every key (no
-    causal mask). Used to name a mistake only; the model itself is the ground truth."""
-    residual = model.embed(tokens) + model.pos_embed(tokens)
+    attention was added, the final LayerNorm is left out, the queries read every key (no
+    causal mask), or the positions start at `first_position` instead of 0. Used to name a
+    mistake only; the model itself is the ground truth."""
+    if first_position:
+        n = tokens.shape[1]
+        positions = model.pos_embed.W_pos[first_position : first_position + n]
+    else:
+        positions = model.pos_embed(tokens)
+    residual = model.embed(tokens) + positions
     for block in model.blocks:
         attn_in = block.ln1(residual) if ln1 else residual
         if causal == "inverted":
@@ -441,6 +520,13 @@ def diagnose_prefill(model, tokens, logits) -> None:
             "causal_mask is True where a key is hidden: was causal_mask passed as `allowed` "
             "as it is, the wrong way round?"
         )
+    variants.append(
+        (
+            dict(first_position=1),
+            "the positions start at 1: each token reads the next position's row of W_pos. With "
+            "no cache the first new token sits at position 0 (the cache's length)",
+        )
+    )
     for changes, mistake in variants:
         if (logits - uncached_variant(model, tokens, **changes)).abs().max() <= 1e-5:
             pytest.fail(f"with no cache, your logits are those of a model in which {mistake}.")
@@ -588,6 +674,18 @@ def test_positions_count_real_tokens(impl, case):
             "tokens before it in its row (a running count of the mask along the row, less one)."
         )
         counted = mask.long().cumsum(-1) - 1
+        if torch.equal(positions[real], expected[real] + 1):
+            hint = (
+                "Every real token's position is one too high: counted from 1. A row's first "
+                "real token is at position 0, so a position is the count of real tokens BEFORE it."
+            )
+        elif batch > 1 and torch.equal(
+            positions[real], (mask.long().cumsum(0) - 1).clamp(min=0)[:, -n_new:][real]
+        ):
+            hint = (
+                "These are counts DOWN the batch (over the rows, dim 0), not along each row: a "
+                "token's position counts the real tokens before it in its own row."
+            )
         if n_new < mask.shape[1] and any(
             torch.equal(positions[real], first[:, :n_new][real])
             for first in (counted, counted.clamp(min=0))

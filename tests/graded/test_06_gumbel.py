@@ -159,6 +159,26 @@ def test_masked_tokens_are_never_sampled(impl, temperature):
     )
 
 
+@pytest.mark.gumbel_sample
+def test_gumbel_sample_draws_its_noise_on_the_logits_device(impl):
+    """On a GPU, noise drawn without `device=` sits on the CPU beside logits on the GPU, and the
+    addition fails. PyTorch's meta device (shapes, no values) fails the same way on a CPU."""
+    logits = torch.empty(3, 50, device="meta")
+    try:
+        got = impl.gumbel_sample(logits, 0.8)
+    except RuntimeError as err:
+        if "device" not in str(err):
+            raise
+        pytest.fail(
+            "gumbel_sample made a tensor on the CPU while its logits were on another device "
+            f"(here PyTorch's meta device; on a GPU, the GPU): {str(err).splitlines()[0]} Is "
+            "the uniform noise drawn without device=? Draw it on the logits' device."
+        )
+    assert got.device.type == "meta" and got.shape == (3,), (
+        f"logits on the meta device gave tokens on {got.device}, shape {tuple(got.shape)}"
+    )
+
+
 # --------------------------------------------------------------------------- coupling
 
 FUNCTIONS = ("same_token_shared_gumbel", "same_token_independent", "same_token_rejection")

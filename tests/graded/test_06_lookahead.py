@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.graded._device import assert_made_on_the_inputs_device
 from tests.graded._gumbel import TEMPERATURE_AFTER_NOISE
 from tests.graded._oracles import BATCH_PROMPTS, first_difference, hf_greedy
 from tests.graded._stats import assert_samples_follow, follows
@@ -253,6 +254,16 @@ def test_greedy_verify_keeps_the_longest_argmax_run(impl):
     # argmax after `last` is 0, and after 0 it is 6: candidate 2 (0, 6) is kept whole, then the
     # argmax after it (row 4 of its logits: after (0, 6) the pass gives cands[2, 1]).
     bonus = int(cands[2, 1].argmax())
+    picks = torch.cat([LOGITS[0].expand(len(CANDIDATES), 1, -1), cands], dim=1).argmax(-1)
+    late = (picks[:, 1:] == CANDIDATES).int().cumprod(dim=1).sum(dim=1)  # a known mistake's runs
+    if (int(best), int(run)) == (int(late.argmax()), int(late.max())) != (2, 2):
+        pytest.fail(
+            f"temperature 0: you kept candidate {int(best)} with a run of {int(run)}: that is "
+            "what comes out when candidate token j is compared with the model's choice one "
+            "position LATER (its choice after token j itself). Token 0 of a candidate must "
+            "equal the model's choice after `last`, token j its choice after the candidate's "
+            f"first j tokens. Expected ([0, 6, {bonus}], 2, 2), got ({emitted}, {best}, {run})"
+        )
     if int(best) != 2 and int(run) < 2:
         pytest.fail(
             f"temperature 0: candidate 2 (0, 6) has the longest run, 2 (the argmax after `last` "
@@ -317,6 +328,14 @@ def test_verified_tokens_follow_the_model(impl):
                 f"the first emitted token, at temperature {temperature}: "
                 f"{TEMPERATURE_AFTER_NOISE}\n{err}"
             ) from None
+        if follows(first, (LOGITS[0].double().softmax(-1) / temperature).softmax(-1)):
+            raise AssertionError(
+                f"the first emitted token, at temperature {temperature}, follows a softmax of "
+                "the PROBABILITIES divided by T (a nearly flat distribution), not of the logits: "
+                "is the Gumbel noise added to the probabilities? argmax(scores + G) draws from "
+                "softmax(scores): the scores are the logits divided by T, with no softmax "
+                f"first.\n{err}"
+            ) from None
         raise
     for token, row in ((1, 1), (0, 4)):
         second = torch.tensor([e[1] for e, _, _ in out if e[0] == token])
@@ -368,6 +387,7 @@ def test_one_round_emits_greedys_tokens_and_caches_the_kept_run(impl, shipped, h
     past = state.cache.length
     candidates = [list(c) for c in state.pool.candidates(ids[-1])[:guesses]]
     level0 = state.levels[0].tolist()
+    levels_before = state.levels.tolist()
     n_pass = 1 + state.levels.numel() + len(candidates) * (ngram - 1)
     greedy = hf_greedy(hf, ids, 3)[len(ids) :]
     assert (
@@ -453,6 +473,34 @@ def test_one_round_emits_greedys_tokens_and_caches_the_kept_run(impl, shipped, h
             "give HF's logits on that text: were the kept keys computed with the pass's "
             "positions past + offsets, and did the pass read the cache?"
         )
+    # The Jacobi step: column i of the newest level reads `last`, level 0's columns before i,
+    # then its own column's trajectory; its prediction is HF's argmax on that text.
+    jacobi = [
+        int(hf_last_logits(hf, ids + level0[:i] + [level[i] for level in levels_before]).argmax())
+        for i in range(window)
+    ]
+    newest = state.levels[-1].tolist()
+    if newest != jacobi:
+        early = newest[1:] == jacobi[:-1]
+        pytest.fail(
+            f"after the pass the window's newest level is {newest}, expected {jacobi}: each "
+            "column's next guess is the model's argmax at the newest level's token of that "
+            "column (one Jacobi step). "
+            + (
+                "Yours are those of the row one place EARLIER in the pass: the newest level's "
+                "logits are the `window` rows just before candidate 0's first token."
+                if early
+                else "Are they read from the newest level's rows of the pass?"
+            )
+        )
+
+
+@pytest.mark.lookahead_round
+def test_lookahead_round_makes_its_tensors_on_the_models_device(impl):
+    """On a GPU, a mask made without `device=` sits on the CPU beside the cache on the GPU;
+    the round reads values (the pool, the verifier), so its source is read instead of running
+    it on the meta device (tests/graded/_device.py)."""
+    assert_made_on_the_inputs_device(impl.lookahead_round, "lookahead_round", "the window's tokens")
 
 
 @pytest.mark.lookahead_round

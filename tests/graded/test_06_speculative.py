@@ -17,6 +17,7 @@ import torch
 from transformers import TopPLogitsWarper
 
 from tests.graded import _rejection as rejection
+from tests.graded._device import assert_made_on_the_inputs_device
 from tests.graded._oracles import BATCH_PROMPTS, first_difference, hf_greedy, hf_kept
 from tests.graded._rejection import (
     OVERLAP,
@@ -128,6 +129,16 @@ def test_one_token_follows_the_target(impl, name):
         raise rejection.diagnosed(diagnosis, err, f"rejection_sample_one, {name}") from None
 
 
+@pytest.mark.rejection_sample_one
+def test_rejection_sample_one_makes_its_tensors_on_the_inputs_device(impl):
+    """On a GPU, a uniform drawn without `device=` sits on the CPU beside probabilities on the
+    GPU (and a CPU generator cannot draw on the GPU); the source is read
+    (tests/graded/_device.py)."""
+    assert_made_on_the_inputs_device(
+        impl.rejection_sample_one, "rejection_sample_one", "the probabilities"
+    )
+
+
 # --------------------------------------------------------------------------- rejection_sample
 
 # The checks live in tests/graded/_rejection.py: chapter 8's kernel is graded by the same ones.
@@ -168,6 +179,14 @@ def test_every_position_follows_the_target(impl, k):
 @pytest.mark.parametrize("k", [2, 4])
 def test_acceptance_and_recovered_tokens(impl, k):
     rejection.acceptance_and_recovered_tokens(impl.rejection_sample, k)
+
+
+@pytest.mark.rejection_sample
+def test_rejection_sample_makes_its_tensors_on_the_inputs_device(impl):
+    """On a GPU, row numbers or an output table made without `device=` sit on the CPU beside
+    probabilities on the GPU; the sampler reads values (multinomial), so it cannot run on the
+    meta device, and its source is read instead (tests/graded/_device.py)."""
+    assert_made_on_the_inputs_device(impl.rejection_sample, "rejection_sample", "the probabilities")
 
 
 # --------------------------------------------------------------------------- ngram_propose
@@ -371,8 +390,8 @@ class FixedDrafter:
     def propose(self, k, **_sampling):
         return self.drafts[:, :k].clone(), None
 
-    def accept(self, **_outcome):
-        pass
+    def accept(self, **outcome):
+        self.outcome = outcome  # what the round told the drafter, checked by the tests
 
 
 ROUND_PROMPTS = [SPEC_PROMPTS[0], SPEC_PROMPTS[1], SPEC_PROMPTS[3]]
@@ -399,10 +418,11 @@ def test_one_round_keeps_the_accepted_drafts_in_the_cache(impl, shipped, hf):
     )
     sampling = {"temperature": 0.0, "top_k": None, "top_p": None}
     done = torch.zeros(len(texts), dtype=torch.bool)
+    drafter = FixedDrafter(drafts)
     try:
         with torch.no_grad():
             tokens, n_new, cache = impl.speculative_round(
-                model, cache, last, FixedDrafter(drafts), k, sampling, None, done
+                model, cache, last, drafter, k, sampling, None, done
             )
     except ValueError as err:
         if "target_probs" not in str(err):
@@ -421,6 +441,16 @@ def test_one_round_keeps_the_accepted_drafts_in_the_cache(impl, shipped, hf):
         f"{[n + 1 for n in ROUND_KEPT]} (the accepted drafts, then the main model's own "
         f"token), got {tokens.tolist()} and {n_new.tolist()}"
     )
+    told = getattr(drafter, "outcome", {}).get("next_token")
+    own = [g[kept] for g, kept in zip(greedy, ROUND_KEPT, strict=True)]
+    if told is None or told.tolist() != own:
+        pytest.fail(
+            f"greedy, drafts {rows}: the drafter was told next_token "
+            f"{None if told is None else told.tolist()}, expected {own}: each row's main-model "
+            "token, its LAST new token (the column right after its accepted drafts, one before "
+            "n_new). Is the column you read one too far on (a -1 of padding, or the bonus "
+            "column)? The drafter feeds this token next round."
+        )
     for r, (text, kept) in enumerate(zip(texts, ROUND_KEPT, strict=True)):
         held = cache.tokens[r][cache.mask[r]].tolist()
         want = text + greedy[r][:kept]  # the cache: the text but the main model's new token

@@ -265,4 +265,20 @@ MUTANTS = [
         name="pattern-transposed",
         says=("transposed", "query", "key"),
     ),
+    # Issue 43's sweep of SLIPS.md: slips whose first message did not name them
+    Mutant(
+        "attention",
+        '"b q h e, b k h e -> b h q k"',
+        '"b q h e, b k h e -> b h k q"',
+        "the scores laid out [key, query]: the mask and softmax act on the wrong axes",
+        name="scores-transposed",
+        says=("scores", "transposed", "query", "key"),
+    ),
+    Mutant(
+        "transformer",
+        "for block in self.blocks:",
+        "for block in self.blocks[1:]:",
+        "the first block skipped",
+        says=("first block",),
+    ),
 ]

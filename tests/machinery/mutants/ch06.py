@@ -295,4 +295,37 @@ MUTANTS: list[Mutant] = [
         name="never-start-0",
         says=("start 0", "beginning"),
     ),
+    # Issue 43's sweep of SLIPS.md: slips whose first message did not name them
+    Mutant(
+        "rejection_sample",
+        "rows = torch.arange(batch, device=target_probs.device)",
+        "rows = torch.arange(batch)",
+        "the row numbers made without device=: on the CPU beside a GPU's probabilities",
+        name="rows-no-device",
+        says=("device",),
+    ),
+    Mutant(
+        "rejection_sample",
+        "dist = torch.where((n_accepted == k)[:, None], target_probs[:, k], residual)",
+        "dist = torch.where((n_accepted == k)[:, None], target_probs[:, k - 1], residual)",
+        "the bonus token drawn from the last draft's position instead of the target's last",
+        name="bonus-one-early",
+        says=("bonus token", "last position"),
+    ),
+    Mutant(
+        "rejection_sample_one",
+        "u = torch.rand((), generator=generator, device=draft_probs.device)",
+        "u = torch.rand((), generator=generator)",
+        "the uniform drawn without device=: on the CPU beside a GPU's probabilities",
+        name="u-no-device",
+        says=("device",),
+    ),
+    Mutant(
+        "speculative_round",
+        "next_token = tokens.gather(1, (n_new - 1)[:, None])[:, 0]",
+        "next_token = tokens.gather(1, n_new.clamp(max=k)[:, None])[:, 0]",
+        "the drafter told the token one column after the main model's",
+        name="next-token-one-late",
+        says=("drafter was told", "one too far"),
+    ),
 ]

@@ -242,4 +242,13 @@ MUTANTS: list[Mutant] = [
         name="noise-on-probabilities",
         says=("probabilities", "logits"),
     ),
+    # Issue 43's sweep of SLIPS.md: slips whose first message did not name them
+    Mutant(
+        "gumbel_sample",
+        "u = torch.rand(logits.shape, generator=generator, device=logits.device)",
+        "u = torch.rand(logits.shape, generator=generator)",
+        "the noise drawn without device=: on the CPU beside a GPU's logits",
+        name="noise-no-device",
+        says=("device=",),
+    ),
 ]

@@ -168,4 +168,37 @@ MUTANTS: list[Mutant] = [
         "the cache forgets `last`",
         says=("lost `last`",),
     ),
+    # Issue 43's sweep of SLIPS.md: slips whose first message did not name them
+    Mutant(
+        "lookahead_round",
+        "keep = torch.zeros(cache.length, dtype=torch.bool, device=device)",
+        "keep = torch.zeros(cache.length, dtype=torch.bool)",
+        "the cache's keep mask made without device=",
+        name="keep-no-device",
+        says=("device",),
+    ),
+    Mutant(
+        "lookahead_round",
+        "new = logits[first - window : first].argmax(dim=-1)",
+        "new = logits[first - window - 1 : first - 1].argmax(dim=-1)",
+        "the window's next level read from the rows one place early",
+        name="next-level-one-early",
+        says=("newest level", "one place earlier"),
+    ),
+    Mutant(
+        "lookahead_verify",
+        "picks = (logits / temperature + noise).argmax(dim=-1)",
+        "picks = (logits.softmax(dim=-1) / temperature + noise).argmax(dim=-1)",
+        "the Gumbel noise added to the probabilities instead of the logits",
+        name="noise-on-probabilities",
+        says=("probabilities", "logits"),
+    ),
+    Mutant(
+        "lookahead_verify",
+        "matches = picks[:, :n] == candidates",
+        "matches = picks[:, 1:] == candidates",
+        "each candidate token compared with the model's choice one position later",
+        name="matches-one-late",
+        says=("one position later",),
+    ),
 ]
