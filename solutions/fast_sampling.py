@@ -45,17 +45,18 @@ def inductor_available() -> tuple[bool, str]:
     )
 
 
-def compiled_step(compile: bool | str):
-    """`decode_step`, compiled as `compile` asks: False leaves it eager, True uses the default
-    backend (Inductor), a string names a backend ("eager": dynamo's graph, run as is)."""
+def compiled_step(compile: bool | str, step=decode_step):
+    """`step` (`decode_step` unless told), compiled as `compile` asks: False leaves it eager,
+    True uses the default backend (Inductor), a string names a backend ("eager": dynamo's
+    graph, run as is). One graph (`fullgraph`), specialised to its shapes (`dynamic=False`)."""
     if compile is False:
-        return decode_step
+        return step
     if compile is True:
         ok, why = inductor_available()
         if not ok:
             raise RuntimeError(why)
-        return torch.compile(decode_step, fullgraph=True, dynamic=False)
-    return torch.compile(decode_step, fullgraph=True, dynamic=False, backend=compile)
+        return torch.compile(step, fullgraph=True, dynamic=False)
+    return torch.compile(step, fullgraph=True, dynamic=False, backend=compile)
 
 
 class FastTransformerSampler(SamplerBase):

@@ -30,7 +30,7 @@ from solutions.fast_sampling import compiled_step
 from solutions.sampling import check_sampling_args
 from solutions.speculative import rejection_sample
 from solutions.speculative_generation import SpeculativeStats
-from solutions.static_cache import StaticKeyValueCache, decode_step, forward_static
+from solutions.static_cache import StaticKeyValueCache, forward_static
 
 
 @functools.cache
@@ -38,11 +38,7 @@ def _compiled(compile: bool | str):
     """The draft step and the main model's pass, compiled as `compile` asks. Made once per
     setting and shared by every generator, so that dynamo keeps one compiled version of each
     shape (one per k for the pass), not one per generator."""
-    if compile is False:
-        return decode_step, forward_static
-    backend = {} if compile is True else {"backend": compile}
-    verify = torch.compile(forward_static, fullgraph=True, dynamic=False, **backend)
-    return compiled_step(compile), verify
+    return compiled_step(compile), compiled_step(compile, forward_static)
 
 
 class FastSpeculativeGenerator:
