@@ -233,7 +233,10 @@ print(grid, out_demo.tolist())
 # Common mistakes: loading the last block without a mask (it reads the next row); `other=0`
 # instead of `-inf` for masked-out columns (a 0 can be the maximum, and `exp(0)` adds 1 to the
 # sum); `-inf - (-inf)` is NaN, so a running maximum that starts at `-inf` must not be
-# subtracted from itself; computing in half precision.
+# subtracted from itself; a running maximum that starts at 0 (a row whose logits are all far
+# below 0 then underflows to a sum of 0); the factor that rescales the running sum inverted (it
+# is the exponential of the old maximum minus the new one, at most 1); computing in half
+# precision.
 #
 # The tests compare with `torch.softmax` on rows of 1, 7, 1000 and 2500 columns, with masked
 # tokens, logits of $10^4$, and half-precision inputs.
@@ -313,7 +316,8 @@ check("softmax_kernel")
 # (`start` 0: every block of a row reuses the first block's noise, and the tests check rows
 # of several blocks); the block's argmax returned without adding the block's start column; at
 # temperature 0, a later block that replaces a tied best (`>=`): ties go to the lowest column,
-# as `torch.argmax` does.
+# as `torch.argmax` does; a running best that starts at 0 (a row whose noisy scores are all
+# negative never beats it).
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -393,7 +397,9 @@ check("gumbel_kernel")
 # $u$ too early); deciding to scan a block from the total *before* it (the crossing block is
 # then skipped and the next one scanned); `>=` instead of `>` (when $u$ is exactly 0, a row
 # that starts with tokens of probability 0 returns the first of them: their running total, 0,
-# already reaches $u$); a fallback that takes the last column whatever its probability; and
+# already reaches $u$); a later block's crossing that replaces the row's first (keep the first
+# column whose running total passes $u$); a fallback that takes the last column whatever its
+# probability; and
 # leaving the loop with `break` once every row has its token. The interpreter runs that `break`
 # and a GPU compiler refuses it: the loop runs to its end, and the blocks after the crossing
 # are read and only summed.
@@ -616,8 +622,10 @@ assert rounds_demo[1]["high"] == rounds_demo[0]["pivot1"] > float(demo_row.max()
 # The wrapper (given) refuses top-k and top-p together, as chapter 3 does.
 #
 # Common mistakes: testing membership with $\ge$ (the token that crosses top-p is then never
-# kept); forgetting to scale $u$ by the mass above `low`; forgetting `done`: a row that already
-# has its token keeps drawing in the later rounds and replaces it.
+# kept); forgetting to scale $u$ by the mass above `low`; the two pivots swapped (the draw
+# kept when the midpoint passes the test); rounds counted from 0;
+# forgetting `done`: a row that already has its token keeps drawing in the later rounds and
+# replaces it.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -739,7 +747,10 @@ assert counts[3:].sum() < 0.01 * demo_probs.shape[0], "section 6 says a third ro
 # compiler refuses.
 #
 # Common mistakes: the last vocabulary tile unmasked (rows of `W_U` past $V$ are read as 0 and
-# their scores can win); the column of a tile's best without the tile's start; the noise
+# their scores can win); the column of a tile's best without the tile's start; a tile that
+# reports its largest raw logit instead of its best noisy score; `hidden` or `W_U` read with
+# the block's width as their row stride instead of `d_model`, or `W_U` read as if it were
+# stored [d_model, d_vocab] (HF keeps it [d_vocab, d_model]); the noise
 # scaled by the temperature; the accumulator, or the scores made from it, rounded to the input
 # dtype before the argmax (near a logit of 96, float16 moves in steps of 1/16 and bfloat16 of
 # 1/2: rows whose two best logits differ by 1/256 then tie). The interpreter upcasts bfloat16
@@ -807,7 +818,8 @@ check("fused_matmul")
 # everywhere, the two equal up to rounding) is drawn from $p$ instead, as the bonus token is.
 #
 # Common mistakes: chapter 6's, now in a kernel: drafts kept after the first rejection, a bonus
-# token after a rejection, the residual not renormalised (scale $u$ by its mass).
+# token after a rejection, the residual not renormalised (scale $u$ by its mass); the target
+# read with a row stride of $k$ positions (it holds $k + 1$ per row: the bonus position too).
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
