@@ -197,11 +197,12 @@ def paged_attention(
     values: Float[Tensor, "num_blocks block_size n_heads d_head"],
     inputs: StepInputs,
     groups: list[AttentionGroup],
-    attention=attend,
+    attention=None,
 ) -> Float[Tensor, "T d_model"]:
     """Attention for the step's T tokens: write their keys and values to their slots, then
     let each request's queries read its own positions, up to their own, group by group
-    (`attention`: `attend`, or any function with its contract)."""
+    (`attention`: any function with `attend`'s contract; `attend` if None)."""
+    attention = attend if attention is None else attention
     T, (H, d_model, d_head) = x.shape[0], attn.W_Q.shape
     # The three projections as one product (vLLM's QKVParallelLinear): [T, 3 * H * d_head].
     W_QKV = torch.cat([attn.W_Q, attn.W_K, attn.W_V]).transpose(0, 1).reshape(d_model, -1)
@@ -220,11 +221,11 @@ def forward_paged(
     keys_values: PagedKVCache,
     inputs: StepInputs,
     logits_at: Int[Tensor, "S"],
-    attention=attend,
+    attention=None,
 ) -> Float[Tensor, "S d_vocab"]:
     """The logits at rows `logits_at` of the flattened batch (the last token of each request
     that samples in this step; a prefill chunk that does not reach its prompt's end samples
-    nothing and needs no unembedding). `attention`: `attend`, or `attend_strided`."""
+    nothing and needs no unembedding). `attention`: `attend` if None, or `attend_strided`."""
     groups = attention_groups(inputs, keys_values.block_size)
     residual = model.embed(inputs.token_ids[None])[0] + model.pos_embed.W_pos[inputs.positions]
     for block, keys, values in zip(model.blocks, keys_values.keys, keys_values.values, strict=True):
