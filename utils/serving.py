@@ -66,6 +66,20 @@ def poisson_trace(
     return requests
 
 
+def all_at_once_trace(
+    n: int, seed: int, prompt_lens=(4, 60), answer_lens=(16, 160), ids=(50, 4000)
+) -> list[TraceRequest]:
+    """n requests, all present at the start, prompts of token ids drawn uniformly from `ids`
+    (no text: the engine's speed, not its answers, is measured), lengths drawn uniformly from
+    the ranges (benchmarks/serving.py's prefill-rate probe)."""
+    rng = random.Random(seed)
+    requests = []
+    for i in range(n):
+        prompt = [rng.randrange(*ids) for _ in range(rng.randint(*prompt_lens))]
+        requests.append(TraceRequest(str(i), 0.0, prompt, rng.randint(*answer_lens)))
+    return requests
+
+
 def shared_prefix_trace(
     tokenizer, n: int, seed: int, prefix: int = 128, answer_lens=(16, 64)
 ) -> list[TraceRequest]:

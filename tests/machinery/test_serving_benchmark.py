@@ -1,6 +1,7 @@
 """benchmarks/serving.py runs (its --quick smoke test, a few seconds) and reports what it says it
 reports: both ways of serving the trace with the same tokens, latency percentiles, the KV memory
-figures, the prefix trace's exact count, and every goal."""
+figures, the prefix trace's exact count, the engine against the machine's prefill rate with
+where its steps' time goes, and every goal."""
 
 import importlib.util
 import json
@@ -32,12 +33,21 @@ def test_quick_benchmark_reports_both_servers_the_prefix_trace_and_every_goal(mo
     goals = result["goals"]
     assert set(goals) == {
         "throughput_1_5x_static",
+        "throughput_2x_static",
         "median_ttft_half_of_static",
         "kv_reserved_at_most_used_plus_a_block_each",
         "prefix_positions_computed_exactly_the_uncached",
         "prefix_median_ttft_2x_better",
+        "engine_0_6x_prefill_rate",
     }
     assert goals["prefix_positions_computed_exactly_the_uncached"]["met"]
     prefix = result["prefix_trace"]
     assert prefix["caching"]["prompt_tokens_cached"] > 0
     assert prefix["no_caching"]["prompt_tokens_cached"] == 0
+    near = result["prefill_rate"]
+    assert near["runs"] and all(r["ratio"] > 0 for r in near["runs"])
+    assert goals["engine_0_6x_prefill_rate"]["measured"] == near["median_ratio"]
+    parts = near["where_step_time_goes"]
+    assert 0 < parts["model_forward"] <= parts["steps"], parts
+    assert parts["gather_blocks"] > 0 and parts["attention"] > 0, parts
+    assert parts["engine_outside_forward"] >= 0 and parts["rest_of_forward"] >= 0, parts
