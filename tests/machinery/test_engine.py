@@ -13,7 +13,14 @@ from hypothesis import strategies as st
 
 from solutions.block_pool import BlockPool, hash_block_tokens
 from solutions.engine import LLMEngine, generate
-from solutions.paged_attention import PagedKVCache, forward_paged, prepare_inputs
+from solutions.paged_attention import (
+    PagedKVCache,
+    attend,
+    attend_strided,
+    attention_groups,
+    forward_paged,
+    prepare_inputs,
+)
 from solutions.sampling import TransformerSampler
 from solutions.sampling_params import SamplingParams
 from tests.graded._oracles import hf_static_greedy
@@ -43,7 +50,11 @@ def run_to_end(engine: LLMEngine, max_steps: int = 5000) -> dict:
     return run_steps(engine, max_steps, check=check_invariants)
 
 
-def test_paged_logits_are_hfs_through_scattered_blocks(shipped):
+@pytest.mark.parametrize("attention", [None, attend_strided], ids=["attend", "attend_strided"])
+def test_paged_logits_are_hfs_through_scattered_blocks(shipped, attention):
+    """Both of the runner's attention functions: the chapter's gather (`attend`) and the
+    engine's (`attend_strided`). The first step of one token each attends two requests' queries
+    in two groups (tables of 3 and 5 blocks)."""
     model, tokenizer = shipped
     hf = load_hf("shakespeare")[0].eval()
     texts = [tokenizer.encode(p) for p in PROMPTS[:3]]
@@ -54,17 +65,22 @@ def test_paged_logits_are_hfs_through_scattered_blocks(shipped):
     tables = [order[i::3] for i in range(3)]
     computed = [0, 0, 0]
     # Uneven chunks: each step feeds each request a different number of its tokens.
-    for chunk in ([5, 1, 7], [3, 0, 9], [100, 0, 100]):
+    for chunk in ([5, 1, 7], [3, 0, 9], [1, 1, 1], [1, 1, 1], [100, 0, 100], [0, 100, 0]):
         scheduled, rows = [], []
         for r, text in enumerate(texts):
             n = min(chunk[r], len(text) - computed[r])
             if n:
                 scheduled.append((text, computed[r], n, tables[r]))
                 rows.append(r)
+        if not scheduled:
+            continue
         inputs = prepare_inputs(scheduled, block_size)
         every_row = torch.arange(len(inputs.token_ids))
+        groups = attention_groups(inputs, block_size)
+        attended = torch.cat([g.rows.flatten() for g in groups]).sort().values
+        assert torch.equal(attended, every_row), "every row is attended exactly once"
         with torch.inference_mode():
-            logits = forward_paged(model, cache, inputs, every_row)
+            logits = forward_paged(model, cache, inputs, every_row, attention)
         for i, r in enumerate(rows):
             start, n = computed[r], scheduled[i][2]
             with torch.inference_mode():
@@ -72,6 +88,19 @@ def test_paged_logits_are_hfs_through_scattered_blocks(shipped):
             got = logits[inputs.query_start[i] : inputs.query_start[i + 1]]
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
             computed[r] += n
+
+
+def test_the_strided_attention_equals_the_gather_exactly():
+    """The same blocks, read in the same order by the same attention function: the one copy
+    fewer changes no number (the chapter's claim)."""
+    g = torch.Generator().manual_seed(0)
+    keys, values = torch.randn(2, 64, 4, 3, 8, generator=g)
+    tables = torch.randperm(64, generator=g)[:15].view(3, 5)
+    for Q in (1, 6):
+        queries = torch.randn(3, Q, 3, 8, generator=g)
+        positions = torch.randint(0, 20, (3, Q), generator=g)
+        args = (queries, keys, values, tables, positions)
+        assert torch.equal(attend(*args), attend_strided(*args))
 
 
 def test_greedy_tokens_are_hfs_alone_with_chunks_and_preemption(shipped):
