@@ -35,9 +35,9 @@
 # - `Scheduler.schedule`: continuous batching with chunked prefill and preemption.
 #
 # Given: `Request` and `SamplingParams` (a request's record and settings), `PagedKVCache`,
-# `prepare_inputs`, `paged_attention` and `forward_paged` (the model runner), `hash_block_tokens`,
-# `LLMEngine` and `generate`; the trace and its two servers are the course's measuring
-# machinery (`utils/serving.py`), not part of the engine.
+# `prepare_inputs`, `attention_groups`, `paged_attention`, `forward_paged` and `attend_strided`
+# (the model runner), `hash_block_tokens`, `LLMEngine` and `generate`; the trace and its two
+# servers are the course's measuring machinery (`utils/serving.py`), not part of the engine.
 #
 # Nothing is checked against the course's code alone: your paged attention's logits against HF's
 # `GPT2LMHeadModel` on the same text, the engine's greedy tokens (with your scheduler, pool and
@@ -93,7 +93,7 @@ from utils.serving import (
     serve_static,
     shared_prefix_trace,
 )
-from utils.timing import one_thread
+from utils.timing import interleaved_runs, one_thread, ratio_within_runs
 
 # %% [markdown]
 # The course's own tests (`make test`) execute this notebook from top to bottom with
@@ -225,12 +225,16 @@ assert useful < computed and static.kv_used < static.kv_reserved, (
 # solution: solutions.paged_attention.PagedKVCache
 
 # %% [markdown]
-# The rest of the model runner: `paged_attention` projects the step's `T` rows to queries, keys
-# and values, writes each key and value to its slot, and calls `attend` (your second exercise)
-# for the decodes and for each chunk; `forward_paged` is chapter 1's forward pass around it, with
-# the logits computed only at the rows that sample.
+# The rest of the model runner: `attention_groups` decides once a step, for every layer, which
+# requests are attended together (the decodes, one query each, in groups of about the same
+# number of blocks; each prompt chunk alone); `paged_attention` projects the step's `T` rows to
+# queries, keys and values in one matrix product, writes each key and value to its slot, and
+# calls `attend` (your second exercise) once per group; `forward_paged` is chapter 1's forward
+# pass around it, with the logits computed only at the rows that sample.
 
 # %% tags=["source"]
+# solution: solutions.paged_attention.AttentionGroup
+# solution: solutions.paged_attention.attention_groups
 # solution: solutions.paged_attention.paged_attention
 # solution: solutions.paged_attention.forward_paged
 
@@ -373,6 +377,74 @@ plot_block_table(used, lengths, num_blocks, block_size, title="Three requests' b
 
 # %% tags=["claim"]
 assert worst < 1e-4, "the demo says the paged logits equal HF's"
+
+# %% [markdown]
+# ### Reading blocks where they lie (given)
+#
+# A view of a tensor is its memory read with other strides: one start and one step per axis.
+# Blocks picked through a table lie wherever the pool had them, in no order a stride can
+# describe, so `index_select` (or `keys[table]`) cannot be a view: it **copies** every block a
+# request reads, in every layer, at every step. A decode step reads each request's whole
+# context; the copy moves as many bytes as the attention itself reads, and if heads were put
+# first with `.contiguous()` (as the reference `attend` does), a second copy moves them again.
+#
+# Serving engines do not copy. Their attention kernels take the block table and read each
+# block from the pool where it lies: vLLM's paged attention kernels (`csrc/attention/` in
+# vllm-project/vllm; Kwon et al., SOSP 2023, section 4.1), FlashInfer's (the page table as
+# compressed sparse rows, `paged_kv_indptr` and `paged_kv_indices`: FlashInfer's documentation;
+# Ye et al., *FlashInfer*, MLSys 2025), and PyTorch's FlexAttention, whose block mask lists the
+# blocks each query reads (PyTorch's attention-gym, `attn_gym/paged_attention/`, and vLLM's
+# FlexAttention backend, `vllm/v1/attention/backends/flex_attention.py`, build it from the
+# block tables). Each is a compiled kernel. Without `torch.compile`, FlexAttention
+# falls back to "an unfused implementation that materializes the full scores matrix" (its own
+# warning, torch 2.13's `flex_attention.py`): the whole pool's scores, far more than a gather.
+# This course runs without a compiler, so the engine keeps the copy and makes it one:
+#
+# - `attend_strided` (below) copies the blocks once, whole, and puts heads first as a strided
+#   **view**: `F.scaled_dot_product_attention` reads any strides as long as each head's
+#   `d_head` numbers lie side by side, so it reads the blocks where that one copy left them;
+# - `attention_groups` (above) groups decodes by their number of blocks, so that a short
+#   request beside a long one does not read the long one's padding;
+# - `paged_attention` (above) makes the queries, keys and values in one matrix product (vLLM's
+#   `QKVParallelLinear`, in `vllm/model_executor/layers/linear.py`, fuses them the same way).
+#
+# The engine (section 3) runs `forward_paged` with `attend_strided`; `forward_paged` alone runs
+# your `attend`, and the tests grade yours.
+
+# %% tags=["source"]
+# solution: solutions.paged_attention.attend_strided
+
+# %% [markdown]
+# Predict, then run: 64 decodes of 10 blocks each, in a pool of 1,024. Do `attend` and
+# `attend_strided` give the same result? Which is faster, and by how much?
+#
+# <details><summary>What to expect</summary>
+#
+# The same numbers: the same blocks, read in the same order, by the same attention function.
+# `attend_strided` moves the context once where the reference moves it twice; the attention
+# function still reads it once more. The ratio your machine prints depends on how busy it is.
+#
+# </details>
+
+# %%
+cache = PagedKVCache.allocate(model, num_blocks=1024, block_size=16)
+seeded = torch.Generator().manual_seed(0)
+for layer in cache.keys[:1] + cache.values[:1]:
+    layer.normal_(generator=seeded)
+decode_tables = torch.randperm(1024, generator=seeded)[: 64 * 10].view(64, 10)
+decode_pos = torch.randint(0, 10 * 16, (64, 1), generator=seeded)
+decode_q = torch.randn(64, 1, cfg.n_heads, cfg.d_head, generator=seeded)
+args = (decode_q, cache.keys[0], cache.values[0], decode_tables, decode_pos)
+with torch.inference_mode():
+    gap = (attend(*args) - attend_strided(*args)).abs().max().item()
+    two = {"attend": lambda: attend(*args), "attend_strided": lambda: attend_strided(*args)}
+    times, _ = interleaved_runs(two, runs=7)
+print(f"largest difference between the two: {gap:.1e}")
+print(f"attend_strided ran {ratio_within_runs(times, 'attend_strided', 'attend')} times as fast "
+      "as attend (the median over runs of the ratio within a run)")  # fmt: skip
+
+# %% tags=["claim"]
+assert gap < 1e-6, "the cell says the two paths give the same result"
 
 # %% [markdown]
 # ## 3. The engine, from the top
@@ -883,6 +955,11 @@ engine_ttft, engine_tpot = result["engine"]["ttft_ms"], result["engine"]["tpot_m
 print(f"the engine's p99 TTFT is {engine_ttft['p99'] / engine_tpot['median']:.0f} of its typical "
       f"steps (median TPOT {engine_tpot['median']} ms), its median TTFT "
       f"{engine_ttft['median'] / engine_tpot['median']:.1f}")  # fmt: skip
+near = result.get("prefill_rate")  # how near the engine's step comes to a full forward's rate
+if near is not None:
+    parts = near["where_step_time_goes"]
+    print(f"the engine on the probe workload: {near['median_ratio']} of the same process's "
+          f"prefill rate; its steps under cProfile, seconds: {parts}")  # fmt: skip
 print("recorded:", record["date"], record["code"], "-", record["machine"])
 
 # %% [markdown]
@@ -896,6 +973,11 @@ print("recorded:", record["date"], record["code"], "-", record["machine"])
 # waiting with every seat taken in about three of every four steps of their wait, behind
 # others admitted first in the rest.) More seats would shorten that wait and lengthen every
 # step: the trade of the TPOT bullet above.
+#
+# Where the record has a `prefill_rate` section, the cell above prints it: the engine's answer
+# tokens per second, with 64 requests present at once, against the positions per second of a
+# full forward over 8 x 256 positions in the same process, and where the engine's steps spend
+# their time (`gather_blocks` is `attend_strided`'s one copy of the context, section 2).
 #
 # HF's continuous batching runs on a CPU too; its profile in the record (printed above) says
 # that almost all of its step is its model's forward pass. On a GPU the balance changes: a
