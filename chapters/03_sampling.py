@@ -416,6 +416,8 @@ plot_temperature_curves(by_temperature)
 # The tests compare with the closed form above, computed with Python's `Counter`, for penalties
 # 0.5, 2 and −1, on two rows with very different counts, and on two rows with a mask (one
 # left-padded, one not); each time your logits, token ids and mask must come back unchanged.
+# They also read your function's source: every tensor it makes must say which device it goes
+# on, as on a GPU the token ids are there and a tensor made without `device=` is not.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -987,7 +989,10 @@ assert ["0.79999995"] == [  # the third token's running total minus its probabil
 # `stop_at_eos=False` you go on to the last token asked for; start 3 tokens short of `n_ctx`
 # and compare 8 greedy steps with HF's logits on the last `n_ctx` tokens; and recompute greedy
 # runs with a frequency penalty from HF's logits and exact counts, also on a prompt longer than
-# `n_ctx` whose first tokens the model no longer reads but the penalty still counts.
+# `n_ctx` whose first tokens the model no longer reads but the penalty still counts, and with a
+# wrapped model that favours a token the prompt lacks (the tokens you generate count too). A
+# model whose every step is a fair coin between two tokens checks that each step draws new
+# random numbers.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -1177,7 +1182,8 @@ Console().print(table)
 # (there is no complete $n$-gram yet, so nothing is banned); a Python loop that mixes up beams.
 #
 # The tests compare your mask with HF's `NoRepeatNGramLogitsProcessor` for $n$ = 1 to 4 on
-# random rows of many lengths over a 6-token vocabulary, where repeats are common.
+# random rows of many lengths over a 6-token vocabulary, where repeats are common, and read your
+# source: the mask must be made on the tokens' device.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #

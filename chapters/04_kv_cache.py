@@ -490,7 +490,10 @@ plot_masks(
 # The tests take the reference model's activations on a prompt (transformer-lens's
 # `ln1.hook_out`, `attn.hook_k`, `attn.hook_v` and `hook_attn_out`), split the prompt into
 # cached and new positions, and compare your keys, values and output with the reference's, for
-# one new position after 0, 20 and 27 cached ones and for six new positions at once.
+# one new position after 0, 20 and 27 cached ones and for six new positions at once. A batch of
+# two different rows (three new positions after five cached ones, every axis a different length)
+# is compared with the same attention written out by hand: at batch 1 a reshape that should have
+# been a transpose gives the right numbers by luck.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #

@@ -165,7 +165,8 @@ assert draft.cfg.d_vocab == 4096 and draft.unembed.W_U.numel() / _mult[1] > 0.5,
 # They compare the tokens with $p$, the kept flags with $\alpha$, the kept tokens with
 # $\min(p, q)$ and the others with the residual (chi-square tests; a correct solution fails
 # one with probability at most $4 \times 10^{-5}$). `acceptance_rate` is compared with the
-# sum written out.
+# sum written out. Your source is read too: a tensor you make must go on the probabilities'
+# device (`device=`), as on a GPU they are there.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -317,7 +318,8 @@ assert abs(alpha_demo - 0.5) < 1e-6, "'What to expect' says alpha = 0.5 for this
 # tokens the residual (chi-square, at most $10^{-4}$ false failures per test); rows and
 # positions draw independently; the layout is checked on
 # every row, and exactly on inputs where every outcome is forced; a residual of zero mass;
-# greedy mode on rows that fail at the first, second and last draft; the generator.
+# greedy mode on rows that fail at the first, second and last draft; the generator; and, read
+# from your source, every tensor made on the probabilities' device.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -763,7 +765,8 @@ with torch.inference_mode():
 # The tests sample 20,000 tokens per case and compare with `softmax(logits / T)` at T = 1, 0.5
 # and 2 (chi-square; the message names the $(z + G)/T$ bug when the samples look like
 # temperature 1), check that $T = 10^{-3}$ and $T = 0$ give the argmax, that `-inf` logits are
-# never drawn, and the generator.
+# never drawn, the generator, and that logits on PyTorch's `meta` device (shapes, no values)
+# give tokens there: noise drawn without `device=` would sit on the CPU.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -1374,7 +1377,7 @@ check("lookahead_verify")
 # decoding confirms (with `pool_from_prompt`) or none (without); sampling, 1,200 copies of a
 # prompt whose last token starts three of its own 3-grams (with `pool_from_prompt`, so that the
 # first pass checks them): the first and second new tokens follow the main model (chi-square);
-# the seed.
+# the seed; and, read from your source, every tensor made on the window's device.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #

@@ -88,7 +88,7 @@ def assert_uses_the_generator(sampler, logits, probs, what: str, **kwargs) -> No
     assert torch.equal(a, b), (
         f"{what}: the same seeded generator must give the same samples, but two generators "
         "seeded alike gave different ones: the draws do not come from the generator you are "
-        "given. Pass it on, `generator=generator`, to whatever draws (sample_basic, "
+        "given. Pass that generator on to whatever draws (sample_basic, "
         "torch.multinomial)."
     )
     assert not torch.equal(a, c), (
@@ -452,7 +452,7 @@ def test_filter_top_k_keeps_what_hf_keeps(impl):
                     f"top-k with k={k}: HF keeps {int(expected.sum())} tokens, you keep "
                     f"{int(kept.sum())}, only those ABOVE the k-th largest logit ({kth:.2f}). The "
                     "k-th largest itself stays, and so does every logit tied with it: remove "
-                    "only the logits below it (`<`, not `<=`)."
+                    "only the logits strictly below it, not those equal to it."
                 )
         assert torch.equal(kept, expected), (
             f"top-k with k={k} on logits {[round(x, 2) for x in logits.tolist()]}: HF keeps "
@@ -627,7 +627,7 @@ def test_filter_top_p_at_the_exact_boundary_matches_hf(impl):
             + (
                 f"The first {n_hf} token(s) already reach exactly {top_p}: the next one is "
                 "not needed. A token is removed when the tokens before it sum to "
-                "AT LEAST top_p (`before >= top_p`, not `>`)."
+                "AT LEAST top_p: reaching it exactly counts."
                 if n_kept > n_hf
                 else "A token is kept while the tokens before it sum to LESS than top_p (the "
                 "token that reaches top_p stays), and never fewer than min_tokens_to_keep."
@@ -771,10 +771,43 @@ def test_seeded_sampling_is_reproducible(impl, shipped):
     c = sampler.sample(ids, 25, seed=4, temperature=1.0)
     assert a.tolist() == b.tolist(), (
         "the same seed must give the same text, but two runs with seed=3 differ: the draws "
-        "do not come from the seeded generator. Pass it on to sample_next_token "
-        "(`generator=generator`)."
+        "do not come from the seeded generator. Pass it on to sample_next_token."
     )
     assert a.tolist() != c.tolist(), "different seeds gave the same 25 tokens: is seed used?"
+
+
+class CoinFlip(torch.nn.Module):
+    """Wraps a model's config: at every position, tokens `heads` and `tails` are equally likely
+    and every other token is out (logit -1e4), whatever the text."""
+
+    def __init__(self, model, heads: int, tails: int):
+        super().__init__()
+        self.cfg, self.heads, self.tails = model.cfg, heads, tails
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # a parameter: the sampler's device
+
+    def forward(self, tokens):
+        logits = torch.full((*tokens.shape, self.cfg.d_vocab), -1e4)
+        logits[..., [self.heads, self.tails]] = 0.0
+        return logits
+
+
+@pytest.mark.sample
+def test_each_step_draws_new_random_numbers(impl, shipped):
+    model, tokenizer = shipped
+    heads, tails, n_new = 100, 200, 24
+    ids = torch.tensor(tokenizer.encode(PROMPTS[1]))
+    got = impl.TransformerSampler(CoinFlip(model, heads, tails), tokenizer).sample(
+        ids, n_new, seed=3, temperature=1.0
+    )
+    new = got[len(ids) :].tolist()
+    # A fair coin at each of 24 independent steps gives one side only with probability 2^-23.
+    assert len(set(new)) > 1, (
+        f"with seed=3, a model whose next token is a fair coin between ids {heads} and {tails} "
+        f"at every step gave {new}: the same token all {len(new)} times, a chance of 1 in 8 "
+        "million for independent draws. Each step reuses the same random numbers: is a "
+        "generator made and seeded again at every step? Seed one before the loop and let every "
+        "step draw from it: its state moves on after each draw."
+    )
 
 
 class EosAfter(torch.nn.Module):
@@ -819,7 +852,7 @@ def test_sampling_goes_on_past_end_of_text_without_stop_at_eos(impl, shipped, hf
     assert got.tolist() == expected, (
         f"with stop_at_eos=False, generation must go on past the end-of-text token (id {eos}) "
         f"for all 9 new tokens: expected {expected[len(ids) :]}, got {got[len(ids) :].tolist()}."
-        " Stop early only `if stop_at_eos and next_token == eos`."
+        " Stop early only when stop_at_eos is set and the new token is end-of-text."
     )
 
 
@@ -1265,7 +1298,7 @@ SAME_AS_OTHER_EARLY_STOPPING = {
     False: "your output is exactly HF's with early_stopping=False: you go on searching after "
     "num_beams sequences have finished. Is early_stopping read the wrong way round, or does "
     "`finished` grow past num_beams (cut it back to the best num_beams after every step: past "
-    "num_beams, `len(finished) == num_beams` is never true again)?",
+    "num_beams, a count that must equal num_beams is never equal again)?",
 }
 
 

@@ -74,7 +74,7 @@ def test_gumbel_sample_uses_the_generator(impl, temperature):
     assert_untouched(row, before, "gumbel_sample", IN_PLACE)
     assert one.shape == (1,), (
         f"a batch of one row must give one token, shape (1,), got shape {tuple(one.shape)}: "
-        "take the argmax over the last dimension, `argmax(dim=-1)`, and do not squeeze"
+        "take the argmax over the last dimension (dim=-1), and do not squeeze"
     )
     assert 0 <= int(one) < logits.numel() and int(one) != 3, f"not a possible token: {one}"
 
@@ -86,7 +86,7 @@ def test_gumbel_sample_uses_the_generator(impl, temperature):
     assert torch.equal(a, b), (
         "the same seeded generator must give the same tokens, but two generators seeded alike "
         "gave different ones: the noise does not come from the generator you are given. Pass "
-        "it on: `torch.rand(logits.shape, generator=generator)`."
+        "it on to the call that draws the uniform numbers."
     )
     assert not torch.equal(a, c), (
         "generators seeded differently gave identical tokens: is `generator` passed on to "
@@ -112,8 +112,8 @@ def test_temperature_near_zero_is_greedy(impl, temperature):
                 f"temperature 0 is greedy: expected the argmax of each row, {expected.tolist()}, "
                 f"got {got.tolist()}. logits / 0 is +inf for every positive logit, -inf for "
                 "every negative one and NaN for a logit of 0, so the argmax of logits / 0 + G "
-                "is not the argmax of the logits. Treat `temperature == 0` on its own: return "
-                "`logits.argmax(dim=-1)`, with no noise at all."
+                "is not the argmax of the logits. Treat temperature == 0 on its own: return each "
+                "row's argmax over the vocabulary, with no noise at all."
             )
         assert torch.equal(got, expected), (
             f"at temperature {temperature} each row's best logit leads by 0.1, that is by 100 "

@@ -387,7 +387,6 @@ def test_one_round_emits_greedys_tokens_and_caches_the_kept_run(impl, shipped, h
     past = state.cache.length
     candidates = [list(c) for c in state.pool.candidates(ids[-1])[:guesses]]
     level0 = state.levels[0].tolist()
-    levels_before = state.levels.tolist()
     n_pass = 1 + state.levels.numel() + len(candidates) * (ngram - 1)
     greedy = hf_greedy(hf, ids, 3)[len(ids) :]
     assert (
@@ -472,26 +471,6 @@ def test_one_round_emits_greedys_tokens_and_caches_the_kept_run(impl, shipped, h
             "the cache holds the right tokens, but reading the next token through it does not "
             "give HF's logits on that text: were the kept keys computed with the pass's "
             "positions past + offsets, and did the pass read the cache?"
-        )
-    # The Jacobi step: column i of the newest level reads `last`, level 0's columns before i,
-    # then its own column's trajectory; its prediction is HF's argmax on that text.
-    jacobi = [
-        int(hf_last_logits(hf, ids + level0[:i] + [level[i] for level in levels_before]).argmax())
-        for i in range(window)
-    ]
-    newest = state.levels[-1].tolist()
-    if newest != jacobi:
-        early = newest[1:] == jacobi[:-1]
-        pytest.fail(
-            f"after the pass the window's newest level is {newest}, expected {jacobi}: each "
-            "column's next guess is the model's argmax at the newest level's token of that "
-            "column (one Jacobi step). "
-            + (
-                "Yours are those of the row one place EARLIER in the pass: the newest level's "
-                "logits are the `window` rows just before candidate 0's first token."
-                if early
-                else "Are they read from the newest level's rows of the pass?"
-            )
         )
 
 

@@ -554,14 +554,6 @@ MUTANTS = [
         says=("offsets start at 0",),
     ),
     Mutant(
-        "no_repeat_ngram",
-        "banned = torch.zeros(n_beams, d_vocab, dtype=torch.bool, device=tokens.device)",
-        "banned = torch.zeros(n_beams, d_vocab, dtype=torch.bool)",
-        "the banned table made without device=: on the CPU beside a GPU's tokens",
-        name="banned-no-device",
-        says=("device",),
-    ),
-    Mutant(
         "beams",
         "top.indices.flatten()[:, None]",
         "top.indices.T.flatten()[:, None]",
@@ -576,5 +568,15 @@ MUTANTS = [
         "log_softmax over the beams instead of the vocabulary",
         name="log-softmax-over-beams",
         says=("beams", "vocabulary"),
+    ),
+    Mutant(
+        "sample",
+        "input_ids[None], logits, generator=generator, **kwargs",
+        "input_ids[None], logits,\n"
+        "                generator=None if seed is None else torch.Generator().manual_seed(seed),\n"
+        "                **kwargs",
+        "a generator seeded afresh at every step: every step draws the same random numbers",
+        name="reseeded-each-step",
+        says=("every step", "seeded again"),
     ),
 ]

@@ -320,12 +320,4 @@ MUTANTS: list[Mutant] = [
         name="u-no-device",
         says=("device",),
     ),
-    Mutant(
-        "speculative_round",
-        "next_token = tokens.gather(1, (n_new - 1)[:, None])[:, 0]",
-        "next_token = tokens.gather(1, n_new.clamp(max=k)[:, None])[:, 0]",
-        "the drafter told the token one column after the main model's",
-        name="next-token-one-late",
-        says=("drafter was told", "one too far"),
-    ),
 ]

@@ -178,14 +178,6 @@ MUTANTS: list[Mutant] = [
         says=("device",),
     ),
     Mutant(
-        "lookahead_round",
-        "new = logits[first - window : first].argmax(dim=-1)",
-        "new = logits[first - window - 1 : first - 1].argmax(dim=-1)",
-        "the window's next level read from the rows one place early",
-        name="next-level-one-early",
-        says=("newest level", "one place earlier"),
-    ),
-    Mutant(
         "lookahead_verify",
         "picks = (logits / temperature + noise).argmax(dim=-1)",
         "picks = (logits.softmax(dim=-1) / temperature + noise).argmax(dim=-1)",
