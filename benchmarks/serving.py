@@ -213,7 +213,7 @@ def prefill_rate(model, tokenizer, runs: int, seed: int, quick: bool = False) ->
     rows = []
     for _ in range(runs):
         before = prefill_positions_per_s(model)
-        served, _ = serve_engine(model, tokenizer, probe, **PROBE)
+        served, engine_run = serve_engine(model, tokenizer, probe, **PROBE)
         after = prefill_positions_per_s(model)
         engine, prefill = served.summary(probe)["tokens_per_s"], (before + after) / 2
         rows.append({"engine_tokens_per_s": engine, "prefill_positions_per_s": round(prefill, 1),
@@ -230,6 +230,10 @@ def prefill_rate(model, tokenizer, runs: int, seed: int, quick: bool = False) ->
             "block_size": BLOCK_SIZE,
         },  # fmt: skip
         "prefill_batch": [8, 256],
+        # No request arrives after the start: as the short answers end, the steps shrink (the
+        # longest answers finish alone). A step's tokens, on average:
+        "engine_steps": engine_run.stats.steps,
+        "tokens_per_step": round(engine_run.stats.tokens_computed / engine_run.stats.steps, 1),
         "runs": rows,
         "median_ratio": round(ratio, 3),
         "where_step_time_goes": engine_profile(model, tokenizer, probe),
