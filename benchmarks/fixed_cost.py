@@ -39,7 +39,14 @@ from torch._dynamo.utils import counters
 from solutions.cached_sampling import CachedTransformerSampler
 from solutions.fast_sampling import FastTransformerSampler, compiled_step, inductor_available
 from solutions.static_cache import StaticKeyValueCache, decode_step
-from solutions.step_cost import step_bytes
+from solutions.step_cost import (
+    Rates,
+    fit_step_cost,
+    profile_ops,
+    step_bytes,
+    step_cached,
+    step_flops,
+)
 from utils.models import load_hf, load_model
 from utils.timing import best_seconds, goal, interleaved_runs, median_seconds, ratio_within_runs
 
@@ -118,7 +125,8 @@ def bench(model_name: str, runs: int) -> dict:
         0, model.cfg.d_vocab, (1, n_ctx), generator=torch.Generator().manual_seed(0)
     )
     with torch.inference_mode():
-        per_position = median_seconds(lambda: model(tokens), runs, calls=1) / n_ctx
+        pass_seconds = median_seconds(lambda: model(tokens), runs, calls=1)
+    per_position = pass_seconds / n_ctx
 
     # The other floor: a step reads every weight matrix once for one row, and a one-row matrix
     # product is as fast as the memory that feeds it. Measured on the unembedding (the largest
@@ -126,7 +134,8 @@ def bench(model_name: str, runs: int) -> dict:
     w_u = model.unembed.W_U.detach()
     row = torch.randn(1, w_u.shape[0])
     one_row = median_seconds(lambda: row @ w_u, runs, calls=100)
-    bytes_per_s = w_u.numel() * w_u.element_size() / one_row
+    rates = Rates.from_times(model, pass_seconds, one_row)  # both floors, measured once
+    bytes_per_s = rates.bytes_per_second
     read_per_step = step_bytes(model)  # chapter 5's count of the bytes a step reads
 
     tps = {name: new / statistics.median(t) for name, t in times.items()}
@@ -173,7 +182,7 @@ def bench(model_name: str, runs: int) -> dict:
         "goals": goals,
         "same_tokens_as_hf": same,
         "step": step_costs(model, runs) if inductor else None,
-        "cost_model": cost_model(model_name, positions=[8, 64, 128, 192, 240]),
+        "cost_model": cost_model(model, rates, positions=[8, 64, 128, 192, 240]),
         "int8": int8_figures(model, tokenizer),
     }
 
@@ -223,30 +232,18 @@ def compiled_profile(compiled, model, token, slot, calls: int = 50) -> dict:
     return {k: round(v, 1) for k, v in out.items()}
 
 
-def cost_model(model_name: str, positions: list[int]) -> dict:
-    """Chapter 5's step-cost model: fitted on chapter 4's cached steps of `model_name` at
-    `positions`, then asked to predict the draft model's steps (each the fastest of 30 calls).
-    Eager steps only: a compiled step's operations are fused kernels, not dispatches."""
+def cost_model(main, rates: Rates, positions: list[int]) -> dict:
+    """Chapter 5's step-cost model: fitted on chapter 4's cached steps of `main` at `positions`
+    (floors from `rates`, the run's own), then asked to predict the draft model's steps (each
+    the fastest of 30 calls). Eager steps only: a compiled step's operations are fused kernels,
+    not dispatches."""
     from solutions.cached_model import forward_with_cache
-    from solutions.step_cost import (
-        Rates,
-        fit_step_cost,
-        profile_ops,
-        step_bytes,
-        step_cached,
-        step_flops,
-    )
-    main = load_model(model_name)[0]
+
     draft = load_model("shakespeare-draft")[0]
     cfg = main.cfg
     tokens = torch.randint(
         0, cfg.d_vocab, (1, cfg.n_ctx), generator=torch.Generator().manual_seed(0)
     )
-    with torch.inference_mode():
-        full = best_seconds(lambda: main(tokens), 5)
-        row, w_u = torch.randn(1, cfg.d_model), main.unembed.W_U
-        one_row = best_seconds(lambda: row @ w_u, 300)
-    rates = Rates(step_flops(cfg, cfg.n_ctx - 1, cached=False) / full, w_u.numel() * 4 / one_row)
 
     def steps(m) -> dict[str, torch.Tensor]:
         cols: dict[str, list[float]] = {"n_ops": [], "floor": [], "cached": [], "seconds": []}

@@ -1,11 +1,12 @@
 # %% [markdown]
 # # Chapter 5 — The fixed cost of a step
 #
-# Chapter 4's cache cut the arithmetic of a decoding step by up to 240 times, and the cached
-# sampler came out only a few times faster. Section 9 of that chapter guessed why: most of a
-# cached step of this small model is not arithmetic at all, but the cost of *issuing* a few
-# hundred small operations, one Python call, one dispatch and one new tensor each. That cost is
-# the same for one position as for a hundred, which is why we call it **fixed**.
+# Chapter 4's cache cut the arithmetic of a decoding step by up to 240 times, and the cached sampler
+# came out only several times faster (14.7 times over 255 new tokens in the recorded run,
+# `benchmarks/results/generate.json`), not 240. Section 9 of that chapter guessed why: most of a
+# cached step of this small model is not arithmetic at all, but the cost of *issuing* a few hundred
+# small operations, one Python call, one dispatch and one new tensor each. That cost is the same for
+# one position as for a hundred, which is why we call it **fixed**.
 #
 # This chapter measures that cost, then takes it away piece by piece, in the order gpt-fast
 # (pytorch-labs/gpt-fast, a short PyTorch program that generates quickly from Llama models) takes
@@ -141,8 +142,9 @@ assert (cfg.n_layers, cfg.d_model, draft.cfg.n_layers, draft.cfg.d_model) == (4,
 # solution: solutions.step_cost.profile_ops
 
 # %% [markdown]
-# **Predict, then run.** A cached step of this model computes about 6 million floating-point
-# operations (chapter 4, section 1). How many PyTorch operations do you think it dispatches?
+# **Predict, then run.** A cached step of this model computes about 5 million floating-point
+# operations at this prompt's position (5.9 million at the end of the context; chapter 4,
+# section 1). How many PyTorch operations do you think it dispatches?
 # Which do you expect to take the most time?
 
 # %%
@@ -173,12 +175,11 @@ assert 800 < n_ops < 1000, "section 1 says some 900 operations for one token"
 # %% [markdown]
 # Some 900 operations for one token, most of them tiny: additions, copies, views, reshapes, the
 # `aten::cat` that makes chapter 4's cache grow. The matrix products (`aten::mm`, `aten::bmm`)
-# are few, and they lead the time column: they do the step's real work, reading every weight.
-# The cell's last line adds up the rest: hundreds of small operations, each far cheaper than a
-# product. On the idle machine this course was written on, they added up to about as much time
-# as the products, or more. Times move with what else your machine is doing (each operation
-# waits its turn for a core), the counts do not: read your own line, and trust its counts more
-# than its times.
+# are few, and on an idle machine they lead the time column: they do the step's real work,
+# reading every weight. The cell's last line adds up the rest: hundreds of small operations, each
+# far cheaper than a product, which together can cost as much as the products. Times move with
+# what else your machine is doing (each operation waits its turn for a core), the counts do not:
+# read your own line, and trust its counts more than its times.
 #
 # Now against a clock. A forward pass over all 256 positions does each position's arithmetic in
 # big matrix products; divide its time by 256 and you have what one position costs when the
@@ -221,10 +222,7 @@ with torch.inference_mode(), one_thread():
     row = torch.randn(1, cfg.d_model)
     W_U = model.unembed.W_U
     one_row = best_seconds(lambda: row @ W_U, 100 * repeats)
-rates = Rates(
-    flops_per_second=step_flops(cfg, cfg.n_ctx - 1, cached=False) / full_pass,
-    bytes_per_second=W_U.numel() * W_U.element_size() / one_row,
-)
+rates = Rates.from_times(model, full_pass, one_row)
 floor4 = float(rates.floor(step_flops(cfg, prompt_ids.shape[1] - 1), step_bytes(model)))
 print(f"arithmetic: {rates.flops_per_second / 1e9:.0f} billion operations per second")
 print(f"reading weights: {rates.bytes_per_second / 1e9:.0f} GB per second")
@@ -387,8 +385,8 @@ print(
 #   the draft's steps too long, and part of a "fixed" cost grows with the size of what the
 #   operation touches: a LayerNorm over 128 numbers is cheaper than over 192, and small tensors
 #   stay in the processor's caches. Where the two are close, the fit predicts the draft well.
-#   Runs of this comparison on one machine on different days have not always agreed, and the
-#   machine's load moves both numbers: a model with one cost per operation is a first
+#   A single run cannot say how stable this comparison is, and the machine's load moves both
+#   numbers: a model with one cost per operation is a first
 #   approximation, good enough to say *where* the time goes, not to predict another model to a
 #   few percent. The benchmark (`python benchmarks/fixed_cost.py`, section 8) records its errors.
 #
@@ -580,8 +578,9 @@ check("attention_static")
 # batch at every real position, and the padding slots themselves. There the own-slot rule
 # decides: a padding query reads only its own key, at position 0, so its logits are those of
 # the one-token text made of the pad token. (Without the rule its row of `allowed` is all
-# `False`. PyTorch 2.13's CPU attention then returns zeros, other kernels NaN, and a NaN in the
-# cache would reach every real query, since a weight of 0 times NaN is NaN.) They also count
+# `False`. PyTorch 2.13's `scaled_dot_product_attention` returns zeros for such a row on the
+# CPU, while a softmax written by hand over a row of −∞, as in chapter 4, returns NaN, and a NaN
+# in the cache would reach every real query, since a weight of 0 times NaN is NaN.) They also count
 # the host reads one call makes: none.
 #
 # <details><summary>Hint 1: a nudge</summary>
@@ -660,9 +659,11 @@ assert largest < 1e-4 and not moved, "section 2 says the same logits and buffers
 # number, so it must wait until the step that computes it has finished.
 #
 # On a GPU that wait is expensive: the CPU normally queues kernels ahead of the GPU, and a read
-# empties the queue, so the GPU sits idle while Python decides what to launch next. Everywhere,
-# a read splits a compiled graph in two: a compiler cannot turn "if this number is 0" into part
-# of a graph that runs without Python. A fast loop therefore:
+# empties the queue, so the GPU sits idle while Python decides what to launch next. By default,
+# a read splits a compiled graph in two (dynamo can be told to capture `.item()`, with
+# `torch._dynamo.config.capture_scalar_outputs`, but a Python `if` on the value still breaks
+# the graph): a compiler cannot turn "if this number is 0" into part of a graph that runs
+# without Python. A fast loop therefore:
 #
 # - keeps the sampled token a **tensor** and feeds it straight into the next step;
 # - samples on the device (chapter 3's `sample_next_token` does: its draws are tensor
@@ -989,8 +990,9 @@ if inductor_ok:
 # compiled step was faster than the eager ones and still several times a position's share.
 # Part of what is left is the cost of *calling* compiled code: before each call, dynamo checks its
 # guards (every input's shape, dtype and device, and every weight of the model it reads). The
-# benchmark (section 8) measures what that costs, by timing the step with guard checks turned
-# off (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`, unsafe outside a measurement).
+# benchmark (section 8) measures what that costs, by timing the step with only the guards that
+# tell cached versions apart (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`; with one
+# cached version, none; unsafe outside a measurement).
 # Another part is the matrix products, which Inductor leaves to PyTorch's own kernels, and
 # which wait for their weights to arrive from memory. On a GPU, CUDA graphs (next section)
 # replace the many launches of a step by one.
@@ -1082,13 +1084,13 @@ else:
 # kernels is the next saving, and that is what `mode="reduce-overhead"` adds: Inductor fuses the
 # step into fewer kernels and records *those* as a graph.
 #
-# It can record only if every tensor the step writes stays at one address between calls.
-# Inductor records a step that writes one of its inputs only when that input is a parameter, a
-# buffer, or a tensor marked as static (PyTorch's `torch/_inductor/cudagraph_utils.py`,
-# `check_for_mutation`); otherwise it runs the step without a graph and says "skipping
-# cudagraphs due to mutated inputs". So the benchmark marks each of the cache's buffers with
-# `torch._dynamo.mark_static_address(buffer)`. gpt-fast gets the same by making its cache a
-# module's buffers. HF's static cache, under its own documented `mode="reduce-overhead"`
+# It can record only if every tensor the step writes stays at one address between calls. Inductor
+# records a step that writes one of its inputs only when that input is a parameter, a buffer, a
+# tensor marked as static, or the output of an earlier recorded graph (PyTorch's
+# `torch/_inductor/cudagraph_utils.py`, `check_for_mutation`); otherwise it runs the step without a
+# graph and says "skipping cudagraphs due to mutated inputs". So the benchmark marks each of the
+# cache's buffers with `torch._dynamo.mark_static_address(buffer)`. gpt-fast gets the same by making
+# its cache a module's buffers. HF's static cache, under its own documented `mode="reduce-overhead"`
 # recipe, hit exactly this refusal on the lent GPU (transformers 5.17) and then failed in
 # `generate`; the record says how.
 
@@ -1192,7 +1194,9 @@ assert abs(loss8 - loss32) < 0.01, "section 6 says the int8 model loses less tha
 
 # %% [markdown]
 # More than 3.5 times smaller (not 4: the scales, the biases, the LayerNorms and the position
-# embedding stay in float32), for a held-out loss that moves in the fourth digit.
+# embedding stay in float32), for a held-out loss that moves in the fourth decimal place (the
+# recorded run, `benchmarks/results/fixed_cost.json`: 4.1748 against 4.1747; the claim cell
+# checks less than 0.01).
 #
 # **Does it make this step faster?** Only if reading the weights is what the step waits for.
 # Section 1's floor says it is not: on this CPU, reading a step's weights is a small part of the
@@ -1219,10 +1223,11 @@ with torch.inference_mode(), one_thread():
 # Where does int8 pay, then? Where a step is bound by memory: a model whose weights do not fit in
 # the caches, read at every step by a processor that computes far faster than it reads. A GPU
 # decoding one text of a 7-billion-parameter model is the textbook case: gpt-fast's README
-# (commit 0f925b5, its benchmark table: one text, a power-limited A100) reports Llama-2-7B at
+# (README.md from its first commit, 9ac48bc, on; its benchmark table: one text, a power-limited
+# A100) reports Llama-2-7B at
 # 104.9 tokens/s in 16-bit weights and 155.58 with int8 weights, one byte per weight read instead
-# of two. For this model on this CPU, the honest answer is: smaller files, the same loss, no
-# speed.
+# of two. For this model on this CPU, the honest answer is: 3.7 times fewer bytes of weights,
+# the same loss, and (in the runs made for this chapter) no speed.
 
 # %% [markdown]
 # ## 7. What it buys speculative decoding
@@ -1270,13 +1275,15 @@ Console().print(table)
 # ## 8. The careful benchmark
 #
 # `python benchmarks/fixed_cost.py --threads 1` (from the repository's root) measures what this
-# chapter measured, more carefully: HF's `generate` with its dynamic cache and with its static
-# cache and a compiled forward (`cache_implementation="static"`), chapter 4's sampler, and yours
-# eager and compiled, interleaved over several runs, 255 new tokens, each timed call's tokens
-# checked against HF's. It reports medians and ratios, the compile time, recompilations and graph
-# breaks, a step alone (eager, compiled, and compiled without its guard checks), the draft
-# model's step as a fraction $c$ of the main one's, the cost model's errors on both models, and
-# the int8 model's size and held-out loss. The README's benchmark section records its runs.
+# chapter measured, more carefully: HF's `generate` with its dynamic cache and with its static cache
+# and a compiled forward (`cache_implementation="static"`), chapter 4's sampler, and yours eager and
+# compiled, interleaved over several runs, 255 new tokens, each timed call's tokens checked against
+# HF's. It reports medians and ratios, the compile time, recompilations and graph breaks, a step
+# alone (eager, compiled, and compiled without its guard checks), the cost model's errors on both
+# models, and the int8 model's size and held-out loss. (The draft's step as a fraction $c$ of the
+# main one's, eager and compiled on one cache, is measured by chapter 6's benchmark, `python
+# benchmarks/speculative.py --compiled`, beside the runs it explains.) The README's benchmark
+# section records its runs.
 
 # %% [markdown]
 # ## Check your understanding
@@ -1329,7 +1336,8 @@ Console().print(table)
 # <details><summary>Answer</summary>
 #
 # The step does not wait mostly for its weights: it waits for its operations' fixed costs
-# (section 1's floor). And the CPU must convert the int8 weights back to floats before it can
+# (section 1's cost model: the floor, which includes reading the weights, is a small part of
+# the step). And the CPU must convert the int8 weights back to floats before it can
 # multiply, which adds work.
 #
 # </details>

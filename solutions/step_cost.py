@@ -59,6 +59,17 @@ class Rates:
     flops_per_second: float
     bytes_per_second: float
 
+    @classmethod
+    def from_times(cls, model: nn.Module, pass_seconds: float, one_row_seconds: float) -> "Rates":
+        """The two rates from two timings of `model` (the caller times them: a busy machine asks
+        for the fastest of a few calls): a forward pass over `n_ctx` positions, and a product
+        of one row with the unembedding matrix."""
+        cfg, W_U = model.cfg, model.unembed.W_U
+        return cls(
+            flops_per_second=step_flops(cfg, cfg.n_ctx - 1, cached=False) / pass_seconds,
+            bytes_per_second=W_U.numel() * W_U.element_size() / one_row_seconds,
+        )
+
     def floor(self, flops, n_bytes) -> Float[Tensor, "steps"]:
         """The least time the arithmetic and the reads of steps can take: the slower of the two
         (a one-row product waits on memory, a long forward pass on arithmetic)."""
