@@ -4,10 +4,10 @@
 # Chapters 4 to 6 made one text fast. A server has many: requests arrive while others are being
 # answered, each with its own prompt, its own length and its own sampling settings. Chapter 4's
 # batching pads a batch to its longest prompt, runs it until its longest answer ends, and lets
-# nobody in until then. Every serving engine you are likely to meet (vLLM, SGLang, TGI, HF
-# transformers' continuous batching) does something else: it schedules **token by token** over a
-# **paged** cache. This chapter builds that core, with vLLM's names, so that what you build maps
-# onto the real thing:
+# nobody in until then. Every serving engine you are likely to meet (vLLM, SGLang, HF
+# transformers' continuous batching, all three cited below) does something else: it schedules
+# **token by token** over a **paged** cache. This chapter builds that core, with vLLM's names, so
+# that what you build maps onto the real thing:
 #
 # 1. **Why static batching wastes**: padding, finished rows that keep computing, and requests
 #    that wait for a batch, measured on a trace of requests arriving over time.
@@ -171,8 +171,9 @@ assert useful < computed and static.kv_used < static.kv_reserved, (
 #   finish before its own batch can start, and then for its batch's prefill. Section 9 sets this
 #   median time to first token beside the engine's.
 #
-# And the memory: the batch's cache holds every row for the longest prompt plus the longest
-# answer, reserved from the start, whether the row needs it or not.
+# And the memory: the batch's cache grows every row to the longest prompt plus the longest
+# answer, whether the row needs it or not (a static cache, as in chapter 5, would reserve all of
+# that from the start).
 #
 # The cure for the first two is to stop thinking in batches of requests and think in **steps**:
 # at every step, each request that is running contributes the tokens it needs computed (a chunk
@@ -187,7 +188,9 @@ assert useful < computed and static.kv_used < static.kv_reserved, (
 # vLLM's answer (Kwon et al., *Efficient Memory Management for Large Language Model Serving with
 # PagedAttention*, SOSP 2023) is the operating system's: paging. The cache of each layer is one
 # tensor of `num_blocks` **blocks**, each holding the keys (and, in a second tensor, the values)
-# of `block_size` positions:
+# of `block_size` positions (vLLM's per-block layout; vLLM itself stacks keys and values in one
+# tensor per layer, `[2, num_blocks, block_size, n_kv_heads, head_size]` in its FlashAttention
+# backend):
 #
 # `keys[layer]`: `[num_blocks, block_size, n_heads, d_head]`.
 #
@@ -454,7 +457,8 @@ assert gap < 1e-6, "the cell says the two paths give the same result"
 # - `add_request(request_id, prompt, params)` queues a request. One it could never serve (its
 #   prompt and `max_tokens` would not fit in `n_ctx`, or in the whole pool) ends at once, with
 #   an error in the next step's outputs, and every other request goes on.
-# - `step()` reads as four lines, as nano-vllm's does: the scheduler plans the step
+# - `step()` reads as four lines (nano-vllm's is as short, with the sampling inside its model
+#   runner's `run`): the scheduler plans the step
 #   (`schedule`), the model runs once over every scheduled token of every request
 #   (`forward_paged`), a token is sampled for each request that reached its last known token
 #   (`sample_requests`), and the scheduler updates the requests (`update`: their computed
@@ -463,12 +467,14 @@ assert gap < 1e-6, "the cell says the two paths give the same result"
 # - `abort_request(request_id)` ends a request now; `has_unfinished_requests()` says whether to
 #   keep stepping; `generate(engine, prompts, params)` runs a list to the end.
 #
-# One owner for a request's progress: only the scheduler changes a request's record. A request
-# (`Request`, given; vLLM's `Request`, nano-vllm's `Sequence`) carries its `prompt_token_ids`
-# and `output_token_ids` (together `all_token_ids`; their count is `num_tokens`),
+# One owner for a request's progress: only the scheduler changes a request's progress (its
+# computed tokens, its outputs, its status); the cache manager writes its block table when the
+# scheduler asks. A request (`Request`, given; vLLM's `Request`, nano-vllm's `Sequence`) carries its
+# `prompt_token_ids` and `output_token_ids` (together `all_token_ids`; their count is `num_tokens`),
 # `num_computed_tokens` (how many of them have their keys and values in its blocks),
 # `num_cached_tokens` (how many of those the prefix cache gave when it was admitted), its block
-# table `block_ids` (the only one: the cache manager reads and writes it), its `status`
+# table `block_ids` (the only one: the cache manager reads and writes it; vLLM keeps block
+# tables in its KV-cache manager instead, by request id), its `status`
 # (`WAITING`, `RUNNING`, `FINISHED`) and its `params`. The engine's statistics read each step's
 # plan, which names the requests it admitted and preempted.
 #
@@ -608,9 +614,9 @@ check("block_pool")
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
-# `get_computed_blocks`: walk the names in order and stop at the first miss. (Going on past a
-# miss would find nothing more: each name includes its parent's, so after a block that is not
-# cached, no later name can be.) `allocate_slots`:
+# `get_computed_blocks`: walk the names in order and stop at the first miss. (A later block is
+# of no use without the keys of every block before it, which this request must compute anyway.)
+# `allocate_slots`:
 # first count tokens, then blocks, then compare with what is free.
 #
 # </details>
@@ -963,15 +969,12 @@ if near is not None:
 print("recorded:", record["date"], record["code"], "-", record["machine"])
 
 # %% [markdown]
-# The engine's median request waits for its first token about one step, its unluckiest one in a
-# hundred tens of steps (printed above). That tail is the queue: the benchmark's 64 requests
-# arrive 40 a second and run for up to 160 tokens, so the later arrivals find all 32 seats
+# The engine's median request waits for its first token about a step and a half, its unluckiest
+# one in a hundred tens of steps (printed above). That tail is the queue: the benchmark's 64
+# requests arrive 40 a second and run for up to 160 tokens, so the later arrivals find all 32 seats
 # (`max_num_seqs`) taken and wait until a running request finishes. Your own run above printed
 # how often that happened on its (shorter) trace: the steps that ended with a request waiting
-# and every seat taken. (The same count on the benchmark's trace, run with `serve_engine` on the
-# course's 2-core machine while this chapter was revised, found the five slowest requests
-# waiting with every seat taken in about three of every four steps of their wait, behind
-# others admitted first in the rest.) More seats would shorten that wait and lengthen every
+# and every seat taken. More seats would shorten that wait and lengthen every
 # step: the trade of the TPOT bullet above.
 #
 # Where the record has a `prefill_rate` section, the cell above prints it: the engine's answer
@@ -1003,7 +1006,8 @@ print("recorded:", record["date"], record["code"], "-", record["machine"])
 #   arXiv:2401.09670; Patel et al., *Splitwise*, ISCA 2024, arXiv:2311.18677).
 # - **Cache-aware routing**: with many engine replicas, a request whose prefix is cached on one of
 #   them should go there, unless that one is overloaded. SGLang's router keeps an approximate
-#   radix tree of each replica's cache for this; Srivatsa et al. study the trade between cache
+#   radix tree of each replica's cache for this (its documentation, "SGLang Model Gateway",
+#   cache-aware policy); Srivatsa et al. study the trade between cache
 #   hits and load (*Preble*, ICLR 2025, arXiv:2407.00023).
 #
 # ## Check your understanding

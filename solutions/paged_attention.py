@@ -27,7 +27,7 @@ from solutions.model import DemoTransformer
 @dataclass
 class PagedKVCache:
     """Per layer, keys and values for every block: [num_blocks, block_size, n_heads, d_head]
-    (vLLM's layout, one tensor each)."""
+    each (vLLM's per-block layout; vLLM stacks the two in one tensor per layer)."""
 
     keys: list[Tensor]
     values: list[Tensor]
