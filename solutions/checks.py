@@ -121,3 +121,24 @@ def prompt_texts(prompts) -> list[str]:
     if not all(isinstance(p, str) and p for p in prompts):
         raise ValueError("every prompt must be a non-empty string")
     return list(prompts)
+
+
+def positions_read(n_prompt: int, max_tokens: int) -> int:
+    """The positions a model reads to write `max_tokens` tokens after an `n_prompt`-token prompt:
+    the last token sampled is never fed back, so n_prompt + max_tokens - 1."""
+    return n_prompt + max_tokens - 1
+
+
+def context_problem(
+    n_prompt: int, max_tokens: int, n_ctx: int, name: str = "max_tokens"
+) -> str | None:
+    """Why a prompt of `n_prompt` tokens and `max_tokens` new ones (the argument called `name`)
+    do not fit a model's `n_ctx` positions, or None when they do. A sentence, not an error: the
+    engine reports it in a request's output, the samplers raise it."""
+    needed = positions_read(n_prompt, max_tokens)
+    if needed <= n_ctx:
+        return None
+    return (
+        f"the prompt ({n_prompt} tokens) and {name}={max_tokens} need {needed} positions, more "
+        f"than the model's n_ctx={n_ctx}"
+    )

@@ -152,13 +152,10 @@ class LLMEngine:
             return "the prompt is empty: the model needs at least one token"
         if not all(isinstance(t, int) and 0 <= t < d_vocab for t in ids):
             return f"prompt token ids must be integers in [0, d_vocab={d_vocab})"
-        # The last token sampled is never fed: the model reads at most prompt + max_tokens - 1.
-        longest = len(ids) + params.max_tokens - 1
-        if longest > self.n_ctx:
-            return (
-                f"the prompt ({len(ids)} tokens) and max_tokens={params.max_tokens} need "
-                f"{longest} positions, more than the model's n_ctx={self.n_ctx}"
-            )
+        too_long = checks.context_problem(len(ids), params.max_tokens, self.n_ctx)
+        if too_long is not None:
+            return too_long
+        longest = checks.positions_read(len(ids), params.max_tokens)
         num_blocks = len(self.kv.pool.blocks)
         if math.ceil(longest / self.block_size) > num_blocks:
             return (

@@ -102,13 +102,12 @@ class FastTransformerSampler(SamplerBase):
         token as it comes, which reads it from the device at every step."""
         input_ids, generator = self._start(prompt, max_tokens_generated, seed, kwargs)
         n_prompt, n_ctx = len(input_ids), self.cfg.n_ctx
-        # The last token sampled is never fed to the model: the cache holds the rest.
-        if n_prompt + max_tokens_generated - 1 > n_ctx:
+        too_long = checks.context_problem(n_prompt, max_tokens_generated, n_ctx,
+                                          "max_tokens_generated")  # fmt: skip
+        if too_long is not None:
             raise ValueError(
-                f"the prompt ({n_prompt} tokens) and max_tokens_generated="
-                f"{max_tokens_generated} need {n_prompt + max_tokens_generated - 1} positions, "
-                f"more than the model's n_ctx={n_ctx} that the static cache holds. Chapter 4's "
-                "CachedTransformerSampler slides the window past n_ctx"
+                f"{too_long}, which the static cache holds. Chapter 4's CachedTransformerSampler "
+                "slides the window past n_ctx"
             )
         self.host_reads = 0
         if max_tokens_generated == 0:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from solutions import checks
 from solutions.batched import left_pad
 from solutions.cached_model import forward_with_cache
 from solutions.engine import LLMEngine
@@ -153,10 +154,10 @@ def serve_static(model, tokenizer, requests: list[TraceRequest], batch: int) -> 
         steps = max(r.max_tokens for r in group)
         # The padded batch's cache holds every row for the longest prompt and answer; its
         # requests use their own prompt and answer. Kept for the batch that reserves most.
-        reserved = len(group) * (ids.shape[1] + steps - 1)
+        reserved = len(group) * checks.positions_read(ids.shape[1], steps)
         if reserved > served.kv_reserved:
             served.kv_reserved, served.kv_requests = reserved, len(group)
-            served.kv_used = sum(len(r.prompt) + r.max_tokens - 1 for r in group)
+            served.kv_used = sum(checks.positions_read(len(r.prompt), r.max_tokens) for r in group)
         logits, cache = forward_with_cache(model, ids, attention_mask=mask)
         for r in group:
             served.tokens[r.request_id] = []
