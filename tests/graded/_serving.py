@@ -20,6 +20,23 @@ PROMPTS = [  # a one-token prompt among them; the longest needs several chunks
 ]
 
 
+def uneven_chunks(lengths: list[int], chunks) -> list[list[tuple[int, int, int]]]:
+    """The steps of a paged forward that feeds request r `chunk[r]` more of its `lengths[r]`
+    tokens per step (what is left, at its end): per step, `(r, num_computed, num_new)` of each
+    request fed. Steps that would feed nothing are left out."""
+    computed, steps = [0] * len(lengths), []
+    for chunk in chunks:
+        step = []
+        for r, length in enumerate(lengths):
+            n = min(chunk[r], length - computed[r])
+            if n:
+                step.append((r, computed[r], n))
+                computed[r] += n
+        if step:
+            steps.append(step)
+    return steps
+
+
 NEAR_TIE = 1e-4
 """Two logits closer than this (float32 rounding of a sum of a few hundred terms, with room)
 are a near-tie: a different batch shape may round them the other way."""

@@ -14,7 +14,13 @@ from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWa
 
 from tests.graded._device import assert_made_on_the_inputs_device
 from tests.graded._oracles import N_SAMPLES
-from tests.graded._serving import PROMPTS, greedy_difference, invariant_problems, run_to_end
+from tests.graded._serving import (
+    PROMPTS,
+    greedy_difference,
+    invariant_problems,
+    run_to_end,
+    uneven_chunks,
+)
 from tests.graded._stats import assert_samples_follow
 
 CHAPTER = "07_serving"
@@ -238,21 +244,13 @@ def test_paged_logits_equal_hfs_for_prompts_read_in_uneven_chunks(impl, shipped,
     order = list(range(1, num_blocks))
     random.Random(0).shuffle(order)
     tables = [order[i::3] for i in range(3)]
-    computed = [0, 0, 0]
-    for chunk in ([5, 1, 7], [3, 1, 9], [100, 1, 100], [1, 1, 1]):
-        scheduled, rows = [], []
-        for r, text in enumerate(texts):
-            n = min(chunk[r], len(text) - computed[r])
-            if n:
-                scheduled.append((text, computed[r], n, tables[r]))
-                rows.append(r)
-        if not scheduled:
-            break
+    chunks = ([5, 1, 7], [3, 1, 9], [100, 1, 100], [1, 1, 1])
+    for step in uneven_chunks([len(t) for t in texts], chunks):
+        scheduled = [(texts[r], start, n, tables[r]) for r, start, n in step]
         inputs = impl.prepare_inputs(scheduled, block_size)
         with torch.inference_mode():
             logits = impl.forward_paged(model, cache, inputs, torch.arange(len(inputs.token_ids)))
-        for i, r in enumerate(rows):
-            start, n = computed[r], scheduled[i][2]
+        for i, (r, start, n) in enumerate(step):
             with torch.inference_mode():
                 want = hf(torch.tensor([texts[r][: start + n]])).logits[0, start:]
             got = logits[inputs.query_start[i] : inputs.query_start[i + 1]]
@@ -262,7 +260,6 @@ def test_paged_logits_equal_hfs_for_prompts_read_in_uneven_chunks(impl, shipped,
                 f"{(got - want).abs().max().item():.3g}. The cache's unused slots hold large "
                 "values: does each query read only its own request's positions, up to its own?"
             )
-            computed[r] += n
 
 
 # --------------------------------------------------------------------------- block_pool

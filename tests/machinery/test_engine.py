@@ -24,7 +24,7 @@ from solutions.paged_attention import (
 from solutions.sampling import TransformerSampler
 from solutions.sampling_params import SamplingParams
 from tests.graded._oracles import hf_static_greedy
-from tests.graded._serving import PROMPTS, invariant_problems
+from tests.graded._serving import PROMPTS, invariant_problems, uneven_chunks
 from tests.graded._serving import run_to_end as run_steps
 from utils.models import load_hf, load_model
 
@@ -63,17 +63,10 @@ def test_paged_logits_are_hfs_through_scattered_blocks(shipped, attention):
     order = list(range(num_blocks))
     random.Random(0).shuffle(order)  # block tables out of order, interleaved between requests
     tables = [order[i::3] for i in range(3)]
-    computed = [0, 0, 0]
     # Uneven chunks: each step feeds each request a different number of its tokens.
-    for chunk in ([5, 1, 7], [3, 0, 9], [1, 1, 1], [1, 1, 1], [100, 0, 100], [0, 100, 0]):
-        scheduled, rows = [], []
-        for r, text in enumerate(texts):
-            n = min(chunk[r], len(text) - computed[r])
-            if n:
-                scheduled.append((text, computed[r], n, tables[r]))
-                rows.append(r)
-        if not scheduled:
-            continue
+    chunks = ([5, 1, 7], [3, 0, 9], [1, 1, 1], [1, 1, 1], [100, 0, 100], [0, 100, 0])
+    for step in uneven_chunks([len(t) for t in texts], chunks):
+        scheduled = [(texts[r], start, n, tables[r]) for r, start, n in step]
         inputs = prepare_inputs(scheduled, block_size)
         every_row = torch.arange(len(inputs.token_ids))
         groups = attention_groups(inputs, block_size)
@@ -81,13 +74,11 @@ def test_paged_logits_are_hfs_through_scattered_blocks(shipped, attention):
         assert torch.equal(attended, every_row), "every row is attended exactly once"
         with torch.inference_mode():
             logits = forward_paged(model, cache, inputs, every_row, attention)
-        for i, r in enumerate(rows):
-            start, n = computed[r], scheduled[i][2]
+        for i, (r, start, n) in enumerate(step):
             with torch.inference_mode():
                 want = hf(torch.tensor([texts[r][: start + n]])).logits[0, start:]
             got = logits[inputs.query_start[i] : inputs.query_start[i + 1]]
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-            computed[r] += n
 
 
 def test_the_strided_attention_equals_the_gather_exactly():
