@@ -48,7 +48,7 @@ class EngineStats:
     preemptions: int = 0
     last_step: dict[str, tuple[str, int]] = field(default_factory=dict)
 
-    def record(self, plan: SchedulerOutput) -> None:
+    def record(self, plan: "SchedulerOutput") -> None:
         """Count a step's plan, before it runs (a request's computed tokens are where the step
         starts)."""
         self.preemptions += len(plan.preempted)
@@ -191,7 +191,7 @@ class LLMEngine:
             outputs.append(self._output(request, new))
         return outputs
 
-    def _run(self, plan: SchedulerOutput) -> tuple[list[Request], Float[Tensor, "S d_vocab"]]:
+    def _run(self, plan: "SchedulerOutput") -> tuple[list[Request], Float[Tensor, "S d_vocab"]]:
         """The model over the plan's tokens: the requests that sample in this step (those that
         compute their last known token) and the logits at their last rows."""
         inputs = prepare_inputs(

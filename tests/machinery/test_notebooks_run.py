@@ -103,9 +103,9 @@ def first_steps(nb):
 
 
 def errors_in(cells) -> list[str]:
-    """'cell N: ename: evalue' for each cell that raised."""
+    """'cell N (its first line): ename: evalue' for each cell that raised."""
     return [
-        f"cell {i}: {out.ename}: {out.evalue}"
+        f"cell {i} ({cell.source.strip().splitlines()[0][:50]}): {out.ename}: {out.evalue}"
         for i, cell in enumerate(cells)
         if cell.cell_type == "code"
         for out in cell.get("outputs", [])
@@ -123,7 +123,8 @@ def test_blank_checks_fail_then_the_solved_notebook_passes_in_one_learners_kerne
     because it is not implemented. Then, in the same kernel (as a learner who fills in the
     exercises and runs the notebook again), the whole teacher build, top to bottom: no cell may
     raise, and every check must pass; what the failed checks remembered must not stand in the
-    way. (One kernel for both: its start and the imports are most of a blank run's time.)"""
+    way. (One kernel for both: its start and the imports are most of a blank run's time. So a
+    given cell that raises is caught in the blank run, the only one a fresh kernel runs.)"""
     saved = tmp_path / "saved"
     nb = first_steps(with_harness(build_notebook(chapter), saved, spot=True))
     n_blank = len(nb.cells)
@@ -131,6 +132,14 @@ def test_blank_checks_fail_then_the_solved_notebook_passes_in_one_learners_kerne
     run_notebook(nb, tmp_path, allow_errors=True)
     blank, solved = nb.cells[:n_blank], nb.cells[n_blank:]
 
+    given = [c for c in blank if {"setup", "harness", "source", "exercise"}
+             & set(c.metadata.get("tags", []))]  # fmt: skip
+    raised = errors_in(given)
+    assert not raised, (
+        "given or exercise cells that raised in the notebook as shipped, run top to bottom in a "
+        "fresh kernel (a learner's first run; the solved run below inherits its names, so only "
+        "this run can see a cell that uses a name defined further down):\n" + "\n".join(raised)
+    )
     checks = check_cells(blank)
     assert checks, f"{chapter} has no check(...) cell"
     bad = [f"{call} -> {text.strip() or '(nothing printed)'}" for call, text in checks
