@@ -455,6 +455,39 @@ def test_prefix_hits_are_the_longest_run_of_named_leading_blocks(impl):
 
 
 @pytest.mark.kv_cache_manager
+def test_the_hits_stop_at_the_first_miss_even_when_a_later_block_is_named(impl):
+    manager = impl.KVCacheManager(num_blocks=6, block_size=4)
+    prefix = list(range(1, 9))  # 2 full blocks
+    a = request(impl, "a", prefix)
+    assert manager.allocate_slots(a, 8) is not None  # names its 2 blocks
+    a.num_computed_tokens = 8
+    b = request(impl, "b", prefix)
+    hits, n = manager.get_computed_blocks(b)  # a's first block (its last token is computed)
+    assert n == 4, f"setup: b shares a's first block (4 tokens), got {n} tokens"
+    assert manager.allocate_slots(b, 4, hits) is not None  # its 2nd block: a's keeps the name
+    b.num_computed_tokens = 8
+    b.output_token_ids += [11, 12, 13, 14]
+    assert manager.allocate_slots(b, 4) is not None  # b's 3rd block is named (its parent: 2nd)
+    b.num_computed_tokens = 12
+    manager.free(a)  # a's 2nd block becomes free, named
+    other = request(impl, "other", [99] * 12)
+    assert manager.allocate_slots(other, 12) is not None, (  # takes it: its name is gone
+        "setup: 12 tokens need 3 blocks of 4 and exactly 3 are free: that is enough (refuse "
+        "only when the blocks needed are more than the free ones)"
+    )
+    c = request(impl, "c", prefix + [11, 12, 13, 14, 50])
+    found, n = manager.get_computed_blocks(c)
+    table = [block.block_id for block in found]
+    assert n == 4 and table == b.block_ids[:1], (
+        f"c's first block is cached, its second is not any more (evicted), its third is "
+        f"(b's): the hits are its first block alone, 4 tokens; got blocks {table}, {n} tokens."
+        + (" The lookup went on past a miss: the later block found takes the missing block's "
+           "place in c's table, where c would read its keys at the wrong positions. The run of "
+           "hits stops at the first miss." if len(found) > 1 else "")
+    )  # fmt: skip
+
+
+@pytest.mark.kv_cache_manager
 def test_no_hits_with_prefix_caching_off(impl):
     manager = impl.KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
     first = request(impl, "a", range(100, 110))
@@ -475,6 +508,24 @@ def test_a_table_grows_one_block_when_the_last_is_full(impl):
             f"{want} blocks of 4 (rounded up), the table has "
             f"{'none (None returned)' if got is None else len(req.block_ids)}"
         )
+
+
+@pytest.mark.kv_cache_manager
+def test_a_request_holding_most_of_the_pool_still_grows_by_one_block(impl):
+    manager = impl.KVCacheManager(num_blocks=14, block_size=4)
+    req = request(impl, "a", range(100, 140))  # 40 tokens: 10 full blocks of 4
+    assert manager.allocate_slots(req, 40) is not None, "setup: 10 blocks of 14 for 40 tokens"
+    req.num_computed_tokens = 40
+    req.output_token_ids.append(7)  # its 41st token needs an 11th block; 4 are free
+    free = manager.pool.num_free_blocks
+    got = manager.allocate_slots(req, 1)
+    assert got is not None and len(req.block_ids) == 11, (
+        f"a request holds 10 blocks, {free} are free, and its 41st token needs one block more: "
+        "the pool has it, so the table should grow to 11 blocks; got "
+        f"{'None' if got is None else f'a table of {len(req.block_ids)} blocks'}. Only the "
+        "blocks it does not hold yet must come from the pool: were the 10 it already holds "
+        "counted as needed again? (In the engine such a request would preempt itself for ever.)"
+    )
 
 
 @pytest.mark.kv_cache_manager

@@ -288,4 +288,18 @@ MUTANTS += [
         "the gathered keys reshaped heads first, not transposed",
         says=("transpose",),
     ),
+    Mutant(
+        "kv_cache_manager",
+        "if num_new_blocks > self.pool.num_free_blocks - evictable_hits:",
+        "if needed > self.pool.num_free_blocks - evictable_hits:",
+        "all the blocks the table needs compared with the free ones, those it holds included",
+        says=("already holds", "needed again"),
+    ),
+    Mutant(
+        "kv_cache_manager",
+        "            if block is None:\n                break",
+        "            if block is None:\n                continue",
+        "the lookup skips a miss and goes on to later blocks",
+        says=("past a miss",),
+    ),
 ]
