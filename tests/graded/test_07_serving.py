@@ -140,6 +140,53 @@ def attend_case(seed: int, G: int, Q: int, num_blocks=16, block_size=4, H=4, D=8
     return queries, keys, values, tables, query_pos
 
 
+def attention_over_table(queries, keys, values, tables, scores_of):
+    """`attend` under one hypothesis about its mask: every slot of each request's padded table
+    read, its scores [n_heads, Q, L] changed by `scores_of(scores, allowed)` (`allowed`: the
+    right mask, [Q, L]) before the softmax; in float64."""
+    G, Q, H, D = queries.shape
+    block_size = keys.shape[1]
+    B = max(map(len, tables))
+    L = B * block_size
+    out = torch.zeros(G, Q, H, D, dtype=torch.float64)
+    for g in range(G):
+        table = tables[g] + [0] * (B - len(tables[g]))
+        k = keys[table].reshape(L, H, D).double()
+        v = values[table].reshape(L, H, D).double()
+        scores = torch.einsum("qhd,phd->hqp", queries[g].double(), k) / D**0.5
+        out[g] = torch.einsum("hqp,phd->qhd", scores_of(scores, g).softmax(-1), v)
+    return out
+
+
+def mask_mistake(queries, keys, values, tables, query_pos, got) -> str:
+    """The mask's known mistakes, each recognised by computing what it gives."""
+    L = max(map(len, tables)) * keys.shape[1]
+    Q = queries.shape[1]
+    allowed = torch.arange(L)[None, None, :] <= query_pos[:, :, None]  # [G, Q, L]
+    causal = torch.ones(Q, L, dtype=torch.bool).tril()  # is_causal: query q reads keys 0..q
+    hypotheses = [
+        (lambda s, g: s, (
+            " Every query read every slot of its table: the padding blocks, the unwritten rest "
+            "of its last block and its later positions too. Is a mask passed at all?")),
+        (lambda s, g: s.masked_fill(~causal, float("-inf")), (
+            " That is `is_causal=True`: it lines the queries up with the first keys, so query q "
+            "reads positions 0 to q (a decode reads position 0 alone), not up to its own "
+            "position. Pass a mask built from each query's position instead.")),
+        (lambda s, g: s + allowed[g].double(), (
+            " The mask was added to the scores as numbers (1 where allowed, 0 elsewhere): a "
+            "float mask is added, not obeyed, so every slot is read. The mask must be boolean "
+            "(True where a query may read).")),
+        (lambda s, g: s.masked_fill(~allowed[g], 0.0), (
+            " The masked scores were set to 0, and exp(0) is 1: the masked slots still get "
+            "weight. A masked score must be minus infinity, so that its weight is 0.")),
+    ]  # fmt: skip
+    for scores_of, message in hypotheses:
+        if torch.allclose(got.double(), attention_over_table(queries, keys, values, tables,
+                                                             scores_of), atol=1e-4):  # fmt: skip
+            return message
+    return ""
+
+
 def attend_mistake(queries, keys, values, tables, query_pos, got) -> str:
     """Recognise a known mistake by recomputing under its hypothesis."""
     if got.shape != queries.shape:
@@ -149,7 +196,13 @@ def attend_mistake(queries, keys, values, tables, query_pos, got) -> str:
         )
     strict = attention_by_hand(queries, keys, values, tables, query_pos - 1)
     if torch.allclose(got.double(), strict, atol=1e-4):
-        return " Each query must read its own position too: `<=`, not `<`."
+        return (
+            " Each query read only the positions before its own position: is the mask `<` where "
+            "it must be `<=`, or are the key positions counted from 1 rather than from 0?"
+        )
+    mistake = mask_mistake(queries, keys, values, tables, query_pos, got)
+    if mistake:
+        return mistake
     last = query_pos[:, -1:].expand_as(query_pos)
     if torch.allclose(got.double(), attention_by_hand(queries, keys, values, tables, last),
                       atol=1e-4):  # fmt: skip

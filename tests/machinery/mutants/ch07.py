@@ -53,7 +53,7 @@ MUTANTS: list[Mutant] = [
         "attn_mask=allowed[:, None]",
         "attn_mask=None",
         "no mask: padding blocks and unwritten slots are read",
-        says=("own positions",),
+        says=("is a mask passed",),
     ),
     # block_pool
     Mutant(
@@ -301,5 +301,38 @@ MUTANTS += [
         "            if block is None:\n                continue",
         "the lookup skips a miss and goes on to later blocks",
         says=("past a miss",),
+    ),
+    Mutant(
+        "attend",
+        "key_pos = torch.arange(B * keys.shape[1], device=queries.device)",
+        "key_pos = torch.arange(1, B * keys.shape[1] + 1, device=queries.device)",
+        "the key positions counted from 1",
+        says=("counted from 1",),
+    ),
+    Mutant(
+        "attend",
+        "attn_mask=allowed[:, None]",
+        "is_causal=True",
+        "is_causal=True instead of a mask of each query's positions",
+        says=("is_causal",),
+    ),
+    Mutant(
+        "attend",
+        "attn_mask=allowed[:, None]",
+        "attn_mask=allowed[:, None].float()",
+        "a float 0/1 mask, added to the scores",
+        says=("boolean",),
+    ),
+    Mutant(
+        "attend",
+        "    z = F.scaled_dot_product_attention(\n"
+        "        queries.transpose(1, 2), gather(keys), gather(values), "
+        "attn_mask=allowed[:, None]\n"
+        "    )\n",
+        "    q, k, v = queries.transpose(1, 2), gather(keys), gather(values)\n"
+        "    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5\n"
+        "    z = scores.masked_fill(~allowed[:, None], 0.0).softmax(-1) @ v\n",
+        "a hand-written softmax whose masked scores are 0, not minus infinity",
+        says=("minus infinity",),
     ),
 ]
