@@ -351,11 +351,22 @@ def pool_state(pool) -> tuple[list[int], list[int]]:
 @pytest.mark.block_pool
 def test_new_blocks_come_from_the_least_recently_freed(impl):
     pool = impl.BlockPool(6)
-    first = [b.block_id for b in pool.get_new_blocks(3)]
+    handed = pool.get_new_blocks(3)
+    first = [b.block_id for b in handed]
     assert first == [0, 1, 2], (
         f"a fresh pool hands out blocks 0, 1, 2 first (the front of the free queue), got "
         f"{first}. Which end of the OrderedDict does your pop take from? Called plainly, "
         "`popitem` takes the newest entry; it has an argument that makes it take the oldest."
+    )
+    assert all(b is pool.blocks[b.block_id] for b in handed), (
+        "get_new_blocks returned block objects that are not the pool's own (`self.blocks`): "
+        "a new KVCacheBlock made on the spot is not the one the pool counts and names, so its "
+        "ref_cnt and block_hash are lost. Return the pool's blocks, looked up by their ids."
+    )
+    assert not any(b in pool.free_queue for b in first), (
+        f"get_new_blocks handed out {first}, yet the pool's free queue still holds them: "
+        f"{list(pool.free_queue)}. Were they popped from a copy of the queue (a local one) "
+        "rather than from `self.free_queue` itself?"
     )
     pool.free_blocks([pool.blocks[2], pool.blocks[0]])
     assert list(pool.free_queue) == [3, 4, 5, 2, 0], (
@@ -401,12 +412,21 @@ def test_touch_takes_a_free_cached_block_out_of_the_queue_and_keeps_its_name(imp
     block = pool.get_new_blocks(2)[1]
     pool.cache_full_block(block, b"name")
     pool.free_blocks([block])
+    assert block.block_hash == b"name" and pool.get_cached_block(b"name") is block, (
+        "a block freed by its last holder keeps its name (block_hash, and its entry in "
+        "pool.cached), so that a later request with the same prefix finds it; got block_hash "
+        f"{block.block_hash!r}. Did free_blocks drop the name? Only get_new_blocks, handing the "
+        "block out to be overwritten, takes it away."
+    )
     pool.touch([block])
     assert block.block_id not in pool.free_queue, (
         "a free block that touch gives a holder must leave the free queue, or it would be handed "
         "out as new while held"
     )
-    assert block.ref_cnt == 1 and block.block_hash == b"name"
+    assert block.ref_cnt == 1 and block.block_hash == b"name", (
+        f"a free named block that touch gives a holder: ref_cnt 1 and its name kept, got "
+        f"ref_cnt {block.ref_cnt} and block_hash {block.block_hash!r}"
+    )
     handed = [b.block_id for b in pool.get_new_blocks(pool.num_free_blocks)]
     assert block.block_id not in handed, "a held block was handed out as a new one"
 

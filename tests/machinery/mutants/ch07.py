@@ -335,4 +335,30 @@ MUTANTS += [
         "a hand-written softmax whose masked scores are 0, not minus infinity",
         says=("minus infinity",),
     ),
+    Mutant(
+        "block_pool",
+        "                self.free_queue[block.block_id] = None",
+        "                self.free_queue[block.block_id] = None\n"
+        "                if block.block_hash is not None:\n"
+        "                    del self.cached[block.block_hash]\n"
+        "                    block.block_hash = None",
+        "free_blocks drops the name of a block that becomes free",
+        says=("free_blocks", "name"),
+    ),
+    Mutant(
+        "block_pool",
+        "        blocks = []\n        for _ in range(n):\n"
+        "            block = self.blocks[self.free_queue.popitem(last=False)[0]]",
+        "        blocks = []\n        queue = self.free_queue.copy()\n        for _ in range(n):\n"
+        "            block = self.blocks[queue.popitem(last=False)[0]]",
+        "get_new_blocks pops from a copy of the free queue",
+        says=("copy of the queue",),
+    ),
+    Mutant(
+        "block_pool",
+        "block = self.blocks[self.free_queue.popitem(last=False)[0]]",
+        "block = KVCacheBlock(self.free_queue.popitem(last=False)[0])",
+        "get_new_blocks returns new KVCacheBlock objects, not the pool's",
+        says=("pool's own",),
+    ),
 ]
