@@ -946,6 +946,13 @@ def test_greedy_rows_take_their_argmax_in_their_own_place(impl):
             sampled_request(impl, [4, 5], temperature=0.0),
             sampled_request(impl, [6], temperature=0.0)]  # fmt: skip
     got = impl.sample_requests(reqs, logits)
+    over_requests = logits[[0, 2, 3]].argmax(dim=0)[:3].tolist()  # argmax down the columns
+    assert [got[i] for i in (0, 2, 3)] != over_requests, (
+        f"requests 0, 2 and 3 are greedy: their tokens should be the argmax of their rows, "
+        f"{[int(logits[i].argmax()) for i in (0, 2, 3)]}, got {[got[i] for i in (0, 2, 3)]}: "
+        "the first argmaxes down the columns. The argmax was taken over the requests axis "
+        "(dim 0): take it over the vocabulary axis, the last."
+    )
     for i in (0, 2, 3):
         assert got[i] == int(logits[i].argmax()), (
             f"request {i} is greedy: its token is the argmax of ITS row "
@@ -957,19 +964,42 @@ def test_greedy_rows_take_their_argmax_in_their_own_place(impl):
     )
 
 
+def penalised_argmax(row: torch.Tensor, text: list[int], penalty: float) -> int:
+    """Greedy with a frequency penalty, by hand: each token's logit less penalty times its
+    count in `text`, then the argmax."""
+    counts = torch.bincount(torch.tensor(text, dtype=torch.long), minlength=row.numel())
+    return int((row - penalty * counts).argmax())
+
+
 @pytest.mark.sample_requests
 def test_a_greedy_request_with_a_penalty_counts_its_own_text(impl):
-    logits = torch.zeros(2, 10)
-    logits[:, 3], logits[:, 4] = 2.0, 1.5
-    mine = sampled_request(impl, [3], temperature=0.0, frequency_penalty=0.5)
-    mine.output_token_ids = [3, 7]  # its text so far: prompt and output
-    other = sampled_request(impl, [4, 4, 4, 4], temperature=0.0, frequency_penalty=0.5)
-    got = impl.sample_requests([mine, other], logits)
-    # By hand: row 0: 2.0 - 2 * 0.5 = 1.0 for token 3, so 4 (1.5) wins; row 1: 4 falls to -0.5.
-    assert got == [4, 3], (
-        f"each request's penalty counts its own tokens, prompt and output: expected [4, 3], got "
-        f"{got}. A greedy request with a frequency penalty is not a plain argmax, and the "
-        "penalty of row i counts request i's text only (all_token_ids)."
+    logits = torch.zeros(3, 10)
+    logits[:, 3], logits[:, 4] = 2.0, 1.6
+    texts = [([7], [3, 3]), ([3, 3, 3, 3], []), ([4, 4], [])]  # (prompt, output) of each
+    reqs = []
+    for prompt, output in texts:
+        req = sampled_request(impl, prompt, temperature=0.0, frequency_penalty=0.5)
+        req.output_token_ids = list(output)
+        reqs.append(req)
+    got = impl.sample_requests(reqs, logits)
+
+    def each(text_of) -> list[int]:
+        return [penalised_argmax(logits[i], text_of(i), 0.5) for i in range(3)]
+
+    want = each(lambda i: texts[i][0] + texts[i][1])  # [4, 4, 3]
+    mistakes = [
+        ([int(row.argmax()) for row in logits], " Those are the plain argmax of each row: a "
+         "greedy request with a frequency penalty is not a plain argmax (its penalty changes "
+         "its logits first), so it goes through sample_next_token with its text."),
+        (each(lambda i: texts[i][0]), " The penalty counted each request's prompt alone."),
+        (each(lambda i: texts[i][1]), " The penalty counted each request's output alone."),
+        (each(lambda i: texts[0][0] + texts[0][1]), " Every row's penalty counted the FIRST "
+         "request's text: row i's penalty counts request i's text only."),
+    ]  # fmt: skip
+    assert got == want, (
+        f"three greedy requests with a frequency penalty of 0.5, each counting its own tokens, "
+        f"prompt and output (request.all_token_ids): expected {want}, got {got}."
+        + next((message for tokens, message in mistakes if got == tokens), "")
     )
 
 
@@ -995,10 +1025,18 @@ def test_a_seeded_request_draws_the_same_alone_and_in_any_batch(impl):
         ids = torch.tensor([req.all_token_ids])
         generator = torch.Generator().manual_seed(10 + i)
         want = int(impl.sample_next_token(ids, logits[i : i + 1], generator=generator, **s)[0])
+        if alone[i] == want:
+            continue
+        generator = torch.Generator().manual_seed(10 + i)
+        probs = logits[i : i + 1].softmax(-1)
+        of_probs = int(impl.sample_next_token(ids, probs, generator=generator, **s)[0])
         assert alone[i] == want, (
             f"request {i} ({s}): chapter 3's sample_next_token with its text, its row and its "
             f"generator gives {want}, yours {alone[i]}"
-        )
+            + (". That is what it gives when handed the row's softmax: it takes the logits "
+               "(it applies the temperature, top-k and top-p to them and makes the "
+               "probabilities itself), not probabilities." if alone[i] == of_probs else "")
+        )  # fmt: skip
 
 
 def warped(logits: torch.Tensor, **params) -> torch.Tensor:

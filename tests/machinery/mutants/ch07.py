@@ -169,7 +169,7 @@ MUTANTS: list[Mutant] = [
         "r.params.temperature == 0 and r.params.frequency_penalty == 0",
         "r.params.temperature == 0",
         "a greedy request with a penalty sent to the plain argmax",
-        says=("penalty",),
+        says=("plain argmax",),
     ),
     Mutant(
         "sample_requests",
@@ -183,7 +183,7 @@ MUTANTS: list[Mutant] = [
         "torch.tensor([request.all_token_ids], device=logits.device)",
         "torch.tensor([request.prompt_token_ids], device=logits.device)",
         "the penalty counts the prompt only",
-        says=("prompt and output",),
+        says=("prompt alone",),
     ),
     Mutant(
         "slots_of",
@@ -360,5 +360,26 @@ MUTANTS += [
         "block = KVCacheBlock(self.free_queue.popitem(last=False)[0])",
         "get_new_blocks returns new KVCacheBlock objects, not the pool's",
         says=("pool's own",),
+    ),
+    Mutant(
+        "sample_requests",
+        "logits[greedy].argmax(dim=-1).tolist()",
+        "logits[greedy].argmax(dim=0).tolist()[: len(greedy)]",
+        "the greedy rows' argmax taken over the requests axis, dim 0",
+        says=("vocabulary axis",),
+    ),
+    Mutant(
+        "sample_requests",
+        "ids, logits[i : i + 1], generator=request.generator,",
+        "ids, logits[i : i + 1].softmax(-1), generator=request.generator,",
+        "softmax applied before sample_next_token: probabilities passed as logits",
+        says=("not probabilities",),
+    ),
+    Mutant(
+        "sample_requests",
+        "torch.tensor([request.all_token_ids], device=logits.device)",
+        "torch.tensor([request.output_token_ids or [0]], device=logits.device)",
+        "the penalty counts the output only",
+        says=("output alone",),
     ),
 ]
