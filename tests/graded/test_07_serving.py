@@ -725,10 +725,24 @@ def test_running_requests_first_then_the_queue_within_the_budget(impl):
     scheduler.add_request(a)
     out = scheduler.schedule()
     assert plan(out) == [("a", 6)], f"one request of 6 tokens, budget 10: got {plan(out)}"
+    assert a in scheduler.running and a not in scheduler.waiting, (
+        f"a was admitted: it must leave the queue and join `self.running`, where the next "
+        f"steps find it; running holds {[r.request_id for r in scheduler.running]}, the queue "
+        f"{[r.request_id for r in scheduler.waiting]}. Was the admitted request appended to "
+        "self.running?"
+    )
     step_done(out.scheduled)
     scheduler.add_request(request(impl, "b", range(200, 208)))
     scheduler.add_request(request(impl, "c", range(300, 320)))
     out = scheduler.schedule()
+    ids = [r.request_id for r, _ in out.scheduled]
+    twice = sorted({r for r in ids if ids.count(r) > 1})
+    assert not twice, (
+        f"the queue held b then c; the plan {plan(out)} schedules {twice} more than once. "
+        "An admitted request is the head of the queue, and the one to take off: was the "
+        "queue's tail taken off instead (`pop` takes the last, the head stays to be admitted "
+        "again)?"
+    )
     want = [("a", 1), ("b", 8), ("c", 1)]
     assert plan(out) == want, (
         f"a decodes (1 token), then b's 8-token prompt, then c gets what is left of the budget "

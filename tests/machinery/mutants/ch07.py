@@ -382,4 +382,18 @@ MUTANTS += [
         "the penalty counts the output only",
         says=("output alone",),
     ),
+    Mutant(
+        "schedule",
+        "            self.running.append(request)\n",
+        "",
+        "an admitted request not added to self.running",
+        says=("self.running",),
+    ),
+    Mutant(
+        "schedule",
+        "            self.waiting.popleft()\n",
+        "            self.waiting.pop()\n",
+        "the queue's tail taken off after admitting its head (pop, not popleft)",
+        says=("tail",),
+    ),
 ]
