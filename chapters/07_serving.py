@@ -607,10 +607,12 @@ check("block_pool")
 # about to take it, so it is not free for this request's new blocks.
 #
 # Common mistakes: a hit found for the request's last token (then nothing is left to compute and
-# no logits to sample from); stopping at the first hit rather than the first miss; `//` where
-# blocks must be rounded up; the cache hits forgotten in the count of tokens or of blocks; a
-# free cached hit counted as free for new blocks; the hits taken (`touch`) before you know the
-# allocation succeeds (a refused allocation must change nothing).
+# no logits to sample from); stopping at the first hit rather than the first miss, or going on
+# past a miss; `//` where blocks must be rounded up; the cache hits forgotten in the count of
+# tokens or of blocks; the blocks the request already holds counted as needed again (all the
+# blocks of its table compared with the free ones: a request holding most of the pool could
+# never grow); a free cached hit counted as free for new blocks; the hits taken (`touch`)
+# before you know the allocation succeeds (a refused allocation must change nothing).
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
