@@ -143,13 +143,19 @@ def test_compiled_speculative_figures_are_the_recorded_run():
         if k.startswith("k=")
     ]
     top, k, workload, t = max(rows)
+    parts = [part for by_t in run["workloads"].values() for part in by_t.values()]
     said = [
         f"at T = 0 the best is {g['goal1']['speedup']} times chapter 4's sampler "
         f"({g['goal1']['best']})",
         f"against the compiled sampler the best is {g['goal1_compiled']['speedup']} times "
         f"({g['goal1_compiled']['best']})",
-        f"c = {costs['c']} of a compiled main step",
-        f"a pass over 5 tokens {costs['v']['n=5']} steps",
+        f"c = {costs['c_eager']} of a main step eager and c = {costs['c']} of a compiled main step",
+        f"the medians of the ratios within runs: {costs['c_within_runs']['eager']['median']} and "
+        f"{costs['c_within_runs']['compiled']['median']}",
+        f"from {costs['main_step_eager_ms']} to {costs['main_step_ms']} ms",
+        f"(at best {max(row[k]['over_fast'] for row in parts for k in row if k.startswith('k='))} "
+        "times)",
+        f"pass over 5 tokens cost {costs['v']['n=5']} steps",
         f"the textbook formula gives at most {top} times the compiled sampler ({k}, {workload} "
         f"text, {t.replace('=', ' = ')})",
     ]
@@ -195,12 +201,15 @@ def test_serving_figures_are_the_recorded_run():
     goals, prefix = run["goals"], run["prefix_trace"]
     kv = engine["kv_positions"]
     profile = hf["where_step_time_goes"]
+    near = run["prefill_rate"]
+    parts = near["where_step_time_goes"]
     met = {True: "is met", False: "is not met"}
     said = [
         f"extended to {run['trace']['requests']} requests",
         f"The engine made {engine['tokens_per_s']} tokens/s, "
         f"{goals['throughput_1_5x_static']['measured']} times static batching's "
-        f"{static['tokens_per_s']}: the goal of 1.5 {met[goals['throughput_1_5x_static']['met']]}",
+        f"{static['tokens_per_s']}: the goal of 1.5 {met[goals['throughput_1_5x_static']['met']]}, "
+        f"the goal of 2 {'is' if goals['throughput_2x_static']['met'] else 'is not'}",
         f"The engine's median time to first token was\n  {engine['ttft_ms']['median']} ms against "
         f"{static['ttft_ms']['median']} ms ({goals['median_ttft_half_of_static']['measured']} of",
         f"the engine reserved {kv['reserved']} KV positions for {kv['used']} used; one block per "
@@ -208,7 +217,7 @@ def test_serving_figures_are_the_recorded_run():
         f"Static batching's batch that reserved most\n  reserved "
         f"{static['kv_positions']['reserved']} positions, of which its requests used "
         f"{static['kv_positions']['used']}",
-        "The three runs' ratios were "
+        "The five runs' ratios were "
         + ", ".join(map(str, run["throughput_ratio_per_run"][:-1]))
         + f" and {run['throughput_ratio_per_run'][-1]}",
         f"computed exactly the {prefix['caching']['prompt_tokens_computed']} prompt positions "
@@ -216,10 +225,24 @@ def test_serving_figures_are_the_recorded_run():
         f"was {goals['prefix_median_ttft_2x_better']['measured']} times better",
         f"HF's continuous batching made {hf['tokens_per_s']} tokens/s",
         f"{profile['model_forward']} s of its {profile['steps']} s of steps",
+        f"the engine wrote {goals['engine_0_6x_prefill_rate']['measured']} answer tokens for each "
+        f"position the same process's full forward computed in the same time (median of "
+        f"{len(near['runs'])} runs): the goal of 0.6 "
+        f"{met[goals['engine_0_6x_prefill_rate']['met']]}",
+        f"Under cProfile, {parts['gather_blocks']} s of its {parts['steps']} s of steps went to "
+        "copying the blocks",
+        f"{parts['attention']} s to attention, {parts['mlp']} s to the MLPs and "
+        f"{parts['engine_outside_forward']} s to the engine outside the forward: a step averaged "
+        f"{near['tokens_per_step']} tokens",
+        f"spread from {min(run['throughput_ratio_per_run'])} to "
+        f"{max(run['throughput_ratio_per_run'])}",
     ]
     assert_says_all(said, "serving figures")
     assert run["same_tokens"] and hf["same_tokens"]
-    assert all(goal["met"] for goal in goals.values()), "the README says every goal is met"
+    unmet = {name for name, goal in goals.items() if not goal["met"]}
+    assert unmet == {"throughput_2x_static", "engine_0_6x_prefill_rate"}, (
+        "the README says these two goals, and only these, are not met"
+    )
 
 
 @pytest.mark.parametrize("chapter", chapter_names())
