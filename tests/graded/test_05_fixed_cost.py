@@ -105,6 +105,14 @@ def numpy_fit(n_ops, floor, cached, seconds) -> tuple[float, float]:
     return float(per_op), float(per_cached)
 
 
+def intercept_fit(n_ops, floor, cached, seconds) -> tuple[float, float]:
+    """NumPy's least squares with a third column of ones: per_op and per_cached of that fit."""
+    A = np.stack([n_ops.double().numpy(), cached.double().numpy(), np.ones(len(n_ops))], axis=1)
+    b = seconds.double().numpy() - floor.double().numpy()
+    per_op, per_cached, _ = np.linalg.lstsq(A, b, rcond=None)[0]
+    return float(per_op), float(per_cached)
+
+
 def fit_mistake(impl, n_ops, floor, cached, seconds, got) -> str:
     """The likely mistake behind a wrong fit, recognised by refitting under its hypothesis."""
     no_floor = numpy_fit(n_ops, torch.zeros_like(floor), cached, seconds)
@@ -113,6 +121,24 @@ def fit_mistake(impl, n_ops, floor, cached, seconds, got) -> str:
             " That is the fit of `seconds` itself: fit the time above the floor, seconds - floor "
             "(the floor is added back by predict)."
         )
+    plus_floor = numpy_fit(n_ops, -floor, cached, seconds)
+    if np.allclose([got.per_op, got.per_cached], plus_floor, rtol=1e-4, atol=0):
+        return (
+            " That is the fit of seconds + floor: the floor was added where it should come off. "
+            "Fit the time the floor does not explain (the floor is added back by predict)."
+        )
+    # Steps that the model fits exactly hide a third column (its intercept fits as 0): on
+    # noisy steps the intercept takes a share of the time.
+    noisy = made_steps(noise=0.1, seed=0)
+    with_intercept = intercept_fit(*noisy)
+    if not np.allclose(with_intercept, numpy_fit(*noisy), rtol=1e-4, atol=0):
+        again = impl.fit_step_cost(*noisy)
+        if np.allclose([again.per_op, again.per_cached], with_intercept, rtol=1e-4, atol=0):
+            return (
+                " That is a fit with a third unknown, an intercept column of ones: the model has "
+                "two terms above the floor and no constant (the floor is the constant), so "
+                "solve for exactly two columns."
+            )
     expected = numpy_fit(n_ops, floor, cached, seconds)
     if np.allclose([got.per_cached, got.per_op], expected, rtol=1e-4, atol=0):
         return " per_op and per_cached are swapped: return them in StepCost's order."

@@ -34,6 +34,27 @@ MUTANTS = [
     ),
     # static_cache
     Mutant(
+        "fit_step_cost",
+        "above = seconds - floor  # what the floor does not explain",
+        "above = seconds + floor  # what the floor does not explain",
+        "the floor added to the seconds instead of subtracted",
+        says=("floor", "added"),
+    ),
+    Mutant(
+        "fit_step_cost",
+        "A = torch.stack([n_ops, cached], dim=1)  # [steps, 2]: one column per fitted term\n"
+        "    above = seconds - floor  # what the floor does not explain\n"
+        '    solution = torch.linalg.lstsq(A, above[:, None], driver="gelsd").solution[:, 0]\n'
+        "    per_op, per_cached = solution.tolist()",
+        "A = torch.stack([n_ops, cached, torch.ones_like(n_ops)], dim=1)\n"
+        "    above = seconds - floor  # what the floor does not explain\n"
+        '    solution = torch.linalg.lstsq(A, above[:, None], driver="gelsd").solution[:, 0]\n'
+        "    per_op, per_cached, _ = solution.tolist()",
+        "an intercept column added, a third unknown the model does not have",
+        name="intercept-column",
+        says=("intercept",),
+    ),
+    Mutant(
         "static_cache",
         "self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]",
         "self.keys = [torch.zeros(shape, device=device, dtype=dtype)] * cfg.n_layers",
