@@ -576,8 +576,16 @@ def recording_steps(sampler) -> list[tuple[int, int, int]]:
     return calls
 
 
-def slot_mistake(calls: list[tuple[int, int, int]], n_prompt: int, new: list[int]) -> str:
-    """What the slots, positions and tokens fed to the decoding steps say about the loop."""
+def slot_mistake(
+    calls: list[tuple[int, int, int]],
+    n_prompt: int,
+    new: list[int],
+    wanted: list[int] | None = None,
+    first_position: int | None = None,
+) -> str:
+    """What the slots, positions and tokens fed to the decoding steps say about the loop, given
+    the new tokens `wanted` and, when known, the greedy token after the prompt's
+    FIRST position (what a prefill read at position 0 samples)."""
     if not calls:
         return (
             " The loop never called self.step: call it for the logits after each new token "
@@ -600,6 +608,31 @@ def slot_mistake(calls: list[tuple[int, int, int]], n_prompt: int, new: list[int
             f" The steps got positions {positions[:6]}... for slots {slots[:6]}...: without "
             "padding, a token's position is its slot."
         )
+    if not new:
+        return (
+            f" The loop ran {len(calls)} decoding steps, yet the text keeps 0 new tokens: the "
+            "end of sample cuts `text` to n_new new tokens, and your n_new stays 0. Is it set to "
+            "the number of tokens written as the loop goes?"
+        )
+    if wanted is not None and tokens == wanted[: len(tokens)] and new != wanted:
+        late = new[1 : len(wanted)] == wanted[: len(new) - 1]
+        return (
+            f" The decoding steps were fed the right tokens ({tokens[:4]}...), so the sampling "
+            "is right and `text` is off"
+            + (
+                ": each token sits one index late in `text`, after a gap. Where does new token "
+                "i go, counting from the end of the prompt?"
+                if late
+                else ": where in `text` is each new token written?"
+            )
+        )
+    if first_position is not None and wanted and new[0] != wanted[0]:
+        return " The very first new token comes from the prefill alone" + (
+            ", and yours is the one the prompt's FIRST position predicts: sample it from "
+            "the logits of the prefill's last position (the prompt's last token)."
+            if new[0] == first_position
+            else ": are its logits those of the prefill's last position?"
+        )
     for i, (fed, sampled) in enumerate(zip(tokens, new, strict=False)):
         if fed != sampled:
             return (
@@ -618,11 +651,14 @@ def test_greedy_tokens_are_hf_generates_on_its_static_cache(impl, shipped, hf, p
     calls = recording_steps(sampler)
     got = sampler.sample(ids, 40, temperature=0.0, stop_at_eos=False).tolist()
     expected = hf_static_greedy(hf, ids, 40, stop_at_eos=False)
-    assert got == expected, (
-        f"greedy text differs from HF's generate(cache_implementation='static'): "
-        f"{describe_difference(tokenizer, expected, got, len(ids))}."
-        + slot_mistake(calls, len(ids), got[len(ids) :])
-    )
+    if got != expected:
+        with torch.no_grad():
+            first_position = int(hf(torch.tensor([ids])).logits[0, 0].argmax())
+        pytest.fail(
+            f"greedy text differs from HF's generate(cache_implementation='static'): "
+            f"{describe_difference(tokenizer, expected, got, len(ids))}."
+            + slot_mistake(calls, len(ids), got[len(ids) :], expected[len(ids) :], first_position)
+        )
 
 
 SAMPLING_CASES = [
@@ -632,6 +668,16 @@ SAMPLING_CASES = [
     {"temperature": 1.0, "frequency_penalty": 1.5, "seed": 4},
     {"temperature": 1.2, "seed": 5, "stop_at_eos": False},
 ]
+
+
+def probabilities_sampler(impl):
+    """Chapter 3's sampler with the softmax of its logits in their place."""
+
+    class Probabilities(impl.TransformerSampler):
+        def next_logits(self, input_ids):
+            return super().next_logits(input_ids).softmax(-1)
+
+    return Probabilities
 
 
 @pytest.mark.fast_sample
@@ -648,7 +694,14 @@ def test_sampled_tokens_are_chapter_3s_under_the_same_seed(impl, shipped, kwargs
         if kwargs.get("frequency_penalty"):
             hint = (
                 " With a frequency penalty, subtract penalty * counts from the logits, and add "
-                "each sampled token to counts (index_add_) before the next step."
+                "each sampled token to counts (index_add_) before the next step. Do your counts "
+                "start from the prompt's tokens? Chapter 3's penalty counts the prompt too."
+            )
+        elif got == probabilities_sampler(impl)(model, tokenizer).sample(PROMPT, 60, **kwargs):
+            pytest.fail(
+                f"{kwargs}: yours is chapter 3's sampler handed probabilities where logits go "
+                f"({where}): sample_next_token takes logits (it divides by the temperature and "
+                "takes the softmax itself). Pass the scores as they are, before any softmax."
             )
         pytest.fail(
             f"{kwargs}: the text differs from chapter 3's sampler under the same seed: {where}. "

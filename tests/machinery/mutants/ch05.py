@@ -338,4 +338,52 @@ MUTANTS = [
         "a zero column divided by a zero scale",
         says=("column of zeros",),
     ),
+    Mutant(
+        "fast_sample",
+        "text[n_prompt + i : n_prompt + i + 1] = token",
+        "text[n_prompt + i + 1 : n_prompt + i + 2] = token",
+        "each token written one index late in text",
+        says=("text", "one index late"),
+    ),
+    Mutant(
+        "fast_sample",
+        "slots, slots[None])[:, -1]",
+        "slots, slots[None])[:, 0]",
+        "the first token sampled from the prefill's first position, not its last",
+        says=("prefill", "last position"),
+    ),
+    Mutant(
+        "fast_sample",
+        "            n_new = i + 1\n"
+        "            if verbose:\n"
+        "                self.host_reads += 1\n"
+        '                print(self.tokenizer.decode(token), end="", flush=True)\n'
+        "            if n_new == max_tokens_generated:\n"
+        "                break\n"
+        "            if stop_at_eos and n_new % self.sync_every",
+        "            n_new_so_far = i + 1\n"
+        "            if verbose:\n"
+        "                self.host_reads += 1\n"
+        '                print(self.tokenizer.decode(token), end="", flush=True)\n'
+        "            if n_new_so_far == max_tokens_generated:\n"
+        "                break\n"
+        "            if stop_at_eos and n_new_so_far % self.sync_every",
+        "n_new never set, so the text is cut to no new tokens",
+        name="n-new-never-set",
+        says=("n_new", "stays 0"),
+    ),
+    Mutant(
+        "fast_sample",
+        "counts = torch.bincount(input_ids, minlength=self.cfg.d_vocab).float()[None]",
+        "counts = torch.zeros(1, self.cfg.d_vocab, device=device)",
+        "the penalty's counts start at zero, not from the prompt's tokens",
+        says=("counts", "prompt"),
+    ),
+    Mutant(
+        "fast_sample",
+        "sample_next_token(input_ids[None], scores,",
+        "sample_next_token(input_ids[None], scores.softmax(-1),",
+        "probabilities handed to sample_next_token in place of logits",
+        says=("probabilities", "logits"),
+    ),
 ]
