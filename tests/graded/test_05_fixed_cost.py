@@ -711,6 +711,38 @@ def test_sampled_tokens_are_chapter_3s_under_the_same_seed(impl, shipped, kwargs
 
 
 @pytest.mark.fast_sample
+def test_the_penalty_counts_the_text_so_far_when_the_end_of_text_comes_early(impl, shipped):
+    model, tokenizer = shipped
+    eos = tokenizer.eos_token_id
+    # On the shipped model this draw ends with end-of-text as new token 6, well before the 40
+    # asked for: the slots of `text` not written yet hold end-of-text filler all along.
+    kwargs = dict(temperature=1.3, frequency_penalty=0.5, seed=14)
+    prompt = "KING.\n"
+    expected = impl.TransformerSampler(model, tokenizer).sample(prompt, 40, **kwargs)
+    n_prompt = len(tokenizer.encode(prompt))
+    new = tokenizer.encode(expected)[n_prompt:]
+    assert new and new[-1] == eos and len(new) < 10, "test setup: this draw ends early"
+    got = impl.FastTransformerSampler(model, tokenizer, compile=False).sample(prompt, 40, **kwargs)
+    if got == expected:
+        return
+    where = describe_difference(tokenizer, tokenizer.encode(expected), got, n_prompt)
+    head = tokenizer.decode(tokenizer.encode(expected)[:-1])
+    if got.startswith(head) and not got.startswith(expected):
+        pytest.fail(
+            f"{kwargs}: chapter 3's text ends with end-of-text as new token {len(new) - 1}; "
+            f"yours goes on instead ({where}). End-of-text was held back as if the penalty had "
+            "counted it many times: do your counts come from the `text` buffer, whose slots not "
+            "written yet are end-of-text filler? Count the prompt's tokens and then each token "
+            "as it is sampled."
+        )
+    pytest.fail(
+        f"{kwargs}, a draw that ends early: the text differs from chapter 3's sampler under the "
+        f"same seed: {where}. With a frequency penalty, the counts start from the prompt's "
+        "tokens and grow by each sampled token."
+    )
+
+
+@pytest.mark.fast_sample
 @pytest.mark.parametrize("stop_at_eos", [True, False])
 def test_the_loop_reads_the_device_once_every_sync_every_tokens(
     impl, shipped, monkeypatch, stop_at_eos
@@ -718,7 +750,7 @@ def test_the_loop_reads_the_device_once_every_sync_every_tokens(
     model, tokenizer = shipped
     sampler = impl.FastTransformerSampler(model, tokenizer, compile=False, sync_every=16)
     ids = tokenizer.encode(PROMPT)
-    counts, inside = [], []
+    counts, inside, told = [], [], []
     with monkeypatch.context() as patch:
         counter = ReadCounter(patch)
         for n_tokens in (64, 128):
@@ -726,6 +758,7 @@ def test_the_loop_reads_the_device_once_every_sync_every_tokens(
             sampler.sample(ids, n_tokens, temperature=1.0, seed=0, stop_at_eos=stop_at_eos)
             counts.append(counter.reads)
             inside.append(counter.inside("forward_static", "attention_static", "project"))
+            told.append(sampler.host_reads)
     allowed = 64 // 16 if stop_at_eos else 0
     more = counts[1] - counts[0]
     if more > allowed and inside[1] > inside[0]:
@@ -744,6 +777,12 @@ def test_the_loop_reads_the_device_once_every_sync_every_tokens(
         )
         + "Keep the token a tensor, write it into `text`, and mark the end of text with a mask "
         "(look up torch.where) instead of an `if`"
+    )
+    assert told[1] - told[0] == more, (
+        f"64 more tokens made {more} more host reads, counted here as they happened, but "
+        f"self.host_reads went up by {told[1] - told[0]} ({told[0]} for 64 tokens, {told[1]} "
+        "for 128): self.host_reads must equal the reads your loop actually makes. Does it count "
+        "the check of `done` every sync_every tokens (one read each time)?"
     )
 
 

@@ -381,9 +381,23 @@ MUTANTS = [
     ),
     Mutant(
         "fast_sample",
+        "counts = torch.bincount(input_ids, minlength=self.cfg.d_vocab).float()[None]",
+        "counts = torch.bincount(text, minlength=self.cfg.d_vocab).float()[None]",
+        "the counts taken from the text buffer, whose end-of-text filler counts too",
+        says=("end-of-text", "filler"),
+    ),
+    Mutant(
+        "fast_sample",
         "sample_next_token(input_ids[None], scores,",
         "sample_next_token(input_ids[None], scores.softmax(-1),",
         "probabilities handed to sample_next_token in place of logits",
         says=("probabilities", "logits"),
+    ),
+    Mutant(
+        "fast_sample",
+        "                self.host_reads += 1  # the one wait: every sync_every tokens\n",
+        "",
+        "the wait every sync_every tokens not counted in self.host_reads",
+        says=("host_reads", "sync"),
     ),
 ]
