@@ -311,12 +311,13 @@ def test_a_prefill_writes_its_keys_and_matches_the_reference(impl, shipped, ref_
     with torch.no_grad():
         out = impl.attention_static(attn, x, keys, values, slots, allowed_for(cfg.n_ctx, slots, n))
     assert (keys.data_ptr(), values.data_ptr()) == where
-    if not keys.any():
-        pytest.fail(
-            "the key buffer is still all zeros: write the new keys and values INTO the buffers "
-            "passed in, in place (Tensor.index_copy_ at `slots`); torch.cat or index_copy (no "
-            "underscore) make a new tensor that the cache never sees"
-        )
+    for name, buffer in (("key", keys), ("value", values)):
+        if not buffer.any():
+            pytest.fail(
+                f"the {name} buffer is still all zeros: write the new keys and values INTO the "
+                "buffers passed in, in place (Tensor.index_copy_ at `slots`); torch.cat or "
+                "index_copy (no underscore) make a new tensor that the cache never sees"
+            )
     ref_k, ref_v = (head_first(acts[f"blocks.{layer}.attn.hook_{c}"]) for c in "kv")
     for name, got, ref, bias in [("b_K", keys, ref_k, attn.b_K), ("b_V", values, ref_v, attn.b_V)]:
         if close_f32(got[:, :, :n], ref - bias[None, :, None, :]):
@@ -324,14 +325,72 @@ def test_a_prefill_writes_its_keys_and_matches_the_reference(impl, shipped, ref_
     assert_close_f32(keys[:, :, :n], ref_k, "keys written to slots 0..n-1 (vs transformer-lens)")
     assert_close_f32(values[:, :, :n], ref_v, "values written to slots 0..n-1")
     assert not keys[:, :, n:].any(), "only the slots asked for may be written"
-    check_output(out, acts[f"blocks.{layer}.hook_attn_out"], attn)
+    q = head_first(acts[f"blocks.{layer}.attn.hook_q"])
+    full_k, full_v = fresh_buffers(cfg)
+    full_k[:, :, :n], full_v[:, :, :n] = ref_k, ref_v
+    allowed = allowed_for(cfg.n_ctx, slots, n)
+    check_output(out, acts[f"blocks.{layer}.hook_attn_out"], attn, q, full_k, full_v, allowed)
 
 
-def check_output(out, expected, attn) -> None:
+def same_f32(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    """close_f32, with NaN equal to NaN (a fully hidden row gives NaN in some variants)."""
+    return actual.shape == expected.shape and torch.allclose(
+        actual, expected, atol=1e-4, rtol=1e-4, equal_nan=True
+    )
+
+
+def attention_mistake(out, attn, q, keys, values, allowed) -> str:
+    """The likely mistake behind a wrong output, recognised by computing each candidate on the
+    test's own queries, buffers and mask (`keys`, `values`: the buffers as they should be)."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def projected(z):
+        return torch.einsum("bhpe,hed->bpd", z, attn.W_O) + attn.b_O
+
+    b, h, n, e = q.shape
+    right = sdpa(q, keys, values, attn_mask=allowed)
+    candidates = [
+        (
+            projected(sdpa(q, keys, values, attn_mask=~allowed)),
+            "it is attention through the inverted mask. In `allowed`, True means may read (the "
+            "convention of F.scaled_dot_product_attention's boolean mask); inverted, it hides "
+            "exactly the slots to read and lets in the others.",
+        ),
+        (
+            projected(sdpa(q, keys, values, is_causal=True)),
+            "it is attention with is_causal=True. That mask is PyTorch's own, aligned to the "
+            "top-left: the i-th new query reads slots 0..i, not the slots written up to its own "
+            "slot. Pass the cache's mask `allowed` instead, which holds both.",
+        ),
+        (
+            projected(sdpa(q, keys, values, attn_mask=allowed.float())),
+            "it is attention with a float mask of 0s and 1s. A float mask is added to the "
+            "scores, so every slot is read (the allowed ones get +1); a bool mask is what "
+            "hides slots: pass `allowed` as it is.",
+        ),
+        (
+            right.reshape(b, n, h * e) @ attn.W_O.reshape(h * e, -1) + attn.b_O,
+            "it is the right attention, with z [batch, heads, new, d_head] reshaped to "
+            "[batch, new, heads * d_head] while the heads axis still came first: that mixes "
+            "positions and heads. Move the heads axis next to d_head before a reshape, or "
+            "contract heads and d_head with W_O in one einsum.",
+        ),
+    ]
+    for candidate, mistake in candidates:
+        if not same_f32(candidate, projected(right)) and same_f32(out.detach(), candidate):
+            return " " + mistake
+    return ""
+
+
+def check_output(out, expected, attn, q, keys, values, allowed) -> None:
     if close_f32(out, expected):
         return
     if out.shape == expected.shape and close_f32(out, expected - attn.b_O):
         pytest.fail("Did you forget the output bias b_O? It is added after W_O.")
+    with torch.no_grad():
+        mistake = attention_mistake(out, attn, q, keys, values, allowed)
+    if mistake:
+        pytest.fail(f"the attention output differs from transformer-lens':{mistake}")
     assert_close_f32(
         out,
         expected,
@@ -378,7 +437,16 @@ def test_a_step_writes_its_own_slot_and_reads_the_cache(impl, shipped, ref_run, 
     assert torch.equal(keys[:, :, others], before_k[:, :, others]) and torch.equal(
         values[:, :, others], before_v[:, :, others]
     ), "slots other than `slots` must be left as they were"
-    check_output(out, acts[f"blocks.{layer}.hook_attn_out"][:, t : t + 1], attn)
+    q = head_first(acts[f"blocks.{layer}.attn.hook_q"])[:, :, t : t + 1]
+    full_k, full_v = before_k.clone(), before_v.clone()
+    full_k[:, :, t : t + 1], full_v[:, :, t : t + 1] = (
+        ref_k[:, :, t : t + 1],
+        ref_v[:, :, t : t + 1],
+    )
+    allowed = allowed_for(cfg.n_ctx, slot, t + 1)
+    check_output(
+        out, acts[f"blocks.{layer}.hook_attn_out"][:, t : t + 1], attn, q, full_k, full_v, allowed
+    )
 
 
 # --------------------------------------------------------------------------- forward_static

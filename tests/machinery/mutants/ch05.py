@@ -130,7 +130,7 @@ MUTANTS = [
         "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
         "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=~allowed)",
         "the mask inverted",
-        says=("true means may read",),
+        says=("inverted", "true means may read"),
     ),
     Mutant(
         "attention_static",
@@ -144,7 +144,7 @@ MUTANTS = [
         "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
         "z = F.scaled_dot_product_attention(q, keys, values, is_causal=True)",
         "is_causal instead of the mask: wrong after a cache, and the empty slots are read",
-        says=("attn_mask=allowed",),
+        says=("is_causal",),
     ),
     Mutant(
         "attention_static",
@@ -338,6 +338,30 @@ MUTANTS = [
         "a zero column divided by a zero scale",
         says=("column of zeros",),
     ),
+    # attention_static: the mask and the layout, recognised on the test's own inputs
+    Mutant(
+        "attention_static",
+        "attn_mask=allowed)",
+        "attn_mask=allowed.float())",
+        "the mask converted to float, so it is added to the scores",
+        says=("float", "added"),
+    ),
+    Mutant(
+        "attention_static",
+        'return torch.einsum("bhpe,hed->bpd", z, attn.W_O) + attn.b_O',
+        "b, h, n, e = z.shape\n"
+        "    return z.reshape(b, n, h * e) @ attn.W_O.reshape(h * e, -1) + attn.b_O",
+        "z reshaped to [batch, new, heads * d_head] without moving the heads axis first",
+        says=("heads", "reshape"),
+    ),
+    Mutant(
+        "attention_static",
+        "    values.index_copy_(2, slots, v)\n",
+        "",
+        "the values never written into their buffer",
+        says=("value buffer", "zeros"),
+    ),
+    # fast_sample: the loop's bookkeeping
     Mutant(
         "fast_sample",
         "text[n_prompt + i : n_prompt + i + 1] = token",
