@@ -281,9 +281,10 @@ assert step4 > 2 * floor4, "section 1 says the step costs several times its floo
 # <details><summary>Hint 2: the approach</summary>
 #
 # Convert the four tensors to float64. Stack the two columns into a matrix `[steps, 2]`, and
-# solve it against `seconds - floor` with `torch.linalg.lstsq` (look up the shape it wants for
-# the right-hand side, and where it puts the solution). The solution's two entries are
-# `per_op` and `per_cached`, in the order of your columns.
+# solve it against `seconds - floor` with `torch.linalg.lstsq` (its documentation describes
+# the right-hand side as a matrix with one column per problem, here a single column; look up
+# where it puts the solution). The solution's two entries are `per_op` and `per_cached`, in the
+# order of your columns.
 #
 # </details>
 #
@@ -713,7 +714,8 @@ assert largest < 1e-4 and not moved, "section 2 says the same logits and buffers
 #    the end-of-text mask when `stop_at_eos` (only then: without it, sampling goes on after an
 #    end-of-text, as in chapter 3), the token written into `text`, the counts updated, then
 #    `self.step(model, cache, token[None], slot, slot[None])` for the next logits, the slot a
-#    **tensor** that you increment in place;
+#    **tensor**, never a Python int (a compiled step is specialised on every Python number it is
+#    given), that you advance by one after each step;
 # 4. set `n_new` (the tokens written) as you go; every `sync_every` tokens, when `stop_at_eos`,
 #    count a host read (`self.host_reads += 1`) and stop if `done`.
 #
@@ -749,7 +751,7 @@ assert largest < 1e-4 and not moved, "section 2 says the same logits and buffers
 # token by end-of-text (`torch.where`), then or the token's own test for end-of-text into
 # `done`, in place; write the token into `text` at its index with a slice (a tensor, never an
 # int); add one to its count (`Tensor.index_add_`); count `n_new`, and stop before calling the
-# model once `n_new` reaches `max_tokens_generated`; add one to `slot` in place after the step.
+# model once `n_new` reaches `max_tokens_generated`; add one to `slot` after the step.
 #
 # </details>
 #

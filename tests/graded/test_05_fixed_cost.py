@@ -978,7 +978,7 @@ def test_a_compiled_step_is_one_graph_compiled_once_for_a_whole_generation(impl,
     sampler = impl.FastTransformerSampler(model, tokenizer, compile="eager")
     ints = (
         "a compiled step is guarded on every Python number it is given. Pass the slot and the "
-        "position as tensors (and advance the slot tensor in place), never as Python ints"
+        "position as tensors (and advance the slot tensor itself), never as Python ints"
     )
     try:
         first = sampler.sample(PROMPT, 24, temperature=1.0, seed=3, stop_at_eos=False)
