@@ -129,7 +129,7 @@ class FastTransformerSampler(SamplerBase):
             one = torch.ones(1, 1, device=device)
         done = torch.zeros(1, dtype=torch.bool, device=device)
         slot = torch.tensor([n_prompt], device=device)  # the next token's slot and position
-        n_new = 0
+        n_new, printed_end = 0, False
         for i in tqdm(range(max_tokens_generated), disable=not progress, desc="sampling"):
             # Chapter 3's rules in chapter 3's order; the penalty from running counts, so that
             # no step counts a text whose length changes.
@@ -142,9 +142,11 @@ class FastTransformerSampler(SamplerBase):
             if penalty:
                 counts.index_add_(1, token, one)
             n_new = i + 1
-            if verbose:
+            if verbose and not printed_end:  # the text ends at its first end-of-text
                 self.host_reads += 1
-                print(self.tokenizer.decode(token), end="", flush=True)
+                word = int(token)
+                print(self.tokenizer.decode([word]), end="", flush=True)
+                printed_end = stop_at_eos and word == eos
             if n_new == max_tokens_generated:
                 break
             if stop_at_eos and n_new % self.sync_every == 0:

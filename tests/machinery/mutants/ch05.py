@@ -3,6 +3,13 @@
 from tests.machinery.mutants import Mutant
 
 MUTANTS = [
+    Mutant(
+        "fast_sample",
+        "            if verbose and not printed_end:  # the text ends at its first end-of-text",
+        "            if verbose:",
+        "verbose keeps printing the masked end-of-text tokens after the text has ended",
+        says=("more end-of-text after the first",),
+    ),
     # fit_step_cost
     Mutant(
         "fit_step_cost",
@@ -243,8 +250,8 @@ MUTANTS = [
     ),
     Mutant(
         "fast_sample",
-        "                self.host_reads += 1\n                print(",
-        "                print(",
+        "                self.host_reads += 1\n                word = int(token)\n",
+        "                word = int(token)\n",
         "verbose's printed tokens not counted as host reads",
         says=("verbose", "host read"),
     ),
@@ -379,16 +386,20 @@ MUTANTS = [
     Mutant(
         "fast_sample",
         "            n_new = i + 1\n"
-        "            if verbose:\n"
+        "            if verbose and not printed_end:  # the text ends at its first end-of-text\n"
         "                self.host_reads += 1\n"
-        '                print(self.tokenizer.decode(token), end="", flush=True)\n'
+        "                word = int(token)\n"
+        '                print(self.tokenizer.decode([word]), end="", flush=True)\n'
+        "                printed_end = stop_at_eos and word == eos\n"
         "            if n_new == max_tokens_generated:\n"
         "                break\n"
         "            if stop_at_eos and n_new % self.sync_every",
         "            n_new_so_far = i + 1\n"
-        "            if verbose:\n"
+        "            if verbose and not printed_end:  # the text ends at its first end-of-text\n"
         "                self.host_reads += 1\n"
-        '                print(self.tokenizer.decode(token), end="", flush=True)\n'
+        "                word = int(token)\n"
+        '                print(self.tokenizer.decode([word]), end="", flush=True)\n'
+        "                printed_end = stop_at_eos and word == eos\n"
         "            if n_new_so_far == max_tokens_generated:\n"
         "                break\n"
         "            if stop_at_eos and n_new_so_far % self.sync_every",
