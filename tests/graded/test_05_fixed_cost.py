@@ -18,6 +18,7 @@ from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 
 from solutions.config import Config
+from tests.graded._device import assert_made_on_the_inputs_device
 from tests.graded._oracles import (
     BATCH_PROMPTS,
     PROMPT,
@@ -1134,3 +1135,32 @@ def test_verbose_stops_printing_at_the_end_of_text(impl, shipped):
             else ""
         )
     )
+
+
+# Tensors made without a device pass on a CPU. attention_static and forward_static read the
+# cache's values and fast_sample the model's, so their sources are read (tests/graded/_device.py).
+
+
+@pytest.mark.attention_static
+def test_attention_static_makes_its_tensors_on_the_cache_device(impl):
+    assert_made_on_the_inputs_device(
+        impl.attention_static, "attention_static", "the cache's buffers"
+    )
+
+
+@pytest.mark.forward_static
+def test_forward_static_makes_its_tensors_on_the_tokens_device(impl):
+    assert_made_on_the_inputs_device(impl.forward_static, "forward_static", "the tokens")
+
+
+@pytest.mark.fast_sample
+def test_fast_sample_makes_its_buffers_on_the_model_device(impl):
+    assert_made_on_the_inputs_device(
+        impl.FastTransformerSampler.sample, "FastTransformerSampler.sample", "the model's weights"
+    )
+
+
+@pytest.mark.quantize_int8
+def test_quantize_int8_makes_its_tensors_on_the_weights_device(impl):
+    assert_made_on_the_inputs_device(impl.quantize_int8, "quantize_int8", "the weights")
+

@@ -4,6 +4,20 @@ from tests.machinery.mutants import Mutant
 
 MUTANTS = [
     Mutant(
+        "forward_static",
+        "own = torch.arange(model.cfg.n_ctx, device=tokens.device)",
+        "own = torch.arange(model.cfg.n_ctx)",
+        "the own-slot rule's slot numbers made on the CPU whatever the tokens' device",
+        says=("forward_static makes torch.arange", "without a device"),
+    ),
+    Mutant(
+        "fast_sample",
+        "text = torch.full((n_prompt + max_tokens_generated,), eos, device=device)",
+        "text = torch.full((n_prompt + max_tokens_generated,), eos)",
+        "the text buffer made on the CPU whatever the model's device",
+        says=("torch.full", "without a device"),
+    ),
+    Mutant(
         "fast_sample",
         "            if verbose and not printed_end:  # the text ends at its first end-of-text",
         "            if verbose:",
