@@ -516,16 +516,26 @@ def test_a_prefill_and_steps_give_hfs_logits(impl, shipped, hf):
     )
 
 
-@pytest.mark.forward_static
-def test_a_left_padded_batch_gives_each_rows_own_logits(impl, shipped, hf):
+def padded_prefill(impl, shipped):
+    """The batch prompts, left-padded with PAD_ID, prefilled by the learner's forward_static into
+    a fresh cache: (rows, tokens, real, positions, cache, logits)."""
     model, tokenizer = shipped
     rows = [tokenizer.encode(p) for p in BATCH_PROMPTS]
     tokens, real = left_padded(rows, PAD_ID)
-    width = tokens.shape[1]
     positions = (real.cumsum(dim=1) - 1).clamp(min=0)
     cache = impl.StaticKeyValueCache(model.cfg, batch=len(rows))
     with torch.no_grad():
-        logits = impl.forward_static(model, tokens, cache, torch.arange(width), positions, real)
+        slots = torch.arange(tokens.shape[1])
+        logits = impl.forward_static(model, tokens, cache, slots, positions, real)
+    return rows, tokens, real, positions, cache, logits
+
+
+@pytest.mark.forward_static
+def test_a_left_padded_batch_gives_each_rows_own_logits(impl, shipped, hf):
+    model = shipped[0]
+    rows, tokens, real, positions, cache, logits = padded_prefill(impl, shipped)
+    width = tokens.shape[1]
+    with torch.no_grad():
         nxt = torch.tensor([[7], [9], [11]])
         slot = torch.tensor([width])
         step = impl.forward_static(model, nxt, cache, slot, positions[:, -1:] + 1)
@@ -559,16 +569,11 @@ def test_a_padding_query_reads_its_own_slot(impl, shipped, hf):
     # A padding query has no real key at or before its slot: the own-slot rule gives it one key
     # to read, its own. It then sees only itself, at position 0: its logits are the one-token
     # text [pad]'s. Without the rule its row is all masked: PyTorch's CPU attention (2.13)
-    # returns zeros there, other kernels NaN, which would then reach every real query through
-    # the cache (a weight of 0 times a NaN value is NaN).
-    model, tokenizer = shipped
-    rows = [tokenizer.encode(p) for p in BATCH_PROMPTS]
-    tokens, real = left_padded(rows, PAD_ID)
+    # returns zeros there, a softmax written by hand NaN, which would then reach every real
+    # query through the cache (a weight of 0 times a NaN value is NaN).
+    rows, tokens, real, _, _, logits = padded_prefill(impl, shipped)
     width = tokens.shape[1]
-    positions = (real.cumsum(dim=1) - 1).clamp(min=0)
-    cache = impl.StaticKeyValueCache(model.cfg, batch=len(rows))
     with torch.no_grad():
-        logits = impl.forward_static(model, tokens, cache, torch.arange(width), positions, real)
         alone = hf(torch.tensor([[PAD_ID]])).logits[0, 0]
     b = next(b for b, r in enumerate(rows) if len(r) < width)
     n_pad = width - len(rows[b])
