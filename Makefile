@@ -57,7 +57,7 @@ test: $(STAMP)
 	@echo "Three lanes at once. Two offline, on one torch thread each: every chapter's notebook in"
 	@echo "a kernel started from a learner's environment (teacher builds: every check passes; blank"
 	@echo "builds: every check fails), the grading of broken notebooks, the course command and"
-	@echo "chapter 8's kernels compiled for a GPU (no GPU needed); beside them the rest of the"
+	@echo "chapter 9's kernels compiled for a GPU (no GPU needed); beside them the rest of the"
 	@echo "machinery's own tests, the graded tests on the solutions, then on the blank stubs, where"
 	@echo "every graded test must FAIL (inverted: a pass there means it does not), the learner-style"
 	@echo "mutants (tests/machinery/mutants/), each of which must fail a test of its exercise, and"

@@ -1,4 +1,4 @@
-"""Many requests at once: chapter 7's engine against chapter 4's static batching, on a trace.
+"""Many requests at once: chapter 8's engine against chapter 4's static batching, on a trace.
 
     python benchmarks/serving.py [--requests 64] [--rate 40] [--batch 8] [--seats 32]
                                  [--threads 1] [--seed 0] [--runs 3] [--quick] [--hf]
@@ -15,7 +15,7 @@ exists only from its arrival time):
   to its longest prompt and runs until its longest answer is written (finished rows keep
   computing padding). A request's first token comes after its batch's prefill; its answer is
   complete when its own last token is written.
-- `engine`: chapter 7's `LLMEngine` (`--seats` requests at most, a budget of 512 tokens a step,
+- `engine`: chapter 8's `LLMEngine` (`--seats` requests at most, a budget of 512 tokens a step,
   blocks of 16, enough blocks for the whole trace), stepped whenever a request waits or runs.
 
 Both are served `--runs` times, alternating, and the run whose throughput ratio is the median
@@ -39,7 +39,7 @@ on it against the same process's positions per second of chapter 1's forward ove
 the median of the ratios within runs). Then one more engine run on the probe under cProfile:
 where its steps' time goes (the gather of blocks, the attention function, the projections, the
 MLP, the layer norms, the unembedding, the rest of the forward, and the engine outside it).
-Prints one JSON object with chapter 7's goals.
+Prints one JSON object with chapter 8's goals.
 """
 
 from __future__ import annotations

@@ -379,7 +379,7 @@ print(
 #   that is at most 393,216 numbers (1.5 MiB), so the fitted cost per number times that count
 #   says how much of a late step the cache costs here. On a busy machine the fit can come out
 #   near zero or even below: then it is fitting noise. For long texts and large models this is
-#   the term that grows (chapter 7's subject).
+#   the term that grows (chapter 8's subject).
 # - **The prediction for the other model** says how fixed the fixed cost is. Compare the
 #   fitted cost per operation with the draft's own time above its floor per operation (the
 #   cell's last line). Where the draft's is lower, the costs fitted on the main model predict
@@ -1376,7 +1376,7 @@ Console().print(table)
 # 447 µs its weights take to read at the rate measured in the same run, and 14.1 times a
 # prefill position (14.34 times per generated token in a whole generation). Chapter 6 gets more than
 # one token out of a main-model step: speculative and lookahead decoding, on chapter 4's cache.
-# Chapter 7 serves many requests at once, which shares each step's fixed cost among many texts.
+# Chapter 8 serves many requests at once, which shares each step's fixed cost among many texts.
 
 # %% tags=["claim"]
 import json  # noqa: E402

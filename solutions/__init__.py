@@ -49,7 +49,7 @@ Chapter 6 speeds it up again without changing what it samples:
     lookahead.py              lookahead decoding: Jacobi iteration, the one-pass layout, n-grams
     fast_speculative.py       speculative decoding on chapter 5's static caches, compiled
 
-Chapter 7 serves many requests at once (vLLM's and nano-vllm's decomposition):
+Chapter 8 serves many requests at once (vLLM's and nano-vllm's decomposition):
 
     sampling_params.py SamplingParams: one request's sampling settings
     request.py         Request: a request's record (its tokens, computed tokens, block table)
@@ -60,7 +60,7 @@ Chapter 7 serves many requests at once (vLLM's and nano-vllm's decomposition):
                        advances, stops and finishes a request
     engine.py          LLMEngine: add_request, step (schedule, run, sample, update), abort
 
-Chapter 8's kernels live in solutions/kernels/; importing this package first decides how they
+Chapter 9's kernels live in solutions/kernels/; importing this package first decides how they
 run (triton_mode.py), before anything else can import Triton.
 """
 

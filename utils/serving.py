@@ -1,5 +1,5 @@
 """Serving a trace: requests that arrive over time, two ways to serve them, and what a user of
-each feels (chapter 7's measurements, and `benchmarks/serving.py`'s). Measuring machinery, not
+each feels (chapter 8's measurements, and `benchmarks/serving.py`'s). Measuring machinery, not
 the course's reference code: it drives `solutions`' engine and chapter 4's batching against the
 wall clock, and reads its prompts from the corpus.
 
@@ -10,7 +10,7 @@ exists only from its arrival.
 - `serve_static`: chapter 4's batching. Requests are taken in arrival order, `batch` at a time;
   a batch starts when its last request has arrived and the batch before it has finished, is
   padded to its longest prompt and runs until its longest answer is written.
-- `serve_engine`: chapter 7's `LLMEngine`, stepped whenever a request waits or runs.
+- `serve_engine`: chapter 8's `LLMEngine`, stepped whenever a request waits or runs.
 
 What a user feels: the **time to first token** (TTFT: from arrival to the first token) and the
 **time per output token** after the first (TPOT); what the operator pays for: **throughput**

@@ -1,4 +1,4 @@
-"""Checks shared by chapter 7's graded tests and the engine's machinery tests: the pool's
+"""Checks shared by chapter 8's graded tests and the engine's machinery tests: the pool's
 invariants after a step, running an engine to its end, and greedy tokens against HF's with
 near-ties counted rather than hidden."""
 

@@ -1,4 +1,4 @@
-"""Chapter 7's engine (solutions/engine.py and the modules under it), checked from outside: HF's
+"""Chapter 8's engine (solutions/engine.py and the modules under it), checked from outside: HF's
 logits and greedy `generate` on each prompt alone, chapter 3's sampler under each request's seed,
 exact counts of the prompt positions computed with a prefix cache, and the pool's invariants
 after every step over random traces (hypothesis). The chapter that teaches it will grade a

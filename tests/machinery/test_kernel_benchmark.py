@@ -17,7 +17,7 @@ from utils import REPO_ROOT
 from utils.timing import patient
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None, reason="chapter 8 needs Triton (Linux)"
+    importlib.util.find_spec("triton") is None, reason="chapter 9 needs Triton (Linux)"
 )
 
 KERNELS = ("sample_from_probs", "gumbel", "top_p", "top_k", "softmax")

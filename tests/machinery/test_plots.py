@@ -544,7 +544,7 @@ def test_lookahead_window_without_predictions_and_bad_input():
         plot_lookahead_window("a", [["b", "c"]], new=["d"])
 
 
-# The example of chapter 7: three requests share a two-block prompt prefix (blocks 3 and 7).
+# The example of chapter 8: three requests share a two-block prompt prefix (blocks 3 and 7).
 TABLES = {"a": [3, 7, 0], "b": [3, 7, 9, 4], "c": [3, 7, 11]}
 LENGTHS = {"a": 10, "b": 13, "c": 12}
 

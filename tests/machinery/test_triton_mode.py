@@ -1,5 +1,5 @@
 """Triton's mode is chosen before anything can import Triton, and a process that imported it in
-the wrong mode still grades every chapter but 8, with a message saying why chapter 8 cannot.
+the wrong mode still grades every chapter but 8, with a message saying why chapter 9 cannot.
 
 Each case runs in a fresh process whose environment has no TRITON_INTERPRET, as a learner's
 terminal or kernel (this test process chose the interpreter long ago)."""
@@ -50,11 +50,11 @@ def test_triton_imported_in_the_wrong_mode_breaks_chapter_6_only_and_says_why():
         "import triton.language\n"  # before the course could choose: compiled mode
         "from utils.check import run_graded\n"
         "ch1 = run_graded(['--impl', 'solutions', '-m', 'layernorm'], chapter='01_transformer')\n"
-        "ch8 = run_graded(['--impl', 'solutions', '-m', 'softmax_kernel'], chapter='08_kernels')\n"
+        "ch9 = run_graded(['--impl', 'solutions', '-m', 'softmax_kernel'], chapter='09_kernels')\n"
         "print(json.dumps({'ch1': sorted({r.outcome for r in ch1.results}),\n"
-        "    'ch8': [r.message for r in ch8.errors]}))\n"
+        "    'ch9': [r.message for r in ch9.errors]}))\n"
     )
     assert got["ch1"] == ["passed"]
-    assert len(got["ch8"]) == 1 and "test_08_kernels.py" in got["ch8"][0]
-    assert "Triton was imported before TRITON_INTERPRET=1 was set" in got["ch8"][0]
-    assert "Restart the kernel" in got["ch8"][0]
+    assert len(got["ch9"]) == 1 and "test_09_kernels.py" in got["ch9"][0]
+    assert "Triton was imported before TRITON_INTERPRET=1 was set" in got["ch9"][0]
+    assert "Restart the kernel" in got["ch9"][0]

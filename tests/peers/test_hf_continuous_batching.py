@@ -1,6 +1,6 @@
 """Hugging Face transformers' tests of its continuous batching (`generate_batch`,
 `ContinuousBatchingManager`, the paged cache `PagedAttentionCache` and its schedulers), rewritten
-for chapter 7's engine: `solutions/engine.py` (`LLMEngine`, `generate`), with the scheduler,
+for chapter 8's engine: `solutions/engine.py` (`LLMEngine`, `generate`), with the scheduler,
 KV-cache manager and paged attention under it, on the shipped model.
 
 Sources (the cases, and the contracts they check, are theirs; the code is this course's own):

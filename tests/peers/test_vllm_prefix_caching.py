@@ -1,4 +1,4 @@
-"""vLLM v1's tests of its KV-cache blocks, prefix caching and scheduler, rewritten for chapter 7's
+"""vLLM v1's tests of its KV-cache blocks, prefix caching and scheduler, rewritten for chapter 8's
 reference: `solutions/block_pool.py` (`BlockPool`, `hash_block_tokens`),
 `solutions/kv_cache_manager.py` (`KVCacheManager`) and `solutions/scheduler.py` (`Scheduler`).
 

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Chapter 8 — Sampling kernels in Triton
+# # Chapter 9 — Sampling kernels in Triton
 #
 # Every token the course has generated ended the same way: a row of `d_vocab` logits, then
 # softmax, perhaps a sort for top-p, a cumulative sum, `torch.multinomial`. On a GPU each of

@@ -1,4 +1,4 @@
-"""Chapter 8: the Triton kernels, graded against exact probabilities and PyTorch.
+"""Chapter 9: the Triton kernels, graded against exact probabilities and PyTorch.
 
 Without a GPU the kernels run through Triton's interpreter (solutions/kernels/runtime.py sets
 TRITON_INTERPRET=1 before Triton is imported), so the shapes here are small and every
@@ -33,7 +33,7 @@ import torch
 from transformers.generation.logits_process import TopPLogitsWarper
 
 if importlib.util.find_spec("triton") is None:  # Triton is a Linux-only dependency
-    pytest.skip("chapter 8 needs Triton (Linux)", allow_module_level=True)
+    pytest.skip("chapter 9 needs Triton (Linux)", allow_module_level=True)
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -64,7 +64,7 @@ from tests.graded._stats import (  # noqa: E402
     assert_samples_follow,
 )
 
-CHAPTER = "08_kernels"
+CHAPTER = "09_kernels"
 
 N_ROWS = 20_000  # samples per distribution, drawn as the rows of one call
 LONG_V = 2_500  # longer than any block the interpreter uses, and no multiple of a power of 2

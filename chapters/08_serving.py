@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Chapter 7 — Many requests at once
+# # Chapter 8 — Many requests at once
 #
 # Chapters 4 to 6 made one text fast. A server has many: requests arrive while others are being
 # answered, each with its own prompt, its own length and its own sampling settings. Chapter 4's
@@ -1090,4 +1090,4 @@ assert engine_ttft["p99"] / engine_tpot["median"] >= 10, "section 9: tens of ste
 # ## What's next
 #
 # Each step of this engine ends the same way: a row of logits per request, each sampled by its
-# own rules. Chapter 8 writes that sampling as GPU kernels in Triton.
+# own rules. Chapter 9 writes that sampling as GPU kernels in Triton.

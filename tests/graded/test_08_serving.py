@@ -1,4 +1,4 @@
-"""Chapter 7: many requests at once, graded against HF GPT-2's logits and greedy `generate` on
+"""Chapter 8: many requests at once, graded against HF GPT-2's logits and greedy `generate` on
 each prompt alone, attention computed position by position in float64, chapter 3's sampler
 (graded against HF) and exact probabilities, exact counts of the positions a prefix cache
 saves, and the contract of vLLM's `BlockPool` (its own tests are ported in tests/peers/).
@@ -23,7 +23,7 @@ from tests.graded._serving import (
 )
 from tests.graded._stats import assert_samples_follow
 
-CHAPTER = "07_serving"
+CHAPTER = "08_serving"
 
 
 def greedy(impl, max_tokens: int = 12):
