@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_corpus)
 
     p = sub.add_parser("train", help="reproduce a shipped Shakespeare model from its seed")
-    p.add_argument("--model", choices=("main", "draft"), default="main")
+    p.add_argument("--model", choices=("main", "draft", "llama"), default="main")
     p.add_argument("--steps", type=int, default=None, help="override the number of steps")
     p.add_argument("--out", default=None, help="output folder (default: models/<name>)")
     p.set_defaults(func=_train)

@@ -146,3 +146,155 @@ def to_hf_model(model, cfg: Config):
         raise ValueError(f"weights do not fit GPT-2: missing {missing}, unexpected {unexpected}")
     hf.tie_weights()
     return hf
+
+
+# ---- Llama (chapter 7): HF LlamaForCausalLM <-> the course's LlamaTransformer ----------------
+
+# (HF LlamaConfig attribute, course LlamaConfig field) holding the same number.
+LLAMA_CONFIG_FIELDS = [
+    ("hidden_size", "d_model"),
+    ("vocab_size", "d_vocab"),
+    ("initializer_range", "init_range"),
+    ("max_position_embeddings", "n_ctx"),
+    ("head_dim", "d_head"),
+    ("intermediate_size", "d_mlp"),
+    ("num_attention_heads", "n_heads"),
+    ("num_key_value_heads", "n_kv_heads"),
+    ("num_hidden_layers", "n_layers"),
+    ("rms_norm_eps", "rms_norm_eps"),
+]
+
+
+def rope_theta_of(config) -> float:
+    """The base of the rotary angles, wherever the config keeps it: `rope_parameters` (a dict,
+    transformers 5) or `rope_theta` (older configs, SmolLM2's among them). Any RoPE scaling
+    (Llama 3's "llama3", "linear", "dynamic", "yarn", ...) changes the angles and is refused."""
+    params = getattr(config, "rope_parameters", None) or {}
+    scaling = getattr(config, "rope_scaling", None) or {}
+    kind = params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
+    if kind != "default":
+        raise ValueError(
+            f"rope_parameters.rope_type must be 'default' (no scaling), got {kind!r}: the course's "
+            "rope_cos_sin implements plain RoPE only"
+        )
+    theta = params.get("rope_theta", getattr(config, "rope_theta", None))
+    if theta is None:
+        raise ValueError("config has neither rope_parameters['rope_theta'] nor rope_theta")
+    return float(theta)
+
+
+def llama_config_from_hf(config):
+    """The course's LlamaConfig for an HF LlamaConfig, refusing what the course's model does not
+    compute (a ValueError naming the field) rather than computing something else silently."""
+    from solutions.llama_config import LlamaConfig
+
+    refused = {
+        "attention_bias": False,  # q/k/v/o biases (Qwen 2 has q/k/v biases)
+        "mlp_bias": False,
+        "hidden_act": "silu",  # GeGLU (Gemma) gates with GELU
+    }
+    for field, wanted in refused.items():
+        got = getattr(config, field, wanted)
+        if got != wanted:
+            raise ValueError(f"{field} must be {wanted!r} for the course's Llama, got {got!r}")
+    for field in ("sliding_window", "layer_types"):
+        if getattr(config, field, None) not in (None, []):
+            raise ValueError(f"{field} is not implemented by the course's Llama (full causal "
+                             f"attention only), got {getattr(config, field)!r}")  # fmt: skip
+    fields = {ours: getattr(config, theirs, None) for theirs, ours in LLAMA_CONFIG_FIELDS}
+    if fields["d_head"] is None:
+        fields["d_head"] = config.hidden_size // config.num_attention_heads
+    if fields["n_kv_heads"] is None:
+        fields["n_kv_heads"] = config.num_attention_heads
+    return LlamaConfig(**fields, rope_theta=rope_theta_of(config))
+
+
+def hf_llama_config(cfg, tie_embeddings: bool = True):
+    """The HF LlamaConfig for a course LlamaConfig: SiLU, no biases, plain RoPE, and
+    <|endoftext|> (id 0 in the course's tokenizers) as bos and eos."""
+    from transformers import LlamaConfig as HFLlamaConfig
+
+    return HFLlamaConfig(
+        **{theirs: getattr(cfg, ours) for theirs, ours in LLAMA_CONFIG_FIELDS},
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
+        attention_dropout=0.0,
+        tie_word_embeddings=tie_embeddings,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+
+
+def hf_to_llama(sd: dict[str, Tensor], cfg) -> dict[str, Tensor]:
+    """HF LlamaForCausalLM state dict -> LlamaTransformer state dict. HF's nn.Linear weights are
+    [out, in], applied as x @ W.T; the course keeps [in, out] (and heads apart) as chapter 1 does.
+    A tied model has no lm_head entry (or one equal to the embedding): no unembed weight then."""
+    sd = {k.removeprefix("model."): v for k, v in sd.items()}
+    out = {"embed.W_E": sd["embed_tokens.weight"], "ln_final.w": sd["norm.weight"]}
+    head = sd.get("lm_head.weight")
+    if head is not None and not torch.equal(head, sd["embed_tokens.weight"]):
+        out["unembed.W_U"] = head.T
+    for layer in range(cfg.n_layers):
+        hf, ours = f"layers.{layer}.", f"blocks.{layer}."
+        for proj, name in (("q_proj", "W_Q"), ("k_proj", "W_K"), ("v_proj", "W_V")):
+            W = sd[hf + f"self_attn.{proj}.weight"]  # [heads * d_head, d_model]
+            out[ours + f"attn.{name}"] = einops.rearrange(W, "(h e) d -> h d e", e=cfg.d_head)
+        W_o = sd[hf + "self_attn.o_proj.weight"]  # [d_model, n_heads * d_head]
+        out[ours + "attn.W_O"] = einops.rearrange(W_o, "d (h e) -> h e d", e=cfg.d_head)
+        out[ours + "mlp.W_gate"] = sd[hf + "mlp.gate_proj.weight"].T
+        out[ours + "mlp.W_up"] = sd[hf + "mlp.up_proj.weight"].T
+        out[ours + "mlp.W_down"] = sd[hf + "mlp.down_proj.weight"].T
+        out[ours + "ln1.w"] = sd[hf + "input_layernorm.weight"]
+        out[ours + "ln2.w"] = sd[hf + "post_attention_layernorm.weight"]
+    return {k: v.detach().clone().contiguous() for k, v in out.items()}
+
+
+def llama_to_hf(sd: dict[str, Tensor], cfg) -> dict[str, Tensor]:
+    """LlamaTransformer state dict -> HF LlamaForCausalLM state dict (the inverse of
+    `hf_to_llama`; lm_head is the embedding when the model is tied)."""
+    out = {
+        "model.embed_tokens.weight": sd["embed.W_E"],
+        "model.norm.weight": sd["ln_final.w"],
+        "lm_head.weight": sd["unembed.W_U"].T if "unembed.W_U" in sd else sd["embed.W_E"],
+    }
+    for layer in range(cfg.n_layers):
+        hf, ours = f"model.layers.{layer}.", f"blocks.{layer}."
+        for proj, name in (("q_proj", "W_Q"), ("k_proj", "W_K"), ("v_proj", "W_V")):
+            W = sd[ours + f"attn.{name}"]
+            out[hf + f"self_attn.{proj}.weight"] = einops.rearrange(W, "h d e -> (h e) d")
+        out[hf + "self_attn.o_proj.weight"] = einops.rearrange(sd[ours + "attn.W_O"],
+                                                                "h e d -> d (h e)")  # fmt: skip
+        out[hf + "mlp.gate_proj.weight"] = sd[ours + "mlp.W_gate"].T
+        out[hf + "mlp.up_proj.weight"] = sd[ours + "mlp.W_up"].T
+        out[hf + "mlp.down_proj.weight"] = sd[ours + "mlp.W_down"].T
+        out[hf + "input_layernorm.weight"] = sd[ours + "ln1.w"]
+        out[hf + "post_attention_layernorm.weight"] = sd[ours + "ln2.w"]
+    return {k: v.detach().clone().contiguous() for k, v in out.items()}
+
+
+def to_hf_llama(model):
+    """A LlamaForCausalLM holding the weights of a course LlamaTransformer."""
+    from transformers import LlamaForCausalLM
+
+    state = model.state_dict()
+    tied = "unembed.W_U" not in state
+    hf = LlamaForCausalLM(hf_llama_config(model.cfg, tie_embeddings=tied)).eval()
+    missing, unexpected = hf.load_state_dict(llama_to_hf(state, model.cfg), strict=False)
+    if unexpected or missing:
+        raise ValueError(f"weights do not fit Llama: missing {missing}, unexpected {unexpected}")
+    if tied:
+        hf.tie_weights()
+    return hf
+
+
+def llama_from_hf(hf):
+    """The course's LlamaTransformer with the weights of an HF LlamaForCausalLM."""
+    from solutions.llama import LlamaTransformer
+
+    cfg = llama_config_from_hf(hf.config)
+    sd = hf_to_llama(hf.state_dict(), cfg)
+    model = LlamaTransformer(cfg, tie_embeddings="unembed.W_U" not in sd)
+    model.load_state_dict(sd)
+    return model.eval()

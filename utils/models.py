@@ -53,7 +53,7 @@ def save_model(model, tokenizer, name_or_path: str | Path = "mine") -> Path:
     """Save a DemoTransformer (tied as in chapter 2, or not) and its tokenizer in HF GPT-2
     format: under `saved_models_dir()` for a name, or in the folder given. Returns the folder;
     `load_model(name_or_path)` loads it back, in any chapter."""
-    from utils.convert import to_hf_model
+    from utils.convert import to_hf_llama, to_hf_model
 
     if isinstance(name_or_path, str):
         if not name_or_path or name_or_path in (*SHIPPED, "gpt2") or "/" in name_or_path:
@@ -64,12 +64,20 @@ def save_model(model, tokenizer, name_or_path: str | Path = "mine") -> Path:
         out = saved_models_dir() / name_or_path
     else:
         out = Path(name_or_path)
-    hf = to_hf_model(model, model.cfg)
+    hf = to_hf_llama(model) if is_llama(model) else to_hf_model(model, model.cfg)
     out.mkdir(parents=True, exist_ok=True)
     with quiet_loading():
         hf.save_pretrained(out)
         tokenizer.save_pretrained(out)
     return out
+
+
+def is_llama(model) -> bool:
+    """Whether `model` is the course's Llama-architecture model (chapter 7) or an HF one."""
+    from solutions.llama_config import LlamaConfig
+
+    config = getattr(model, "cfg", None) or getattr(model, "config", None)
+    return isinstance(config, LlamaConfig) or getattr(config, "model_type", None) == "llama"
 
 
 def hub_reachable(timeout_s: float = 3.0) -> bool:
@@ -104,6 +112,21 @@ def quiet_loading():
             hf_logging.enable_progress_bar()
 
 
+def hf_class(path: Path):
+    """The HF model class for a checkpoint folder, from its config.json's `model_type`: the
+    course's models are GPT-2 (chapters 1-6) or Llama (chapter 7) architectures."""
+    import json
+
+    from transformers import GPT2LMHeadModel, LlamaForCausalLM
+
+    kinds = {"gpt2": GPT2LMHeadModel, "llama": LlamaForCausalLM}
+    kind = json.loads((Path(path) / "config.json").read_text(encoding="utf-8")).get("model_type")
+    if kind not in kinds:
+        raise ValueError(f"model_type in {path}/config.json must be one of {sorted(kinds)} (the "
+                         f"architectures the course builds), got {kind!r}")  # fmt: skip
+    return kinds[kind]
+
+
 def load_hf(name_or_path: str | Path):
     """(GPT2LMHeadModel, tokenizer) for a shipped model, 'gpt2' from the HF hub, or a folder.
 
@@ -130,7 +153,7 @@ def load_hf(name_or_path: str | Path):
         if not path.is_dir():  # a name, not a folder
             path = model_dir(str(name_or_path))
         with quiet_loading():
-            hf = GPT2LMHeadModel.from_pretrained(path, local_files_only=True)
+            hf = hf_class(path).from_pretrained(path, local_files_only=True)
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return hf.eval(), tokenizer
 
@@ -144,9 +167,11 @@ def load_model(name: str | Path = "shakespeare"):
     HF GPT-2 checkpoint.
     """
     from solutions.model import DemoTransformer
-    from utils.convert import config_from_hf, hf_to_demo
+    from utils.convert import config_from_hf, hf_to_demo, llama_from_hf
 
     hf, tokenizer = load_hf(name)
+    if is_llama(hf):
+        return llama_from_hf(hf), tokenizer
     cfg = config_from_hf(hf.config)
     model = DemoTransformer(cfg)
     model.load_state_dict(hf_to_demo(hf.state_dict(), cfg))

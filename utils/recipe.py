@@ -21,6 +21,8 @@ from torch.utils.data import DataLoader, Subset
 from solutions.bigram import BigramLM
 from solutions.config import Config
 from solutions.dataset import TokenWindows
+from solutions.llama import LlamaTransformer
+from solutions.llama_config import LlamaConfig
 from solutions.model import DemoTransformer
 from solutions.train import (
     History,
@@ -44,7 +46,7 @@ PROMPT = "ROMEO.\nWhat light"
 @dataclass(frozen=True)
 class Recipe:
     name: str  # folder under models/
-    cfg: Config
+    cfg: Config | LlamaConfig  # the architecture follows the config's type
     args: TrainingArgs
     train_stride: int  # windows start every `train_stride` tokens
 
@@ -66,10 +68,25 @@ def shakespeare_recipe(name: str, d_model: int, n_heads: int, n_layers: int) -> 
     return Recipe(name=name, cfg=cfg, args=args, train_stride=64)
 
 
+def llama_recipe() -> Recipe:
+    """Today's block at the main model's width, depth, heads and context, with 2 key/value heads
+    for its 6 query heads. GQA's smaller K and V projections and the gated MLP's third matrix
+    are balanced by the MLP's width: 624 keeps the parameter count within 0.2 % of the main
+    model's (2,619,072 against 2,615,424), so that the two losses compare architectures, not
+    sizes. Same data, tokenizer, schedule and seed as the main model."""
+    main = RECIPES["main"]
+    cfg = LlamaConfig(
+        d_model=192, n_heads=6, n_kv_heads=2, d_head=32, d_mlp=624, n_layers=4, n_ctx=256,
+        d_vocab=VOCAB_SIZE, rope_theta=10000.0,
+    )  # fmt: skip
+    return Recipe(name="shakespeare-llama", cfg=cfg, args=main.args, train_stride=main.train_stride)
+
+
 RECIPES = {
     "main": shakespeare_recipe("shakespeare", d_model=192, n_heads=6, n_layers=4),
     "draft": shakespeare_recipe("shakespeare-draft", d_model=128, n_heads=4, n_layers=2),
 }
+RECIPES["llama"] = llama_recipe()
 
 
 def encode_plays(tokenizer, plays: dict[str, str]) -> torch.Tensor:
@@ -178,10 +195,14 @@ def load_data(recipe: Recipe, tokenizer_dir: Path | None) -> Data:
 
 def train_model(
     recipe: Recipe, args: TrainingArgs, data: Data, progress: bool
-) -> tuple[DemoTransformer, History]:
-    """A tied DemoTransformer, initialised from `args.seed` and trained with chapter 2's loop."""
+) -> tuple[DemoTransformer | LlamaTransformer, History]:
+    """A tied DemoTransformer (or LlamaTransformer, for a LlamaConfig), initialised from
+    `args.seed` and trained with chapter 2's loop."""
     torch.manual_seed(args.seed)
-    net = tie_embeddings(DemoTransformer(recipe.cfg))
+    if isinstance(recipe.cfg, LlamaConfig):
+        net = LlamaTransformer(recipe.cfg, tie_embeddings=True)
+    else:
+        net = tie_embeddings(DemoTransformer(recipe.cfg))
 
     def sample(m):
         return greedy_continuation(m, data.tokenizer, PROMPT, 40)
