@@ -22,3 +22,9 @@ class Config:
             checks.integer(f"Config.{name}", getattr(self, name), low=1)
         checks.positive("Config.layer_norm_eps", self.layer_norm_eps)
         checks.positive("Config.init_range", self.init_range)
+
+    @property
+    def n_kv_heads(self) -> int:
+        """Key/value heads: GPT-2 has one per query head. (Chapter 7's grouped-query attention
+        shares each among several; a cache sized by this field holds either model.)"""
+        return self.n_heads

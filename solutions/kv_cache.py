@@ -18,10 +18,11 @@ from solutions.config import Config
 
 @dataclass(frozen=True)
 class KeyValueCache:
-    # One tensor per layer, each [batch, n_heads, pos, d_head]: heads first, so that every
-    # head's keys are one matrix (the layout PyTorch's attention functions and HF use).
-    keys: tuple[Float[Tensor, "batch n_heads pos d_head"], ...]
-    values: tuple[Float[Tensor, "batch n_heads pos d_head"], ...]
+    # One tensor per layer, each [batch, n_kv_heads, pos, d_head]: heads first, so that every
+    # head's keys are one matrix (the layout PyTorch's attention functions and HF use). GPT-2
+    # has a key/value head per query head (n_kv_heads == n_heads); chapter 7's model fewer.
+    keys: tuple[Float[Tensor, "batch n_kv_heads pos d_head"], ...]
+    values: tuple[Float[Tensor, "batch n_kv_heads pos d_head"], ...]
     tokens: Int[Tensor, "batch pos"]  # the token ids these positions came from
     mask: Bool[Tensor, "batch pos"]  # False where a row is padding (batched generation)
     cfg: Config
@@ -36,7 +37,7 @@ class KeyValueCache:
     ) -> "KeyValueCache":
         """A cache holding no positions yet, for `batch` sequences."""
         checks.integer("batch", batch, low=1)
-        empty = torch.empty(batch, cfg.n_heads, 0, cfg.d_head, device=device, dtype=dtype)
+        empty = torch.empty(batch, cfg.n_kv_heads, 0, cfg.d_head, device=device, dtype=dtype)
         return cls(
             keys=(empty,) * cfg.n_layers,
             values=(empty,) * cfg.n_layers,
@@ -91,7 +92,7 @@ class KeyValueCache:
         # in their order; the last `width` columns then hold every real position of every row.
         cols = torch.sort(mask.int(), dim=1, stable=True).indices[:, self.length - width :]
 
-        def pick(t):  # [batch, n_heads, pos, d_head] -> [batch, n_heads, width, d_head]
+        def pick(t):  # [batch, heads, pos, d_head] -> [batch, heads, width, d_head]
             index = cols[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
             return t.gather(2, index)
 
@@ -105,11 +106,11 @@ class KeyValueCache:
 
     def check_next(self, cfg: Config, tokens: Int[Tensor, "batch new"]) -> None:
         """A clear ValueError if `tokens` cannot be the next tokens of these sequences."""
-        mine = (self.cfg.n_layers, self.cfg.n_heads, self.cfg.d_head, self.cfg.n_ctx)
-        theirs = (cfg.n_layers, cfg.n_heads, cfg.d_head, cfg.n_ctx)
+        mine = (self.cfg.n_layers, self.cfg.n_kv_heads, self.cfg.d_head, self.cfg.n_ctx)
+        theirs = (cfg.n_layers, cfg.n_kv_heads, cfg.d_head, cfg.n_ctx)
         if mine != theirs:
             raise ValueError(
-                "cache was made for another model: (n_layers, n_heads, d_head, n_ctx) is "
+                "cache was made for another model: (n_layers, n_kv_heads, d_head, n_ctx) is "
                 f"{mine} for the cache and {theirs} for this model"
             )
         if tokens.shape[0] != self.batch:
