@@ -1,4 +1,4 @@
-"""`course`: build notebooks, grade, reset or export a notebook, show a solution."""
+"""`course`: build notebooks, grade, reset or export a notebook, show a solution, serve a model."""
 
 from __future__ import annotations
 
@@ -128,6 +128,16 @@ def _train(args) -> int:
     return 0
 
 
+def _serve(args) -> int:
+    from utils.server import serve
+
+    try:
+        serve(args.model, host=args.host, port=args.port, api_key=args.api_key)
+    except KeyboardInterrupt:  # uvicorn raises Ctrl+C's signal again once it has shut down
+        pass
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="course", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -169,6 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="override the number of steps")
     p.add_argument("--out", default=None, help="output folder (default: models/<name>)")
     p.set_defaults(func=_train)
+
+    p = sub.add_parser("serve", help="serve a model over OpenAI's completions API (chapter 8)")
+    p.add_argument("--model", default="shakespeare", help="a shipped or saved model, or a folder")
+    p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 opens it to other machines")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    p.set_defaults(func=_serve)
 
     args = parser.parse_args(argv)
     if args.command == "build" and args.teacher and args.out is None:

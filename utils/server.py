@@ -1,0 +1,471 @@
+"""`course serve`: chapter 8's engine behind OpenAI's completions API, as vLLM's `vllm serve`,
+SGLang and HF's `transformers serve` put theirs. Any OpenAI client can then use the course's
+model:
+
+    course serve                                   # http://127.0.0.1:8000/v1
+    client = openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")
+    client.completions.create(model="shakespeare", prompt="ROMEO.\\n", max_tokens=40)
+
+Endpoints: `POST /v1/completions`, `GET /v1/models`, `GET /health`. FastAPI and uvicorn (the
+servers of vLLM and SGLang), with server-sent events for `stream=true`.
+
+What this module does is the web's side: read a request's JSON, check every field before the
+engine sees it (a bad request is answered with OpenAI's error JSON, naming the field, and never
+reaches the engine, so it can disturb no other request), hand the request to the loop
+(`solutions/async_engine.py`: one thread steps the engine; handlers only queue requests and
+aborts) and write its deltas back in OpenAI's shapes. A client that disconnects is aborted at
+the next step boundary; a shutdown (SIGINT, SIGTERM) ends every request in flight with
+`finish_reason` "abort" (vLLM's word) before the server exits.
+
+The fields: `model`, `prompt` (text or token ids, one prompt), `max_tokens` (16 if left out),
+`temperature` (0 is greedy), `top_p`, `seed`, `stop` (a string or a list of them: the text ends
+before the first one and never goes past it), `stream`, `stream_options.include_usage`, and
+vLLM's `top_k` (-1 or 0: off) and `ignore_eos`. Refused with a 400 that says why, unless given
+their neutral value: `frequency_penalty` (OpenAI counts only the generated tokens, the course's
+sampler counts the prompt's too: refused, so that no client gets a penalty it did not ask for),
+`presence_penalty`, `n` and `best_of` above 1 (one choice per request: send several requests,
+with different seeds), `echo`, `logprobs`, `logit_bias`, `suffix`; any other field too. `user` is
+accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import math
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from solutions.async_engine import AsyncEngine, RequestStream
+from solutions.engine import LLMEngine
+from solutions.request import Request as EngineRequest
+from solutions.sampling_params import SamplingParams
+
+MAX_SEED = 2**63 - 1
+
+
+class APIError(Exception):
+    """An answer in OpenAI's error JSON: `{"error": {"message", "type", "param", "code"}}`."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code=None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        error = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
+        return {"error": error}
+
+
+# ------------------------------------------------------------------------- checking a request
+
+
+@dataclass
+class Completion:
+    """A checked request: what the engine runs, and how to answer."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+# Fields accepted only with the value that asks for nothing (OpenAI's defaults), and why.
+NEUTRAL = {
+    "frequency_penalty": (
+        (None, 0, 0.0),
+        "OpenAI's penalty counts only the generated tokens and the course's sampler counts the "
+        "prompt's too, so this server does not apply one; send 0 or leave it out",
+    ),
+    "presence_penalty": ((None, 0, 0.0), "the course's sampler has no presence penalty"),
+    "n": ((None, 1), "one choice per request here: send several requests (with different seeds)"),
+    "best_of": ((None, 1), "one choice per request here"),
+    "echo": ((None, False), "the prompt is not echoed here"),
+    "logprobs": ((None,), "log-probabilities are not returned here"),
+    "logit_bias": ((None, {}), "logit biases are not applied here"),
+    "suffix": ((None, ""), "suffixes (insertion) are not supported here"),
+}
+FIELDS = {
+    "model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
+    "stream_options", "top_k", "ignore_eos", "user", *NEUTRAL,
+}  # fmt: skip
+
+
+def _bad(param: str, message: str) -> APIError:
+    return APIError(400, message, param)
+
+
+def _integer(body: dict, name: str, default, low: int, high: int | None = None):
+    value = body.get(name)
+    if value is None:
+        return default
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if not (ok and value >= low and (high is None or value <= high)):
+        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise _bad(name, f"{name} must be an integer {allowed}, got {value!r}")
+    return value
+
+
+def _number(body: dict, name: str, default, low: float, high: float, low_open: bool = False):
+    value = body.get(name)
+    if value is None:
+        return default
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not (ok and (value > low if low_open else value >= low) and value <= high):
+        allowed = f"{'(' if low_open else '['}{low}, {high}]"
+        raise _bad(name, f"{name} must be a number in {allowed}, got {value!r}")
+    return value
+
+
+def _boolean(body: dict, name: str, default: bool = False) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _bad(name, f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def _prompt_ids(prompt, tokenizer, d_vocab: int) -> list[int]:
+    """One prompt: a string, a list of token ids, or a list holding one of those."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # OpenAI's batch form, with a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise _bad("prompt", "prompt must not be empty: the model needs at least one token")
+        return tokenizer.encode(prompt)
+    if not isinstance(prompt, list):
+        raise _bad(
+            "prompt", f"prompt must be a string or a list of token ids, got {type(prompt).__name__}"
+        )
+    if not prompt:
+        raise _bad("prompt", "prompt must not be empty: the model needs at least one token")
+    if all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt):
+        raise _bad(
+            "prompt",
+            f"prompt must be one prompt, got a batch of {len(prompt)}: this server takes one "
+            "prompt per request (send them as separate requests)",
+        )
+    bad = next((p for p in prompt if not isinstance(p, int) or isinstance(p, bool)), None)
+    if bad is not None or any(not 0 <= p < d_vocab for p in prompt):
+        shown = bad if bad is not None else next(p for p in prompt if not 0 <= p < d_vocab)
+        raise _bad("prompt", f"prompt token ids must be integers in [0, {d_vocab}), got {shown!r}")
+    return list(prompt)
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise _bad("stop", f"stop must be a string or a list of strings, got {stop!r}")
+    if any(not s for s in stops):
+        raise _bad("stop", "stop strings must not be empty")
+    return tuple(stops)
+
+
+def check_completion(body, model_name: str, engine: LLMEngine) -> Completion:
+    """The request's fields, checked in OpenAI's terms (and vLLM's for its extra fields), or an
+    `APIError` that names the first bad one. The engine's own rules decide what fits: a prompt
+    and `max_tokens` within the model's context and within the pool of blocks."""
+    if not isinstance(body, dict):
+        raise _bad(None, f"the body must be a JSON object, got {type(body).__name__}")
+    unknown = sorted(set(body) - FIELDS)
+    if unknown:
+        raise _bad(unknown[0], f"unrecognized request argument supplied: {unknown[0]}")
+    model = body.get("model", model_name)
+    if not isinstance(model, str):
+        raise _bad("model", f"model must be a string, got {model!r}")
+    if model != model_name:
+        raise APIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
+    for name, (allowed, why) in NEUTRAL.items():
+        value = body.get(name)
+        if not any(value == a and type(value) is type(a) for a in allowed):
+            neutral = f" or {json.dumps(allowed[1])}" if len(allowed) > 1 else " (null)"
+            raise _bad(name, f"{name} must be left out{neutral}, got {value!r}: {why}")
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise _bad("user", f"user must be a string, got {body['user']!r}")
+    if "prompt" not in body:
+        raise _bad("prompt", "prompt is required")
+    ids = _prompt_ids(body["prompt"], engine.tokenizer, engine.model.cfg.d_vocab)
+    max_tokens = _integer(body, "max_tokens", 16, low=1)
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
+    top_k = _integer(body, "top_k", -1, low=-1)
+    if top_k > 0 and top_p < 1:
+        raise _bad(
+            "top_k",
+            "top_k and top_p cannot be used together here (the course's sampler applies one "
+            "of them): leave one out",
+        )
+    seed = _integer(body, "seed", None, low=0, high=MAX_SEED)
+    stop = _stop(body)
+    stream = _boolean(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and not stream:
+        raise _bad("stream_options", "stream_options is only allowed when stream is true")
+    if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
+        raise _bad(
+            "stream_options", f"stream_options must be {{'include_usage': bool}}, got {options!r}"
+        )
+    include_usage = (options or {}).get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise _bad("stream_options", f"stream_options.include_usage must be true or false, "
+                   f"got {include_usage!r}")  # fmt: skip
+    params = SamplingParams(
+        temperature=float(temperature),
+        top_k=top_k if top_k > 0 else None,
+        top_p=float(top_p) if top_p < 1 else None,
+        max_tokens=max_tokens,
+        seed=seed,
+        ignore_eos=_boolean(body, "ignore_eos"),
+    )
+    # The engine's rule (context and pool); the prompt is to blame if even one token is too many.
+    problem = engine._cannot_serve(EngineRequest("check", ids, params))
+    if problem is not None:
+        alone = engine._cannot_serve(EngineRequest("check", ids, SamplingParams(max_tokens=1)))
+        raise _bad("prompt" if alone else "max_tokens", problem)
+    return Completion(ids, params, stop, stream, include_usage)
+
+
+# --------------------------------------------------------------------------------- the app
+
+
+def create_app(async_engine: AsyncEngine, model_name: str, api_key: str | None = None):
+    """The FastAPI app around an `AsyncEngine` (it starts the engine's loop if it is not
+    running, and stops it when the server stops)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        if not async_engine.running:
+            async_engine.start()
+        yield
+        async_engine.stop()
+
+    app = FastAPI(title="course serve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.async_engine = async_engine
+    engine = async_engine.engine
+    created = int(time.time())
+
+    @app.exception_handler(APIError)
+    async def api_error(request, err: APIError):
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, err: HTTPException):  # unknown paths, wrong methods
+        message = f"{err.detail} ({request.method} {request.url.path})"
+        return JSONResponse(APIError(err.status_code, message).body(), err.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request, err: RequestValidationError):
+        first = err.errors()[0] if err.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return JSONResponse(APIError(400, str(first.get("msg")), param).body(), 400)
+
+    def authorize(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not given.startswith("Bearer "):
+            raise APIError(401, "no API key: send it as 'Authorization: Bearer KEY'",
+                           code="invalid_api_key")  # fmt: skip
+        if not hmac.compare_digest(given[len("Bearer ") :].encode(), api_key.encode()):
+            raise APIError(401, "incorrect API key provided", code="invalid_api_key")
+
+    @app.get("/health")
+    async def health():
+        return Response(status_code=200 if async_engine.running else 503)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        authorize(request)
+        card = {"id": model_name, "object": "model", "created": created, "owned_by": "course",
+                "max_model_len": engine.n_ctx}  # fmt: skip
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        authorize(request)
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise APIError(400, f"the body is not valid JSON: {err}") from None
+        completion = check_completion(body, model_name, engine)
+        if not async_engine.running:
+            raise APIError(503, "the engine is not running", code="engine_unavailable")
+        stream = async_engine.add_request(completion.prompt_ids, completion.params, completion.stop)
+        header = {"id": stream.request_id, "object": "text_completion", "created": int(time.time()),
+                  "model": model_name}  # fmt: skip
+        usage = _Usage(len(completion.prompt_ids))
+        if completion.stream:
+            events = _events(stream, header, usage, completion.include_usage)
+            return EventStream(events, async_engine, stream)
+        return await _collect(async_engine, stream, request, header, usage)
+
+    return app
+
+
+class _Usage:
+    def __init__(self, prompt_tokens: int):
+        self.prompt_tokens, self.completion_tokens = prompt_tokens, 0
+
+    def json(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}  # fmt: skip
+
+
+async def _collect(async_engine, stream: RequestStream, request, header: dict, usage: _Usage):
+    """A whole answer, or nothing if the client goes away first (then its request is aborted)."""
+
+    async def read_all():
+        texts, last = [], None
+        async for delta in stream:
+            texts.append(delta.text)
+            last = delta
+        return "".join(texts), last
+
+    async def disconnected():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    answer, gone = asyncio.ensure_future(read_all()), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not answer.done():
+            answer.cancel()
+            async_engine.abort(stream.request_id)
+    if not answer.done() or answer.cancelled():
+        return JSONResponse({}, status_code=499)  # nobody reads it
+    text, last = answer.result()
+    if last.finish_reason == "error":
+        raise APIError(500, last.error or "the engine failed", code="engine_error")
+    usage.completion_tokens = last.num_output_tokens
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": last.finish_reason}
+    return {**header, "choices": [choice], "usage": usage.json()}
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events whose request is aborted if the answer ends before its last delta is
+    read: the client went away (Starlette then cancels the stream at its next wait, or before it
+    starts), or writing to it failed."""
+
+    def __init__(self, events, async_engine: AsyncEngine, stream: RequestStream):
+        super().__init__(events, media_type="text/event-stream")
+        self.async_engine, self.stream = async_engine, stream
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self.stream.done:
+                self.async_engine.abort(self.stream.request_id)
+
+
+async def _events(stream: RequestStream, header: dict, usage: _Usage, with_usage: bool):
+    """Server-sent events: a chunk per delta (OpenAI's `text_completion` chunks, the last one
+    with its `finish_reason`), the usage if asked for, then `data: [DONE]`."""
+    # A chunk is the same JSON but for its text and reason: written around them, not re-encoded.
+    base = {**header, "choices": [{"index": 0, "text": "", "logprobs": None,
+                                   "finish_reason": None}]}  # fmt: skip
+    if with_usage:
+        base["usage"] = None
+    head, tail = json.dumps(base).split('"text": "", "logprobs": null, "finish_reason": null')
+    async for delta in stream:
+        usage.completion_tokens = delta.num_output_tokens
+        if delta.finish_reason == "error":
+            error = APIError(500, delta.error or "the engine failed", code="engine_error")
+            yield f"data: {json.dumps(error.body())}\n\n"
+            break
+        reason = "null" if delta.finish_reason is None else json.dumps(delta.finish_reason)
+        yield (f'data: {head}"text": {json.dumps(delta.text)}, "logprobs": null, '
+               f'"finish_reason": {reason}{tail}\n\n')  # fmt: skip
+    if with_usage:
+        yield f"data: {json.dumps({**header, 'choices': [], 'usage': usage.json()})}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+# ----------------------------------------------------------------------------- running it
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, whose SIGINT and SIGTERM first end every request in flight with
+    "abort" (uvicorn then waits for their answers to be written, and exits)."""
+
+    def __init__(self, app, host: str, port: int, **config):
+        super().__init__(uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=10,
+                                        **config))  # fmt: skip
+        self.async_engine: AsyncEngine = app.state.async_engine
+
+    def handle_exit(self, sig, frame) -> None:
+        self.async_engine.abort_all()
+        super().handle_exit(sig, frame)
+
+
+def make_engine(model, tokenizer, max_num_seqs: int = 32, num_blocks: int | None = None,
+                block_size: int = 16) -> LLMEngine:  # fmt: skip
+    """The server's engine: unless `num_blocks` is given, blocks for `max_num_seqs` requests
+    at the model's full context, and 512 tokens a step."""
+    if num_blocks is None:
+        num_blocks = max_num_seqs * math.ceil(model.cfg.n_ctx / block_size)
+    return LLMEngine(model, tokenizer, num_blocks=num_blocks, block_size=block_size,
+                     max_num_batched_tokens=512, max_num_seqs=max_num_seqs)  # fmt: skip
+
+
+def serve(model: str = "shakespeare", host: str = "127.0.0.1", port: int = 8000,
+          api_key: str | None = None) -> None:  # fmt: skip
+    """`course serve`: load the model, start the engine's loop and serve until SIGINT or
+    SIGTERM."""
+    from utils.models import load_model
+
+    loaded, tokenizer = load_model(model)
+    async_engine = AsyncEngine(make_engine(loaded, tokenizer))
+    app = create_app(async_engine, model, api_key)
+    server = Server(app, host, port)
+    print(f"serving {model} on http://{host}:{port}/v1 (OpenAI's completions API; Ctrl+C stops)",
+          flush=True)  # fmt: skip
+    server.run()
+
+
+@dataclass
+class RunningServer:
+    url: str  # the API's base URL, http://host:port/v1
+    server: Server  # its handle_exit(signal, None) is what SIGINT or SIGTERM calls
+    thread: threading.Thread
+
+
+@contextlib.contextmanager
+def running_server(
+    async_engine: AsyncEngine, model_name: str, api_key: str | None = None, host="127.0.0.1"
+) -> Iterator[RunningServer]:
+    """A server on a free port, in a thread of this process (for tests and benchmarks); stopped
+    on leaving."""
+    app = create_app(async_engine, model_name, api_key)
+    server = Server(app, host, 0, log_level="warning", access_log=False)
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the server did not start")
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield RunningServer(f"http://{host}:{port}/v1", server, thread)
+    finally:
+        server.should_exit = True
+        thread.join(30)
