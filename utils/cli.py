@@ -1,4 +1,5 @@
-"""`course`: build notebooks, grade, reset or export a notebook, show a solution, serve a model."""
+"""`course`: build notebooks, grade, reset or export a notebook, show a solution, serve a model,
+update the course."""
 
 from __future__ import annotations
 
@@ -34,6 +35,11 @@ def _grade(args) -> int:
 
     chapter = resolve_chapter(args.chapter) if args.chapter else None
     results = grade(impl=args.impl, chapter=chapter).results
+    if args.impl == "notebooks":  # a notebook under a chapter's old name is not graded: say so
+        from utils.renames import notebooks_under_old_names, old_name_notice
+
+        for path in notebooks_under_old_names(NOTEBOOKS_DIR):
+            print(old_name_notice(path))
     return 0 if results and all(r.outcome in ("passed", "skipped") for r in results) else 1
 
 
@@ -88,6 +94,12 @@ def _open_in_jupyter(path) -> bool:
     except Exception:  # no server, an old one, a refused request: the advice stands anyway
         return False
     return False
+
+
+def _update(args) -> int:
+    from utils.update import update
+
+    return update()
 
 
 def _solution(args) -> int:
@@ -161,6 +173,16 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("reset", help="restore a pristine notebook (yours is backed up)")
     p.add_argument("chapter", help="chapter number or name, e.g. 01")
     p.set_defaults(func=_reset)
+
+    p = sub.add_parser(
+        "update",
+        help="take the course's newest commit; your notebooks move with their chapters",
+        description="Fetch the course's newest commit and fast-forward to it. Every notebook "
+        "you changed is copied to notebooks/.backups/ first and put back under its chapter's "
+        "current name (a notebook under an old name is carried to the new one). Refused, "
+        "changing nothing, where that cannot be done safely.",
+    )
+    p.set_defaults(func=_update)
 
     p = sub.add_parser("solution", help="print the reference source of an exercise object")
     p.add_argument("name", help="e.g. LayerNorm, or an exercise name such as attention")
