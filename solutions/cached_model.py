@@ -13,7 +13,6 @@ from torch import Tensor
 from solutions import checks
 from solutions.attention import Attention
 from solutions.kv_cache import KeyValueCache
-from solutions.llama import LlamaTransformer
 from solutions.model import DemoTransformer
 
 
@@ -156,6 +155,8 @@ def forward_with_cache(
     rows of a batch hold prompts of different lengths. Chapter 6's lookahead decoding passes
     its own `positions` [new] and `allowed` [new, cached + new] (True where a new token may
     read a key) instead of the causal ones."""
+    from solutions.llama import LlamaTransformer  # here: a notebook holds its chapter's names
+
     if isinstance(model, LlamaTransformer):  # chapter 7's model: the same contract, its own pass
         from solutions.llama_cache import llama_forward_with_cache
 
