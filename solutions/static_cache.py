@@ -27,11 +27,12 @@ from solutions.model import DemoTransformer
 class StaticKeyValueCache:
     """Keys and values of up to `cfg.n_ctx` positions for `batch` sequences, preallocated.
 
-    `keys[i]` and `values[i]` are layer i's buffers, [batch, n_heads, n_ctx, d_head] (chapter 4's
-    layout); `mask` [batch, n_ctx] is True at the slots that hold a real token; `causal`
-    [n_ctx, n_ctx] is True where the query in slot q may read the key in slot k (k <= q), made
-    once, so that a step picks its rows (`causal[slots]`) instead of comparing slots again. The
-    rows picked are a copy, not a view: indexing with a tensor of indices always copies."""
+    `keys[i]` and `values[i]` are layer i's buffers, [batch, n_kv_heads, n_ctx, d_head] (chapter
+    4's layout; GPT-2's n_kv_heads is its n_heads); `mask` [batch, n_ctx] is True at the slots
+    that hold a real token; `causal` [n_ctx, n_ctx] is True where the query in slot q may read
+    the key in slot k (k <= q), made once, so that a step picks its rows (`causal[slots]`)
+    instead of comparing slots again. The rows picked are a copy, not a view: indexing with a
+    tensor of indices always copies."""
 
     def __init__(
         self,
@@ -45,7 +46,7 @@ class StaticKeyValueCache:
             raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
         self.cfg, self.batch, self.dtype = cfg, batch, dtype
         # BEGIN SOLUTION
-        shape = (batch, cfg.n_heads, cfg.n_ctx, cfg.d_head)
+        shape = (batch, cfg.n_kv_heads, cfg.n_ctx, cfg.d_head)
         # One buffer per layer and per tensor: each layer writes its own keys and values.
         self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
@@ -65,11 +66,11 @@ class StaticKeyValueCache:
     def check_step(self, model: DemoTransformer, tokens: Tensor, slots: Tensor) -> None:
         """A clear ValueError if `tokens` cannot be written to `slots` of this cache."""
         cfg = model.cfg
-        mine = (self.cfg.n_layers, self.cfg.n_heads, self.cfg.d_head, self.cfg.n_ctx)
-        theirs = (cfg.n_layers, cfg.n_heads, cfg.d_head, cfg.n_ctx)
+        mine = (self.cfg.n_layers, self.cfg.n_kv_heads, self.cfg.d_head, self.cfg.n_ctx)
+        theirs = (cfg.n_layers, cfg.n_kv_heads, cfg.d_head, cfg.n_ctx)
         if mine != theirs:
             raise ValueError(
-                "cache was made for another model: (n_layers, n_heads, d_head, n_ctx) is "
+                "cache was made for another model: (n_layers, n_kv_heads, d_head, n_ctx) is "
                 f"{mine} for the cache and {theirs} for this model"
             )
         if tokens.ndim != 2 or tokens.shape[0] != self.batch:
@@ -129,6 +130,12 @@ def forward_static(
     where a new token is left padding (None: every token is real). No check, no `.item()`, no
     Python branch on a tensor: a decoding step compiles to one graph (`check_step` is the
     caller's, once)."""
+    from solutions.llama import LlamaTransformer  # here: a notebook holds its chapter's names
+
+    if isinstance(model, LlamaTransformer):  # chapter 7's model: the same contract, its own pass
+        from solutions.llama_static import llama_forward_static
+
+        return llama_forward_static(model, tokens, cache, slots, positions, real)
     # BEGIN SOLUTION
     if real is None:
         real = torch.ones_like(tokens, dtype=torch.bool)

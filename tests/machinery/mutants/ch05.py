@@ -91,8 +91,8 @@ MUTANTS = [
     ),
     Mutant(
         "static_cache",
-        "shape = (batch, cfg.n_heads, cfg.n_ctx, cfg.d_head)",
-        "shape = (batch, cfg.n_ctx, cfg.n_heads, cfg.d_head)",
+        "shape = (batch, cfg.n_kv_heads, cfg.n_ctx, cfg.d_head)",
+        "shape = (batch, cfg.n_ctx, cfg.n_kv_heads, cfg.d_head)",
         "positions before heads: not chapter 4's layout",
         says=("[batch, n_heads, n_ctx, d_head]",),
     ),
