@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,8 +45,8 @@ def model_dir(name: str) -> Path:
     saved = sorted(p.name for p in saved_models_dir().glob("*") if (p / "config.json").exists())
     hint = " (chapter 2 saves the model you train as 'mine')" if name == "mine" else ""
     raise ValueError(
-        f"name must be one of {SHIPPED}, 'gpt2', a model saved with save_model (saved so far: "
-        f"{saved or 'none'}){hint}, or a folder; got {name!r}"
+        f"name must be one of {SHIPPED}, 'gpt2', a hub name 'owner/name', a model saved with "
+        f"save_model (saved so far: {saved or 'none'}){hint}, or a folder; got {name!r}"
     )
 
 
@@ -117,54 +118,89 @@ def hf_class(path: Path):
     course's models are GPT-2 (chapters 1-6) or Llama (chapter 7) architectures."""
     import json
 
+    kind = json.loads((Path(path) / "config.json").read_text(encoding="utf-8")).get("model_type")
+    return hf_class_of(kind, f"{path}/config.json")
+
+
+def hf_class_of(kind: str | None, where: str):
+    """The HF model class for a config's `model_type` (read from `where`), or a ValueError."""
     from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
     kinds = {"gpt2": GPT2LMHeadModel, "llama": LlamaForCausalLM}
-    kind = json.loads((Path(path) / "config.json").read_text(encoding="utf-8")).get("model_type")
     if kind not in kinds:
-        raise ValueError(f"model_type in {path}/config.json must be one of {sorted(kinds)} (the "
+        raise ValueError(f"model_type in {where} must be one of {sorted(kinds)} (the "
                          f"architectures the course builds), got {kind!r}")  # fmt: skip
     return kinds[kind]
 
 
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # "owner/name", as the HF hub spells a model
+
+
+def is_hub_name(name_or_path: str | Path) -> bool:
+    """Whether `name_or_path` names a model of the HF hub ("gpt2", "HuggingFaceTB/SmolLM2-135M")
+    rather than a shipped model, a saved one or a folder (a folder that exists wins)."""
+    if not isinstance(name_or_path, str) or Path(name_or_path).exists():
+        return False
+    return name_or_path == "gpt2" or HUB_NAME.fullmatch(name_or_path) is not None
+
+
+def load_from_hub(name: str):
+    """(HF model, tokenizer) for a hub name, in float32. Offline, a copy in the HF cache still
+    works; online, the hub is asked (and the download shows its progress: that one says
+    something). Anything else is a RuntimeError that says what happened and the way on."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    online = hub_reachable()
+    try:
+        config = AutoConfig.from_pretrained(name, local_files_only=not online)
+        cls = hf_class_of(getattr(config, "model_type", None), f"{name}'s config.json")
+        hf = cls.from_pretrained(name, local_files_only=not online, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=not online)
+    except OSError as err:
+        said = str(err).splitlines()[0] if str(err) else type(err).__name__
+        what = "'gpt2' (GPT-2 small, 124M parameters)" if name == "gpt2" else repr(name)
+        if online:
+            problem = "and the hub did not give it (is the name spelled as on the hub?)"
+        else:
+            problem = "and this machine could not reach it (offline, or HF_HUB_OFFLINE=1 is set)"
+        raise RuntimeError(
+            f"{what} is downloaded from the Hugging Face hub {problem}. Everything in the "
+            f"course works with the shipped models, offline: load_model('shakespeare') (the "
+            f"shipped models are {', '.join(SHIPPED)}). (Hugging Face said: {said})"
+        ) from None  # the message is the whole story: not under 170 lines of HF internals
+    return hf, tokenizer
+
+
 def load_hf(name_or_path: str | Path):
-    """(GPT2LMHeadModel, tokenizer) for a shipped model, 'gpt2' from the HF hub, or a folder.
+    """(HF model, tokenizer) for a shipped model, a hub name ('gpt2', 'owner/name'; online, or
+    in the HF cache), or a folder: GPT2LMHeadModel or LlamaForCausalLM, in float32 (what the
+    course computes in, whatever dtype the checkpoint was saved in).
 
     Folders are read with `local_files_only`: loading one never touches the network."""
-    from transformers import AutoTokenizer, GPT2LMHeadModel
+    from transformers import AutoTokenizer
 
-    if name_or_path == "gpt2":
-        online = hub_reachable()
-        try:
-            # Offline, a copy in the HF cache still works; online, the hub is asked (and the
-            # download shows its progress: that one says something).
-            hf = GPT2LMHeadModel.from_pretrained("gpt2", local_files_only=not online)
-            tokenizer = AutoTokenizer.from_pretrained("gpt2", local_files_only=not online)
-        except OSError as err:
-            said = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise RuntimeError(
-                "'gpt2' (GPT-2 small, 124M parameters) is downloaded from the Hugging Face hub "
-                "and this machine could not reach it (offline, or HF_HUB_OFFLINE=1 is set). "
-                "Everything in the course works with the shipped model: load_model('shakespeare'). "
-                f"(Hugging Face said: {said})"
-            ) from None  # the message is the whole story: not under 170 lines of HF internals
+    if is_hub_name(name_or_path):
+        hf, tokenizer = load_from_hub(name_or_path)
     else:
         path = Path(name_or_path)
         if not path.is_dir():  # a name, not a folder
             path = model_dir(str(name_or_path))
         with quiet_loading():
-            hf = hf_class(path).from_pretrained(path, local_files_only=True)
+            hf = hf_class(path).from_pretrained(path, local_files_only=True, dtype=torch.float32)
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return hf.eval(), tokenizer
 
 
 def load_model(name: str | Path = "shakespeare"):
-    """(DemoTransformer, tokenizer): the course's model with weights from an HF GPT-2.
+    """(model, tokenizer): the course's model with the weights of an HF checkpoint, a
+    DemoTransformer for a GPT-2, a LlamaTransformer (chapter 7) for a Llama.
 
-    "shakespeare" (default) and "shakespeare-draft" ship with the course and work offline;
-    "gpt2" is the real GPT-2 small from the HF hub (online only); a name given to `save_model`
-    ("mine": the model you trained in chapter 2) loads what was saved; a folder path loads any
-    HF GPT-2 checkpoint.
+    The shipped models (`SHIPPED`; "shakespeare" is the default) work offline; "gpt2" (GPT-2
+    small) and Llama-architecture hub names such as "HuggingFaceTB/SmolLM2-135M" come from the
+    HF hub (online, or from the HF cache); a name given to `save_model` ("mine": the model you
+    trained in chapter 2) loads what was saved; a folder path loads any HF GPT-2 or Llama
+    checkpoint. A Llama whose config asks for what the course's model does not compute (RoPE
+    scaling, biases, a sliding window, another activation) is refused with a ValueError.
     """
     from solutions.model import DemoTransformer
     from utils.convert import config_from_hf, hf_to_demo, llama_from_hf
