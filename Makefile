@@ -32,6 +32,7 @@ TIME_SCALE ?= 6
 LAB_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
 lab: $(STAMP) lab-settings
+	@$(BIN)/python -m utils.update
 	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks $(LAB_FLAGS)
 
 # JupyterLab's defaults for the course's environment: no "get notified about Jupyter news?"
