@@ -54,6 +54,7 @@ Chapter 8 serves many requests at once (vLLM's and nano-vllm's decomposition):
     sampling_params.py SamplingParams: one request's sampling settings
     request.py         Request: a request's record (its tokens, computed tokens, block table)
     paged_attention.py the model runner: one flattened step through block tables
+    model_runner.py    a runner per architecture: GPT-2's forward_paged, the Llama model's
     block_pool.py      BlockPool: reference counts, the free queue, prefix names
     kv_cache_manager.py KVCacheManager: prefix-cache hits and a request's blocks
     scheduler.py       Scheduler: continuous batching, chunked prefill, preemption; it alone

@@ -9,6 +9,10 @@ the requests (computed tokens, new tokens, stops, finished ones freed).
         for output in engine.step():
             print(output.request_id, output.new_token_ids, output.finished)
 
+The engine serves chapter 1's GPT-2 model or chapter 7's Llama model alike: `model_runner` picks
+the forward pass of the model's architecture (solutions/model_runner.py), and nothing else in
+the engine knows which it is.
+
 The engine is one process on one device, on purpose: what engines do past one machine
 (tensor and pipeline parallelism, prefill and decode on separate machines, cache-aware routing)
 is the chapter's last section.
@@ -23,12 +27,8 @@ from torch import Tensor, nn
 
 from solutions import checks
 from solutions.kv_cache_manager import KVCacheManager
-from solutions.paged_attention import (
-    PagedKVCache,
-    attend_strided,
-    forward_paged,
-    prepare_inputs,
-)
+from solutions.model_runner import model_runner
+from solutions.paged_attention import PagedKVCache, prepare_inputs
 from solutions.request import Request, RequestOutput
 from solutions.sampling import sample_next_token
 from solutions.sampling_params import SamplingParams
@@ -117,6 +117,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.kv, max_num_batched_tokens, max_num_seqs, tokenizer.eos_token_id
         )
+        self.runner = model_runner(model)  # the forward pass of the model's architecture
         self.cache = PagedKVCache.allocate(model, num_blocks, block_size)
         self.requests: dict[str, Request] = {}
         self.pending: list[RequestOutput] = []  # errors and aborts, reported by the next step
@@ -202,7 +203,7 @@ class LLMEngine:
         samples = [r.num_computed_tokens + n == r.num_tokens for r, n in plan.scheduled]
         last_rows = inputs.query_start[1:] - 1
         at = last_rows[torch.tensor(samples, device=last_rows.device)]
-        logits = forward_paged(self.model, self.cache, inputs, at, attend_strided)
+        logits = self.runner.forward(self.cache, inputs, at)
         return [r for (r, _), s in zip(plan.scheduled, samples, strict=True) if s], logits
 
     @staticmethod

@@ -10,7 +10,8 @@ request's queries meet its own keys, gathered from its blocks.
 
 Where a token's key goes: position p of a request lives in block `block_table[p // block_size]`
 at offset `p % block_size`, which is row `block * block_size + offset` of the layer's cache
-viewed as [num_blocks * block_size, n_heads, d_head]: its **slot**.
+viewed as [num_blocks * block_size, n_kv_heads, d_head]: its **slot**. (A block holds a layer's
+key/value heads: GPT-2 has one per query head, chapter 7's model fewer, n_kv_heads.)
 """
 
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
-from torch import Tensor
+from torch import Tensor, nn
 
 from solutions.attention import Attention
 from solutions.model import DemoTransformer
@@ -26,16 +27,16 @@ from solutions.model import DemoTransformer
 
 @dataclass
 class PagedKVCache:
-    """Per layer, keys and values for every block: [num_blocks, block_size, n_heads, d_head]
+    """Per layer, keys and values for every block: [num_blocks, block_size, n_kv_heads, d_head]
     each (vLLM's per-block layout; vLLM stacks the two in one tensor per layer)."""
 
     keys: list[Tensor]
     values: list[Tensor]
 
     @classmethod
-    def allocate(cls, model: DemoTransformer, num_blocks: int, block_size: int) -> "PagedKVCache":
+    def allocate(cls, model: nn.Module, num_blocks: int, block_size: int) -> "PagedKVCache":
         cfg, weight = model.cfg, model.embed.W_E
-        shape = (num_blocks, block_size, cfg.n_heads, cfg.d_head)
+        shape = (num_blocks, block_size, cfg.n_kv_heads, cfg.d_head)
 
         def zeros():
             return torch.zeros(shape, device=weight.device, dtype=weight.dtype)
@@ -45,6 +46,20 @@ class PagedKVCache:
     @property
     def block_size(self) -> int:
         return self.keys[0].shape[1]
+
+    @staticmethod
+    def bytes_per_block(model: nn.Module, block_size: int) -> int:
+        """The memory one block takes: keys and values of `block_size` positions in every layer,
+        2 * n_layers * block_size * n_kv_heads * d_head numbers of the model's dtype."""
+        cfg = model.cfg
+        numbers = 2 * cfg.n_layers * block_size * cfg.n_kv_heads * cfg.d_head
+        return numbers * model.embed.W_E.element_size()
+
+    @classmethod
+    def blocks_for_bytes(cls, model: nn.Module, kv_bytes: int, block_size: int) -> int:
+        """How many blocks `kv_bytes` of memory hold for this model (vLLM sizes its pool the same
+        way: the memory left for the cache over the bytes of one block)."""
+        return kv_bytes // cls.bytes_per_block(model, block_size)
 
 
 @dataclass
@@ -130,6 +145,25 @@ def attend(
     # END SOLUTION
 
 
+def gather_blocks(
+    cache: Float[Tensor, "num_blocks block_size heads d_head"], block_tables: Int[Tensor, "G B"]
+) -> Float[Tensor, "G heads L d_head"]:
+    """Each request's blocks, in table order, as its keys (or values), heads first. Picking blocks
+    through a table cannot be a view: `index_select` copies them, whole blocks, into
+    [G * B, block_size, heads, d_head]. Putting the heads first needs no second copy: the
+    result is a strided view of that one copy (position p of request g is index p of axis 2)."""
+    G, B = block_tables.shape
+    picked = cache.index_select(0, block_tables.flatten())
+    return picked.view(G, B * cache.shape[1], *cache.shape[2:]).transpose(1, 2)
+
+
+def readable(query_pos: Int[Tensor, "G Q"], length: int) -> Bool[Tensor, "G 1 Q L"]:
+    """Which of `length` key positions each query may read: its own and those before it (the
+    rest of a partly filled last block, and padding blocks, are masked out). One mask for every
+    head."""
+    return (torch.arange(length, device=query_pos.device) <= query_pos[..., None])[:, None]
+
+
 def attend_strided(
     queries: Float[Tensor, "G Q n_heads d_head"],
     keys: Float[Tensor, "num_blocks block_size n_heads d_head"],
@@ -137,18 +171,13 @@ def attend_strided(
     block_tables: Int[Tensor, "G B"],
     query_pos: Int[Tensor, "G Q"],
 ) -> Float[Tensor, "G Q n_heads d_head"]:
-    """`attend`, one copy fewer. Picking blocks through a table cannot be a view: `index_select`
-    copies them, whole blocks, into [G * B, block_size, n_heads, d_head]. Putting the heads
-    first needs no second copy: the attention function reads a strided view (any strides, as
-    long as each head's d_head numbers lie side by side), so the blocks are read where the
-    first copy left them."""
-    G, B = block_tables.shape
-    L = B * keys.shape[1]
-    picked = block_tables.flatten()
-    k = keys.index_select(0, picked).view(G, L, *keys.shape[2:]).transpose(1, 2)  # a view
-    v = values.index_select(0, picked).view(G, L, *values.shape[2:]).transpose(1, 2)
-    readable = torch.arange(L, device=queries.device) <= query_pos[..., None]  # [G, Q, L]
-    out = F.scaled_dot_product_attention(queries.transpose(1, 2), k, v, attn_mask=readable[:, None])
+    """`attend`, one copy fewer: the attention function reads a strided view (any strides, as
+    long as each head's d_head numbers lie side by side), so the blocks are read where
+    `gather_blocks`'s one copy left them."""
+    k, v = gather_blocks(keys, block_tables), gather_blocks(values, block_tables)
+    out = F.scaled_dot_product_attention(
+        queries.transpose(1, 2), k, v, attn_mask=readable(query_pos, k.shape[2])
+    )
     return out.transpose(1, 2)
 
 
@@ -190,6 +219,29 @@ def attention_groups(inputs: StepInputs, block_size: int, bucket: int = 2) -> li
     return groups
 
 
+def fused_qkv(
+    attn: Attention,
+) -> tuple[Float[Tensor, "d_model three_H_d_head"], Float[Tensor, "three_H_d_head"]]:
+    """The three projections as one matrix and one bias (vLLM's QKVParallelLinear), so that a
+    step's queries, keys and values are one matrix product: [T, 3 * H * d_head]."""
+    d_model = attn.W_Q.shape[1]
+    W_QKV = torch.cat([attn.W_Q, attn.W_K, attn.W_V]).transpose(0, 1).reshape(d_model, -1)
+    return W_QKV, torch.cat([attn.b_Q, attn.b_K, attn.b_V]).flatten()
+
+
+def write_slots(
+    keys: Float[Tensor, "num_blocks block_size heads d_head"],
+    values: Float[Tensor, "num_blocks block_size heads d_head"],
+    slot_mapping: Int[Tensor, "T"],
+    k: Float[Tensor, "T heads d_head"],
+    v: Float[Tensor, "T heads d_head"],
+) -> None:
+    """Each new token's key and value into its slot of one layer's cache (`flatten` of the
+    cache is a view of it: the writes land in the blocks)."""
+    keys.flatten(0, 1)[slot_mapping] = k
+    values.flatten(0, 1)[slot_mapping] = v
+
+
 def paged_attention(
     attn: Attention,
     x: Float[Tensor, "T d_model"],
@@ -198,18 +250,17 @@ def paged_attention(
     inputs: StepInputs,
     groups: list[AttentionGroup],
     attention=None,
+    qkv: tuple[Tensor, Tensor] | None = None,
 ) -> Float[Tensor, "T d_model"]:
     """Attention for the step's T tokens: write their keys and values to their slots, then
     let each request's queries read its own positions, up to their own, group by group
-    (`attention`: any function with `attend`'s contract; `attend` if None)."""
+    (`attention`: any function with `attend`'s contract; `attend` if None). `qkv`: the layer's
+    `fused_qkv`, made once by a caller that runs many steps; made here if None."""
     attention = attend if attention is None else attention
     T, (H, d_model, d_head) = x.shape[0], attn.W_Q.shape
-    # The three projections as one product (vLLM's QKVParallelLinear): [T, 3 * H * d_head].
-    W_QKV = torch.cat([attn.W_Q, attn.W_K, attn.W_V]).transpose(0, 1).reshape(d_model, -1)
-    b_QKV = torch.cat([attn.b_Q, attn.b_K, attn.b_V]).flatten()
+    W_QKV, b_QKV = fused_qkv(attn) if qkv is None else qkv
     q, k, v = torch.addmm(b_QKV, x, W_QKV).view(T, 3, H, d_head).unbind(1)
-    keys.flatten(0, 1)[inputs.slot_mapping] = k  # into the cache: flatten is a view of it
-    values.flatten(0, 1)[inputs.slot_mapping] = v
+    write_slots(keys, values, inputs.slot_mapping, k, v)
     z = torch.empty_like(q)
     for g in groups:
         z[g.rows] = attention(q[g.rows], keys, values, g.block_tables, g.query_pos)
@@ -222,16 +273,20 @@ def forward_paged(
     inputs: StepInputs,
     logits_at: Int[Tensor, "S"],
     attention=None,
+    qkv: list[tuple[Tensor, Tensor]] | None = None,
 ) -> Float[Tensor, "S d_vocab"]:
     """The logits at rows `logits_at` of the flattened batch (the last token of each request
     that samples in this step; a prefill chunk that does not reach its prompt's end samples
-    nothing and needs no unembedding). `attention`: `attend` if None, or `attend_strided`."""
+    nothing and needs no unembedding). `attention`: `attend` if None, or `attend_strided`;
+    `qkv`: each layer's `fused_qkv`, or None to make them in this call."""
     groups = attention_groups(inputs, keys_values.block_size)
+    qkv = [None] * len(model.blocks) if qkv is None else qkv
     residual = model.embed(inputs.token_ids[None])[0] + model.pos_embed.W_pos[inputs.positions]
-    for block, keys, values in zip(model.blocks, keys_values.keys, keys_values.values, strict=True):
+    layers = zip(model.blocks, keys_values.keys, keys_values.values, qkv, strict=True)
+    for block, keys, values, fused in layers:
         x = block.ln1(residual)
         residual = residual + paged_attention(
-            block.attn, x, keys, values, inputs, groups, attention
+            block.attn, x, keys, values, inputs, groups, attention, fused
         )
         residual = residual + block.mlp(block.ln2(residual))
     return model.unembed(model.ln_final(residual[logits_at]))

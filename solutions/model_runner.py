@@ -1,0 +1,101 @@
+"""A model runner per architecture: what the engine calls to run one step of a model over the
+paged cache (vLLM's model registry in miniature: vLLM maps each checkpoint's architecture name to
+a model class whose forward pass reads the paged cache; here the model's class picks a runner).
+
+The engine does not know which model it serves. Everything around the forward pass is the same
+for every architecture: the scheduler, the block pool, the step's flattened inputs, the slots
+(`prepare_inputs`), the grouping of requests (`attention_groups`), the cache's writes
+(`write_slots`) and the gather of blocks (`gather_blocks`). What differs is inside the model:
+
+- chapter 1's GPT-2 model: learned positions added to the embeddings, one fused projection to
+  queries, keys and values, as many key/value heads as query heads (`forward_paged`);
+- chapter 7's Llama model: no position embedding; queries and keys turned by each token's own
+  position (RoPE) BEFORE the keys are written, so a block stores rotated keys and a key is never
+  turned again; n_kv_heads key/value heads, each read by a group of query heads. A block of its
+  cache holds n_kv_heads heads, not n_heads: the same bytes hold n_heads / n_kv_heads times the
+  tokens.
+"""
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from solutions.llama import LlamaTransformer
+from solutions.model import DemoTransformer
+from solutions.paged_attention import (
+    PagedKVCache,
+    StepInputs,
+    attend_strided,
+    attention_groups,
+    forward_paged,
+    fused_qkv,
+    gather_blocks,
+    readable,
+    write_slots,
+)
+
+
+class GPT2ModelRunner:
+    """Chapter 1's model through `forward_paged`, with `attend_strided`. The fused projection
+    of each layer is made once, here, not in every layer of every step (the engine serves a
+    model whose weights do not change while it runs)."""
+
+    def __init__(self, model: DemoTransformer):
+        self.model = model
+        with torch.no_grad():
+            self.qkv = [fused_qkv(block.attn) for block in model.blocks]
+
+    def forward(
+        self, cache: PagedKVCache, inputs: StepInputs, logits_at: Int[Tensor, "S"]
+    ) -> Float[Tensor, "S d_vocab"]:
+        return forward_paged(self.model, cache, inputs, logits_at, attend_strided, self.qkv)
+
+
+def forward_paged_llama(
+    model: LlamaTransformer,
+    keys_values: PagedKVCache,
+    inputs: StepInputs,
+    logits_at: Int[Tensor, "S"],
+) -> Float[Tensor, "S d_vocab"]:
+    """`forward_paged` for chapter 7's model: the step's T tokens as one row of a batch of one,
+    each turned by its own position in its own request; chapter 7's `rotated_qkv` and `attend`
+    (which repeats each key/value head for its group of query heads), with keys and values
+    read through the block tables."""
+    groups = attention_groups(inputs, keys_values.block_size)
+    positions = inputs.positions[None]  # [1, T]: a token's position in its request
+    residual = model.embed(inputs.token_ids[None])  # [1, T, d_model]; no position embedding
+    for block, keys, values in zip(model.blocks, keys_values.keys, keys_values.values, strict=True):
+        q, k, v = block.attn.rotated_qkv(block.ln1(residual), positions)  # heads first
+        # The keys go into the cache rotated by their own positions: never turned again.
+        write_slots(keys, values, inputs.slot_mapping, k[0].transpose(0, 1), v[0].transpose(0, 1))
+        attended = torch.empty_like(residual[0])  # [T, d_model]
+        for g in groups:
+            k_g, v_g = gather_blocks(keys, g.block_tables), gather_blocks(values, g.block_tables)
+            q_g = q[0][:, g.rows].transpose(0, 1)  # [G, n_heads, Q, d_head]
+            attended[g.rows] = block.attn.attend(q_g, k_g, v_g, readable(g.query_pos, k_g.shape[2]))
+        residual = residual + attended[None]
+        residual = residual + block.mlp(block.ln2(residual))
+    return model.unembed(model.ln_final(residual[0, logits_at]))
+
+
+class LlamaModelRunner:
+    """Chapter 7's model through `forward_paged_llama`."""
+
+    def __init__(self, model: LlamaTransformer):
+        self.model = model
+
+    def forward(
+        self, cache: PagedKVCache, inputs: StepInputs, logits_at: Int[Tensor, "S"]
+    ) -> Float[Tensor, "S d_vocab"]:
+        return forward_paged_llama(self.model, cache, inputs, logits_at)
+
+
+def model_runner(model: nn.Module):
+    """The runner for the model's architecture (the registry: architecture -> runner)."""
+    runners = {DemoTransformer: GPT2ModelRunner, LlamaTransformer: LlamaModelRunner}
+    for architecture, runner in runners.items():
+        if isinstance(model, architecture):
+            return runner(model)
+    known = ", ".join(cls.__name__ for cls in runners)
+    raise ValueError(f"model must be one of the architectures the engine runs ({known}), got "
+                     f"{type(model).__name__}")  # fmt: skip
