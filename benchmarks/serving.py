@@ -1,8 +1,10 @@
 """Many requests at once: chapter 8's engine against chapter 4's static batching, on a trace.
 
-    python benchmarks/serving.py [--requests 64] [--rate 40] [--batch 8] [--seats 32]
-                                 [--threads 1] [--seed 0] [--runs 3] [--quick] [--hf]
-                                 [--default-allocator] [--no-prefill-rate]
+    python benchmarks/serving.py [--model shakespeare] [--requests 64] [--rate 40] [--batch 8]
+                                 [--seats 32] [--threads 1] [--seed 0] [--runs 3] [--quick]
+                                 [--hf] [--default-allocator] [--no-prefill-rate]
+
+`--model`: the model served (a shipped model's name or a folder; the GPT-2 model by default).
 
 A seeded trace (`poisson_trace`; it and both servers live in utils/serving.py): `--requests`
 requests arriving as a Poisson process of `--rate` requests per second, prompts of 4-60 tokens
@@ -39,6 +41,14 @@ on it against the same process's positions per second of chapter 1's forward ove
 the median of the ratios within runs). Then one more engine run on the probe under cProfile:
 where its steps' time goes (the gather of blocks, the attention function, the projections, the
 MLP, the layer norms, the unembedding, the rest of the forward, and the engine outside it).
+
+With a Llama-architecture `--model` (chapter 7's), one more section, `beside_gpt2`: the engine on
+it and on the GPT-2 model, alternately (`--runs` times each), on the main trace with the SAME
+bytes of KV cache, at two sizes: the bytes of the GPT-2 pool that holds the whole trace, and a
+quarter of them (a pool too small for the GPT-2 model's 32 seats). Each model's pool gets the
+blocks those bytes hold (`PagedKVCache.blocks_for_bytes`); its bytes per token are measured on the
+allocated cache. Their tokens/s (the median of the ratios within runs) and the pool's capacity
+in tokens are the two goals it adds.
 Prints one JSON object with chapter 8's goals.
 """
 
@@ -54,7 +64,8 @@ import time
 
 import torch
 
-from utils.models import load_hf, load_model
+from solutions.paged_attention import PagedKVCache
+from utils.models import is_llama, load_hf, load_model
 from utils.serving import (
     Served,
     all_at_once_trace,
@@ -85,7 +96,7 @@ def keep_freed_memory() -> str:
     return "glibc: mmap threshold 256 MiB, trim threshold 512 MiB" if ok else "default"
 
 
-def serve_hf(tokenizer, requests, profiled: bool = False) -> dict:
+def serve_hf(tokenizer, requests, profiled: bool = False, model: str = "shakespeare") -> dict:
     """HF transformers' own continuous batching (`init_continuous_batching`: a paged cache and a
     scheduler in a background thread) on the same trace, greedy, each request's own length.
     `profiled`: a second pass, under cProfile (which slows it): where its steps' time goes."""
@@ -94,7 +105,7 @@ def serve_hf(tokenizer, requests, profiled: bool = False) -> dict:
 
     hf_logging.set_verbosity_error()
     profile, timing, restore = step_profiler() if profiled else (None, None, lambda: None)
-    hf = load_hf("shakespeare")[0].eval()
+    hf = load_hf(model)[0].eval()
     longest = max(r.max_tokens for r in requests)
     config = GenerationConfig(do_sample=False, max_new_tokens=longest, eos_token_id=None,
                               pad_token_id=tokenizer.eos_token_id)  # fmt: skip
@@ -181,7 +192,8 @@ def where_time_goes(profile) -> dict | None:
         return sum(v[2] for k, v in stats.items() if match(*k))
 
     steps = cumulative(lambda f, _, name: name == "_generation_step")
-    model = cumulative(lambda f, _, name: f.endswith("modeling_gpt2.py") and name == "forward")
+    model = cumulative(lambda f, _, name: f.endswith(("modeling_gpt2.py", "modeling_llama.py"))
+                       and name == "forward")  # fmt: skip
     attention = total(lambda f, _, name: "scaled_dot_product_attention" in name)
     matmuls = total(lambda f, _, name: any(op in name for op in ("addmm", "_nn.linear")))
     parts = {"steps": steps, "model_forward": model, "attention": attention,
@@ -199,6 +211,8 @@ def prefill_positions_per_s(model, batch: int = 8, length: int = 256, seed: int 
         model(ids)
         return ids.numel() / (time.perf_counter() - start)
 
+
+MODULE_FILES = ("mlp.py", "layernorm.py", "unembed.py")  # GPT-2's MLP, norms and unembedding
 
 PROBE = {"num_blocks": 1024, "max_num_batched_tokens": 512, "max_num_seqs": 64}
 
@@ -275,23 +289,95 @@ def engine_profile(model, tokenizer, probe) -> dict:
     def total(name: str) -> float:
         return sum(v[2] for k, v in stats.items() if name in k[2])
 
-    steps, forward = cumulative("engine.py", "step"), cumulative("", "forward_paged")
+    llama = is_llama(model)
+    forward = cumulative("", "forward_paged_llama" if llama else "forward_paged")
+    steps = cumulative("engine.py", "step")
+    mlp, norm, unembed = ("swiglu.py", "rmsnorm.py", "train.py") if llama else MODULE_FILES
     parts = {
-        "gather_blocks": total("index_select"),  # attend_strided's one copy
+        "gather_blocks": total("index_select"),  # gather_blocks' one copy
         "attention": total("scaled_dot_product_attention"),
-        "qkv_and_out_projections": total("addmm"),
-        "mlp": cumulative("mlp.py", "forward"),
-        "layer_norms": cumulative("layernorm.py", "forward"),
-        "unembed": cumulative("unembed.py", "forward"),
+        # the fused addmm (GPT-2); chapter 7's four einsums a layer (Llama: q, k, v and W_O)
+        "qkv_and_out_projections": total("addmm") + total("einsum"),
+        "mlp": cumulative(mlp, "forward"),
+        "layer_norms": cumulative(norm, "forward"),
+        "unembed": cumulative(unembed, "forward"),
     }
+    if llama:  # what chapter 7's block adds: the key/value heads repeated, the rotations
+        parts["expand_kv"] = total("repeat_interleave")
+        parts["rope"] = cumulative("rope.py", "apply_rope") + cumulative("rope.py", "rope_cos_sin")
     parts = {"steps": steps, "model_forward": forward, **parts,
              "rest_of_forward": forward - sum(parts.values()),
              "engine_outside_forward": steps - forward}  # fmt: skip
     return {k: round(v, 2) for k, v in parts.items()}
 
 
+def pool(engine) -> dict:
+    """The engine's pool as allocated: its blocks, the tokens they hold and their bytes, counted on
+    the cache's own tensors."""
+    cache = engine.cache
+    kv_bytes = sum(t.nbytes for t in (*cache.keys, *cache.values))
+    tokens = cache.keys[0].shape[0] * cache.block_size
+    return {"num_blocks": cache.keys[0].shape[0], "tokens": tokens, "bytes": kv_bytes,
+            "bytes_per_token": kv_bytes // tokens}  # fmt: skip
+
+
+def beside_gpt2(model, tokenizer, requests, runs: int, seats: int) -> dict:
+    """The engine on `model` and on the GPT-2 model, alternately, on the same trace with the same
+    KV bytes (those of the GPT-2 pool that holds the whole trace, and a quarter of them)."""
+    gpt2 = load_model("shakespeare")[0].eval()
+    models = {"gpt2": gpt2, "llama": model}
+    whole = sum(-(-(len(r.prompt) + r.max_tokens) // BLOCK_SIZE) for r in requests)
+    per_block = PagedKVCache.bytes_per_block(gpt2, BLOCK_SIZE)
+    budgets = {"whole_trace": whole * per_block, "a_quarter": (whole // 4) * per_block}
+    result = {}
+    for budget, kv_bytes in budgets.items():
+        blocks = {k: PagedKVCache.blocks_for_bytes(m, kv_bytes, BLOCK_SIZE)
+                  for k, m in models.items()}  # fmt: skip
+        rows, pools, tokens, preempted = [], {}, {}, {}
+        for _ in range(runs):
+            row = {}
+            for name, m in models.items():
+                served, engine = serve_engine(m, tokenizer, requests, max_num_seqs=seats,
+                                              num_blocks=blocks[name])  # fmt: skip
+                row[name] = served.summary(requests)["tokens_per_s"]
+                tokens.setdefault(name, served.tokens)
+                pools[name] = pool(engine)
+                preempted[name] = engine.stats.preemptions
+                assert served.tokens == tokens[name], "a model's tokens changed between runs"
+            row["ratio"] = round(row["llama"] / row["gpt2"], 3)
+            rows.append(row)
+        result[budget] = {
+            "kv_bytes": kv_bytes,
+            "pool": pools,
+            "preemptions": preempted,
+            "runs": rows,
+            "median_ratio": round(statistics.median(r["ratio"] for r in rows), 3),
+        }
+    cfg = model.cfg
+    capacity = result["whole_trace"]["pool"]["llama"]["tokens"] / result["whole_trace"]["pool"][
+        "gpt2"]["tokens"]  # fmt: skip
+    result["goals"] = {
+        "llama_tokens_per_s_at_least_gpt2s": goal(
+            "the engine's tokens/s on the Llama model / on the GPT-2 model, same trace, same KV "
+            "bytes (a pool that holds the whole trace for GPT-2)",
+            result["whole_trace"]["median_ratio"], 1.0, at_least=True,
+        ),
+        "llama_pool_tokens_for_the_same_bytes": {
+            "what": "the Llama pool's tokens / the GPT-2 pool's, same bytes (expected: the GPT-2 "
+            "model's key/value heads per layer over the Llama model's)",
+            "measured": round(capacity, 3),
+            "expected": gpt2.cfg.n_kv_heads / cfg.n_kv_heads,
+            "met": capacity == gpt2.cfg.n_kv_heads / cfg.n_kv_heads,
+        },
+    }  # fmt: skip
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--model", default="shakespeare", help="the model served: a shipped name or a folder"
+    )
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--rate", type=float, default=40.0, help="arrivals per second")
     parser.add_argument("--batch", type=int, default=8, help="static batching's batch size")
@@ -318,7 +404,7 @@ def main() -> None:
         parser.error("--requests >= 2, --rate > 0, --batch, --seats and --runs >= 1")
     torch.set_num_threads(args.threads)
     allocator = "default" if args.default_allocator else keep_freed_memory()
-    model, tokenizer = load_model("shakespeare")
+    model, tokenizer = load_model(args.model)
     model.eval()
     longest = 32 if args.quick else 160
     requests = poisson_trace(tokenizer, args.requests, args.rate, args.seed,
@@ -343,11 +429,10 @@ def main() -> None:
     same = all(p[1].tokens == p[2].tokens for p in pairs)
     hf = None
     if args.hf:
-        hf, hf_tokens = serve_hf(tokenizer, requests)
+        hf, hf_tokens = serve_hf(tokenizer, requests, model=args.model)
         hf["same_tokens"] = hf_tokens == engine_run.tokens
-        hf["where_step_time_goes"] = serve_hf(tokenizer, requests, profiled=True)[0][
-            "where_step_time_goes"
-        ]
+        profiled = serve_hf(tokenizer, requests, profiled=True, model=args.model)[0]
+        hf["where_step_time_goes"] = profiled["where_step_time_goes"]
 
     shared = shared_prefix_trace(tokenizer, max(args.requests // 2, 4), args.seed, PREFIX,
                                  answer_lens=(16, min(longest, 64)))  # fmt: skip
@@ -368,6 +453,10 @@ def main() -> None:
     if not args.no_prefill_rate:
         near_limit = prefill_rate(model, tokenizer, 1 if args.quick else max(args.runs, 3),
                                   args.seed, args.quick)  # fmt: skip
+
+    beside = None
+    if is_llama(model):
+        beside = beside_gpt2(model, tokenizer, requests, 1 if args.quick else args.runs, args.seats)
 
     throughput = engine["tokens_per_s"] / static["tokens_per_s"]
     ttft = engine["ttft_ms"]["median"] / static["ttft_ms"]["median"]
@@ -401,7 +490,10 @@ def main() -> None:
             "the engine's answer tokens/s, all requests at once / the [8, 256] forward's "
             "positions/s", near_limit["median_ratio"], 0.6, at_least=True,
         )  # fmt: skip
+    if beside is not None:
+        goals.update(beside.pop("goals"))
     print(json.dumps({
+        "model": {"name": str(args.model), "architecture": type(model).__name__},
         "machine": {"processor": platform.processor() or platform.machine(),
                     "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                     "allocator": allocator},
@@ -411,6 +503,7 @@ def main() -> None:
         "static": static, "engine": engine, "same_tokens": same, "hf_continuous_batching": hf,
         "prefix_trace": {"requests": len(shared), "shared_prefix": PREFIX, **runs},
         "prefill_rate": near_limit,
+        "beside_gpt2": beside,
         "goals": goals,
     }, indent=2))  # fmt: skip
 

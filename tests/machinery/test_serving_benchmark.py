@@ -51,3 +51,47 @@ def test_quick_benchmark_reports_both_servers_the_prefix_trace_and_every_goal(mo
     assert 0 < parts["model_forward"] <= parts["steps"], parts
     assert parts["gather_blocks"] > 0 and parts["attention"] > 0, parts
     assert parts["engine_outside_forward"] >= 0 and parts["rest_of_forward"] >= 0, parts
+
+
+def test_quick_benchmark_on_a_llama_model_sets_it_beside_the_gpt2_model(
+    monkeypatch, capsys, tmp_path
+):
+    """`--model` with a Llama-architecture folder (a random stand-in of the shipped model's
+    shape, saved in HF format): the same report for it, and the section that serves it and the
+    GPT-2 model with the same KV bytes, whose Llama pool holds 3 times the tokens."""
+    import torch
+
+    from solutions.llama import LlamaTransformer
+    from solutions.llama_config import LlamaConfig
+    from utils.models import load_hf, save_model
+
+    tokenizer = load_hf("shakespeare")[1]
+    cfg = LlamaConfig(d_model=192, d_vocab=len(tokenizer), n_ctx=256, d_head=32, d_mlp=624,
+                      n_heads=6, n_kv_heads=2, n_layers=4, rope_theta=1e4)  # fmt: skip
+    torch.manual_seed(0)
+    folder = save_model(LlamaTransformer(cfg), tokenizer, tmp_path / "llama")
+    spec = importlib.util.spec_from_file_location(
+        "serving_benchmark", REPO_ROOT / "benchmarks" / "serving.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    argv = ["serving.py", "--quick", "--default-allocator", "--no-prefill-rate"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--model", str(folder)])
+    module.main()
+    result = json.loads(capsys.readouterr().out)
+    assert result["model"]["architecture"] == "LlamaTransformer"
+    assert (
+        result["same_tokens"]
+        and result["goals"]["prefix_positions_computed_exactly_the_uncached"]["met"]
+    )
+    beside = result["beside_gpt2"]
+    for budget in ("whole_trace", "a_quarter"):
+        pools = beside[budget]["pool"]
+        assert pools["gpt2"]["bytes"] == pools["llama"]["bytes"] == beside[budget]["kv_bytes"]
+        assert (pools["gpt2"]["bytes_per_token"], pools["llama"]["bytes_per_token"]) == (6144, 2048)
+        assert pools["llama"]["tokens"] == 3 * pools["gpt2"]["tokens"]
+        assert all(r["gpt2"] > 0 and r["llama"] > 0 for r in beside[budget]["runs"])
+    goals = result["goals"]
+    assert goals["llama_pool_tokens_for_the_same_bytes"]["met"]
+    measured = goals["llama_tokens_per_s_at_least_gpt2s"]["measured"]
+    assert measured == beside["whole_trace"]["median_ratio"] > 0
