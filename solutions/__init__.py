@@ -49,6 +49,18 @@ Chapter 6 speeds it up again without changing what it samples:
     lookahead.py              lookahead decoding: Jacobi iteration, the one-pass layout, n-grams
     fast_speculative.py       speculative decoding on chapter 5's static caches, compiled
 
+Chapter 7 builds today's block (Llama, Mistral, SmolLM2) and checks it against HF's Llama:
+
+    llama_config.py    LlamaConfig: n_kv_heads, rope_theta, rms_norm_eps (SmolLM2-135M's defaults)
+    rmsnorm.py         RMSNorm: no mean, no bias; the mean square in float32
+    rope.py            rotary embeddings: rope_cos_sin, apply_rope (half-split, HF's layout), and
+                       the paper's interleaved layout with the permutation between the two
+    swiglu.py          SwiGLU: down(silu(gate(x)) * up(x))
+    gqa.py             expand_kv (HF's repeat_kv) and GroupedQueryAttention
+    llama.py           LlamaBlock and LlamaTransformer
+    llama_cache.py     llama_forward_with_cache: chapter 4's cache, keys stored after rotation
+    llama_static.py    chapter 5's static cache for the same model
+
 Chapter 8 serves many requests at once (vLLM's and nano-vllm's decomposition):
 
     sampling_params.py SamplingParams: one request's sampling settings

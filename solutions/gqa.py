@@ -48,15 +48,13 @@ class GroupedQueryAttention(nn.Module):
     ]:
         """Queries and keys turned by their positions' angles, and values, heads first (the
         layout of a cache and of PyTorch's attention functions)."""
-
         # BEGIN SOLUTION
-        def project(W):
-            return einops.einsum(x, W, "b p d, h d e -> b h p e")
-
         cos, sin = rope_cos_sin(positions, self.cfg.d_head, self.cfg.rope_theta)
-        q = apply_rope(project(self.W_Q), cos, sin)
-        k = apply_rope(project(self.W_K), cos, sin)
-        return q, k, project(self.W_V)
+        q = einops.einsum(x, self.W_Q, "b p d, h d e -> b h p e")
+        k = einops.einsum(x, self.W_K, "b p d, h d e -> b h p e")
+        v = einops.einsum(x, self.W_V, "b p d, h d e -> b h p e")
+        # Queries and keys turn by their positions; values carry what is read, not where.
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
         # END SOLUTION
 
     def attend(
@@ -69,10 +67,11 @@ class GroupedQueryAttention(nn.Module):
         """softmax(q k^T / sqrt(d_head)) v where `allowed`, each query head reading its group's
         key/value head, then the heads' outputs through W_O."""
         # BEGIN SOLUTION
-        group = self.cfg.group_size
-        z = F.scaled_dot_product_attention(
-            q, expand_kv(keys, group), expand_kv(values, group), attn_mask=allowed
-        )
+        # Each key/value head is copied for its group of query heads, then it is chapter 4's
+        # attention: scale 1/sqrt(d_head), True in `allowed` where a query may read a key.
+        keys = expand_kv(keys, self.cfg.group_size)
+        values = expand_kv(values, self.cfg.group_size)
+        z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)
         return einops.einsum(z, self.W_O, "b h p e, h e d -> b p d")
         # END SOLUTION
 

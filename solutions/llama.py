@@ -29,8 +29,10 @@ class LlamaBlock(nn.Module):
     def forward(
         self, resid_pre: Float[Tensor, "batch posn d_model"], positions: Int[Tensor, "batch posn"]
     ) -> Float[Tensor, "batch posn d_model"]:
+        # BEGIN SOLUTION
         resid_mid = resid_pre + self.attn(self.ln1(resid_pre), positions)
         return resid_mid + self.mlp(self.ln2(resid_mid))
+        # END SOLUTION
 
 
 class LlamaUnembed(nn.Module):

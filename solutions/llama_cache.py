@@ -40,7 +40,8 @@ def llama_forward_with_cache(
     residual = model.embed(tokens)
     keys, values = [], []
     for block, past_k, past_v in zip(model.blocks, cache.keys, cache.values, strict=True):
-        q, k, v = block.attn.rotated_qkv(block.ln1(residual), positions)
+        x = block.ln1(residual)
+        q, k, v = block.attn.rotated_qkv(x, positions)
         # The cache keeps keys as rotated by their own positions: they are never turned again.
         k = torch.cat([past_k, k], dim=2)
         v = torch.cat([past_v, v], dim=2)

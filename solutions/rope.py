@@ -11,19 +11,25 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from solutions import checks
+
 
 def rope_cos_sin(
     positions: Int[Tensor, "*batch posn"], d_head: int, theta: float
 ) -> tuple[Float[Tensor, "*batch posn d_head"], Float[Tensor, "*batch posn d_head"]]:
     """The cosines and sines of each position's angles, in the half-split layout: column i and
-    column i + d_head/2 hold pair i's angle."""
+    column i + d_head/2 hold pair i's angle, `position * theta ** (-2i / d_head)`."""
+    if checks.integer("d_head", d_head, low=2) % 2:
+        raise ValueError(f"d_head must be even (RoPE turns pairs of coordinates), got {d_head}")
+    checks.positive("theta", theta)
     # BEGIN SOLUTION
     # One frequency per pair, from 1 (pair 0) down to nearly 1/theta (the last pair): fast
-    # pairs tell near positions apart, slow pairs far ones.
+    # pairs tell near positions apart, slow pairs far ones. Made on the positions' device.
     exponents = torch.arange(0, d_head, 2, device=positions.device).float() / d_head
-    inv_freq = 1.0 / theta**exponents  # [d_head / 2]
+    inv_freq = 1.0 / theta**exponents  # [d_head / 2]: 2i / d_head for i = 0 .. d_head/2 - 1
     angles = positions.float()[..., None] * inv_freq  # [*batch, posn, d_head / 2]
-    angles = torch.cat([angles, angles], dim=-1)  # both halves of a pair turn together
+    # Half-split: pair i is (column i, column i + d_head/2), so both halves hold the same angles.
+    angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
     # END SOLUTION
 
