@@ -1367,3 +1367,64 @@ def plot_memory_over_time(
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # outside: hides no line
     ax.set_title(title or "KV-cache memory over time", fontsize=10)
     plt.show()
+
+
+def plot_rope_angles(
+    cos: Float[Tensor, "posn d_head"], sin: Float[Tensor, "posn d_head"], theta: float
+) -> None:
+    """Rotary embeddings' angles, read back from the cosines and sines of positions 0, 1, ...
+    (half-split layout: column i holds pair i). Left: each pair's angle at each position, as a
+    colour that goes once round the wheel per turn; pair 0 spins through a turn every few
+    positions, the last pairs barely move. Right: how far each pair turns per position (its
+    angle at position 1), on a log scale: a straight line from 1 down towards 1/theta.
+    """
+    if cos.ndim != 2 or cos.shape != sin.shape or cos.shape[0] < 2 or cos.shape[1] % 2:
+        raise ValueError("cos and sin must be [posn >= 2, even d_head], of one shape")
+    pairs = cos.shape[1] // 2
+    angles = torch.atan2(sin[:, :pairs], cos[:, :pairs]).float()  # in (-pi, pi]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained",
+                                      width_ratios=[1.6, 1])  # fmt: skip
+    image = left.imshow(angles.T.numpy(), aspect="auto", origin="lower", cmap="twilight",
+                        vmin=-math.pi, vmax=math.pi, interpolation="nearest")  # fmt: skip
+    fig.colorbar(image, ax=left, label="angle (radians, one turn = 2π)")
+    left.set_xlabel("position")
+    left.set_ylabel("pair i")
+    left.set_title(f"Each pair's angle at each position (theta = {theta:g})", fontsize=10)
+    per_step = angles[1].abs().numpy()
+    right.semilogy(np.arange(pairs), per_step, "o-", markersize=3, color=OKABE_ITO[0])
+    right.axhline(1 / theta, color="grey", linestyle="--", linewidth=1, label="1 / theta")
+    right.set_xlabel("pair i")
+    right.set_ylabel("radians per position")
+    right.set_title("How fast each pair turns", fontsize=10)
+    right.grid(alpha=0.3, which="both")
+    right.legend(fontsize=8)
+    plt.show()
+
+
+def plot_kv_groups(reads: Sequence[int], n_kv_heads: int, title: str = "") -> None:
+    """Which key/value head each query head reads: `reads[h]` is query head h's. One row of
+    boxes for the query heads, one for the key/value heads, a line for each read, coloured by
+    key/value head: consecutive query heads sharing one head is grouped-query attention."""
+    reads = [int(r) for r in reads]
+    if not reads or any(not 0 <= r < n_kv_heads for r in reads):
+        raise ValueError(f"reads must be a non-empty list of heads in [0, {n_kv_heads})")
+    n_heads = len(reads)
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.8 * n_heads + 1), 2.6), layout="constrained")
+    span = n_heads - 1 if n_heads > 1 else 1
+    kv_x = [span * (j + 0.5) / n_kv_heads for j in range(n_kv_heads)]
+    for h, r in enumerate(reads):
+        colour = OKABE_ITO[r % len(OKABE_ITO)]
+        ax.plot([h, kv_x[r]], [1, 0], color=colour, linewidth=1.5, zorder=1)
+        ax.add_patch(Rectangle((h - 0.3, 0.92), 0.6, 0.2, color=_pale(colour), zorder=2))
+        ax.text(h, 1.02, f"q{h}", ha="center", va="center", fontsize=9, zorder=3)
+    for j, x in enumerate(kv_x):
+        colour = OKABE_ITO[j % len(OKABE_ITO)]
+        ax.add_patch(Rectangle((x - 0.35, -0.12), 0.7, 0.2, color=colour, zorder=2))
+        ax.text(x, -0.02, f"kv{j}", ha="center", va="center", fontsize=9, color="white", zorder=3)
+    ax.set_xlim(-0.7, span + 0.7)
+    ax.set_ylim(-0.3, 1.3)
+    ax.axis("off")
+    ax.text(-0.65, 1.2, "query heads", fontsize=9, va="center")
+    ax.text(-0.65, -0.25, "key/value heads", fontsize=9, va="center")
+    ax.set_title(title or f"{n_heads} query heads, {n_kv_heads} key/value heads", fontsize=10)
+    plt.show()
