@@ -1394,6 +1394,7 @@ def plot_rope_angles(
     right.semilogy(np.arange(pairs), per_step, "o-", markersize=3, color=OKABE_ITO[0])
     right.axhline(1 / theta, color="grey", linestyle="--", linewidth=1, label="1 / theta")
     right.set_xlabel("pair i")
+    right.xaxis.set_major_locator(MaxNLocator(integer=True))
     right.set_ylabel("radians per position")
     right.set_title("How fast each pair turns", fontsize=10)
     right.grid(alpha=0.3, which="both")
