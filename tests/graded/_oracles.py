@@ -8,6 +8,7 @@ not `tests`, and are re-exported here; the ones only tests need are defined belo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -36,6 +37,16 @@ __all__ = [
     "hf_static_greedy",
     "hf_kept",
     "hf_window_greedy",
+    "LLAMA_MODEL",
+    "SMALL_LLAMA",
+    "hf_attention",
+    "hf_cos_sin",
+    "hf_layer0_keys",
+    "hf_llama_logits",
+    "hf_qkv",
+    "hf_rotate",
+    "random_hf_llama",
+    "shipped_llama",
 ]
 
 # --------------------------------------------------------------------------- prompts
@@ -213,3 +224,105 @@ def exact_top_p_count(logits: torch.Tensor, top_p: float) -> int:
     probs = logits.softmax(-1).double().sort(descending=True).values
     before = torch.cat([torch.zeros(1, dtype=torch.float64), probs.cumsum(0)[:-1]])
     return max(1, int((before < top_p).sum()))
+
+
+# --------------------------------------------------------------------------- Llama (chapter 7)
+
+LLAMA_MODEL = "shakespeare-llama"
+"""The shipped Llama-architecture model that chapter 7's tests load (HF LlamaForCausalLM format)."""
+
+SMALL_LLAMA = dict(
+    d_model=42, d_vocab=50, n_ctx=64, d_head=8, d_mlp=72, n_heads=6, n_kv_heads=2, n_layers=2,
+    rms_norm_eps=1e-3, rope_theta=500000.0,
+)  # fmt: skip
+"""A random Llama whose every size differs (d_model 42, d_mlp 72, 6 query heads of 8, 2 key/value
+heads, 50 tokens), with an epsilon other than 1e-5 and a rope_theta other than 10000: a constant
+copied from elsewhere, or two axes confused, shows."""
+
+
+@functools.cache
+def shipped_llama():
+    """(HF LlamaForCausalLM with eager attention, tokenizer) of the shipped Llama model, float32.
+    Shared by the tests of a run: never change it in place."""
+    from utils.models import load_hf
+
+    hf, tokenizer = load_hf(LLAMA_MODEL)
+    hf.set_attn_implementation("eager")
+    return hf.eval(), tokenizer
+
+
+def random_hf_llama(seed: int = 0, tie: bool = False, **fields):
+    """An HF LlamaForCausalLM with random weights for SMALL_LLAMA (fields override it), eager
+    attention, and norm weights that are not all one (so that a forgotten weight shows)."""
+    from transformers import LlamaForCausalLM
+
+    from solutions.llama_config import LlamaConfig
+    from utils.convert import hf_llama_config
+
+    cfg = LlamaConfig(**{**SMALL_LLAMA, **fields})
+    torch.manual_seed(seed)
+    hf = LlamaForCausalLM(hf_llama_config(cfg, tie_embeddings=tie))
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                p.copy_(1 + 0.5 * torch.randn_like(p))
+            else:  # HF's init (std 0.02) would make every layer nearly the identity
+                p.normal_(0, 0.2)
+    hf.set_attn_implementation("eager")
+    return hf.eval()
+
+
+def hf_cos_sin(hf_config, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's LlamaRotaryEmbedding's cosines and sines [batch, posn, d_head] at `positions`."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    rotary = LlamaRotaryEmbedding(hf_config)
+    return rotary(torch.zeros(1, dtype=torch.float32), positions)
+
+
+def hf_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF's apply_rotary_pos_emb on one tensor [batch, heads, posn, d_head]."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    return apply_rotary_pos_emb(x, x, cos, sin)[0]
+
+
+def hf_qkv(attn, x: torch.Tensor, positions: torch.Tensor, hf_config):
+    """An HF LlamaAttention's queries and keys after rotation, and values, heads first."""
+    d_head = attn.head_dim
+
+    def heads(proj):
+        return proj(x).unflatten(-1, (-1, d_head)).transpose(1, 2)
+
+    cos, sin = hf_cos_sin(hf_config, positions)
+    return (
+        hf_rotate(heads(attn.q_proj), cos, sin),
+        hf_rotate(heads(attn.k_proj), cos, sin),
+        heads(attn.v_proj),
+    )
+
+
+def hf_attention(attn, x: torch.Tensor, positions: torch.Tensor, hf_config) -> torch.Tensor:
+    """An HF LlamaAttention (eager) on `x` [batch, posn, d_model], causal, at `positions`."""
+    n = x.shape[1]
+    mask = torch.full((n, n), float("-inf")).triu(1)[None, None]  # HF's eager mask is added
+    with torch.no_grad():
+        out, _ = attn(x, position_embeddings=hf_cos_sin(hf_config, positions), attention_mask=mask)
+    return out
+
+
+def hf_layer0_keys(hf, tokens: torch.Tensor, positions: torch.Tensor):
+    """(rotated, unrotated) keys of layer 0 [batch, n_kv_heads, posn, d_head] by HF's modules:
+    layer 0 reads the embeddings alone, so its keys at any position follow from the tokens."""
+    layer = hf.model.layers[0]
+    with torch.no_grad():
+        x = layer.input_layernorm(hf.model.embed_tokens(tokens))
+        k = layer.self_attn.k_proj(x).unflatten(-1, (-1, layer.self_attn.head_dim)).transpose(1, 2)
+        cos, sin = hf_cos_sin(hf.config, positions)
+    return hf_rotate(k, cos, sin), k
+
+
+def hf_llama_logits(hf, rows: list[list[int]]) -> list[torch.Tensor]:
+    """HF LlamaForCausalLM's logits [len(row), d_vocab] for each row alone (no padding)."""
+    with torch.no_grad():
+        return [hf(torch.tensor([row])).logits[0] for row in rows]

@@ -1,0 +1,759 @@
+"""Chapter 7: today's block, each part graded against Hugging Face's own Llama modules on the
+same weights (LlamaRMSNorm, LlamaRotaryEmbedding + apply_rotary_pos_emb, LlamaMLP, repeat_kv,
+LlamaAttention in eager mode, LlamaForCausalLM), on the shipped Llama model's weights and on
+random ones whose every size differs (SMALL_LLAMA: an epsilon other than 1e-5, rope_theta other
+than 10000, 6 query heads with 6, 2 and 1 key/value heads). Float32 bounds are chapter 1's.
+
+Where a result is wrong, the test computes the likely mistakes on its own inputs (the mean
+subtracted, epsilon outside the root, the exponent i/d, the interleaved layout, unrotated
+keys, ...) and names the one that matches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.graded._device import assert_made_on_the_inputs_device
+from tests.graded._oracles import (
+    F32_ATOL,
+    F32_RTOL,
+    assert_close_f32,
+    close_f32,
+    hf_attention,
+    hf_cos_sin,
+    hf_layer0_keys,
+    hf_llama_logits,
+    hf_qkv,
+    hf_rotate,
+    random_hf_llama,
+    shipped_llama,
+)
+
+CHAPTER = "07_llama"
+
+
+def close(a: torch.Tensor, b: torch.Tensor, atol: float = F32_ATOL, rtol: float = F32_RTOL):
+    return a.shape == b.shape and torch.allclose(a.float(), b.float(), atol=atol, rtol=rtol)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    """(HF LlamaForCausalLM, tokenizer) of the shipped Llama model."""
+    return shipped_llama()
+
+
+@pytest.fixture(scope="module")
+def small():
+    """A random HF Llama of SMALL_LLAMA's sizes, untied, norm weights far from 1."""
+    return random_hf_llama(seed=0)
+
+
+def course_config(hf_config, **changes):
+    from utils.convert import llama_config_from_hf
+
+    cfg = llama_config_from_hf(hf_config)
+    for name, value in changes.items():
+        setattr(cfg, name, value)
+    return cfg
+
+
+def course_weights(hf) -> dict[str, torch.Tensor]:
+    """HF's weights under the course's names (blocks.0.attn.W_Q ...), [in, out] layout."""
+    from utils.convert import hf_to_llama, llama_config_from_hf
+
+    return hf_to_llama(hf.state_dict(), llama_config_from_hf(hf.config))
+
+
+def under(params: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)}
+
+
+def learner_module(cls, cfg, params: dict[str, torch.Tensor]):
+    module = cls(cfg)
+    module.load_state_dict(params)
+    return module.eval()
+
+
+# --------------------------------------------------------------------------- RMSNorm
+
+
+def rmsnorm_mistakes(x, w, eps) -> dict[str, torch.Tensor]:
+    """What the likely wrong RMSNorms give on x (float32)."""
+    ms = x.pow(2).mean(-1, keepdim=True)
+    centred = x - x.mean(-1, keepdim=True)
+    return {
+        "mean": w * centred / (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt(),
+        "eps outside": w * x / (ms.sqrt() + eps),
+        "no eps": w * x / ms.sqrt(),
+        "no weight": x / (ms + eps).sqrt(),
+        "sum": w * x / (x.pow(2).sum(-1, keepdim=True) + eps).sqrt(),
+    }
+
+
+RMSNORM_MESSAGES = {
+    "mean": "your RMSNorm subtracts the mean, as LayerNorm does: RMSNorm divides the vector as "
+    "it is by its root mean square, with nothing subtracted (the residual's mean is kept).",
+    "eps outside": "epsilon is added after the square root is taken: it belongs to the mean "
+    "square, under the root, as in chapter 1's LayerNorm. Is your epsilon inside the sqrt?",
+    "no eps": "epsilon is missing: the mean square gets cfg.rms_norm_eps added inside the sqrt.",
+    "no weight": "the weight self.w is not applied: multiply the normalised vector by it.",
+    "sum": "you divide by the root of the SUM of squares: RMSNorm takes their MEAN over d_model.",
+}
+
+
+@pytest.mark.rmsnorm
+def test_rmsnorm_matches_hf_on_shipped_weights(impl, llama):
+    """The shipped first layer's norm weight, a residual whose mean is far from zero, and an
+    epsilon of 1e-2: the mean, the epsilon's place and the weight each change the output."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    hf, _ = llama
+    w = hf.model.layers[0].input_layernorm.weight.detach()
+    eps = 1e-2
+    cfg = course_config(hf.config, rms_norm_eps=eps)
+    oracle = LlamaRMSNorm(cfg.d_model, eps=eps)
+    with torch.no_grad():
+        oracle.weight.copy_(w * torch.linspace(0.5, 1.5, cfg.d_model))  # far from all ones
+    g = torch.Generator().manual_seed(0)
+    x = 0.1 * torch.randn(2, 3, cfg.d_model, generator=g) + 0.08
+    norm = learner_module(impl.RMSNorm, cfg, {"w": oracle.weight.detach().clone()})
+    with torch.no_grad():
+        got, expected = norm(x), oracle(x)
+    assert got.shape == expected.shape, (
+        f"expected shape {tuple(expected.shape)} ([batch, posn, d_model]), got {tuple(got.shape)}"
+    )
+    if not close(got, expected):
+        for mistake, wrong in rmsnorm_mistakes(x, oracle.weight.detach(), eps).items():
+            if close(got, wrong):
+                pytest.fail(RMSNORM_MESSAGES[mistake])
+        assert_close_f32(got.float(), expected, "RMSNorm differs from HF's LlamaRMSNorm")
+
+
+@pytest.mark.rmsnorm
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rmsnorm_in_half_precision(impl, llama, dtype):
+    """Values of a few hundred, as residual streams of large models hold: their squares
+    overflow float16 (largest 65,504). HF squares in float32."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    hf, _ = llama
+    cfg = course_config(hf.config)
+    oracle = LlamaRMSNorm(cfg.d_model, eps=cfg.rms_norm_eps)
+    with torch.no_grad():
+        oracle.weight.copy_(hf.model.layers[1].input_layernorm.weight)
+    g = torch.Generator().manual_seed(1)
+    x = (300 * torch.randn(2, 3, cfg.d_model, generator=g)).to(dtype)
+    norm = learner_module(impl.RMSNorm, cfg, {"w": oracle.weight.detach().clone()})
+    with torch.no_grad():
+        got, expected = norm(x), oracle(x)
+    assert torch.isfinite(got).all() and got.float().abs().max() > 0.1, (
+        f"on {dtype} input your RMSNorm gives {'zeros' if torch.isfinite(got).all() else 'inf/NaN'}"
+        f": the squares of values near 300 overflow {dtype} (float16's largest number is "
+        "65,504). Compute the mean square in float32, then cast the normalised "
+        "vector back to the input's dtype, as HF's LlamaRMSNorm does."
+    )
+    assert close(got, expected, atol=2e-2, rtol=2e-2), (
+        f"on {dtype} input your RMSNorm differs from HF's by "
+        f"{(got.float() - expected.float()).abs().max().item():.3g}: normalise in float32, cast "
+        "back to the input's dtype, then multiply by the weight."
+    )
+
+
+# --------------------------------------------------------------------------- RoPE
+
+
+def wrong_cos_sin(positions, d_head, theta) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The likely wrong cosines and sines."""
+
+    def build(pos, exponents, theta_, interleave=False):
+        angles = pos.double()[..., None] / theta_**exponents
+        angles = angles.repeat_interleave(2, -1) if interleave else torch.cat([angles] * 2, -1)
+        return angles.cos().float(), angles.sin().float()
+
+    right = torch.arange(0, d_head, 2).double() / d_head
+    found = {
+        "exponent": build(positions, torch.arange(d_head // 2).double() / d_head, theta),
+        "interleaved": build(positions, right, theta, interleave=True),
+        "from 1": build(positions + 1, right, theta),
+        "from 0": build(positions - positions[..., :1], right, theta),
+    }
+    if theta != 10000.0:
+        found["theta"] = build(positions, right, 10000.0)
+    cos, sin = build(positions, right, theta)
+    found["swapped"] = (sin, cos)
+    return found
+
+
+COS_SIN_MESSAGES = {
+    "exponent": "pair i's frequency must be theta ** (-2i / d_head): yours is theta ** "
+    "(-i / d_head), so every pair after the first turns too fast. Is the exponent 2i/d?",
+    "interleaved": "your angles are in the interleaved layout (phi_0, phi_0, phi_1, phi_1, ...): "
+    "HF's half-split layout puts pair i in columns i and i + d_head/2, so the angles are "
+    "(phi_0, ..., phi_last, phi_0, ..., phi_last): two copies one after the other.",
+    "from 1": "your angles are those of the next position: positions count from 0 (use the "
+    "positions you are given as they are, not positions + 1).",
+    "from 0": "your angles start again at 0 in every row: use the positions you are given, which "
+    "here do not start at 0.",
+    "theta": "your angles use theta = 10000, not the theta you are given: read the argument "
+    "(rope_theta is 100000 for SmolLM2-135M, 500000 here).",
+    "swapped": "your cos and sin are swapped: return the cosines first.",
+}
+
+
+def check_cos_sin(impl, positions, d_head, theta):
+    from transformers import LlamaConfig as HFLlamaConfig
+
+    config = HFLlamaConfig(
+        hidden_size=4 * d_head,
+        num_attention_heads=4,
+        head_dim=d_head,
+        rope_parameters={"rope_type": "default", "rope_theta": theta},
+    )
+    expected_cos, expected_sin = hf_cos_sin(config, positions)
+    out = impl.rope_cos_sin(positions, d_head, theta)
+    assert isinstance(out, tuple) and len(out) == 2, "rope_cos_sin must return (cos, sin)"
+    cos, sin = out
+    shape = (*positions.shape, d_head)
+    assert cos.shape == shape and sin.shape == shape, (
+        f"positions {tuple(positions.shape)} and d_head {d_head}: cos and sin must be {shape} "
+        f"([*batch, posn, d_head]), got {tuple(cos.shape)} and {tuple(sin.shape)}"
+    )
+    if close(cos, expected_cos, atol=1e-5) and close(sin, expected_sin, atol=1e-5):
+        return
+    for mistake, (wrong_cos, wrong_sin) in wrong_cos_sin(positions, d_head, theta).items():
+        if close(cos, wrong_cos, atol=1e-4) and close(sin, wrong_sin, atol=1e-4):
+            pytest.fail(COS_SIN_MESSAGES[mistake])
+    bad = (cos - expected_cos).abs().amax(dim=tuple(range(cos.ndim - 1)))
+    column = int(bad.argmax())
+    pytest.fail(
+        f"cos differs from HF's LlamaRotaryEmbedding's (theta {theta:g}, d_head {d_head}) most in "
+        f"column {column} (pair {column % (d_head // 2)}), by {bad.max().item():.3g}: pair i's "
+        "angle is position * theta ** (-2i / d_head), in columns i and i + d_head/2."
+    )
+
+
+@pytest.mark.rope
+def test_rope_cos_sin_match_hf(impl):
+    """The shipped model's head size and theta; two rows whose positions differ and do not
+    start at 0."""
+    positions = torch.stack([torch.arange(3, 10), torch.arange(40, 47)])
+    check_cos_sin(impl, positions, d_head=32, theta=10000.0)
+
+
+@pytest.mark.rope
+def test_rope_cos_sin_read_theta(impl):
+    """A theta other than 10000, another head size, one row."""
+    check_cos_sin(impl, torch.arange(5, 11)[None], d_head=16, theta=500000.0)
+
+
+@pytest.mark.rope
+def test_rope_cos_sin_are_made_on_the_positions_device(impl):
+    positions = torch.arange(4, device="meta")[None]
+    try:
+        cos, sin = impl.rope_cos_sin(positions, 8, 10000.0)
+    except NotImplementedError:
+        raise
+    except Exception as err:  # a CPU tensor meeting a meta one
+        pytest.fail(
+            "rope_cos_sin with positions on another device (PyTorch's meta device here, a GPU "
+            f"for real) fails: {type(err).__name__}: {str(err).splitlines()[0][:120]}. A tensor "
+            "you make (torch.arange of the frequencies) sits on the CPU: pass device= the "
+            "positions' device."
+        )
+    assert cos.device.type == "meta" and sin.device.type == "meta", (
+        f"rope_cos_sin made cos and sin on {cos.device}, not on the positions' device: pass "
+        "device=positions.device to the tensors you create (torch.arange)."
+    )
+
+
+def interleaved_rotation(x, cos, sin):
+    """Neighbours (2i, 2i + 1) turned, with cos and sin in HF's half-split layout: the rotation
+    written for the paper's layout, fed HF's angles."""
+    pairs = torch.stack([-x[..., 1::2], x[..., ::2]], dim=-1).flatten(-2)
+    return x * cos[:, None] + pairs * sin[:, None]
+
+
+@pytest.mark.rope
+def test_apply_rope_matches_hf(impl):
+    """Queries [batch 2, heads 3, posn 5, d_head 8], HF's angles for positions from 6 and 20."""
+    from transformers import LlamaConfig as HFLlamaConfig
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 3, 5, 8, generator=g)
+    positions = torch.stack([torch.arange(6, 11), torch.arange(20, 25)])
+    config = HFLlamaConfig(hidden_size=24, num_attention_heads=3, head_dim=8)
+    cos, sin = hf_cos_sin(config, positions)
+    got = impl.apply_rope(x.clone(), cos, sin)
+    expected = hf_rotate(x, cos, sin)
+    assert got.shape == expected.shape, (
+        f"x {tuple(x.shape)}: expected {tuple(expected.shape)} back, got {tuple(got.shape)}. "
+        "cos and sin are [batch, posn, d_head]: give them an axis for the heads (axis 1)."
+    )
+    if close_f32(got, expected):
+        return
+    if close_f32(got, interleaved_rotation(x, cos, sin)):
+        pytest.fail(
+            "you turn neighbouring coordinates (2i, 2i + 1) together, the interleaved layout of "
+            "the RoFormer paper and Meta's code: HF's half-split layout pairs coordinate i with "
+            "i + d_head/2 (that is what rotate_half does)."
+        )
+    if close_f32(got, hf_rotate(x, cos, -sin)):
+        pytest.fail(
+            "your rotation turns the wrong way: a pair (a, b) turned by phi is "
+            "(a cos phi - b sin phi, b cos phi + a sin phi). Check the sine's sign."
+        )
+    assert_close_f32(got, expected, "apply_rope differs from HF's apply_rotary_pos_emb")
+
+
+@pytest.mark.rope
+def test_rotated_scores_depend_only_on_the_offset(impl):
+    """RoPE's point: a rotated query's score with a rotated key is a function of the offset
+    between their positions, wherever the two sit; a different offset, a different score."""
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, 1, 1, 1, 16, generator=g)
+
+    def score(m, n):
+        cos_m, sin_m = impl.rope_cos_sin(torch.tensor([[m]]), 16, 10000.0)
+        cos_n, sin_n = impl.rope_cos_sin(torch.tensor([[n]]), 16, 10000.0)
+        return (impl.apply_rope(q, cos_m, sin_m) * impl.apply_rope(k, cos_n, sin_n)).sum().item()
+
+    for offset in (0, 3, 17):
+        scores = [score(m + offset, m) for m in (0, 5, 123)]
+        assert max(scores) - min(scores) < 1e-4, (
+            f"query and key {offset} positions apart give scores {scores} at three places: a "
+            "rotated score must depend on the offset only. Do queries and keys turn by the "
+            "same angles for the same position?"
+        )
+    assert abs(score(3, 0) - score(4, 0)) > 1e-4, (
+        "offsets 3 and 4 give the same score: your rotation does not depend on the position"
+    )
+
+
+# --------------------------------------------------------------------------- SwiGLU
+
+SWIGLU_MESSAGES = {
+    "up": "SiLU is on the up branch: the gate branch (through W_gate) is the one that goes through "
+    "SiLU; the up branch stays linear.",
+    "product": "SiLU is applied to the product: it goes on the gate branch only, before the "
+    "product with the up branch.",
+    "gelu": "that is GELU on the gate: today's gated MLP uses SiLU (F.silu), x * sigmoid(x).",
+    "none": "there is no SiLU: the gate branch goes through F.silu before the product.",
+}
+
+
+def check_swiglu(impl, hf, layer):
+    cfg = course_config(hf.config)
+    mlp = hf.model.layers[layer].mlp
+    params = under(course_weights(hf), f"blocks.{layer}.mlp.")
+    module = learner_module(impl.SwiGLU, cfg, params)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 3, cfg.d_model, generator=g)
+    with torch.no_grad():
+        got, expected = module(x), mlp(x)
+        gate, up = mlp.gate_proj(x), mlp.up_proj(x)
+        down = mlp.down_proj
+        wrong = {
+            "up": down(gate * F.silu(up)),
+            "product": down(F.silu(gate * up)),
+            "gelu": down(F.gelu(gate) * up),
+            "none": down(gate * up),
+        }
+    assert got.shape == expected.shape, (
+        f"expected {tuple(expected.shape)} ([batch, posn, d_model]), got {tuple(got.shape)}"
+    )
+    if close_f32(got, expected):
+        return
+    for mistake, candidate in wrong.items():
+        if close_f32(got, candidate):
+            pytest.fail(SWIGLU_MESSAGES[mistake])
+    assert_close_f32(got, expected, "SwiGLU differs from HF's LlamaMLP on the same weights")
+
+
+@pytest.mark.swiglu
+def test_swiglu_matches_hf_on_shipped_weights(impl, llama):
+    check_swiglu(impl, llama[0], layer=1)
+
+
+@pytest.mark.swiglu
+def test_swiglu_matches_hf_with_other_widths(impl, small):
+    """d_model 42, d_mlp 72: a weight read transposed cannot line up."""
+    check_swiglu(impl, small, layer=0)
+
+
+# --------------------------------------------------------------------------- expand_kv
+
+
+@pytest.mark.expand_kv
+@pytest.mark.parametrize("n_kv_heads,group", [(2, 3), (3, 1), (1, 4)])
+def test_expand_kv_matches_hf_repeat_kv(impl, n_kv_heads, group):
+    """GQA (2 key/value heads in groups of 3), and both ends: multi-head (groups of 1) and
+    multi-query (one key/value head for 4 query heads)."""
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    g = torch.Generator().manual_seed(5)
+    kv = torch.randn(2, n_kv_heads, 5, 4, generator=g)
+    got = impl.expand_kv(kv.clone(), group)
+    expected = repeat_kv(kv, group)
+    assert got.shape == expected.shape, (
+        f"keys [batch 2, n_kv_heads {n_kv_heads}, pos 5, d_head 4] in groups of {group}: expected "
+        f"{tuple(expected.shape)}, got {tuple(got.shape)}. Repeat along the heads axis (axis 1)."
+    )
+    if torch.equal(got, expected):
+        return
+    tiled = kv.repeat(1, group, 1, 1)
+    if torch.equal(got, tiled):
+        pytest.fail(
+            f"your copies are in the order k0, k1, ..., k0, k1, ...: query head 1 then reads "
+            f"key/value head 1. HF's repeat_kv gives each group of {group} consecutive query "
+            f"heads one key/value head: k0 for query heads 0..{group - 1}, then k1, ... "
+            "(Tensor.repeat tiles; repeat_interleave keeps a head's copies together)."
+        )
+    pytest.fail("expand_kv differs from HF's repeat_kv: each key/value head, repeated in place")
+
+
+# --------------------------------------------------------------------------- GQA
+
+
+def gqa_of(impl, hf, layer):
+    cfg = course_config(hf.config)
+    params = under(course_weights(hf), f"blocks.{layer}.attn.")
+    return learner_module(impl.GroupedQueryAttention, cfg, params), cfg
+
+
+@pytest.mark.gqa
+def test_rotated_qkv_match_hf(impl, small):
+    """Queries and keys rotated, values not, heads first: 6 query heads, 2 key/value heads of
+    8, d_model 42, theta 500000, positions from 7 in one row and from 0 in the other."""
+    attn, cfg = gqa_of(impl, small, 0)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 5, cfg.d_model, generator=g)
+    positions = torch.stack([torch.arange(7, 12), torch.arange(5)])
+    with torch.no_grad():
+        out = attn.rotated_qkv(x, positions)
+        hf_attn = small.model.layers[0].self_attn
+        expected = hf_qkv(hf_attn, x, positions, small.config)
+        plain = hf_qkv(hf_attn, x, torch.zeros_like(positions), small.config)  # angle 0: unrotated
+    assert isinstance(out, tuple) and len(out) == 3, "rotated_qkv must return (q, k, v)"
+    for name, got, want, raw in zip("qkv", out, expected, plain, strict=True):
+        heads = cfg.n_heads if name == "q" else cfg.n_kv_heads
+        assert got.shape == want.shape, (
+            f"{name}: expected {tuple(want.shape)} ([batch, {heads} heads, posn, d_head], heads "
+            f"first), got {tuple(got.shape)}"
+        )
+        if close_f32(got, want):
+            continue
+        cos, sin = hf_cos_sin(small.config, positions)
+        if name in "qk" and close_f32(got, raw):
+            pytest.fail(
+                f"the {'queries' if name == 'q' else 'keys'} are not rotated: both "
+                "queries and keys turn by their positions (apply_rope), values do not."
+            )
+        if name == "v" and close_f32(got, hf_rotate(raw, cos, sin)):
+            pytest.fail(
+                "the values are rotated: only queries and keys turn; values carry what a "
+                "query reads, not where it is."
+            )
+        assert_close_f32(
+            got, want, f"{name} differs from HF's projection rotated by apply_rotary_pos_emb"
+        )
+
+
+def check_attention(impl, hf, layer, positions, seed):
+    attn, cfg = gqa_of(impl, hf, layer)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(positions.shape[0], positions.shape[1], cfg.d_model, generator=g)
+    hf_attn = hf.model.layers[layer].self_attn
+    with torch.no_grad():
+        got = attn(x, positions)
+        expected = hf_attention(hf_attn, x, positions, hf.config)
+    assert got.shape == expected.shape, (
+        f"expected {tuple(expected.shape)} ([batch, posn, d_model]), got {tuple(got.shape)}"
+    )
+    if close_f32(got, expected):
+        return
+    with torch.no_grad():
+        q, k, v = hf_qkv(hf_attn, x, positions, hf.config)
+        n = x.shape[1]
+        causal = torch.ones(n, n, dtype=torch.bool).tril()
+        group = cfg.n_heads // cfg.n_kv_heads
+
+        def attend(k_, v_, scale=None):
+            z = F.scaled_dot_product_attention(q, k_, v_, attn_mask=causal, scale=scale)
+            return hf_attn.o_proj(z.transpose(1, 2).flatten(-2))
+
+        wrong = {
+            "scale": attend(
+                k.repeat_interleave(group, 1),
+                v.repeat_interleave(group, 1),
+                scale=cfg.d_model**-0.5,
+            ),
+            "order": attend(k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)),
+        }
+    if close_f32(got, wrong["scale"]):
+        pytest.fail(
+            "your scores are scaled by 1/sqrt(d_model): attention scales by "
+            "1/sqrt(d_head), the width of one head (F.scaled_dot_product_attention's "
+            "default)."
+        )
+    if group > 1 and close_f32(got, wrong["order"]):
+        pytest.fail(
+            "the wrong query heads share each key/value head (k0, k1, k0, k1, ...): "
+            "each group of consecutive query heads reads one key/value head, as HF's "
+            "repeat_kv has it. Check expand_kv."
+        )
+    assert_close_f32(
+        got,
+        expected,
+        f"GroupedQueryAttention ({cfg.n_heads} query heads, "
+        f"{cfg.n_kv_heads} key/value heads) differs from HF's LlamaAttention; "
+        "test_rotated_qkv_match_hf checks the projections apart",
+    )
+
+
+@pytest.mark.gqa
+def test_attention_matches_hf_on_shipped_weights(impl, llama):
+    """The shipped first layer (6 query heads, 2 key/value heads), positions from 3, 7 of them."""
+    check_attention(impl, llama[0], 0, torch.arange(3, 10).expand(2, 7), seed=7)
+
+
+@pytest.mark.gqa
+@pytest.mark.parametrize("n_kv_heads", [2, 6, 1])
+def test_attention_matches_hf_from_multi_head_to_multi_query(impl, n_kv_heads):
+    """6 query heads with 2 key/value heads (GQA), 6 (multi-head) and 1 (multi-query)."""
+    hf = random_hf_llama(seed=8, n_kv_heads=n_kv_heads, n_layers=1)
+    check_attention(impl, hf, 0, torch.stack([torch.arange(4), torch.arange(9, 13)]), seed=9)
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def learner_llama(impl, hf, tie: bool):
+    cfg = course_config(hf.config)
+    model = impl.LlamaTransformer(cfg, tie_embeddings=tie)
+    model.load_state_dict(course_weights(hf))
+    return model.eval()
+
+
+@contextlib.contextmanager
+def hooked(hf, mistake: str):
+    """HF's model made to compute a likely mistake, for naming it."""
+    handles = []
+    if mistake == "no final norm":
+        handles.append(hf.model.norm.register_forward_hook(lambda m, args, out: args[0]))
+    elif mistake == "mlp reads resid_pre":
+        for layer in hf.model.layers:
+            seen = {}
+
+            def keep(m, args, kwargs, seen=seen):
+                seen["pre"] = args[0] if args else kwargs["hidden_states"]
+
+            def swap(m, args, seen=seen):
+                return (seen["pre"],)
+
+            handles.append(layer.register_forward_pre_hook(keep, with_kwargs=True))
+            handles.append(layer.post_attention_layernorm.register_forward_pre_hook(swap))
+    try:
+        yield hf
+    finally:
+        for h in handles:
+            h.remove()
+
+
+MODEL_MESSAGES = {
+    "no final norm": "the final RMSNorm (model.ln_final) is missing before the unembedding.",
+    "mlp reads resid_pre": "the MLP's norm reads the residual stream from before the attention "
+    "was added: the MLP reads resid_mid = resid_pre + attention output.",
+}
+
+
+def check_model(impl, hf, ids, tie):
+    model = learner_llama(impl, hf, tie)
+    with torch.no_grad():
+        got = model(ids)
+        expected = hf(ids).logits
+    assert got.shape == expected.shape, (
+        f"tokens {tuple(ids.shape)}: expected logits {tuple(expected.shape)}, got "
+        f"{tuple(got.shape)}"
+    )
+    if close_f32(got, expected):
+        return
+    for mistake, message in MODEL_MESSAGES.items():
+        with hooked(hf, mistake), torch.no_grad():
+            if close_f32(got, hf(ids).logits):
+                pytest.fail(message)
+    assert_close_f32(
+        got,
+        expected,
+        "LlamaTransformer's logits differ from HF's "
+        "LlamaForCausalLM on the same weights (the module tests above find a part "
+        "that is wrong; here: positions [batch, posn] from 0, the block's order)",
+    )
+
+
+@pytest.mark.llama
+def test_llama_matches_hf_on_shipped_weights(impl, llama):
+    """A batch of two texts of 9 tokens, then one position alone."""
+    hf, tokenizer = llama
+    rows = [
+        tokenizer.encode("MACBETH.\nIs this a dagger"),
+        tokenizer.encode("VIOLA.\nWhat country"),
+    ]
+    n = min(map(len, rows))
+    check_model(impl, hf, torch.tensor([r[:n] for r in rows]), tie=True)
+    check_model(impl, hf, torch.tensor([rows[0][:1]]), tie=True)
+
+
+@pytest.mark.llama
+def test_llama_matches_hf_untied_random(impl):
+    """A random model, untied unembedding, theta 500000, eps 1e-3, RMSNorm weights far from 1."""
+    hf = random_hf_llama(seed=10)
+    ids = torch.tensor([[3, 17, 42, 8, 0, 25], [49, 1, 2, 30, 30, 11]])
+    check_model(impl, hf, ids, tie=False)
+
+
+@pytest.mark.llama
+def test_llama_positions_are_made_on_the_tokens_device(impl):
+    assert_made_on_the_inputs_device(
+        impl.LlamaTransformer.forward, "LlamaTransformer.forward", "the tokens"
+    )
+
+
+# --------------------------------------------------------------------------- the cache
+
+
+@pytest.fixture(scope="module")
+def llama_course_model(llama):
+    """The shipped weights in the course's LlamaTransformer (the reference's: the cache
+    exercise is graded apart from the model exercise)."""
+    from utils.convert import llama_from_hf
+
+    return llama_from_hf(llama[0])
+
+
+def diagnose_keys(cache, hf, tokens_so_far: torch.Tensor, mask: torch.Tensor) -> str | None:
+    """Name what the first layer's cached keys hold, if not HF's rotated keys."""
+    true_positions = (mask.long().cumsum(1) - 1).clamp(min=0)
+    rotated, raw = hf_layer0_keys(hf, tokens_so_far, true_positions)
+    got = cache.keys[0]
+    if got.shape != rotated.shape:
+        return (
+            f"the first layer's cached keys are {tuple(got.shape)}, expected "
+            f"{tuple(rotated.shape)} ([batch, n_kv_heads, all positions, d_head])"
+        )
+    real = mask[:, None, :, None].expand_as(got)
+    if close_f32(got[real], rotated[real]):
+        return None
+    if close_f32(got[real], raw[real]):
+        return (
+            "the cache holds the keys BEFORE rotation: cache the keys rotated by their own "
+            "positions (what rotated_qkv returns), so that they never need turning again."
+        )
+    n = mask.shape[1]
+    for s in range(1, n):  # the last s positions (the new ones) put in front of the cached ones
+        moved = torch.cat([rotated[:, :, n - s :], rotated[:, :, : n - s]], dim=2)
+        if mask.all() and close_f32(got, moved):
+            return (
+                f"the cache's first {s} key(s) are the new positions': the new keys were put "
+                "BEFORE the cached ones. They go after them, in the order of the text."
+            )
+    for first_bad in range(mask.shape[1]):
+        if not close_f32(
+            got[..., first_bad, :][mask[:, first_bad]],
+            rotated[..., first_bad, :][mask[:, first_bad]],
+        ):
+            break
+    restarted = true_positions - true_positions[:, first_bad : first_bad + 1]
+    again, _ = hf_layer0_keys(hf, tokens_so_far, restarted.clamp(min=0))
+    tail = real[:, :, first_bad:]
+    if close_f32(got[:, :, first_bad:][tail], again[:, :, first_bad:][tail]):
+        return (
+            f"the keys from position {first_bad} on are rotated as if their positions "
+            "started again at 0: the angles were restarted after the prefill. A new token's "
+            "position is its place after the cached ones: use the given positions."
+        )
+    return (
+        f"the first layer's cached key at position {first_bad} differs from HF's key "
+        "rotated by its position"
+    )
+
+
+def step_by_step(impl, model, hf, rows: list[list[int]], chunks: list[int]):
+    """Feed each row's tokens in chunks, left-padded as one batch; compare each step's logits
+    with HF's on each row alone, and the first layer's cached keys with HF's."""
+    width = max(map(len, rows))
+    tokens = torch.tensor([[7] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows])
+    expected = hf_llama_logits(hf, rows)
+    cache, start = None, 0
+    for size in chunks:
+        new, new_mask = tokens[:, start : start + size], mask[:, : start + size]
+        with torch.no_grad():
+            logits, cache = impl.llama_forward_with_cache(
+                model, new, cache, None if mask.all() else new_mask[:, start:]
+            )
+        what = f"after {start} cached positions, {size} new" if start else f"a prefill of {size}"
+        assert logits.shape == (len(rows), size, model.cfg.d_vocab), (
+            f"{what}: expected logits {(len(rows), size, model.cfg.d_vocab)}, got "
+            f"{tuple(logits.shape)}"
+        )
+        for row, (r, want) in enumerate(zip(rows, expected, strict=True)):
+            pad = width - len(r)
+            columns = [c for c in range(start, start + size) if c >= pad]
+            if not columns:
+                continue
+            got = logits[row, [c - start for c in columns]]
+            if not close_f32(got, want[[c - pad for c in columns]]):
+                said = diagnose_keys(cache, hf, tokens[:, : start + size], mask[:, : start + size])
+                padded = f" (row {row}, {pad} padding tokens on its left)" if pad else ""
+                pytest.fail(
+                    f"{what}{padded}: the logits differ from HF's LlamaForCausalLM on the whole "
+                    f"text. {said or 'The cached keys are right: check the attention inputs.'}"
+                )
+        start += size
+    return cache
+
+
+@pytest.mark.llama_cache
+def test_prefill_then_single_steps_match_hf(impl, llama, llama_course_model):
+    hf, tokenizer = llama
+    row = tokenizer.encode("JULIET.\nO Romeo, Romeo, wherefore art thou Romeo?")
+    step_by_step(impl, llama_course_model, hf, [row[:12]], [8, 1, 1, 1, 1])
+
+
+@pytest.mark.llama_cache
+def test_chunks_match_hf(impl, llama, llama_course_model):
+    hf, tokenizer = llama
+    row = tokenizer.encode("KING HENRY.\nOnce more unto the breach, dear friends, once more;")
+    step_by_step(impl, llama_course_model, hf, [row[:12]], [4, 3, 1, 4])
+
+
+@pytest.mark.llama_cache
+def test_left_padded_batch_matches_hf_row_by_row(impl, llama, llama_course_model):
+    """Rows of 10 and 4 tokens, left-padded: each row's angles count its real tokens only."""
+    hf, tokenizer = llama
+    rows = [
+        tokenizer.encode("MACBETH.\nIs this a dagger which I see")[:10],
+        tokenizer.encode("VIOLA.\nWhat")[:4],
+    ]
+    step_by_step(impl, llama_course_model, hf, rows, [8, 1, 1])
+
+
+@pytest.mark.llama_cache
+def test_cached_keys_are_rotated_once(impl, llama, llama_course_model):
+    """The first layer's cache after a prefill and two steps holds HF's rotated keys."""
+    hf, tokenizer = llama
+    row = tokenizer.encode("ROMEO.\nBut soft, what light through yonder window")[:9]
+    cache = step_by_step(impl, llama_course_model, hf, [row], [6, 1, 1, 1])
+    said = diagnose_keys(cache, hf, torch.tensor([row]), torch.ones(1, 9, dtype=torch.bool))
+    assert said is None, said
+
+
+@pytest.mark.llama_cache
+def test_llama_cache_makes_tensors_on_the_tokens_device(impl):
+    assert_made_on_the_inputs_device(
+        impl.llama_forward_with_cache, "llama_forward_with_cache", "the tokens"
+    )
