@@ -3,6 +3,7 @@
     python benchmarks/serving.py [--model shakespeare] [--requests 64] [--rate 40] [--batch 8]
                                  [--seats 32] [--threads 1] [--seed 0] [--runs 3] [--quick]
                                  [--hf] [--default-allocator] [--no-prefill-rate]
+                                 [--qkv-made-once]
 
 `--model`: the model served (a shipped model's name or a folder; the GPT-2 model by default).
 
@@ -50,6 +51,11 @@ blocks those bytes hold (`PagedKVCache.blocks_for_bytes`); its bytes per token a
 allocated cache. Their tokens/s (the median of the ratios within runs) and the pool's capacity
 in tokens are the two goals it adds.
 Prints one JSON object with chapter 8's goals.
+
+`--qkv-made-once` measures only this: the GPT-2 runner as it is (each layer's fused QKV matrix
+made once, when the engine starts) against the same runner making it in every layer of every
+step, alternately in one process (`--runs` runs, at least 3): the engine's tokens/s over static
+batching's on the main trace, and its prefill rate on the probe.
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ import time
 
 import torch
 
-from solutions.paged_attention import PagedKVCache
+from solutions.paged_attention import PagedKVCache, attend_strided, forward_paged
 from utils.models import is_llama, load_hf, load_model
 from utils.serving import (
     Served,
@@ -373,6 +379,50 @@ def beside_gpt2(model, tokenizer, requests, runs: int, seats: int) -> dict:
     return result
 
 
+def qkv_made_once(model, tokenizer, requests, runs: int, seed: int, quick: bool) -> dict:
+    """The GPT-2 runner as it is (each layer's fused QKV made once, when the engine starts)
+    against the same runner making them in every layer of every step (as `forward_paged` does
+    when it is given none), alternately in this process: the engine's tokens/s over static
+    batching's on the main trace, and over the full forward's positions/s on the probe."""
+    from solutions.model_runner import GPT2ModelRunner
+
+    made_once = GPT2ModelRunner.forward
+
+    def every_step(self, cache, inputs, logits_at):
+        return forward_paged(self.model, cache, inputs, logits_at, attend_strided)
+
+    n, longest = (8, 32) if quick else (64, 160)
+    probe = all_at_once_trace(n, seed, answer_lens=(16, longest))
+    rows = []
+    for _ in range(runs):
+        static = serve_static(model, tokenizer, requests, 8).summary(requests)["tokens_per_s"]
+        row = {}
+        for name, forward in (("made_once", made_once), ("every_step", every_step)):
+            GPT2ModelRunner.forward = forward
+            try:
+                engine = serve_engine(model, tokenizer, requests)[0].summary(requests)
+                before = prefill_positions_per_s(model)
+                on_probe = serve_engine(model, tokenizer, probe, **PROBE)[0].summary(probe)
+                after = prefill_positions_per_s(model)
+            finally:
+                GPT2ModelRunner.forward = made_once
+            row[name] = {
+                "engine_over_static": round(engine["tokens_per_s"] / static, 3),
+                "prefill_rate": round(on_probe["tokens_per_s"] / ((before + after) / 2), 3),
+            }
+        rows.append(row)
+
+    def median(name, what):
+        return statistics.median(r[name][what] for r in rows)
+
+    return {
+        "runs": rows,
+        "median": {name: {what: median(name, what) for what in ("engine_over_static",
+                                                                 "prefill_rate")}
+                   for name in ("made_once", "every_step")},
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -397,6 +447,11 @@ def main() -> None:
     parser.add_argument(
         "--no-prefill-rate", action="store_true", help="skip the engine's prefill-rate probe"
     )
+    parser.add_argument(
+        "--qkv-made-once",
+        action="store_true",
+        help="only: GPT-2's fused QKV made once against made every step, alternately",
+    )
     args = parser.parse_args()
     if args.quick:
         args.requests, args.runs = 8, 1
@@ -411,6 +466,11 @@ def main() -> None:
                              answer_lens=(16, longest))  # fmt: skip
     warm = [dataclasses.replace(r, arrival=0.0) for r in requests[:4]]
     serve_engine(model, tokenizer, warm, max_num_seqs=args.seats)  # warm-up: first calls allocate
+    if args.qkv_made_once:
+        runs = 1 if args.quick else max(args.runs, 3)
+        print(json.dumps(qkv_made_once(model, tokenizer, requests, runs, args.seed, args.quick),
+                         indent=2))  # fmt: skip
+        return
     # Both servers, --runs times, alternating; the run with the median throughput ratio is
     # reported (a shared machine's speed drifts within minutes: a ratio within one run is fair).
     pairs = []
