@@ -395,11 +395,11 @@ def test_expand_kv_matches_hf_repeat_kv(impl, n_kv_heads, group):
     from transformers.models.llama.modeling_llama import repeat_kv
 
     g = torch.Generator().manual_seed(5)
-    kv = torch.randn(2, n_kv_heads, 5, 4, generator=g)
+    kv = torch.randn(7, n_kv_heads, 5, 6, generator=g)
     got = impl.expand_kv(kv.clone(), group)
     expected = repeat_kv(kv, group)
     assert got.shape == expected.shape, (
-        f"keys [batch 2, n_kv_heads {n_kv_heads}, pos 5, d_head 4] in groups of {group}: expected "
+        f"keys [batch 7, n_kv_heads {n_kv_heads}, pos 5, d_head 6] in groups of {group}: expected "
         f"{tuple(expected.shape)}, got {tuple(got.shape)}. Repeat along the heads axis (axis 1)."
     )
     if torch.equal(got, expected):
@@ -427,11 +427,11 @@ def gqa_of(impl, hf, layer):
 @pytest.mark.gqa
 def test_rotated_qkv_match_hf(impl, small):
     """Queries and keys rotated, values not, heads first: 6 query heads, 2 key/value heads of
-    8, d_model 42, theta 500000, positions from 7 in one row and from 0 in the other."""
+    8, d_model 42, theta 500000, a batch of 3 whose rows' positions start at 7, 0 and 30."""
     attn, cfg = gqa_of(impl, small, 0)
     g = torch.Generator().manual_seed(6)
-    x = torch.randn(2, 5, cfg.d_model, generator=g)
-    positions = torch.stack([torch.arange(7, 12), torch.arange(5)])
+    x = torch.randn(3, 5, cfg.d_model, generator=g)
+    positions = torch.stack([torch.arange(7, 12), torch.arange(5), torch.arange(30, 35)])
     with torch.no_grad():
         out = attn.rotated_qkv(x, positions)
         hf_attn = small.model.layers[0].self_attn
@@ -516,8 +516,8 @@ def check_attention(impl, hf, layer, positions, seed):
 
 @pytest.mark.gqa
 def test_attention_matches_hf_on_shipped_weights(impl, llama):
-    """The shipped first layer (6 query heads, 2 key/value heads), positions from 3, 7 of them."""
-    check_attention(impl, llama[0], 0, torch.arange(3, 10).expand(2, 7), seed=7)
+    """The shipped first layer (6 query heads, 2 key/value heads), a batch of 3, positions 3..9."""
+    check_attention(impl, llama[0], 0, torch.arange(3, 10).expand(3, 7), seed=7)
 
 
 @pytest.mark.gqa
@@ -525,7 +525,8 @@ def test_attention_matches_hf_on_shipped_weights(impl, llama):
 def test_attention_matches_hf_from_multi_head_to_multi_query(impl, n_kv_heads):
     """6 query heads with 2 key/value heads (GQA), 6 (multi-head) and 1 (multi-query)."""
     hf = random_hf_llama(seed=8, n_kv_heads=n_kv_heads, n_layers=1)
-    check_attention(impl, hf, 0, torch.stack([torch.arange(4), torch.arange(9, 13)]), seed=9)
+    positions = torch.stack([torch.arange(4), torch.arange(9, 13), torch.arange(1, 5)])
+    check_attention(impl, hf, 0, positions, seed=9)
 
 
 # --------------------------------------------------------------------------- the model
