@@ -46,8 +46,9 @@
 # `raise NotImplementedError()`, run it, then run the `check("...")` cell below it, which runs
 # the graded tests for that exercise on what your notebook defines *right now*. From a
 # terminal, `pytest -m rope` and `course grade 7` grade your saved notebook;
-# `show_solution("rope")` prints the reference when you are truly stuck (try hints 1 and 2
-# first); `course reset 07` gives you a fresh notebook and keeps a backup of yours.
+# `show_solution("rope_cos_sin")` prints the reference of one function or class when you are
+# truly stuck (try hints 1 and 2 first); `course reset 07` gives you a fresh notebook and keeps
+# a backup of yours.
 #
 # The exercises build on each other: `GroupedQueryAttention` calls your `rope_cos_sin`,
 # `apply_rope` and `expand_kv`; the model calls all of your modules. Do them in order.
@@ -186,7 +187,7 @@ assert (n_llama, n_gpt2) == (2_619_072, 2_615_424), "sections 1 and 4 quote both
 #
 # <details><summary>Hint 3: the solution</summary>
 #
-# Still stuck after trying? `show_solution("rmsnorm")` in a new cell prints the reference
+# Still stuck after trying? `show_solution("RMSNorm")` in a new cell prints the reference
 # implementation. Read it, then close it and write your own.
 #
 # </details>
@@ -316,7 +317,7 @@ with torch.no_grad():
 #
 # <details><summary>Hint 3: the solution</summary>
 #
-# `show_solution("rope")`.
+# `show_solution("rope_cos_sin")` and `show_solution("apply_rope")`.
 #
 # </details>
 
@@ -499,7 +500,7 @@ except ValueError as err:
 #
 # <details><summary>Hint 3: the solution</summary>
 #
-# `show_solution("swiglu")`.
+# `show_solution("SwiGLU")`.
 #
 # </details>
 
@@ -655,7 +656,7 @@ plot_kv_groups(
 #
 # <details><summary>Hint 3: the solution</summary>
 #
-# `show_solution("gqa")`.
+# `show_solution("GroupedQueryAttention")`.
 #
 # </details>
 
@@ -711,7 +712,7 @@ check("gqa")
 #
 # <details><summary>Hint 3: the solution</summary>
 #
-# `show_solution("llama")`.
+# `show_solution("LlamaBlock")` and `show_solution("LlamaTransformer")`.
 #
 # </details>
 
@@ -872,7 +873,7 @@ Console().print(table)
 #
 # <details><summary>Hint 3: the solution</summary>
 #
-# `show_solution("llama_cache")`.
+# `show_solution("llama_forward_with_cache")`.
 #
 # </details>
 
