@@ -36,12 +36,15 @@ import platform
 import statistics
 import time
 
+import einops
 import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 from solutions.cached_model import forward_with_cache
 from solutions.cached_sampling import CachedTransformerSampler
 from solutions.fast_sampling import FastTransformerSampler, inductor_available
+from solutions.gqa import expand_kv
+from solutions.rope import apply_rope, rope_cos_sin
 from solutions.static_cache import StaticKeyValueCache, decode_step
 from solutions.step_cost import profile_ops
 from utils.models import load_model
@@ -86,6 +89,7 @@ def cached_step(models: dict, position: int, runs: int, calls: int) -> dict:
         with torch.inference_mode():
             ops[name], rows = profile_ops(step, repeats=3)
         by_name[name] = {op: calls for op, calls, _ in rows}
+    methods.update(llama_parts(models["llama"][0], position, calls))
     times, _ = interleaved_runs(methods, runs)
     # Where the extra operations are: per operation name, Llama's count minus GPT-2's.
     names = set(by_name["gpt2"]) | set(by_name["llama"])
@@ -95,10 +99,65 @@ def cached_step(models: dict, position: int, runs: int, calls: int) -> dict:
     return {
         "position": position,
         "calls_per_run": calls,
-        "us_per_step": us,
+        "us_per_step": {name: us[name] for name in models},
+        "llama_minus_gpt2_us": round(us["llama"] - us["gpt2"], 1),
+        # Two of the Llama step's own parts, alone, for all its layers (in the same runs).
+        "llama_parts_us_per_step": {name: us[name] for name in us if name not in models},
         "llama_over_gpt2": ratio_within_runs(times, "gpt2", "llama"),
         "aten_ops_per_step": {name: int(n) for name, n in ops.items()},
         "llama_minus_gpt2_ops_by_name": {op.removeprefix("aten::"): more[op] for op in largest},
+    }
+
+
+def llama_parts(model, position: int, calls: int) -> dict:
+    """Timed calls of parts of a Llama step, each done for every layer `calls` times: two that
+    GPT-2 has no counterpart for, the rotary embedding (a position's angles, then queries and
+    keys turned) and the key/value heads repeated for their query groups (`expand_kv`); and the
+    attention's four projections written both ways."""
+    cfg = model.cfg
+    position_ = torch.tensor([[position]])
+    q = torch.randn(1, cfg.n_heads, 1, cfg.d_head)
+    k = torch.randn(1, cfg.n_kv_heads, 1, cfg.d_head)
+    cached = torch.randn(1, cfg.n_kv_heads, position + 1, cfg.d_head)
+
+    def rotary():
+        with torch.inference_mode():
+            for _ in range(calls * cfg.n_layers):
+                cos, sin = rope_cos_sin(position_, cfg.d_head, cfg.rope_theta)
+                apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+    def repeat_kv():
+        with torch.inference_mode():
+            for _ in range(calls * cfg.n_layers):
+                expand_kv(cached, cfg.group_size), expand_kv(cached, cfg.group_size)
+
+    # The four products of a layer's attention (Q, K, V, O), as GroupedQueryAttention writes
+    # them (einops.einsum) and as chapter 4's GPT-2 step writes them (a matrix product on the
+    # flattened rows): the same arithmetic, different dispatch.
+    attn = model.blocks[0].attn
+    x = torch.randn(1, 1, cfg.d_model)
+    z = torch.randn(1, cfg.n_heads, 1, cfg.d_head)
+
+    def einsums():
+        with torch.inference_mode():
+            for _ in range(calls * cfg.n_layers):
+                for W in (attn.W_Q, attn.W_K, attn.W_V):
+                    einops.einsum(x, W, "b p d, h d e -> b h p e")
+                einops.einsum(z, attn.W_O, "b h p e, h e d -> b p d")
+
+    def matmuls():
+        with torch.inference_mode():
+            for _ in range(calls * cfg.n_layers):
+                rows = x.flatten(0, 1)
+                for W in (attn.W_Q, attn.W_K, attn.W_V):
+                    (rows @ W).unflatten(1, x.shape[:2]).transpose(0, 1)
+                torch.einsum("bhpe,hed->bpd", z, attn.W_O)
+
+    return {
+        "rotary": rotary,
+        "expand_kv": repeat_kv,
+        "projections_einops": einsums,
+        "projections_as_gpt2_step": matmuls,
     }
 
 
@@ -204,15 +263,21 @@ def bench(args) -> dict:
             "KV-cache bytes per token, GPT-2 / Llama", kv["gpt2_over_llama"], ratio_kv, True
         ),
     }
-    ops = step["aten_ops_per_step"]
+    ops, parts = step["aten_ops_per_step"], step["llama_parts_us_per_step"]
     biggest = ", ".join(
-        f"{op} {n:+g}" for op, n in list(step["llama_minus_gpt2_ops_by_name"].items())[:8]
+        f"{op} {n:+g}" for op, n in list(step["llama_minus_gpt2_ops_by_name"].items())[:6]
     )
     why = (
-        f"a Llama step dispatches {ops['llama']} PyTorch operations to GPT-2's {ops['gpt2']} "
-        f"({ops['llama'] / ops['gpt2']:.2f}x; the largest differences, Llama minus GPT-2: "
-        f"{biggest}); at 2.6 M parameters a step's time is mostly what its operations cost to "
-        "dispatch, so the time ratio follows the count more than the arithmetic"
+        f"a Llama step took {step['llama_minus_gpt2_us']} us more than GPT-2's; timed alone, its "
+        f"rotary embeddings take {parts['rotary']} us of a step and repeating the key/value "
+        f"heads {parts['expand_kv']} us, and its attention's projections written as "
+        f"einops.einsum {parts['projections_einops']} us against "
+        f"{parts['projections_as_gpt2_step']} us written as chapter 4's GPT-2 step writes "
+        f"them. It dispatches {ops['llama']} PyTorch operations to "
+        f"GPT-2's {ops['gpt2']} ({ops['llama'] / ops['gpt2']:.2f}x; the largest differences, "
+        f"Llama minus GPT-2: {biggest}): at 2.6 M parameters a step's time is mostly what its "
+        "operations cost to dispatch, so the time ratio follows the count more than the "
+        "arithmetic"
     )
     goals["llama_step_at_most_1_2x_gpt2"]["why"] = why
     return {

@@ -26,6 +26,9 @@ def test_quick_benchmark_reports_both_models_the_kv_bytes_and_both_goals(monkeyp
     step = result["cached_step"]
     assert all(v > 0 for v in step["us_per_step"].values()) and step["llama_over_gpt2"] > 0
     assert step["aten_ops_per_step"]["llama"] > 0 and step["aten_ops_per_step"]["gpt2"] > 0
+    parts = step["llama_parts_us_per_step"]
+    assert set(parts) == {"rotary", "expand_kv", "projections_einops", "projections_as_gpt2_step"}
+    assert all(v > 0 for v in parts.values())
     fast = result["fast_sampler"]
     methods = {f"{m}_{how}" for m in ("gpt2", "llama") for how in ("eager", "compiled")}
     assert set(fast["tokens_per_s"]) == methods and all(fast["same_tokens_as_cached"].values())
