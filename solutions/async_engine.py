@@ -1,30 +1,37 @@
 """AsyncEngine: chapter 8's engine behind a web server (vLLM's `AsyncLLM`, whose
 `OutputProcessor` is the bridge below).
 
-The engine is not thread-safe and need not be: one thread owns it and steps it while requests
-are unfinished. A web server's handlers run elsewhere (in an asyncio event loop) and never touch
-it. They talk to the loop through two kinds of queue:
+The engine is not thread-safe and need not be: one asyncio task, on the web server's event
+loop, owns it and steps it while requests are unfinished. The handlers of the web requests run
+on the same loop and never touch the engine. They talk to the loop through two kinds of queue:
 
 - the **inbox**, one for the whole engine: a handler puts a new request or an abort in it and
-  returns at once. The loop empties it between two steps, never during one, so a step always
-  sees an engine that no one else changes (an abort from a handler in the middle of a step would
-  free blocks the step is writing);
+  goes on. The loop empties it between two steps, never during one, so a step always sees an
+  engine that no one else changes. (A signal handler, which Python may run in the middle of a
+  step, puts its abort there too.)
 - a **stream** per request: after each step the loop turns the step's outputs into text and
   puts each request's new text in its stream, where its handler waits for it.
 
-The bridge (`step`) is the one place where the two meet. Turning tokens into text is less
-obvious than it looks. A token is a few bytes, not always a whole character (an accented letter
-may be split over two tokens), so text is decoded a few tokens at a time and a piece that ends
-in the middle of a character waits for the next token. And a stop string ("\\n\\n", "ROMEO:")
-is the server's business, not the engine's (the engine stops at end-of-text and `max_tokens`;
-so does vLLM's, whose detokenizer checks the stop strings): a stop string can end in a token
-that comes after the one where it began, so the last few characters are held back until it is
-known that no stop string starts there. A request that meets a stop string is aborted in the
-engine right away, which is safe there: the loop is between steps.
+A step blocks the event loop while it runs; after it, the loop lets the handlers run (they write
+the step's text to their clients and queue what has arrived), then steps again. A thread of its
+own for the engine would let the two overlap on paper, but on a machine of few cores the engine
+and the handlers then spend their time handing Python's GIL to each other, and the engine steps
+slower than alone.
 
-    engine = AsyncEngine(LLMEngine(model, tokenizer, num_blocks=256)).start()
+The bridge (`step`, `advance`) is the one place where the engine and the streams meet. Turning
+tokens into text is less obvious than it looks. A token is a few bytes, not always a whole
+character (an accented letter may be split over two tokens), so text is decoded a few tokens at
+a time and a piece that ends in the middle of a character waits for the next token. And a stop
+string ("\\n\\n", "ROMEO:") is the server's business, not the engine's (the engine stops at
+end-of-text and `max_tokens`; so does vLLM's, whose detokenizer checks the stop strings): a stop
+string can end in a token that comes after the one where it began, so the last few characters
+are held back until it is known that no stop string starts there. A request that meets a stop
+string is aborted in the engine right away, which is safe there: the loop is between steps.
+
+    engine = AsyncEngine(LLMEngine(model, tokenizer, num_blocks=256))
+    engine.start()  # on the event loop (the server's startup)
     stream = engine.add_request([464, 318], SamplingParams(max_tokens=20), stop=("\\n",))
-    async for delta in stream:  # in a handler, on the event loop
+    async for delta in stream:  # in a handler, on the same loop
         print(delta.text, end="")
 """
 
@@ -34,7 +41,6 @@ import asyncio
 import concurrent.futures
 import itertools
 import queue
-import threading
 import traceback
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -86,7 +92,7 @@ class Detokenizer:
 @dataclass(eq=False)
 class RequestStream:
     """One request as the server sees it: what it asked for, its queue of deltas (read by its
-    handler on `loop`), and the loop thread's record of its text."""
+    handler on `loop`), and the engine loop's record of its text."""
 
     request_id: str
     prompt_ids: list[int]
@@ -94,7 +100,7 @@ class RequestStream:
     stop: tuple[str, ...]
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    # Written by the loop thread only.
+    # Written by the engine's loop only.
     detokenizer: Detokenizer | None = None
     text: str = ""  # every character decoded so far, up to a stop string
     sent: int = 0  # how many of them are in the stream already
@@ -113,9 +119,11 @@ class RequestStream:
 
 
 class AsyncEngine:
-    """An `LLMEngine` stepped by a thread of its own. Handlers call `add_request`, `abort` and
-    `abort_all` (from any thread: each puts a command in the inbox); the loop thread alone calls
-    the engine."""
+    """An `LLMEngine` stepped by one asyncio task. Handlers call `add_request` (on the loop),
+    `abort`, `abort_all` and `call` (from anywhere, a signal handler or another thread too: each
+    puts a command in the inbox and wakes the loop); the loop's task alone calls the engine."""
+
+    YIELDS = 3  # turns of the event loop the handlers get between two steps
 
     def __init__(self, engine: LLMEngine):
         self.engine = engine
@@ -125,16 +133,33 @@ class AsyncEngine:
         self.closing = False  # after abort_all, every new request is aborted at once
         self.failed: str | None = None  # the traceback of a step that raised: no more steps
         self._ids = itertools.count()
-        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+        self._wakeup: asyncio.Event | None = None
         self._stopping = False
 
-    # ------------------------------------------------------------ any thread: the handlers' side
+    # ---------------------------------------------------------------- the handlers' side
 
     def start(self) -> AsyncEngine:
+        """Start the loop's task on the running event loop (call it from a coroutine)."""
+        self._loop = asyncio.get_running_loop()
+        self._wakeup = asyncio.Event()
         self.closing = self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
-        self._thread.start()
+        self._task = self._loop.create_task(self._run(), name="engine-loop")
         return self
+
+    async def stop(self) -> None:
+        """Abort what is left (the aborts are delivered) and end the loop's task."""
+        if self._task is None:
+            return
+        self.abort_all()
+        self._post(("stop",))
+        await self._task
+        self._task = None
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done() and self.failed is None
 
     def add_request(
         self, prompt_ids: list[int], params: SamplingParams, stop: tuple[str, ...] = ()
@@ -146,78 +171,67 @@ class AsyncEngine:
             f"cmpl-{next(self._ids)}", list(prompt_ids), params, tuple(stop),
             asyncio.get_running_loop(),
         )  # fmt: skip
-        self.inbox.put(("add", stream))
+        self._post(("add", stream))
         return stream
 
     def abort(self, request_id: str) -> None:
         """End a request at the next step boundary (its client went away)."""
-        self.inbox.put(("abort", request_id))
+        self._post(("abort", request_id))
 
     def abort_all(self) -> None:
         """End every request at the next step boundary, with "abort", and every later one at
         once (a shutdown)."""
-        self.inbox.put(("abort_all",))
+        self._post(("abort_all",))
 
     def call(self, fn: Callable[[LLMEngine], object]) -> concurrent.futures.Future:
-        """Run `fn(engine)` in the loop thread between two steps (to read the engine's state
-        while no step changes it); its result comes in the returned future."""
+        """Run `fn(engine)` in the loop between two steps (to read the engine's state while no
+        step changes it); its result comes in the returned future (wait for it from another
+        thread, or `await asyncio.wrap_future(...)` on the loop)."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self.inbox.put(("call", fn, future))
+        self._post(("call", fn, future))
         return future
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Abort what is left (the aborts are delivered) and end the loop thread."""
-        if self._thread is None:
-            return
-        self.abort_all()
-        self.inbox.put(("stop",))
-        self._thread.join(timeout)
-        self._thread = None
+    def _post(self, command: tuple) -> None:
+        self.inbox.put(command)
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._wakeup.set)
 
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self.failed is None
+    # ---------------------------------------------------------------- the loop's task
 
-    # ---------------------------------------------------------------- the loop thread
+    def _busy(self) -> bool:
+        return self.failed is None and self.engine.has_unfinished_requests()
 
-    def _run(self) -> None:
-        while not (self._stopping and not self.engine.has_unfinished_requests()):
+    async def _run(self) -> None:
+        while not (self._stopping and not self._busy()):
+            if self.inbox.empty() and not self._busy():
+                self._wakeup.clear()  # idle: sleep until a command comes
+                if self.inbox.empty():
+                    await self._wakeup.wait()
             try:
-                self.step(wait=True)
-            except Exception:  # the engine's state is unknown now: end everything, say why
+                self.step()
+            except Exception:  # the engine's state is unknown now: no more steps; say why
                 self.failed = traceback.format_exc()
-                self._deliver([(s, self._error_delta(s)) for s in self.streams.values()])
+                self._deliver([(s, self._error_delta()) for s in self.streams.values()])
                 self.streams.clear()
-                self._serve_failed()
-                return
+            for _ in range(self.YIELDS):
+                await asyncio.sleep(0)  # the handlers write the text and queue new requests
 
-    def _serve_failed(self) -> None:
-        """After a failed step: answer every later request with the error, until stopped."""
-        while True:
-            command = self.inbox.get()
-            if command[0] == "stop":
-                return
-            if command[0] == "add":
-                self._deliver([(command[1], self._error_delta(command[1]))])
-            elif command[0] == "call":
-                command[2].set_exception(RuntimeError(f"the engine loop failed:\n{self.failed}"))
-
-    def _error_delta(self, stream: RequestStream) -> Delta:
-        reason = f"the engine failed: {self.failed.strip().splitlines()[-1]}"
-        return Delta("", 0, "error", reason)
+    def _error_delta(self) -> Delta:
+        return Delta("", 0, "error", f"the engine failed: {self.failed.strip().splitlines()[-1]}")
 
     def _apply(self, command: tuple) -> None:
         """One command from the inbox, between two steps."""
         kind = command[0]
         if kind == "add":
             stream = command[1]
-            if self.closing:
-                self._deliver([(stream, Delta("", 0, "abort"))])
+            if self.failed is not None or self.closing:
+                failed = self._error_delta() if self.failed else Delta("", 0, "abort")
+                self._deliver([(stream, failed)])
                 return
             stream.detokenizer = Detokenizer(self.tokenizer)
             self.streams[stream.request_id] = stream
             self.engine.add_request(stream.request_id, stream.prompt_ids, stream.params)
-        elif kind == "abort":
+        elif kind == "abort" and self.failed is None:
             self.engine.abort_request(command[1])  # reported by the next step
         elif kind == "abort_all":
             self.closing = True
@@ -232,19 +246,16 @@ class AsyncEngine:
         elif kind == "stop":
             self._stopping = True
 
-    def step(self, wait: bool = False) -> None:
+    def step(self) -> None:
         """One turn of the loop, the bridge between the engine and the streams: apply the
-        inbox's commands (waiting for one if `wait` and nothing is unfinished), step the engine
-        once, and give each request that advanced its new text (`advance`), all of a step's
-        deltas handed to the event loop at once."""
-        if wait and not self.engine.has_unfinished_requests():
-            self._apply(self.inbox.get())  # idle: sleep until a handler asks for something
+        inbox's commands, step the engine once, and give each request that advanced its new
+        text (`advance`)."""
         while True:
             try:
                 self._apply(self.inbox.get_nowait())
             except queue.Empty:
                 break
-        if not self.engine.has_unfinished_requests():
+        if not self._busy():
             return
         deltas = []
         for output in self.engine.step():
@@ -282,12 +293,19 @@ class AsyncEngine:
 
     @staticmethod
     def _deliver(deltas: list[tuple[RequestStream, Delta]]) -> None:
-        """Put each delta in its stream, on its stream's event loop: one wake-up of each loop
-        per step, however many requests advanced."""
-        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        """Put each delta in its stream: at once on this event loop, through a callback on
+        another (one per loop and step, however many requests advanced)."""
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        elsewhere: dict[asyncio.AbstractEventLoop, list] = {}
         for stream, delta in deltas:
-            by_loop.setdefault(stream.loop, []).append((stream.queue, delta))
-        for loop, items in by_loop.items():
+            if stream.loop is here:
+                stream.queue.put_nowait(delta)
+            else:
+                elsewhere.setdefault(stream.loop, []).append((stream.queue, delta))
+        for loop, items in elsewhere.items():
             try:
                 loop.call_soon_threadsafe(_put_all, items)
             except RuntimeError:  # that event loop is closed: nobody is listening

@@ -12,7 +12,7 @@ servers of vLLM and SGLang), with server-sent events for `stream=true`.
 What this module does is the web's side: read a request's JSON, check every field before the
 engine sees it (a bad request is answered with OpenAI's error JSON, naming the field, and never
 reaches the engine, so it can disturb no other request), hand the request to the loop
-(`solutions/async_engine.py`: one thread steps the engine; handlers only queue requests and
+(`solutions/async_engine.py`: one task steps the engine; handlers only queue requests and
 aborts) and write its deltas back in OpenAI's shapes. A client that disconnects is aborted at
 the next step boundary; a shutdown (SIGINT, SIGTERM) ends every request in flight with
 `finish_reason` "abort" (vLLM's word) before the server exits.
@@ -252,7 +252,7 @@ def create_app(async_engine: AsyncEngine, model_name: str, api_key: str | None =
         if not async_engine.running:
             async_engine.start()
         yield
-        async_engine.stop()
+        await async_engine.stop()
 
     app = FastAPI(title="course serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.async_engine = async_engine

@@ -1,0 +1,498 @@
+"""`course serve` under load: what the HTTP path costs, and what a server must survive.
+
+    python benchmarks/server.py [--clients 64] [--requests 256] [--runs 3] [--seed 0]
+                                [--threads 1] [--clients-in-process] [--default-allocator]
+                                [--quick]
+
+The workload: `--requests` requests whose prompts and answer lengths are drawn as chapter 8's
+trace draws them (`poisson_trace`, utils/serving.py: prompts of 4-60 tokens cut from the plays,
+answers of 16-160 tokens; greedy, `ignore_eos` through the extra body, so that every request
+writes exactly its length), sent by `--clients` clients in a **closed loop**: each client sends
+its next request as soon as its previous answer has ended, so that `--clients` requests are in
+flight at every moment until the list runs out. The engine (chapter 8's, `max_num_seqs` =
+`--clients`, 512 tokens a step, blocks of 16) gets a pool of about a quarter of the KV positions
+the whole run writes, so that blocks must be freed and reused (and requests preempted).
+
+Two ways to serve the same requests, in this process, alternating, `--runs` times each:
+
+- `engine`: the engine driven directly by a loop that adds a client's next request when its
+  previous one finishes (no HTTP, no text);
+- `server`: the same engine behind `course serve`'s app (uvicorn in a thread of this process),
+  and the clients: asyncio tasks with the official `AsyncOpenAI` client, streaming
+  (`stream_options.include_usage`), in a process of their own (a load generator is not the
+  server's cost; `--clients-in-process` runs them in a thread of this one instead).
+
+Per method: throughput (answer tokens / the time from the first request sent to the last
+token), time to first token (TTFT, from a request's sending, or its adding, to its first token)
+and time per output token after the first (TPOT), medians and 99th percentiles, from the run
+whose throughput ratio is the median (every run's ratio listed). Each server run checks that
+every request completed with its length, and afterwards, in the engine's loop, that no block is
+held (and none in a request's table) and how many times a freed block was handed
+out again (`blocks_reused`). Then one more server run with a quarter of the clients leaving at
+random (each of their requests closed after a uniform random number of its tokens): the same
+checks, each leaver's request aborted in the engine. Then a shutdown under load: SIGTERM's
+handler called with every client's request in flight; each must end with `finish_reason`
+"abort" and the server must exit. Prints one JSON object, with the goal: the HTTP path costs at
+most 15 % of the engine's throughput (`utils/timing.goal`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+MODEL = "shakespeare"
+BLOCK_SIZE = 16
+BUDGET = 512  # tokens a step
+SHUTDOWN_TOKENS = 180  # with a prompt of up to 60 tokens, within n_ctx = 256
+
+
+# ------------------------------------------------------------------------------- the clients
+# Light imports only above and in this part: the clients' process imports this module again.
+
+
+async def closed_loop(
+    url: str, requests: list[dict], clients: int, leavers: int = 0, seed: int = 0
+) -> dict:
+    """`clients` asyncio tasks, each sending the next of `requests` as soon as its previous
+    answer ends, streamed through `AsyncOpenAI`; the first `leavers` of them close each of
+    their streams after a random number of tokens. Per request: when it was sent, its first
+    and last tokens came (seconds from the start), its text, tokens and finish reason."""
+    import openai
+
+    aclient = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
+    rng, queue, results = random.Random(seed), list(reversed(requests)), {}
+    start = time.perf_counter()
+
+    async def client(leaves: bool) -> None:
+        while queue:
+            r = queue.pop()
+            leave_after = rng.randint(1, r["max_tokens"]) if leaves else None
+            sent, first, last, texts = time.perf_counter() - start, None, None, []
+            tokens, reason, server_id = 0, None, None
+            stream = await aclient.completions.create(
+                model=MODEL, prompt=r["prompt"], max_tokens=r["max_tokens"], temperature=0,
+                stream=True, stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
+            )  # fmt: skip
+            async for chunk in stream:
+                server_id = chunk.id
+                if chunk.usage is not None:
+                    tokens = chunk.usage.completion_tokens
+                if not chunk.choices:
+                    continue
+                choice = chunk.choices[0]
+                reason = choice.finish_reason or reason
+                if choice.text:
+                    last = time.perf_counter() - start
+                    first = last if first is None else first
+                    texts.append(choice.text)
+                    if leave_after is not None and len(texts) >= leave_after:
+                        await stream.close()  # the connection closes: the server must abort
+                        reason = "left"
+                        break
+            results[r["request_id"]] = {"sent": sent, "first": first, "last": last,
+                                        "text": "".join(texts), "tokens": tokens,
+                                        "reason": reason, "id": server_id}  # fmt: skip
+
+    await asyncio.gather(*(client(i < leavers) for i in range(clients)))
+    await aclient.close()
+    return results
+
+
+def clients_worker() -> None:
+    """The clients' process (`--clients-worker`): runs `closed_loop` for each job, one JSON line
+    in on stdin, one out on stdout."""
+    for line in sys.stdin:
+        print(json.dumps(asyncio.run(closed_loop(**json.loads(line)))), flush=True)
+
+
+class Clients:
+    """The load generator, in a process of its own (started once), or in a thread of this one."""
+
+    def __init__(self, in_process: bool):
+        self.process = None
+        if not in_process:
+            self.process = subprocess.Popen(
+                [sys.executable, __file__, "--clients-worker"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+
+    def run(self, **job) -> dict:
+        if self.process is None:
+            box = {}
+            thread = threading.Thread(
+                target=lambda: box.update(out=asyncio.run(closed_loop(**job)))
+            )
+            thread.start()
+            thread.join()
+            return box["out"]
+        self.process.stdin.write(json.dumps(job) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError("the clients' process ended without an answer (see its stderr)")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.stdin.close()
+            self.process.wait(30)
+
+
+# ----------------------------------------------------------------------------- the two paths
+
+
+def pool_blocks(requests) -> tuple[int, int]:
+    """(KV positions the run writes, blocks of a pool that holds about a quarter of them; never
+    fewer than the largest request needs)."""
+    written = sum(len(r.prompt) + r.max_tokens - 1 for r in requests)
+    largest = max(math.ceil((len(r.prompt) + r.max_tokens - 1) / BLOCK_SIZE) for r in requests)
+    return written, max(math.ceil(written / 4 / BLOCK_SIZE), largest)
+
+
+def new_engine(model, tokenizer, num_blocks: int, clients: int):
+    """A fresh engine (an empty prefix cache), whose pool counts its blocks handed out again."""
+    from solutions.engine import LLMEngine
+
+    engine = LLMEngine(model, tokenizer, num_blocks=num_blocks, block_size=BLOCK_SIZE,
+                       max_num_batched_tokens=BUDGET, max_num_seqs=clients)  # fmt: skip
+    pool, handed = engine.kv.pool, set()
+    engine.blocks_reused = 0
+    get_new_blocks = pool.get_new_blocks
+
+    def counted(n):
+        blocks = get_new_blocks(n)
+        engine.blocks_reused += sum(b.block_id in handed for b in blocks)
+        handed.update(b.block_id for b in blocks)
+        return blocks
+
+    pool.get_new_blocks = counted
+    return engine
+
+
+def pool_report(engine) -> dict:
+    """After a run, nothing runs: every block must be free (in the free queue, held by no one)
+    and no request may hold one. Blocks still held are leaked; `blocks_reused` counts the
+    blocks handed out again after being freed, `preemptions` the requests that gave theirs
+    back to make room."""
+    pool = engine.kv.pool
+    held = sum(1 for b in pool.blocks if b.ref_cnt > 0 or b.block_id not in pool.free_queue)
+    holders = sum(1 for r in engine.requests.values() if r.block_ids)
+    unfinished = len(engine.scheduler.running) + len(engine.scheduler.waiting)
+    return {"blocks_leaked": held, "requests_holding_blocks": holders,
+            "requests_unfinished": unfinished, "blocks_reused": engine.blocks_reused,
+            "preemptions": engine.stats.preemptions}  # fmt: skip
+
+
+def drive_engine(model, tokenizer, requests, clients: int, num_blocks: int):
+    """The engine alone, in the same closed loop: a finished request's client adds the next."""
+    from solutions.sampling_params import SamplingParams
+    from utils.serving import Served
+
+    engine = new_engine(model, tokenizer, num_blocks, clients)
+    served, sent, queue = Served(), {}, list(reversed(requests))
+    start = time.perf_counter()
+
+    def add_next() -> None:
+        if queue:
+            r = queue.pop()
+            params = SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
+            sent[r.request_id] = time.perf_counter() - start
+            engine.add_request(r.request_id, r.prompt, params)
+
+    for _ in range(clients):
+        add_next()
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        now = time.perf_counter() - start
+        for output in outputs:
+            if output.new_token_ids:
+                served.first.setdefault(output.request_id, now)
+                served.last[output.request_id] = now
+            if output.finished:
+                served.tokens[output.request_id] = output.output_token_ids
+                add_next()
+    return served, sent, engine
+
+
+def summary(requests, served, sent) -> dict:
+    """utils/serving.py's summary, each request's arrival being when it was sent."""
+    import dataclasses
+
+    timed = [dataclasses.replace(r, arrival=sent[r.request_id]) for r in requests]
+    return served.summary(timed)
+
+
+def serve_over_http(model, tokenizer, requests, clients: int, num_blocks: int, load: Clients,
+                    leavers: int = 0, seed: int = 0):  # fmt: skip
+    """The same requests through the server and the clients; the results, and the pool's
+    report read in the engine's loop once nothing runs."""
+    from solutions.async_engine import AsyncEngine
+    from utils.server import running_server
+    from utils.serving import Served
+
+    engine = new_engine(model, tokenizer, num_blocks, clients)
+    async_engine = AsyncEngine(engine)
+    jobs = [{"request_id": r.request_id, "prompt": r.prompt, "max_tokens": r.max_tokens}
+            for r in requests]  # fmt: skip
+    with running_server(async_engine, MODEL) as running:
+        results = load.run(url=running.url, requests=jobs, clients=clients, leavers=leavers,
+                           seed=seed)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while async_engine.call(lambda e: e.has_unfinished_requests()).result(60):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the engine still runs requests after every client is gone")
+            time.sleep(0.01)
+        report = async_engine.call(pool_report).result(60)
+        ends = async_engine.call(
+            lambda e: {rid: r.finish_reason for rid, r in e.requests.items()}
+        ).result(60)
+    served = Served()
+    for request_id, r in results.items():
+        if r["first"] is not None:
+            served.first[request_id], served.last[request_id] = r["first"], r["last"]
+    sent = {request_id: r["sent"] for request_id, r in results.items()}
+    return served, sent, results, report, ends
+
+
+def shutdown_under_load(model, tokenizer, requests, clients: int, num_blocks: int) -> dict:
+    """A request from every client in flight (streamed from this process, each asking for 180
+    tokens: none ends on its own before the shutdown), then what SIGTERM calls: each must end
+    with "abort", and the server's thread must end."""
+    import signal
+
+    import openai
+
+    from solutions.async_engine import AsyncEngine
+    from utils.server import running_server
+
+    # A pool for every request at once: the shutdown, not the pool, is what is checked here.
+    longest = max(len(r.prompt) for r in requests) + SHUTDOWN_TOKENS
+    num_blocks = max(num_blocks, clients * math.ceil(longest / BLOCK_SIZE))
+    async_engine = AsyncEngine(new_engine(model, tokenizer, num_blocks, clients))
+    with running_server(async_engine, MODEL) as running:
+
+        async def in_flight():
+            aclient = openai.AsyncOpenAI(base_url=running.url, api_key="none", max_retries=0)
+            begun = asyncio.Event()
+            reasons = []
+
+            async def one(r):
+                stream = await aclient.completions.create(
+                    model=MODEL, prompt=r.prompt, max_tokens=SHUTDOWN_TOKENS, temperature=0,
+                    stream=True, extra_body={"ignore_eos": True},
+                )  # fmt: skip
+                reason = None
+                async for chunk in stream:
+                    reason = chunk.choices[0].finish_reason or reason
+                    if len(reasons) == 0 and chunk.choices[0].text:
+                        begun.set()
+                reasons.append(reason)
+
+            tasks = [asyncio.ensure_future(one(r)) for r in requests[:clients]]
+            await begun.wait()
+            await asyncio.sleep(0.2)  # every request admitted or queued, many writing
+            start = time.perf_counter()
+            running.server.handle_exit(signal.SIGTERM, None)
+            await asyncio.gather(*tasks)
+            return reasons, start
+
+        reasons, start = asyncio.run(in_flight())
+        running.thread.join(30)
+        seconds = time.perf_counter() - start
+        exited = not running.thread.is_alive()
+    return {"in_flight": len(reasons), "ended_with_abort": reasons.count("abort"),
+            "ended_otherwise": len(reasons) - reasons.count("abort"), "server_exited": exited,
+            "seconds_to_exit": round(seconds, 2)}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------- main
+
+
+def serving_benchmark():
+    """benchmarks/serving.py, beside this file (benchmarks/ is not a package): its glibc
+    setting is the one every serving measurement makes."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "serving_benchmark", Path(__file__).with_name("serving.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--runs", type=int, default=3, help="engine and server, alternating")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="PyTorch intra-op threads")
+    parser.add_argument(
+        "--clients-in-process", action="store_true", help="the clients in a thread of this process"
+    )
+    parser.add_argument("--default-allocator", action="store_true",
+                        help="leave glibc's malloc settings alone")  # fmt: skip
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke test: 8 clients, 16 short requests, 1 run"
+    )
+    parser.add_argument("--clients-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.clients_worker:
+        return clients_worker()
+    answer_lens = (16, 160)
+    if args.quick:
+        args.clients, args.requests, args.runs, answer_lens = 8, 16, 1, (8, 24)
+    if args.clients < 4 or args.requests < args.clients or args.runs < 1:
+        parser.error("--clients >= 4, --requests >= --clients, --runs >= 1")
+
+    import platform
+
+    import torch
+
+    from utils.models import load_model
+    from utils.serving import poisson_trace
+    from utils.timing import goal
+
+    torch.set_num_threads(args.threads)
+    allocator = "default" if args.default_allocator else serving_benchmark().keep_freed_memory()
+    load = Clients(args.clients_in_process)
+    model, tokenizer = load_model(MODEL)
+    model.eval()
+    requests = poisson_trace(tokenizer, args.requests, 40.0, args.seed, answer_lens=answer_lens)
+    written, num_blocks = pool_blocks(requests)
+    answer_tokens = sum(r.max_tokens for r in requests)
+    warm = requests[: args.clients // 2]
+    drive_engine(model, tokenizer, warm, args.clients, num_blocks)  # first calls allocate
+    serve_over_http(model, tokenizer, warm, args.clients, num_blocks, load)  # and import
+
+    runs = []
+    for run in range(args.runs):
+        order = ("engine", "server") if run % 2 == 0 else ("server", "engine")
+        row = {}
+        for method in order:
+            if method == "engine":
+                served, sent, engine = drive_engine(model, tokenizer, requests, args.clients,
+                                                    num_blocks)  # fmt: skip
+                row["engine"] = {**summary(requests, served, sent), **pool_report(engine)}
+                row["engine_texts"] = {k: tokenizer.decode(v, skip_special_tokens=True)
+                                       for k, v in served.tokens.items()}  # fmt: skip
+            else:
+                served, sent, results, report, ends = serve_over_http(
+                    model, tokenizer, requests, args.clients, num_blocks, load
+                )
+                complete = sum(1 for r in requests
+                               if results.get(r.request_id, {}).get("tokens") == r.max_tokens
+                               and results[r.request_id]["reason"] == "length")  # fmt: skip
+                row["server"] = {**summary(requests, served, sent), **report,
+                                 "requests_complete": complete}  # fmt: skip
+                row["server_texts"] = {k: r["text"] for k, r in results.items()}
+        row["ratio"] = row["server"]["tokens_per_s"] / row["engine"]["tokens_per_s"]
+        runs.append(row)
+        print(f"run {run + 1} of {args.runs}: server / engine {row['ratio']:.3f}", flush=True,
+              file=sys.stderr)  # fmt: skip
+    ratios = [r["ratio"] for r in runs]
+    median_run = sorted(runs, key=lambda r: r["ratio"])[len(runs) // 2]
+    same_text = sum(
+        r["engine_texts"].get(k) == v for r in runs for k, v in r["server_texts"].items()
+    )
+
+    # A quarter of the clients leave at random.
+    leavers = args.clients // 4
+    served, sent, results, report, ends = serve_over_http(
+        model, tokenizer, requests, args.clients, num_blocks, load, leavers=leavers, seed=args.seed
+    )
+    left = [r["id"] for r in results.values() if r["reason"] == "left"]
+    stayed = [r for r in requests if results[r.request_id]["reason"] != "left"]
+    disconnects = {
+        "clients_leaving": leavers,
+        "requests_left": len(left),
+        "left_requests_aborted_in_the_engine": sum(ends[k] == "abort" for k in left),
+        "left_requests_finished_first": sum(ends[k] == "length" for k in left),
+        "other_requests": len(stayed),
+        "other_requests_complete": sum(
+            results[r.request_id]["tokens"] == r.max_tokens
+            and results[r.request_id]["reason"] == "length" for r in stayed
+        ),
+        "requests_answered": len(results),
+        **report,
+    }  # fmt: skip
+    load.close()
+    shutdown = shutdown_under_load(model, tokenizer, requests, args.clients, num_blocks)
+
+    server, engine = median_run["server"], median_run["engine"]
+    ratio = round(statistics.median(ratios), 3)
+    all_server_runs = [r["server"] for r in runs]
+    goals = {
+        "http_costs_at_most_15_percent_of_throughput": goal(
+            "the server's tokens/s / the engine's, driven directly (median of the runs' ratios)",
+            ratio, 0.85, at_least=True,
+        ),
+        "every_request_completes": {
+            "measured": [r["requests_complete"] for r in all_server_runs],
+            "expected": len(requests),
+            "met": all(r["requests_complete"] == len(requests) for r in all_server_runs),
+        },
+        "no_block_leaked": {
+            "measured": [r["blocks_leaked"] for r in all_server_runs] + [report["blocks_leaked"]],
+            "met": all(not r["blocks_leaked"] and not r["requests_holding_blocks"]
+                       and not r["requests_unfinished"] for r in [*all_server_runs, report]),
+        },
+        "freed_blocks_reused": {
+            "measured": [r["blocks_reused"] for r in all_server_runs] + [report["blocks_reused"]],
+            "met": all(r["blocks_reused"] > 0 for r in [*all_server_runs, report]),
+        },
+        "disconnects_aborted_and_others_complete": {
+            "measured": disconnects,
+            "met": disconnects["left_requests_aborted_in_the_engine"]
+            + disconnects["left_requests_finished_first"] == len(left)
+            and disconnects["other_requests_complete"] == len(stayed)
+            and disconnects["requests_answered"] == len(requests)
+            and not report["blocks_leaked"] and not report["requests_holding_blocks"],
+        },
+        "shutdown_aborts_every_request_and_exits": {
+            "measured": shutdown,
+            "met": shutdown["ended_with_abort"] == shutdown["in_flight"]
+            and shutdown["server_exited"],
+        },
+    }  # fmt: skip
+    for r in runs:
+        del r["engine_texts"], r["server_texts"]
+        r["ratio"] = round(r["ratio"], 3)
+    print(json.dumps({
+        "machine": {"processor": platform.processor() or platform.machine(),
+                    "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+                    "allocator": allocator},
+        "workload": {"clients": args.clients, "requests": args.requests, "seed": args.seed,
+                     "prompt_tokens": "4-60, cut from the plays",
+                     "answer_tokens": answer_tokens, "answer_lens": list(answer_lens),
+                     "kv_positions_written": written, "num_blocks": num_blocks,
+                     "block_size": BLOCK_SIZE, "pool_fraction_of_written":
+                     round(num_blocks * BLOCK_SIZE / written, 3),
+                     "max_num_seqs": args.clients, "max_num_batched_tokens": BUDGET},
+        "clients": "asyncio tasks with AsyncOpenAI, streaming, in "
+                   + ("a thread of the server's process" if args.clients_in_process
+                      else "a process of their own"),
+        "throughput_ratio_per_run": [round(x, 3) for x in ratios],
+        "engine": engine, "server": server,
+        "runs": runs,
+        "same_text_as_the_engine": {"requests": same_text, "of": len(requests) * len(runs)},
+        "disconnects": disconnects,
+        "shutdown": shutdown,
+        "goals": goals,
+    }, indent=2))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
