@@ -22,8 +22,8 @@
 # 7. **The scheduler**: every step, running requests first, then waiting ones while the step's
 #    token budget and the free blocks allow; a long prompt read in chunks; when blocks run out,
 #    the newest request is preempted and computed again later.
-# 8. **The engine at work**, then its latency and throughput on a trace (9), and how engines go
-#    past one machine (10).
+# 8. **The engine at work**, then its latency and throughput on a trace (9), the same engine on
+#    chapter 7's model (10), and how engines go past one machine (11).
 #
 # What you write:
 #
@@ -36,8 +36,9 @@
 #
 # Given: `Request` and `SamplingParams` (a request's record and settings), `PagedKVCache`,
 # `prepare_inputs`, `attention_groups`, `paged_attention`, `forward_paged` and `attend_strided`
-# (the model runner), `hash_block_tokens`, `LLMEngine` and `generate`; the trace and its two
-# servers are the course's measuring machinery (`utils/serving.py`), not part of the engine.
+# (the model runner; section 10 adds one for chapter 7's model), `hash_block_tokens`,
+# `LLMEngine` and `generate`; the trace and its two servers are the course's measuring
+# machinery (`utils/serving.py`), not part of the engine.
 #
 # Nothing is checked against the course's code alone: your paged attention's logits against HF's
 # `GPT2LMHeadModel` on the same text, the engine's greedy tokens (with your scheduler, pool and
@@ -79,7 +80,9 @@ from torch import Tensor, nn
 
 from solutions import checks
 from solutions.attention import Attention
+from solutions.llama import LlamaTransformer
 from solutions.model import DemoTransformer
+from solutions.model_runner import model_runner
 from solutions.request import Request, RequestOutput, RequestStatus
 from solutions.sampling import sample_next_token
 from solutions.sampling_params import SamplingParams
@@ -87,6 +90,7 @@ from utils.check import check
 from utils.display import show_solution
 from utils.plots import plot_block_table, plot_memory_over_time, plot_schedule_timeline
 from utils.serving import (
+    LLAMA_MODEL,
     TraceRequest,
     poisson_trace,
     serve_engine,
@@ -192,7 +196,9 @@ assert useful < computed and static.kv_used < static.kv_reserved, (
 # tensor per layer, `[2, num_blocks, block_size, n_kv_heads, head_size]` in its FlashAttention
 # backend):
 #
-# `keys[layer]`: `[num_blocks, block_size, n_heads, d_head]`.
+# `keys[layer]`: `[num_blocks, block_size, n_kv_heads, d_head]`, where `n_kv_heads`, the key/value
+# heads of a layer, is `n_heads` for the GPT-2 model (section 10 runs chapter 7's model, which has
+# fewer).
 #
 # A request owns a list of blocks, its **block table**: position `p` of the request lives in
 # block `table[p // block_size]`, at offset `p % block_size`. Its blocks need not be next to each
@@ -200,7 +206,7 @@ assert useful < computed and static.kv_used < static.kv_reserved, (
 # block is, and gives all of them back the moment it finishes. Nothing is reserved for an answer
 # that may never be written; at most the last block of each request is partly empty.
 #
-# Viewed as `[num_blocks * block_size, n_heads, d_head]` (a `flatten(0, 1)` of the tensor, which
+# Viewed as `[num_blocks * block_size, n_kv_heads, d_head]` (a `flatten(0, 1)` of the tensor, which
 # is a view of the same memory), position `p` of a request is one row, its **slot**:
 # `table[p // block_size] * block_size + p % block_size`. The model runner writes each new
 # token's key and value to its slot.
@@ -238,6 +244,8 @@ assert useful < computed and static.kv_used < static.kv_reserved, (
 # %% tags=["source"]
 # solution: solutions.paged_attention.AttentionGroup
 # solution: solutions.paged_attention.attention_groups
+# solution: solutions.paged_attention.fused_qkv
+# solution: solutions.paged_attention.write_slots
 # solution: solutions.paged_attention.paged_attention
 # solution: solutions.paged_attention.forward_paged
 
@@ -403,18 +411,23 @@ assert worst < 1e-4, "the demo says the paged logits equal HF's"
 # warning, torch 2.13's `flex_attention.py`): the whole pool's scores, far more than a gather.
 # This course runs without a compiler, so the engine keeps the copy and makes it one:
 #
-# - `attend_strided` (below) copies the blocks once, whole, and puts heads first as a strided
-#   **view**: `F.scaled_dot_product_attention` reads any strides as long as each head's
-#   `d_head` numbers lie side by side, so it reads the blocks where that one copy left them;
+# - `attend_strided` (below) copies the blocks once, whole (`gather_blocks`), and puts heads
+#   first as a strided **view**: `F.scaled_dot_product_attention` reads any strides as long as
+#   each head's `d_head` numbers lie side by side, so it reads the blocks where that one copy
+#   left them;
 # - `attention_groups` (above) groups decodes by their number of blocks, so that a short
 #   request beside a long one does not read the long one's padding;
-# - `paged_attention` (above) makes the queries, keys and values in one matrix product (vLLM's
-#   `QKVParallelLinear`, in `vllm/model_executor/layers/linear.py`, fuses them the same way).
+# - `paged_attention` (above) makes the queries, keys and values in one matrix product
+#   (`fused_qkv`; vLLM's `QKVParallelLinear`, in `vllm/model_executor/layers/linear.py`, fuses
+#   them the same way).
 #
-# The engine (section 3) runs `forward_paged` with `attend_strided`; `forward_paged` alone runs
-# your `attend`, and the tests grade yours.
+# The engine (section 3) runs `forward_paged` with `attend_strided`, through its model runner
+# (section 10), which also makes each layer's fused matrix once rather than at every step;
+# `forward_paged` alone runs your `attend`, and the tests grade yours.
 
 # %% tags=["source"]
+# solution: solutions.paged_attention.gather_blocks
+# solution: solutions.paged_attention.readable
 # solution: solutions.paged_attention.attend_strided
 
 # %% [markdown]
@@ -458,12 +471,12 @@ assert gap < 1e-6, "the cell says the two paths give the same result"
 #   prompt and `max_tokens` would not fit in `n_ctx`, or in the whole pool) ends at once, with
 #   an error in the next step's outputs, and every other request goes on.
 # - `step()` reads as four lines (nano-vllm's is as short, with the sampling inside its model
-#   runner's `run`): the scheduler plans the step
-#   (`schedule`), the model runs once over every scheduled token of every request
-#   (`forward_paged`), a token is sampled for each request that reached its last known token
-#   (`sample_requests`), and the scheduler updates the requests (`update`: their computed
-#   tokens, their new token, the stop, the finished ones taken out with their blocks freed at
-#   once). It returns what advanced.
+#   runner's `run`): the scheduler plans the step (`schedule`), the model runs once over every
+#   scheduled token of every request (`forward_paged`, through the runner that `model_runner`
+#   picks for the model's architecture: section 10), a token is sampled for each request that
+#   reached its last known token (`sample_requests`), and the scheduler updates the requests
+#   (`update`: their computed tokens, their new token, the stop, the finished ones taken out
+#   with their blocks freed at once). It returns what advanced.
 # - `abort_request(request_id)` ends a request now; `has_unfinished_requests()` says whether to
 #   keep stepping; `generate(engine, prompts, params)` runs a list to the end.
 #
@@ -996,7 +1009,120 @@ assert engine_ttft["p99"] / engine_tpot["median"] >= 10, "section 9: tens of ste
 # `model_runner.py`), and pads each step's batch up to the next of them.
 
 # %% [markdown]
-# ## 10. Past one machine
+# ## 10. The same engine on chapter 7's model
+#
+# Nothing in the scheduler, the block pool or the cache manager knows what a transformer block
+# is: they count tokens and blocks. Only the forward pass does, and chapter 7's block differs
+# from GPT-2's in three ways that matter to it:
+#
+# - **No position embedding.** Each query and key is turned by its position (RoPE). In a paged
+#   step a token's position is its place in its own request (`inputs.positions`), not its row
+#   of the flattened batch. A key is turned once, before it is written to its slot, so a block
+#   holds rotated keys, and a later query, turned by its own position, reads them as they are.
+# - **Grouped-query attention.** A layer has `n_kv_heads` key/value heads, each read by a group
+#   of query heads. A block holds those heads only, so a token's keys and values take
+#   `n_kv_heads / n_heads` of the bytes they take in the GPT-2 model: the same memory holds
+#   `n_heads / n_kv_heads` times the tokens.
+# - **RMSNorm and SwiGLU** do not mix positions: they run on the step's rows as they are.
+#
+# So the engine asks `model_runner(model)` (given) for the forward pass of the model's
+# architecture, as vLLM looks up a checkpoint's architecture name in its `ModelRegistry`
+# (`vllm/model_executor/models/registry.py`) to find the model class whose forward pass reads
+# its paged cache. The Llama runner is this chapter's machinery (the step's inputs and groups,
+# `write_slots`, `gather_blocks`, `readable`) around chapter 7's `rotated_qkv` and `attend`
+# (which repeats each key/value head for its group of query heads): each piece written once.
+
+# %% tags=["source"]
+# solution: solutions.model_runner.GPT2ModelRunner
+# solution: solutions.model_runner.forward_paged_llama
+# solution: solutions.model_runner.LlamaModelRunner
+# solution: solutions.model_runner.model_runner
+
+# %% [markdown]
+# Predict, then run: section 9's trace, served by your engine on each model with the same bytes
+# of KV cache (those of a pool that holds the whole trace for the GPT-2 model). How many tokens
+# does each pool hold? Are the Llama model's greedy tokens still HF's (`LlamaForCausalLM`, each
+# prompt alone)? Which model's engine writes more tokens a second?
+
+# %%
+llama, _ = load_model(LLAMA_MODEL)  # chapter 7's shipped model, with the same tokenizer
+llama.eval()
+kv_bytes = PagedKVCache.bytes_per_block(model, 16) * sum(
+    math.ceil((len(r.prompt) + r.max_tokens) / 16) for r in trace
+)
+pool_tokens, runs = {}, {}
+with one_thread():
+    for name, m in (("GPT-2", model), ("Llama", llama)):
+        blocks = PagedKVCache.blocks_for_bytes(m, kv_bytes, 16)
+        runs[name], _ = serve_engine(m, tokenizer, trace, engine_cls=LLMEngine, num_blocks=blocks)
+        pool_tokens[name] = blocks * 16
+        print(f"{name:5}: {m.cfg.n_kv_heads} key/value heads for {m.cfg.n_heads} query heads, "
+              f"{PagedKVCache.bytes_per_block(m, 16) // 16} bytes a token; {kv_bytes / 2**20:.2f} "
+              f"MiB hold {pool_tokens[name]} tokens; "
+              f"{runs[name].summary(trace)['tokens_per_s']} tokens/s")  # fmt: skip
+hf_llama = load_hf(LLAMA_MODEL)[0].eval()
+same_llama = 0
+for r in trace[:4]:
+    out = hf_llama.generate(torch.tensor([r.prompt]), max_new_tokens=r.max_tokens,
+                            do_sample=False, eos_token_id=None,
+                            pad_token_id=tokenizer.eos_token_id)  # fmt: skip
+    same_llama += runs["Llama"].tokens[r.request_id] == out[0, len(r.prompt) :].tolist()
+print(f"Llama requests whose tokens equal HF's alone: {same_llama} of 4")
+
+# %% tags=["claim"]
+assert pool_tokens["Llama"] == pool_tokens["GPT-2"] * llama.cfg.n_heads // llama.cfg.n_kv_heads, (
+    "section 10 says the same bytes hold n_heads / n_kv_heads times the tokens"
+)
+assert same_llama == 4, "section 10 says the Llama model's greedy tokens are HF's"
+
+# %% [markdown]
+# One run on a shared machine says little about speed. `python benchmarks/serving.py --model
+# shakespeare-llama` serves the trace both ways on the Llama model, and then serves it on both
+# models alternately, with the same KV bytes, at two sizes: a pool that holds the whole trace
+# for the GPT-2 model, and a quarter of it. Its record:
+
+# %%
+record = json.loads((REPO_ROOT / "benchmarks/results/serving_llama.json").read_text())
+beside = record["result"]["beside_gpt2"]
+for budget in ("whole_trace", "a_quarter"):
+    b = beside[budget]
+    ratios = [r["ratio"] for r in b["runs"]]
+    print(f"{budget}: {b['kv_bytes'] / 2**20:.2f} MiB; pool tokens GPT-2 "
+          f"{b['pool']['gpt2']['tokens']}, Llama {b['pool']['llama']['tokens']}; preemptions "
+          f"{b['preemptions']}; the Llama model's tokens/s over GPT-2's, per run {ratios}, "
+          f"median {b['median_ratio']}")  # fmt: skip
+parts = record["result"]["prefill_rate"]["where_step_time_goes"]
+print("the Llama engine's steps under cProfile, seconds:", parts)
+for name in ("llama_tokens_per_s_at_least_gpt2s", "llama_pool_tokens_for_the_same_bytes"):
+    g = record["result"]["goals"][name]
+    print(f"{name:40} {g['measured']}  met: {g['met']}")
+print("recorded:", record["date"], record["code"], "-", record["machine"])
+
+# %% tags=["claim"]
+whole, quarter = beside["whole_trace"], beside["a_quarter"]
+for b in (whole, quarter):
+    assert b["pool"]["llama"]["tokens"] == 3 * b["pool"]["gpt2"]["tokens"], "section 10: 3 times"
+assert whole["median_ratio"] < 1, "section 10 says the Llama engine was the slower one"
+assert quarter["preemptions"]["gpt2"] > 0 == quarter["preemptions"]["llama"], "section 10"
+ratios = [r["ratio"] for r in quarter["runs"]]
+assert min(ratios) < 1 < max(ratios), "section 10 says the quarter's runs fall on both sides"
+
+# %% [markdown]
+# The same bytes hold three times the tokens on the Llama model, and with a pool that holds the
+# whole trace, its engine was the slower of the two (the record's median ratio is below one).
+# Its step does more: in the profile above, `expand_kv` (chapter 7's `attend` repeats each
+# key/value head for the query heads of its group, a copy as large as the GPT-2 model's whole
+# gathered context) and `rope` (the angles, computed again in every layer) are work the GPT-2
+# model does not have, and its projections are four products a layer where GPT-2's are one.
+#
+# The smaller cache pays where memory is short. With a quarter of the bytes, the GPT-2 engine
+# was preempted and the Llama engine was not (printed above); yet the runs' ratios fall on both
+# sides of one, because a preempted request's blocks keep their names when freed (section 5)
+# and most of its recompute is found again in the prefix cache. Where a model's cache, not its
+# arithmetic, decides how many requests fit at once, those bytes per token decide the batch.
+
+# %% [markdown]
+# ## 11. Past one machine
 #
 # This chapter's engine is one process on one device, on purpose. What the engines you will meet
 # add on top, with where to read about each:

@@ -36,6 +36,8 @@ from solutions.engine import LLMEngine
 from solutions.sampling_params import SamplingParams
 from utils.corpus import load_plays
 
+LLAMA_MODEL = "shakespeare-llama"  # chapter 7's model, served beside the GPT-2 one (a folder works)
+
 
 @dataclass(frozen=True)
 class TraceRequest:

@@ -3,12 +3,13 @@ HF's LlamaForCausalLM on the same weights (its logits, its cached keys, its gree
 each prompt alone), the pool's invariants after every step, and the pool's bytes counted on the
 cache's own tensors."""
 
+import copy
 import random
 
 import pytest
 import torch
 
-from solutions.engine import LLMEngine
+from solutions.engine import LLMEngine, generate
 from solutions.llama import LlamaTransformer
 from solutions.llama_config import LlamaConfig
 from solutions.model_runner import GPT2ModelRunner, LlamaModelRunner, model_runner
@@ -135,3 +136,13 @@ def test_a_block_holds_n_kv_heads_and_the_same_bytes_hold_n_heads_over_n_kv_head
     kv_bytes = 100 * PagedKVCache.bytes_per_block(gpt2, block_size)
     assert PagedKVCache.blocks_for_bytes(gpt2, kv_bytes, block_size) == 100
     assert PagedKVCache.blocks_for_bytes(model, kv_bytes, block_size) == 300
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_llama_models_greedy_tokens_are_the_cpus(llama):
+    model, tokenizer, _ = llama
+    gpu_model = copy.deepcopy(model).to("cuda").eval()
+    cpu = generate(LLMEngine(model, tokenizer, block_size=4), PROMPTS, GREEDY)
+    gpu = generate(LLMEngine(gpu_model, tokenizer, block_size=4), PROMPTS, GREEDY)
+    assert [o.output_token_ids for o in gpu] == [o.output_token_ids for o in cpu]
