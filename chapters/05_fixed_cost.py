@@ -720,8 +720,10 @@ assert largest < 1e-4 and not moved, "section 2 says the same logits and buffers
 #    count a host read (`self.host_reads += 1`) and stop if `done`.
 #
 # Do not call the model after the last token: it would be fed to nobody. With `verbose`, print
-# each token as it comes (a host read per token: count them); with `progress`, show a `tqdm`
-# bar over the loop, as chapter 3's sampler does.
+# each token as it comes (a host read per token: count them), up to the text's first
+# end-of-text and not after it, as chapter 3 does (with `stop_at_eos`, the tokens after it are
+# the mask's end-of-text, not text); with `progress`, show a `tqdm` bar over the loop, as
+# chapter 3's sampler does.
 #
 # Common mistakes: a host read in every step (`if token == eos: break`); the slot or position
 # passed as a Python `int` (section 4 shows what that costs a compiled step); `slot` not
@@ -749,9 +751,11 @@ assert largest < 1e-4 and not moved, "section 2 says the same logits and buffers
 # `torch.bincount` and its `minlength`); `done`, a one-element bool tensor, False; `slot`, a
 # one-element long tensor holding `n_prompt`. In the loop: where `done` is set, replace the
 # token by end-of-text (`torch.where`), then or the token's own test for end-of-text into
-# `done`, in place; write the token into `text` at its index with a slice (a tensor, never an
-# int); add one to its count (`Tensor.index_add_`); count `n_new`, and stop before calling the
-# model once `n_new` reaches `max_tokens_generated`; add one to `slot` after the step.
+# `done`, in place; write the token (the tensor itself, not a number read from it) into `text`
+# through a one-element slice at its index; add one to its count (`Tensor.index_add_`, whose
+# source has the shape of what it adds: one row of one column here); count `n_new`, and stop
+# before calling the model once `n_new` reaches `max_tokens_generated`; add one to `slot` after
+# the step.
 #
 # </details>
 #
@@ -949,11 +953,11 @@ assert inductor_ok or compile_seconds is None, "the compiled row is there only w
 
 # %% [markdown]
 # The same tokens from all three (the claim cell checks it). The eager static-cache sampler is
-# not what makes the difference (in the runs made for this chapter it was as fast as chapter 4's
-# or somewhat slower): it no longer copies the cache, but it computes attention over all 256
-# slots, and it dispatches about as many operations. The compiled one does the same arithmetic in
-# far fewer operations. How much faster it is here depends on your machine and on what else it
-# is doing: the table says.
+# not what makes the difference (in the runs made for this chapter it came out anywhere from
+# somewhat slower than chapter 4's to somewhat faster): it no longer copies the cache, but it
+# computes attention over all 256 slots, and it dispatches about as many operations. The
+# compiled one does the same arithmetic in far fewer operations. How much faster it is here
+# depends on your machine and on what else it is doing: the table says.
 #
 # Last, the compiled step against section 1's floor. Section 1 timed chapter 4's step and the
 # long pass minutes ago, maybe under another load; the cell below times all four again, in
@@ -1197,8 +1201,9 @@ assert abs(loss8 - loss32) < 0.01, "section 6 says the int8 model loses less tha
 # %% [markdown]
 # More than 3.5 times smaller (not 4: the scales, the biases, the LayerNorms and the position
 # embedding stay in float32), for a held-out loss that moves in the fourth decimal place (the
-# recorded run, `benchmarks/results/fixed_cost.json`: 4.1748 against 4.1747; the claim cell
-# checks less than 0.01).
+# recorded run, `benchmarks/results/fixed_cost.json`, over its first 16 batches of held-out
+# windows: 4.1748 against 4.1747; the cell above reads every window outside a quick run, so its
+# losses differ from those; the claim cell checks a difference of less than 0.01).
 #
 # **Does it make this step faster?** Only if reading the weights is what the step waits for.
 # Section 1's floor says it is not: on this CPU, reading a step's weights is a small part of the
