@@ -42,7 +42,10 @@ __all__ = [
     "hf_attention",
     "hf_cos_sin",
     "hf_layer0_keys",
+    "hf_layer0_values",
     "hf_llama_logits",
+    "hf_llama_mistake_logits",
+    "LLAMA_MISTAKES",
     "hf_qkv",
     "hf_rotate",
     "random_hf_llama",
@@ -302,24 +305,82 @@ def hf_qkv(attn, x: torch.Tensor, positions: torch.Tensor, hf_config):
     )
 
 
-def hf_attention(attn, x: torch.Tensor, positions: torch.Tensor, hf_config) -> torch.Tensor:
-    """An HF LlamaAttention (eager) on `x` [batch, posn, d_model], causal, at `positions`."""
+def hf_attention(
+    attn, x: torch.Tensor, positions: torch.Tensor, hf_config, causal: bool = True
+) -> torch.Tensor:
+    """An HF LlamaAttention (eager) on `x` [batch, posn, d_model], causal (or every query reading
+    every key, to name a mask left out), at `positions`."""
     n = x.shape[1]
     mask = torch.full((n, n), float("-inf")).triu(1)[None, None]  # HF's eager mask is added
+    mask = mask if causal else None
     with torch.no_grad():
         out, _ = attn(x, position_embeddings=hf_cos_sin(hf_config, positions), attention_mask=mask)
     return out
 
 
-def hf_layer0_keys(hf, tokens: torch.Tensor, positions: torch.Tensor):
+def hf_layer0_keys(hf, tokens: torch.Tensor, positions: torch.Tensor, norm: bool = True):
     """(rotated, unrotated) keys of layer 0 [batch, n_kv_heads, posn, d_head] by HF's modules:
-    layer 0 reads the embeddings alone, so its keys at any position follow from the tokens."""
+    layer 0 reads the embeddings alone, so its keys at any position follow from the tokens.
+    `norm=False` leaves out the layer's input RMSNorm (to name that mistake)."""
     layer = hf.model.layers[0]
     with torch.no_grad():
-        x = layer.input_layernorm(hf.model.embed_tokens(tokens))
+        x = hf.model.embed_tokens(tokens)
+        x = layer.input_layernorm(x) if norm else x
         k = layer.self_attn.k_proj(x).unflatten(-1, (-1, layer.self_attn.head_dim)).transpose(1, 2)
         cos, sin = hf_cos_sin(hf.config, positions)
     return hf_rotate(k, cos, sin), k
+
+
+def hf_layer0_values(hf, tokens: torch.Tensor) -> torch.Tensor:
+    """Values of layer 0 [batch, n_kv_heads, posn, d_head] by HF's modules (never rotated)."""
+    layer = hf.model.layers[0]
+    with torch.no_grad():
+        x = layer.input_layernorm(hf.model.embed_tokens(tokens))
+        v = layer.self_attn.v_proj(x)
+    return v.unflatten(-1, (-1, layer.self_attn.head_dim)).transpose(1, 2)
+
+
+LLAMA_MISTAKES = (
+    "no final norm",
+    "mlp reads resid_pre",
+    "no mlp residual",
+    "ln1 before the mlp",
+    "post-norm",
+    "embeddings scaled",
+    "no causal mask",
+)
+"""The model-level slips that hf_llama_mistake_logits computes with HF's modules."""
+
+
+def hf_llama_mistake_logits(hf, ids: torch.Tensor, mistake: str) -> torch.Tensor:
+    """HF LlamaForCausalLM's logits for `ids` [batch, posn], computed layer by layer with its own
+    modules (embed_tokens, input_layernorm, self_attn, post_attention_layernorm, mlp, norm,
+    lm_head) with one of LLAMA_MISTAKES made, or none ("" gives HF's own logits): to name the
+    slip a learner's model made."""
+    if mistake not in ("", *LLAMA_MISTAKES):
+        raise ValueError(f"mistake must be one of {LLAMA_MISTAKES} or '', got {mistake!r}")
+    positions = torch.arange(ids.shape[1]).expand(ids.shape)
+    with torch.no_grad():
+        x = hf.model.embed_tokens(ids)
+        if mistake == "embeddings scaled":
+            x = x * hf.config.hidden_size**0.5
+        for layer in hf.model.layers:
+            ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
+            attn_in = x if mistake == "post-norm" else ln1(x)
+            a = hf_attention(
+                layer.self_attn, attn_in, positions, hf.config, mistake != "no causal mask"
+            )
+            if mistake == "post-norm":
+                mid = ln1(x + a)
+                x = ln2(mid + layer.mlp(mid))
+                continue
+            mid = x + a
+            mlp_in = {"mlp reads resid_pre": ln2(x), "ln1 before the mlp": ln1(mid)}
+            m = layer.mlp(mlp_in.get(mistake, ln2(mid)))
+            x = m if mistake == "no mlp residual" else mid + m
+        if mistake != "no final norm":
+            x = hf.model.norm(x)
+        return hf.lm_head(x)
 
 
 def hf_llama_logits(hf, rows: list[list[int]]) -> list[torch.Tensor]:

@@ -11,7 +11,7 @@ keys, ...) and names the one that matches.
 
 from __future__ import annotations
 
-import contextlib
+import copy
 
 import pytest
 import torch
@@ -21,12 +21,15 @@ from tests.graded._device import assert_made_on_the_inputs_device
 from tests.graded._oracles import (
     F32_ATOL,
     F32_RTOL,
+    LLAMA_MISTAKES,
     assert_close_f32,
     close_f32,
     hf_attention,
     hf_cos_sin,
     hf_layer0_keys,
+    hf_layer0_values,
     hf_llama_logits,
+    hf_llama_mistake_logits,
     hf_qkv,
     hf_rotate,
     random_hf_llama,
@@ -91,6 +94,9 @@ def rmsnorm_mistakes(x, w, eps) -> dict[str, torch.Tensor]:
         "no eps": w * x / ms.sqrt(),
         "no weight": x / (ms + eps).sqrt(),
         "sum": w * x / (x.pow(2).sum(-1, keepdim=True) + eps).sqrt(),
+        "times": w * x * (ms + eps).sqrt(),
+        "var": w * x / (x.var(-1, keepdim=True) + eps).sqrt(),
+        "positions axis": w * x / (x.pow(2).mean(1, keepdim=True) + eps).sqrt(),
     }
 
 
@@ -99,10 +105,33 @@ RMSNORM_MESSAGES = {
     "it is by its root mean square, with nothing subtracted (the residual's mean is kept).",
     "eps outside": "epsilon is added after the square root is taken: it belongs to the mean "
     "square, under the root, as in chapter 1's LayerNorm. Is your epsilon inside the sqrt?",
-    "no eps": "epsilon is missing: the mean square gets cfg.rms_norm_eps added inside the sqrt.",
+    "no eps": "your epsilon changes nothing: the mean square gets cfg.rms_norm_eps (0.01 in this "
+    "test) added inside the sqrt. Is it missing, or a constant such as 1e-5?",
     "no weight": "the weight self.w is not applied: multiply the normalised vector by it.",
     "sum": "you divide by the root of the SUM of squares: RMSNorm takes their MEAN over d_model.",
+    "times": "you multiply by the root mean square: RMSNorm divides by it (rsqrt is 1 / sqrt).",
+    "var": "you divide by the root of the variance (torch.var subtracts the mean): RMSNorm "
+    "takes the mean of the squares of the vector as it is.",
+    "positions axis": "your mean square is taken over the positions axis: RMSNorm normalises "
+    "each position's vector on its own, over d_model (the last axis).",
 }
+
+
+def run_norm(norm, x):
+    """The learner's norm on x; a shape that does not broadcast is named, not pasted."""
+    try:
+        with torch.no_grad():
+            return norm(x)
+    except NotImplementedError:
+        raise
+    except RuntimeError as err:
+        if "must match the size" not in str(err):
+            raise
+        pytest.fail(
+            f"your RMSNorm on x {tuple(x.shape)} ([batch, posn, d_model]) meets two shapes that "
+            f"do not broadcast ({str(err).splitlines()[0]}). Each position's mean square is "
+            "[batch, posn, 1]: does your mean over d_model keep its axis (keepdim=True)?"
+        )
 
 
 @pytest.mark.rmsnorm
@@ -121,8 +150,9 @@ def test_rmsnorm_matches_hf_on_shipped_weights(impl, llama):
     g = torch.Generator().manual_seed(0)
     x = 0.1 * torch.randn(2, 3, cfg.d_model, generator=g) + 0.08
     norm = learner_module(impl.RMSNorm, cfg, {"w": oracle.weight.detach().clone()})
+    got = run_norm(norm, x)
     with torch.no_grad():
-        got, expected = norm(x), oracle(x)
+        expected = oracle(x)
     assert got.shape == expected.shape, (
         f"expected shape {tuple(expected.shape)} ([batch, posn, d_model]), got {tuple(got.shape)}"
     )
@@ -180,6 +210,8 @@ def wrong_cos_sin(positions, d_head, theta) -> dict[str, tuple[torch.Tensor, tor
         "interleaved": build(positions, right, theta, interleave=True),
         "from 1": build(positions + 1, right, theta),
         "from 0": build(positions - positions[..., :1], right, theta),
+        "inverse": build(positions, -right, theta),
+        "4i": build(positions, 2 * right, theta),
     }
     if theta != 10000.0:
         found["theta"] = build(positions, right, 10000.0)
@@ -201,6 +233,10 @@ COS_SIN_MESSAGES = {
     "theta": "your angles use theta = 10000, not the theta you are given: read the argument "
     "(rope_theta is 100000 for SmolLM2-135M, 500000 here).",
     "swapped": "your cos and sin are swapped: return the cosines first.",
+    "inverse": "your angles grow with the pair: position * theta ** (+2i / d_head). Pair i's "
+    "frequency is ONE OVER theta ** (2i / d_head), so that later pairs turn slower.",
+    "4i": "your exponent is 2i / (d_head / 2), that is 4i / d_head: pair i's exponent is 2i over "
+    "the whole head size d_head.",
 }
 
 
@@ -225,7 +261,10 @@ def check_cos_sin(impl, positions, d_head, theta):
     if close(cos, expected_cos, atol=1e-5) and close(sin, expected_sin, atol=1e-5):
         return
     for mistake, (wrong_cos, wrong_sin) in wrong_cos_sin(positions, d_head, theta).items():
-        if close(cos, wrong_cos, atol=1e-4) and close(sin, wrong_sin, atol=1e-4):
+        # Angles of thousands of radians, as growing frequencies give, lose a few thousandths
+        # in float32: their cosines are compared more loosely (the right ones differ by ~1).
+        atol = 5e-2 if mistake == "inverse" else 1e-4
+        if close(cos, wrong_cos, atol=atol) and close(sin, wrong_sin, atol=atol):
             pytest.fail(COS_SIN_MESSAGES[mistake])
     bad = (cos - expected_cos).abs().amax(dim=tuple(range(cos.ndim - 1)))
     column = int(bad.argmax())
@@ -287,7 +326,19 @@ def test_apply_rope_matches_hf(impl):
     positions = torch.stack([torch.arange(6, 11), torch.arange(20, 25)])
     config = HFLlamaConfig(hidden_size=24, num_attention_heads=3, head_dim=8)
     cos, sin = hf_cos_sin(config, positions)
-    got = impl.apply_rope(x.clone(), cos, sin)
+    try:
+        got = impl.apply_rope(x.clone(), cos, sin)
+    except NotImplementedError:
+        raise
+    except RuntimeError as err:
+        if "must match the size" not in str(err):
+            raise
+        pytest.fail(
+            f"x {tuple(x.shape)} ([batch, heads, posn, d_head]) and cos {tuple(cos.shape)} "
+            f"([batch, posn, d_head]) do not broadcast ({str(err).splitlines()[0]}): cos and sin "
+            "need an axis of size 1 for the heads, at axis 1, so that every head of a position "
+            "turns by that position's angles."
+        )
     expected = hf_rotate(x, cos, sin)
     assert got.shape == expected.shape, (
         f"x {tuple(x.shape)}: expected {tuple(expected.shape)} back, got {tuple(got.shape)}. "
@@ -342,6 +393,10 @@ SWIGLU_MESSAGES = {
     "product with the up branch.",
     "gelu": "that is GELU on the gate: today's gated MLP uses SiLU (F.silu), x * sigmoid(x).",
     "none": "there is no SiLU: the gate branch goes through F.silu before the product.",
+    "sigmoid": "the gate goes through a sigmoid (the original GLU): SwiGLU's gate goes through "
+    "SiLU, x * sigmoid(x) (F.silu).",
+    "relu": "that is ReLU on the gate (ReGLU): today's gated MLP uses SiLU (F.silu).",
+    "sum": "the two branches are added: SwiGLU multiplies SiLU(gate) by up element by element.",
 }
 
 
@@ -352,8 +407,22 @@ def check_swiglu(impl, hf, layer):
     module = learner_module(impl.SwiGLU, cfg, params)
     g = torch.Generator().manual_seed(4)
     x = torch.randn(2, 3, cfg.d_model, generator=g)
+    try:
+        with torch.no_grad():
+            got = module(x)
+    except NotImplementedError:
+        raise
+    except RuntimeError as err:
+        if "cannot be multiplied" not in str(err):
+            raise
+        pytest.fail(
+            f"a product of your SwiGLU does not fit ({str(err).splitlines()[0]}): the course keeps "
+            f"chapter 1's [in, out] layout, W_gate and W_up [d_model {cfg.d_model}, d_mlp "
+            f"{cfg.d_mlp}] and W_down [d_mlp, d_model], so each is applied as x @ W (F.linear "
+            "expects HF's [out, in] weights)."
+        )
     with torch.no_grad():
-        got, expected = module(x), mlp(x)
+        expected = mlp(x)
         gate, up = mlp.gate_proj(x), mlp.up_proj(x)
         down = mlp.down_proj
         wrong = {
@@ -361,7 +430,14 @@ def check_swiglu(impl, hf, layer):
             "product": down(F.silu(gate * up)),
             "gelu": down(F.gelu(gate) * up),
             "none": down(gate * up),
+            "sigmoid": down(torch.sigmoid(gate) * up),
+            "relu": down(F.relu(gate) * up),
+            "sum": down(F.silu(gate) + up),
         }
+    assert got.shape[-1] != cfg.d_mlp or cfg.d_mlp == cfg.d_model, (
+        f"your output is d_mlp = {cfg.d_mlp} wide: the product of the two branches goes through "
+        f"W_down, back to d_model = {cfg.d_model}."
+    )
     assert got.shape == expected.shape, (
         f"expected {tuple(expected.shape)} ([batch, posn, d_model]), got {tuple(got.shape)}"
     )
@@ -412,6 +488,13 @@ def test_expand_kv_matches_hf_repeat_kv(impl, n_kv_heads, group):
             f"heads one key/value head: k0 for query heads 0..{group - 1}, then k1, ... "
             "(Tensor.repeat tiles; repeat_interleave keeps a head's copies together)."
         )
+    for head in range(got.shape[1]):
+        if not any(torch.equal(got[:, head], kv[:, j]) for j in range(n_kv_heads)):
+            pytest.fail(
+                f"head {head} of your output is not a copy of any key/value head: each of the "
+                f"{n_kv_heads * group} heads must be one of the {n_kv_heads} input heads, "
+                "unchanged. Did a reshape mix the heads axis with another one?"
+            )
     pytest.fail("expand_kv differs from HF's repeat_kv: each key/value head, repeated in place")
 
 
@@ -437,6 +520,15 @@ def test_rotated_qkv_match_hf(impl, small):
         hf_attn = small.model.layers[0].self_attn
         expected = hf_qkv(hf_attn, x, positions, small.config)
         plain = hf_qkv(hf_attn, x, torch.zeros_like(positions), small.config)  # angle 0: unrotated
+        at_10000 = copy.deepcopy(small.config)
+        at_10000.rope_parameters = {**at_10000.rope_parameters, "rope_theta": 10000.0}
+        slipped = {
+            "positions from 0": hf_qkv(hf_attn, x, positions - positions[:, :1], small.config),
+            "first row's positions": hf_qkv(
+                hf_attn, x, positions[:1].expand_as(positions), small.config
+            ),
+            "theta 10000": hf_qkv(hf_attn, x, positions, at_10000),
+        }
     assert isinstance(out, tuple) and len(out) == 3, "rotated_qkv must return (q, k, v)"
     for name, got, want, raw in zip("qkv", out, expected, plain, strict=True):
         heads = cfg.n_heads if name == "q" else cfg.n_kv_heads
@@ -457,6 +549,20 @@ def test_rotated_qkv_match_hf(impl, small):
                 "the values are rotated: only queries and keys turn; values carry what a "
                 "query reads, not where it is."
             )
+        which = "queries" if name == "q" else "keys"
+        for slip, qkv in slipped.items():
+            if name in "qk" and close_f32(got, qkv["qk".index(name)]):
+                pytest.fail(
+                    {
+                        "positions from 0": f"your {which} are turned as if every row's "
+                        "positions started at 0: turn them by the positions given (here they "
+                        "start at 7, 0 and 30).",
+                        "first row's positions": f"your {which} of every row are turned by the "
+                        "first row's positions: each row has its own positions [batch, posn].",
+                        "theta 10000": f"your {which} are turned with theta = 10000, not the "
+                        "model's self.cfg.rope_theta (500000 here).",
+                    }[slip]
+                )
         assert_close_f32(
             got, want, f"{name} differs from HF's projection rotated by apply_rotary_pos_emb"
         )
@@ -481,9 +587,13 @@ def check_attention(impl, hf, layer, positions, seed):
         causal = torch.ones(n, n, dtype=torch.bool).tril()
         group = cfg.n_heads // cfg.n_kv_heads
 
-        def attend(k_, v_, scale=None):
-            z = F.scaled_dot_product_attention(q, k_, v_, attn_mask=causal, scale=scale)
+        def attend(k_, v_, scale=None, mask=causal, heads_first=False):
+            z = F.scaled_dot_product_attention(q, k_, v_, attn_mask=mask, scale=scale)
+            if heads_first:  # [batch, heads, posn, d_head] read as if it were [batch, posn, ...]
+                return hf_attn.o_proj(z.reshape(z.shape[0], z.shape[2], -1))
             return hf_attn.o_proj(z.transpose(1, 2).flatten(-2))
+
+        k_all, v_all = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
 
         wrong = {
             "scale": attend(
@@ -492,6 +602,8 @@ def check_attention(impl, hf, layer, positions, seed):
                 scale=cfg.d_model**-0.5,
             ),
             "order": attend(k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)),
+            "no mask": attend(k_all, v_all, mask=None),
+            "heads first": attend(k_all, v_all, heads_first=True),
         }
     if close_f32(got, wrong["scale"]):
         pytest.fail(
@@ -504,6 +616,18 @@ def check_attention(impl, hf, layer, positions, seed):
             "the wrong query heads share each key/value head (k0, k1, k0, k1, ...): "
             "each group of consecutive query heads reads one key/value head, as HF's "
             "repeat_kv has it. Check expand_kv."
+        )
+    if close_f32(got, wrong["no mask"]):
+        pytest.fail(
+            "every query reads every key, later positions too: attend must mask the scores "
+            "with `allowed` (True where a query may read a key), as the attention mask."
+        )
+    if close_f32(got, wrong["heads first"]):
+        pytest.fail(
+            "the heads' outputs z [batch, n_heads, posn, d_head] are reshaped as if they were "
+            "[batch, posn, n_heads, d_head]: the heads and positions axes get mixed. Let the "
+            "output projection sum over the heads axis where it is (einops.einsum names it), or "
+            "transpose before flattening."
         )
     assert_close_f32(
         got,
@@ -529,6 +653,50 @@ def test_attention_matches_hf_from_multi_head_to_multi_query(impl, n_kv_heads):
     check_attention(impl, hf, 0, positions, seed=9)
 
 
+@pytest.mark.gqa
+def test_attend_reads_a_cache_where_allowed(impl, small):
+    """Two new queries against 7 keys (5 cached): `allowed` [batch, 1, new, all] says which each
+    reads (row 0: all before it; row 1: two padding keys left out; row 2: only keys 2..5 and
+    itself). HF's eager_attention_forward with the same mask, added, is the reference."""
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    attn, cfg = gqa_of(impl, small, 0)
+    hf_attn = small.model.layers[0].self_attn
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(3, cfg.n_heads, 2, cfg.d_head, generator=g)
+    keys, values = torch.randn(2, 3, cfg.n_kv_heads, 7, cfg.d_head, generator=g)
+    causal = torch.ones(2, 7, dtype=torch.bool).tril(diagonal=5)  # query i after 5 cached keys
+    allowed = causal.expand(3, 2, 7).clone()
+    allowed[1, :, :2] = False  # left padding
+    allowed[2, :, :2] = False
+    allowed[2, 1, 5] = False  # e.g. a lookahead branch that does not see the other's token
+    allowed = allowed[:, None]
+    with torch.no_grad():
+        got = attn.attend(q.clone(), keys.clone(), values.clone(), allowed.clone())
+        additive = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
+
+        def reference(mask):
+            z, _ = eager_attention_forward(hf_attn, q, keys, values, mask, cfg.d_head**-0.5)
+            return hf_attn.o_proj(z.flatten(-2))  # z is [batch, new, heads, d_head]
+
+        expected = reference(additive)
+        top_left = torch.zeros(2, 7).masked_fill(~torch.ones(2, 7, dtype=torch.bool).tril(), -1e9)
+    assert got.shape == expected.shape, (
+        f"q [3, {cfg.n_heads}, 2 new, {cfg.d_head}] with 7 keys: expected {tuple(expected.shape)} "
+        f"([batch, new, d_model]), got {tuple(got.shape)}"
+    )
+    if close_f32(got, expected):
+        return
+    if close_f32(got, reference(None)) or close_f32(got, reference(top_left[None, None])):
+        pytest.fail(
+            "your attend does not use `allowed`: with a cache the new queries come after the "
+            "cached keys, and `allowed` [batch, 1, new, all] says which keys each may read "
+            "(padding and later keys not). A causal mask of your own (is_causal=True) or none "
+            "gets this wrong: pass `allowed` as the attention mask."
+        )
+    assert_close_f32(got, expected, "attend with 7 keys (5 cached) differs from HF's attention")
+
+
 # --------------------------------------------------------------------------- the model
 
 
@@ -539,42 +707,58 @@ def learner_llama(impl, hf, tie: bool):
     return model.eval()
 
 
-@contextlib.contextmanager
-def hooked(hf, mistake: str):
-    """HF's model made to compute a likely mistake, for naming it."""
-    handles = []
-    if mistake == "no final norm":
-        handles.append(hf.model.norm.register_forward_hook(lambda m, args, out: args[0]))
-    elif mistake == "mlp reads resid_pre":
-        for layer in hf.model.layers:
-            seen = {}
-
-            def keep(m, args, kwargs, seen=seen):
-                seen["pre"] = args[0] if args else kwargs["hidden_states"]
-
-            def swap(m, args, seen=seen):
-                return (seen["pre"],)
-
-            handles.append(layer.register_forward_pre_hook(keep, with_kwargs=True))
-            handles.append(layer.post_attention_layernorm.register_forward_pre_hook(swap))
-    try:
-        yield hf
-    finally:
-        for h in handles:
-            h.remove()
-
-
 MODEL_MESSAGES = {
     "no final norm": "the final RMSNorm (model.ln_final) is missing before the unembedding.",
     "mlp reads resid_pre": "the MLP's norm reads the residual stream from before the attention "
     "was added: the MLP reads resid_mid = resid_pre + attention output.",
+    "no mlp residual": "the MLP's output replaces the residual stream instead of being added "
+    "to it: the block returns resid_mid + MLP output.",
+    "ln1 before the mlp": "the MLP reads ln1 of resid_mid: each sublayer has its own norm, "
+    "and the MLP's is ln2.",
+    "post-norm": "your block normalises after adding (post-norm, the original Transformer's "
+    "order): Llama's is pre-norm, each sublayer reads ln(residual) and its output is added to "
+    "the residual stream, which is never normalised itself.",
+    "embeddings scaled": "your embeddings are scaled (by sqrt(d_model)): Llama's residual stream "
+    "starts with the token embeddings as they are.",
+    "no causal mask": "every position reads the later positions too: the attention is causal.",
 }
+assert set(MODEL_MESSAGES) == set(LLAMA_MISTAKES)
+
+
+def run_model(model, ids):
+    """The learner's logits for ids; positions handed to the blocks in another shape than the
+    tokens' are named, whether or not they crash a later exercise's code."""
+    seen = {}
+
+    def keep(module, args, kwargs):
+        found = args[1] if len(args) > 1 else kwargs.get("positions")
+        seen["shape"] = tuple(found.shape) if isinstance(found, torch.Tensor) else found
+
+    handle = model.blocks[0].register_forward_pre_hook(keep, with_kwargs=True)
+    said = (
+        "the positions your forward hands to the blocks are {got}, expected {want} ([batch, "
+        "posn], the tokens' shape): every row gets the positions 0, 1, ..., one row per text."
+    )
+    try:
+        with torch.no_grad():
+            got = model(ids)
+    except NotImplementedError:
+        raise
+    except Exception:
+        if seen and seen["shape"] != tuple(ids.shape):
+            pytest.fail(said.format(got=seen["shape"], want=tuple(ids.shape)))
+        raise
+    finally:
+        handle.remove()
+    if seen and seen["shape"] != tuple(ids.shape):
+        pytest.fail(said.format(got=seen["shape"], want=tuple(ids.shape)))
+    return got
 
 
 def check_model(impl, hf, ids, tie):
     model = learner_llama(impl, hf, tie)
+    got = run_model(model, ids)
     with torch.no_grad():
-        got = model(ids)
         expected = hf(ids).logits
     assert got.shape == expected.shape, (
         f"tokens {tuple(ids.shape)}: expected logits {tuple(expected.shape)}, got "
@@ -583,9 +767,8 @@ def check_model(impl, hf, ids, tie):
     if close_f32(got, expected):
         return
     for mistake, message in MODEL_MESSAGES.items():
-        with hooked(hf, mistake), torch.no_grad():
-            if close_f32(got, hf(ids).logits):
-                pytest.fail(message)
+        if close_f32(got, hf_llama_mistake_logits(hf, ids, mistake)):
+            pytest.fail(message)
     assert_close_f32(
         got,
         expected,
@@ -641,6 +824,12 @@ def diagnose_keys(cache, hf, tokens_so_far: torch.Tensor, mask: torch.Tensor) ->
     rotated, raw = hf_layer0_keys(hf, tokens_so_far, true_positions)
     got = cache.keys[0]
     if got.shape != rotated.shape:
+        if got.shape[:2] + got.shape[3:] == rotated.shape[:2] + rotated.shape[3:]:
+            return (
+                f"the new cache holds {got.shape[2]} positions' keys, expected "
+                f"{rotated.shape[2]}: the keys already cached, then the new ones after them "
+                "(the cache is the whole text so far, not only the new tokens)."
+            )
         return (
             f"the first layer's cached keys are {tuple(got.shape)}, expected "
             f"{tuple(rotated.shape)} ([batch, n_kv_heads, all positions, d_head])"
@@ -652,6 +841,12 @@ def diagnose_keys(cache, hf, tokens_so_far: torch.Tensor, mask: torch.Tensor) ->
         return (
             "the cache holds the keys BEFORE rotation: cache the keys rotated by their own "
             "positions (what rotated_qkv returns), so that they never need turning again."
+        )
+    unnormed, _ = hf_layer0_keys(hf, tokens_so_far, true_positions, norm=False)
+    if close_f32(got[real], unnormed[real]):
+        return (
+            "the keys are computed from the residual stream itself: the attention reads the "
+            "block's ln1 of it (block.ln1), as in LlamaBlock."
         )
     n = mask.shape[1]
     for s in range(1, n):  # the last s positions (the new ones) put in front of the cached ones
@@ -676,10 +871,66 @@ def diagnose_keys(cache, hf, tokens_so_far: torch.Tensor, mask: torch.Tensor) ->
             "started again at 0: the angles were restarted after the prefill. A new token's "
             "position is its place after the cached ones: use the given positions."
         )
+    for shift in (1, -1, 2, -2):
+        moved = true_positions + shift * (torch.arange(mask.shape[1]) >= first_bad)
+        shifted, _ = hf_layer0_keys(hf, tokens_so_far, moved.clamp(min=0))
+        if close_f32(got[:, :, first_bad:][tail], shifted[:, :, first_bad:][tail]):
+            return (
+                f"the key at position {first_bad} is rotated by the angles of position "
+                f"{first_bad + shift}, {abs(shift)} too {'far' if shift > 0 else 'early'}: a "
+                "new token's position is the number of real tokens before it in its row (the "
+                "given positions)."
+            )
     return (
         f"the first layer's cached key at position {first_bad} differs from HF's key "
         "rotated by its position"
     )
+
+
+def diagnose_values(cache, hf, tokens_so_far: torch.Tensor, mask: torch.Tensor) -> str | None:
+    """Name what the first layer's cached values hold, if not HF's (never rotated) values."""
+    expected = hf_layer0_values(hf, tokens_so_far)
+    got = cache.values[0]
+    if got.shape != expected.shape:
+        return (
+            f"the first layer's cached values are {tuple(got.shape)}, expected "
+            f"{tuple(expected.shape)} ([batch, n_kv_heads, all positions, d_head]), as the keys"
+        )
+    real = mask[:, None, :, None].expand_as(got)
+    if close_f32(got[real], expected[real]):
+        return None
+    n = mask.shape[1]
+    for s in range(1, n):
+        moved = torch.cat([expected[:, :, n - s :], expected[:, :, : n - s]], dim=2)
+        if mask.all() and close_f32(got, moved):
+            return (
+                f"the keys are right, but the cache's first {s} value(s) are the new positions': "
+                "the new values were put BEFORE the cached ones. They go after them, as the keys."
+            )
+    return "the keys are right, but the first layer's cached values differ from HF's values"
+
+
+def model_slip(hf, rows, pads, start, size, logits) -> str | None:
+    """A model-level slip (LLAMA_MISTAKES) that the new positions' logits match, computed with
+    HF's modules on each row's real tokens so far."""
+    for mistake, message in MODEL_MESSAGES.items():
+        matches = []
+        for row, (r, pad) in enumerate(zip(rows, pads, strict=True)):
+            columns = [c for c in range(start, start + size) if c >= pad]
+            if not columns:
+                continue
+            so_far = torch.tensor([r[: start + size - pad]])
+            wrong = hf_llama_mistake_logits(hf, so_far, mistake)[0]
+            got = logits[row, [c - start for c in columns]]
+            matches.append(close_f32(got, wrong[[c - pad for c in columns]]))
+        if matches and all(matches) and mistake == "no causal mask":
+            return (
+                "Each new position also reads the new positions after it: attend reads the "
+                "given `allowed` (causal among the new tokens, padding left out) as its mask."
+            )
+        if matches and all(matches):
+            return message
+    return None
 
 
 def step_by_step(impl, model, hf, rows: list[list[int]], chunks: list[int]):
@@ -708,11 +959,18 @@ def step_by_step(impl, model, hf, rows: list[list[int]], chunks: list[int]):
                 continue
             got = logits[row, [c - start for c in columns]]
             if not close_f32(got, want[[c - pad for c in columns]]):
-                said = diagnose_keys(cache, hf, tokens[:, : start + size], mask[:, : start + size])
+                so_far, mask_so_far = tokens[:, : start + size], mask[:, : start + size]
+                said = (
+                    diagnose_keys(cache, hf, so_far, mask_so_far)
+                    or diagnose_values(cache, hf, so_far, mask_so_far)
+                    or model_slip(hf, rows, [width - len(r) for r in rows], start, size, logits)
+                    or "The first layer's cached keys and values are right: check what the "
+                    "attention reads and what comes after it."
+                )
                 padded = f" (row {row}, {pad} padding tokens on its left)" if pad else ""
                 pytest.fail(
                     f"{what}{padded}: the logits differ from HF's LlamaForCausalLM on the whole "
-                    f"text. {said or 'The cached keys are right: check the attention inputs.'}"
+                    f"text. {said}"
                 )
         start += size
     return cache
