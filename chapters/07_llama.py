@@ -233,9 +233,9 @@ with torch.no_grad():
 #   d_\text{head}/2 - 1,$$
 #
 # with $\theta$ = `rope_theta` (10,000 for our model and the original Llama; the base is a
-# choice made before training). Pair 0 turns by one radian per position; the last pair by
-# nearly $1/\theta$ of a radian: fast pairs tell neighbours apart, slow pairs tell far-apart
-# tokens apart.
+# choice made before training). Pair 0 turns by one radian per position; the last pair, the
+# slowest, by $\theta^{-(d_\text{head} - 2)/d_\text{head}}$ of a radian: fast pairs tell
+# neighbours apart, slow pairs tell far-apart tokens apart.
 #
 # **Why turning works.** The score of query $q$ at position $m$ and key $k$ at position $n$
 # is a sum of dot products of pairs. Turning both points of a pair changes their dot product
@@ -628,12 +628,16 @@ plot_kv_groups(
 # (there is nothing left to rotate: the scores must be computed from rotated queries and keys);
 # scaling the scores by $1/\sqrt{d_\text{model}}$ instead of $1/\sqrt{d_\text{head}}$; expanding
 # keys and values in the wrong order (that is `expand_kv`'s test's business, but it shows
-# here too).
+# here too); a causal mask of your own (`is_causal=True`) in place of `allowed`, which the
+# given `forward` cannot tell apart but a cache can.
 #
 # The tests compare `rotated_qkv`'s three tensors with HF's `LlamaAttention`'s projections
 # rotated by HF's `apply_rotary_pos_emb`, and `forward` with HF's `LlamaAttention` (eager, causal
 # mask) on the same weights: the shipped model's first layer with positions starting at 3, and
-# random layers with 6 query heads and 6, 2 and 1 key/value heads at $\theta$ = 500,000.
+# random layers with 6 query heads and 6, 2 and 1 key/value heads at $\theta$ = 500,000. One
+# more calls `attend` alone as the cache of section 7 will: two new queries, seven keys, and an
+# `allowed` with padding and a key hidden from one query, against HF's
+# `eager_attention_forward` with the same mask.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -853,7 +857,8 @@ Console().print(table)
 # The tests compare your logits with HF's `LlamaForCausalLM` on the whole text: a prefill then
 # single steps, chunks of several tokens, and a left-padded batch whose rows must each give
 # what HF gives for that row alone; they compare the first layer's cached keys with HF's
-# rotated keys at every position, and read your code for a tensor made without a device.
+# rotated keys at every position (and, to name a failure, its values with HF's), and read your
+# code for a tensor made without a device.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #

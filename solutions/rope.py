@@ -23,8 +23,9 @@ def rope_cos_sin(
         raise ValueError(f"d_head must be even (RoPE turns pairs of coordinates), got {d_head}")
     checks.positive("theta", theta)
     # BEGIN SOLUTION
-    # One frequency per pair, from 1 (pair 0) down to nearly 1/theta (the last pair): fast
-    # pairs tell near positions apart, slow pairs far ones. Made on the positions' device.
+    # One frequency per pair, from 1 (pair 0) down to theta ** (-(d_head - 2) / d_head) (the
+    # last pair): fast pairs tell near positions apart, slow pairs far ones. Made on the
+    # positions' device.
     exponents = torch.arange(0, d_head, 2, device=positions.device).float() / d_head
     inv_freq = 1.0 / theta**exponents  # [d_head / 2]: 2i / d_head for i = 0 .. d_head/2 - 1
     angles = positions.float()[..., None] * inv_freq  # [*batch, posn, d_head / 2]
