@@ -1,8 +1,8 @@
 """`course serve` under load: what the HTTP path costs, and what a server must survive.
 
     python benchmarks/server.py [--clients 64] [--requests 256] [--runs 3] [--seed 0]
-                                [--threads 1] [--clients-in-process] [--default-allocator]
-                                [--quick]
+                                [--threads 1] [--clients-in-process] [--raw-clients]
+                                [--default-allocator] [--quick]
 
 The workload: `--requests` requests whose prompts and answer lengths are drawn as chapter 8's
 trace draws them (`poisson_trace`, utils/serving.py: prompts of 4-60 tokens cut from the plays,
@@ -20,7 +20,9 @@ Two ways to serve the same requests, in this process, alternating, `--runs` time
 - `server`: the same engine behind `course serve`'s app (uvicorn in a thread of this process),
   and the clients: asyncio tasks with the official `AsyncOpenAI` client, streaming
   (`stream_options.include_usage`), in a process of their own (a load generator is not the
-  server's cost; `--clients-in-process` runs them in a thread of this one instead).
+  server's cost; `--clients-in-process` runs them in a thread of this one instead;
+  `--raw-clients` streams with httpx and parses the events by hand, a load generator that
+  takes less of the machine than the official client, which builds an object per chunk).
 
 Per method: throughput (answer tokens / the time from the first request sent to the last
 token), time to first token (TTFT, from a request's sending, or its adding, to its first token)
@@ -60,17 +62,45 @@ SHUTDOWN_TOKENS = 180  # with a prompt of up to 60 tokens, within n_ctx = 256
 
 
 async def closed_loop(
-    url: str, requests: list[dict], clients: int, leavers: int = 0, seed: int = 0
-) -> dict:
+    url: str, requests: list[dict], clients: int, leavers: int = 0, seed: int = 0,
+    raw: bool = False,
+) -> dict:  # fmt: skip
     """`clients` asyncio tasks, each sending the next of `requests` as soon as its previous
-    answer ends, streamed through `AsyncOpenAI`; the first `leavers` of them close each of
-    their streams after a random number of tokens. Per request: when it was sent, its first
-    and last tokens came (seconds from the start), its text, tokens and finish reason."""
+    answer ends, streamed through `AsyncOpenAI` (or, `raw`, httpx with the events parsed by
+    hand: a cheaper load generator); the first `leavers` of them close each of their streams
+    after a random number of tokens. Per request: when it was sent, its first and last tokens
+    came (seconds from the start), its text, tokens, finish reason and the server's id."""
+    import httpx
     import openai
 
     aclient = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
+    http = httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=None))
     rng, queue, results = random.Random(seed), list(reversed(requests)), {}
     start = time.perf_counter()
+
+    async def chunks(r: dict):
+        """(id, completion tokens or None, text, finish reason) of each streamed chunk."""
+        body = {"model": MODEL, "prompt": r["prompt"], "max_tokens": r["max_tokens"],
+                "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+                "ignore_eos": True}  # fmt: skip
+        if raw:
+            async with http.stream("POST", url + "/completions", json=body) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {"):
+                        c = json.loads(line[6:])
+                        usage = c["usage"]["completion_tokens"] if c.get("usage") else None
+                        choice = c["choices"][0] if c["choices"] else {}
+                        yield c["id"], usage, choice.get("text"), choice.get("finish_reason")
+            return
+        extra = {"extra_body": {"ignore_eos": body.pop("ignore_eos")}}
+        stream = await aclient.completions.create(**body, **extra)
+        try:
+            async for c in stream:
+                usage = c.usage.completion_tokens if c.usage is not None else None
+                choice = c.choices[0] if c.choices else None
+                yield (c.id, usage, choice and choice.text, choice and choice.finish_reason)
+        finally:
+            await stream.close()  # closed early: the connection closes, the server must abort
 
     async def client(leaves: bool) -> None:
         while queue:
@@ -78,33 +108,26 @@ async def closed_loop(
             leave_after = rng.randint(1, r["max_tokens"]) if leaves else None
             sent, first, last, texts = time.perf_counter() - start, None, None, []
             tokens, reason, server_id = 0, None, None
-            stream = await aclient.completions.create(
-                model=MODEL, prompt=r["prompt"], max_tokens=r["max_tokens"], temperature=0,
-                stream=True, stream_options={"include_usage": True},
-                extra_body={"ignore_eos": True},
-            )  # fmt: skip
-            async for chunk in stream:
-                server_id = chunk.id
-                if chunk.usage is not None:
-                    tokens = chunk.usage.completion_tokens
-                if not chunk.choices:
-                    continue
-                choice = chunk.choices[0]
-                reason = choice.finish_reason or reason
-                if choice.text:
+            events = chunks(r)
+            async for chunk_id, usage, text, finish_reason in events:
+                server_id = chunk_id
+                tokens = usage if usage is not None else tokens
+                reason = finish_reason or reason
+                if text:
                     last = time.perf_counter() - start
                     first = last if first is None else first
-                    texts.append(choice.text)
+                    texts.append(text)
                     if leave_after is not None and len(texts) >= leave_after:
-                        await stream.close()  # the connection closes: the server must abort
                         reason = "left"
                         break
+            await events.aclose()
             results[r["request_id"]] = {"sent": sent, "first": first, "last": last,
                                         "text": "".join(texts), "tokens": tokens,
                                         "reason": reason, "id": server_id}  # fmt: skip
 
     await asyncio.gather(*(client(i < leavers) for i in range(clients)))
     await aclient.close()
+    await http.aclose()
     return results
 
 
@@ -118,8 +141,8 @@ def clients_worker() -> None:
 class Clients:
     """The load generator, in a process of its own (started once), or in a thread of this one."""
 
-    def __init__(self, in_process: bool):
-        self.process = None
+    def __init__(self, in_process: bool, raw: bool = False):
+        self.process, self.raw = None, raw
         if not in_process:
             self.process = subprocess.Popen(
                 [sys.executable, __file__, "--clients-worker"],
@@ -127,6 +150,7 @@ class Clients:
             )  # fmt: skip
 
     def run(self, **job) -> dict:
+        job["raw"] = self.raw
         if self.process is None:
             box = {}
             thread = threading.Thread(
@@ -345,6 +369,9 @@ def main() -> None:
     parser.add_argument("--default-allocator", action="store_true",
                         help="leave glibc's malloc settings alone")  # fmt: skip
     parser.add_argument(
+        "--raw-clients", action="store_true", help="httpx clients instead of AsyncOpenAI"
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="a smoke test: 8 clients, 16 short requests, 1 run"
     )
     parser.add_argument("--clients-worker", action="store_true", help=argparse.SUPPRESS)
@@ -367,7 +394,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     allocator = "default" if args.default_allocator else serving_benchmark().keep_freed_memory()
-    load = Clients(args.clients_in_process)
+    load = Clients(args.clients_in_process, args.raw_clients)
     model, tokenizer = load_model(MODEL)
     model.eval()
     requests = poisson_trace(tokenizer, args.requests, 40.0, args.seed, answer_lens=answer_lens)
@@ -481,7 +508,8 @@ def main() -> None:
                      "block_size": BLOCK_SIZE, "pool_fraction_of_written":
                      round(num_blocks * BLOCK_SIZE / written, 3),
                      "max_num_seqs": args.clients, "max_num_batched_tokens": BUDGET},
-        "clients": "asyncio tasks with AsyncOpenAI, streaming, in "
+        "clients": f"asyncio tasks with {'httpx' if args.raw_clients else 'AsyncOpenAI'}, "
+                   "streaming, in "
                    + ("a thread of the server's process" if args.clients_in_process
                       else "a process of their own"),
         "throughput_ratio_per_run": [round(x, 3) for x in ratios],
