@@ -245,6 +245,13 @@ BAD = [  # (body, status, the field named; None: the body as a whole)
 ]
 
 BAD_PATHS = [("GET", "/nowhere", 404), ("GET", "/completions", 405)]
+ACCEPTED = [  # neutral values and vLLM's "off" for top_k: the same greedy text as GOOD's
+    {**GOOD, "top_k": -1},
+    {**GOOD, "top_k": 0, "top_p": 1},
+    {**GOOD, "prompt": ["ROMEO.\n"]},
+    {**GOOD, "n": 1, "frequency_penalty": 0, "presence_penalty": 0.0, "echo": False,
+     "logprobs": None, "best_of": 1, "logit_bias": {}, "suffix": None, "user": "me"},
+]  # fmt: skip
 
 
 def test_bad_requests_are_answered_with_openais_error_and_disturb_nothing(served, reference):
@@ -266,6 +273,10 @@ def test_bad_requests_are_answered_with_openais_error_and_disturb_nothing(served
                 answers.append(await http.post(url, **sent))
                 good = await http.post(url, json=GOOD)  # and the next request is served right
                 assert good.status_code == 200 and good.json()["choices"][0]["text"] == want_short
+            for body in ACCEPTED:
+                good = await http.post(url, json=body)
+                assert good.status_code == 200, (body, good.text)
+                assert good.json()["choices"][0]["text"] == want_short, body
             for method, path, _ in BAD_PATHS:
                 answers.append(await http.request(method, running.url + path))
         return answers, await long
