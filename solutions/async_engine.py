@@ -71,7 +71,7 @@ class Detokenizer:
     as OpenAI's and vLLM's servers leave them out."""
 
     def __init__(self, tokenizer):
-        # A fast tokenizer's own decoder: the Python wrapper around it costs 5 times more.
+        # A fast tokenizer's own decoder: the wrapper around it costs 6 times more on 10 tokens.
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._decode = backend.decode if backend is not None else tokenizer.decode
         self.ids: list[int] = []
