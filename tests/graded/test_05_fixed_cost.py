@@ -37,6 +37,7 @@ from tests.graded.test_04_kv_cache import (
 
 CHAPTER = "05_fixed_cost"
 
+
 def printed_by(call) -> str:
     """What `call()` prints. Read through a redirect of its own, not pytest's capsys: the grader
     captures what learner code prints (it is shown beside a failure), and capsys then sees
@@ -126,6 +127,32 @@ def intercept_fit(n_ops, floor, cached, seconds) -> tuple[float, float]:
     return float(per_op), float(per_cached)
 
 
+def fitted(impl, *columns):
+    """The learner's fit, with the two shape slips of a least-squares call named where they
+    break: the matrix stacked the other way round, and its solution read along the wrong axis."""
+    try:
+        return impl.fit_step_cost(*columns)
+    except RuntimeError as error:
+        if "lstsq" in str(error) and "size(-2)" in str(error):
+            pytest.fail(
+                f"fit_step_cost raised `{error}`: torch.linalg.lstsq wants the matrix with one ROW "
+                "per step and one column per fitted term ([steps, 2]), and the right-hand side "
+                "with one row per step too ([steps, 1]). Along which dimension did you stack the "
+                "two columns?"
+            )
+        raise
+    except IndexError as error:
+        pytest.fail(
+            f"fit_step_cost raised `{error}` while reading the solution. Print its shape: for a "
+            "right-hand side [steps, 1] it is [2, 1], one row per unknown (in your columns' "
+            "order) and one column per right-hand side."
+        )
+
+
+def lstsq_of(A: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.linalg.lstsq(A, b, rcond=None)[0]
+
+
 def fit_mistake(impl, n_ops, floor, cached, seconds, got) -> str:
     """The likely mistake behind a wrong fit, recognised by refitting under its hypothesis."""
     no_floor = numpy_fit(n_ops, torch.zeros_like(floor), cached, seconds)
@@ -140,12 +167,54 @@ def fit_mistake(impl, n_ops, floor, cached, seconds, got) -> str:
             " That is the fit of seconds + floor: the floor was added where it should come off. "
             "Fit the time the floor does not explain (the floor is added back by predict)."
         )
+    found = np.array([got.per_op, got.per_cached])
+    columns64 = [c.double().numpy() for c in (n_ops, floor, cached, seconds)]
+    ops64, floor64, cached64, seconds64 = columns64
+    right = numpy_fit(n_ops, floor, cached, seconds)
+
+    def is_(candidate) -> bool:
+        """The learner's fit is this mistake's, and the mistake's differs from the right one
+        (steps that the model fits exactly hide some mistakes)."""
+        return not np.allclose(candidate, right, rtol=1e-4, atol=0) and np.allclose(
+            found, candidate, rtol=1e-4, atol=0
+        )
+
+    floor_column = lstsq_of(np.stack([ops64, cached64, floor64], axis=1), seconds64)[:2]
+    if is_(floor_column):
+        return (
+            " That is a fit of `seconds` with the floor as a third fitted column: the floor is "
+            "not fitted, it is computed and comes off first. Fit seconds - floor by the two "
+            "columns n_ops and cached."
+        )
+    by_floor = lstsq_of(np.stack([ops64, floor64], axis=1), seconds64 - floor64)
+    if is_(by_floor):
+        return (
+            " That is the fit by the columns n_ops and floor: the second column is `cached`, the "
+            "numbers of the cache each step reads."
+        )
+    A = np.stack([ops64, cached64], axis=1)
+    first_two = np.linalg.solve(A[:2], (seconds64 - floor64)[:2])
+    if is_(first_two):
+        return (
+            " That is the exact solution of the first two steps alone: a least-squares fit uses "
+            "every step (torch.linalg.lstsq on all the rows), not a square system of two."
+        )
+    if n_ops.dtype == torch.float32:
+        above32 = (seconds - floor).double().numpy()  # the difference rounded in float32
+        in_float32 = lstsq_of(A, above32)
+        if not np.allclose(in_float32, right, rtol=1e-9, atol=0) and np.allclose(
+            found, in_float32, rtol=1e-7, atol=0
+        ):
+            return (
+                " That is the fit of seconds - floor computed in float32 and converted after: "
+                "convert the four columns to float64 first, before any arithmetic on them."
+            )
     # Steps that the model fits exactly hide a third column (its intercept fits as 0): on
     # noisy steps the intercept takes a share of the time.
     noisy = made_steps(noise=0.1, seed=0)
     with_intercept = intercept_fit(*noisy)
     if not np.allclose(with_intercept, numpy_fit(*noisy), rtol=1e-4, atol=0):
-        again = impl.fit_step_cost(*noisy)
+        again = fitted(impl, *noisy)
         if np.allclose([again.per_op, again.per_cached], with_intercept, rtol=1e-4, atol=0):
             return (
                 " That is a fit with a third unknown, an intercept column of ones: the model has "
@@ -167,7 +236,7 @@ def fit_mistake(impl, n_ops, floor, cached, seconds, got) -> str:
 @pytest.mark.fit_step_cost
 def test_the_fit_finds_the_costs_the_steps_were_made_from(impl):
     n_ops, floor, cached, seconds = made_steps()
-    got = impl.fit_step_cost(n_ops, floor, cached, seconds)
+    got = fitted(impl, n_ops, floor, cached, seconds)
     ok = np.allclose([got.per_op, got.per_cached], [PER_OP, PER_CACHED], rtol=1e-8, atol=0)
     assert ok, (
         f"steps made from per_op={PER_OP:g} s and per_cached={PER_CACHED:g} s, with no noise: "
@@ -181,7 +250,7 @@ def test_the_fit_finds_the_costs_the_steps_were_made_from(impl):
 def test_the_fit_agrees_with_numpys_least_squares(impl, seed):
     n_ops, floor, cached, seconds = made_steps(noise=0.1, seed=seed)
     expected = numpy_fit(n_ops, floor, cached, seconds)
-    got = impl.fit_step_cost(n_ops, floor, cached, seconds)
+    got = fitted(impl, n_ops, floor, cached, seconds)
     assert np.allclose([got.per_op, got.per_cached], expected, rtol=1e-9, atol=0), (
         f"noisy steps: numpy.linalg.lstsq finds per_op={expected[0]:g}, "
         f"per_cached={expected[1]:g}; yours per_op={got.per_op:g}, per_cached={got.per_cached:g}."
@@ -193,17 +262,19 @@ def test_the_fit_agrees_with_numpys_least_squares(impl, seed):
 def test_the_fit_of_float32_measurements_is_solved_in_float64(impl):
     columns = made_steps(noise=0.1, seed=2, dtype=torch.float32)
     expected = numpy_fit(*columns)
-    got = impl.fit_step_cost(*columns)
+    got = fitted(impl, *columns)
     assert isinstance(got.per_op, float) and isinstance(got.per_cached, float), (
         f"return plain Python floats in StepCost, got {type(got.per_op).__name__} and "
         f"{type(got.per_cached).__name__} (`.tolist()` or `float(...)` of the solution)"
     )
     assert np.allclose([got.per_op, got.per_cached], expected, rtol=1e-9, atol=0), (
         f"float32 measurements: numpy (in float64) finds per_op={expected[0]:g}, "
-        f"per_cached={expected[1]:g}; yours per_op={got.per_op:g}, per_cached={got.per_cached:g}. "
-        "Convert the columns to float64 before solving: with counts near a million and times "
-        "near a millisecond, a float32 solve keeps few correct digits."
-        + fit_mistake(impl, *columns, got)
+        f"per_cached={expected[1]:g}; yours per_op={got.per_op:g}, per_cached={got.per_cached:g}."
+        + (
+            fit_mistake(impl, *columns, got)
+            or " Convert the columns to float64 before solving: with counts near a million and "
+            "times near a millisecond, a float32 solve keeps few correct digits."
+        )
     )
 
 
@@ -216,6 +287,11 @@ ODD = Config(d_model=10, n_heads=2, d_head=5, n_layers=3, n_ctx=7, d_vocab=11, d
 @pytest.mark.static_cache
 def test_the_buffers_have_the_static_layout(impl):
     cache = impl.StaticKeyValueCache(ODD, batch=4, dtype=torch.float64)
+    missing = [name for name in ("keys", "values", "mask", "causal") if not hasattr(cache, name)]
+    assert not missing, (
+        f"the cache has no {', no '.join(missing)}: __init__ must set them on the object "
+        f"(self.{missing[0]} = ...). A local variable of __init__ is gone when it returns"
+    )
     for name in ("keys", "values"):
         buffers = getattr(cache, name)
         assert isinstance(buffers, list | tuple) and len(buffers) == ODD.n_layers, (
@@ -278,6 +354,19 @@ def test_the_causal_mask_lets_each_slot_read_itself_and_the_slots_before(impl):
         )
     if torch.equal(got, expected & ~torch.eye(ODD.n_ctx, dtype=torch.bool)):
         pytest.fail("a query must read its own key too: k <= q, not k < q")
+    if torch.equal(got & ~expected, got ^ expected):
+        later = (got & ~expected).nonzero()[0].tolist()
+        pytest.fail(
+            f"causal lets a query read a slot after its own (query slot {later[0]}, key slot "
+            f"{later[1]}): a query reads the slots up to its own, k <= q, and none after. Is your "
+            "comparison shifted by one?"
+        )
+    if torch.equal(expected & ~got, got ^ expected):
+        hidden = (expected & ~got).nonzero()[0].tolist()
+        pytest.fail(
+            f"causal hides a slot a query may read (query slot {hidden[0]}, key slot "
+            f"{hidden[1]}): every key slot k <= q is readable, from slot 0 on"
+        )
     pytest.fail(
         f"causal must be True exactly where the key's slot k <= the query's slot q:\n{got.int()}"
     )
@@ -310,6 +399,33 @@ def allowed_for(n_ctx: int, slots: torch.Tensor, written: int) -> torch.Tensor:
     return ((k[None, :] <= slots[:, None]) & (k[None, :] < written))[None, None]
 
 
+def attention_static_called(impl, attn, x, keys, values, slots, allowed):
+    """The learner's attention_static, with the errors of two slips named: the buffers grown by
+    torch.cat (which then no longer match `allowed`'s n_ctx) and the writes along another axis
+    than the slots'."""
+    before = keys.clone()
+    try:
+        with torch.no_grad():
+            return impl.attention_static(attn, x, keys, values, slots, allowed)
+    except RuntimeError as error:
+        if "index_copy" in str(error) and "slice shape" in str(error):
+            pytest.fail(
+                f"attention_static raised `{error}`. The buffers are [batch, n_heads, n_ctx, "
+                "d_head] and the slots index their third dimension (dim 2); the new keys and "
+                "values must be [batch, n_heads, new, d_head] to be written there."
+            )
+        if torch.equal(keys, before) and (
+            "size of tensor" in str(error) or "attn_mask" in str(error)
+        ):
+            pytest.fail(
+                f"attention_static raised `{error}`, and the key buffer was never written. "
+                "torch.cat (chapter 4's habit) makes a new, longer tensor that the cache never "
+                "sees, and that no longer has `allowed`'s n_ctx slots: write the new keys and "
+                "values into the buffers in place, at `slots` (Tensor.index_copy_)."
+            )
+        raise
+
+
 @pytest.mark.attention_static
 @pytest.mark.parametrize("layer", [0, 2])
 def test_a_prefill_writes_its_keys_and_matches_the_reference(impl, shipped, ref_run, layer):
@@ -321,8 +437,9 @@ def test_a_prefill_writes_its_keys_and_matches_the_reference(impl, shipped, ref_
     keys, values = fresh_buffers(cfg)
     where = (keys.data_ptr(), values.data_ptr())
     slots = torch.arange(n)
-    with torch.no_grad():
-        out = impl.attention_static(attn, x, keys, values, slots, allowed_for(cfg.n_ctx, slots, n))
+    out = attention_static_called(
+        impl, attn, x, keys, values, slots, allowed_for(cfg.n_ctx, slots, n)
+    )
     assert (keys.data_ptr(), values.data_ptr()) == where
     for name, buffer in (("key", keys), ("value", values)):
         if not buffer.any():
@@ -332,6 +449,18 @@ def test_a_prefill_writes_its_keys_and_matches_the_reference(impl, shipped, ref_
                 "index_copy (no underscore) make a new tensor that the cache never sees"
             )
     ref_k, ref_v = (head_first(acts[f"blocks.{layer}.attn.hook_{c}"]) for c in "kv")
+    ref_q = head_first(acts[f"blocks.{layer}.attn.hook_q"])
+    if torch.equal(keys, values):
+        pytest.fail(
+            "the value buffer holds the same numbers as the key buffer: are the new keys "
+            "written into both? The values are the projection by W_V and b_V."
+        )
+    if close_f32(keys[:, :, :n], ref_q) or close_f32(values[:, :, :n], ref_q):
+        name = "keys" if close_f32(keys[:, :, :n], ref_q) else "values"
+        pytest.fail(
+            f"the {name} written are the queries: each of q, k and v has its own weights and "
+            "bias (W_Q and b_Q, W_K and b_K, W_V and b_V)."
+        )
     for name, got, ref, bias in [("b_K", keys, ref_k, attn.b_K), ("b_V", values, ref_v, attn.b_V)]:
         if close_f32(got[:, :, :n], ref - bias[None, :, None, :]):
             pytest.fail(f"the keys or values lack their bias: did you forget {name}?")
@@ -342,7 +471,9 @@ def test_a_prefill_writes_its_keys_and_matches_the_reference(impl, shipped, ref_
     full_k, full_v = fresh_buffers(cfg)
     full_k[:, :, :n], full_v[:, :, :n] = ref_k, ref_v
     allowed = allowed_for(cfg.n_ctx, slots, n)
-    check_output(out, acts[f"blocks.{layer}.hook_attn_out"], attn, q, full_k, full_v, allowed)
+    check_output(
+        out, acts[f"blocks.{layer}.hook_attn_out"], attn, q, full_k, full_v, allowed, slots
+    )
 
 
 def same_f32(actual: torch.Tensor, expected: torch.Tensor) -> bool:
@@ -352,7 +483,7 @@ def same_f32(actual: torch.Tensor, expected: torch.Tensor) -> bool:
     )
 
 
-def attention_mistake(out, attn, q, keys, values, allowed) -> str:
+def attention_mistake(out, attn, q, keys, values, allowed, slots) -> str:
     """The likely mistake behind a wrong output, recognised by computing each candidate on the
     test's own queries, buffers and mask (`keys`, `values`: the buffers as they should be)."""
     sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -362,7 +493,42 @@ def attention_mistake(out, attn, q, keys, values, allowed) -> str:
 
     b, h, n, e = q.shape
     right = sdpa(q, keys, values, attn_mask=allowed)
+    scores = q @ keys.transpose(-1, -2) / e**0.5
+    masked_to_zero = scores.masked_fill(~allowed, 0.0).softmax(-1) @ values
+    new_k, new_v = keys[:, :, slots], values[:, :, slots]
+    q_no_bias = q - attn.b_Q[None, :, None, :]
     candidates = [
+        (
+            projected(sdpa(q, keys, values, attn_mask=allowed, scale=1.0)),
+            "it is attention whose scores were not scaled: divide q·k by sqrt(d_head) before "
+            "the softmax (F.scaled_dot_product_attention does it for you).",
+        ),
+        (
+            projected(sdpa(q, keys, values, attn_mask=allowed, scale=1 / e)),
+            "it is attention whose scores were divided by d_head: the scale is 1/sqrt(d_head), "
+            "the square root.",
+        ),
+        (
+            projected(masked_to_zero),
+            "it is attention whose hidden scores were set to 0 before the softmax: a score of "
+            "0 still gets a weight (exp(0) = 1). Hidden slots need -inf, or pass `allowed` as "
+            "attn_mask to F.scaled_dot_product_attention.",
+        ),
+        (
+            projected(sdpa(q, keys, values)),
+            "it is attention with no mask: every query read all n_ctx slots, the empty ones "
+            "and those after it too. Pass `allowed` as the attention's mask.",
+        ),
+        (
+            projected(sdpa(q, new_k, new_v)),
+            "it is attention over the new positions' own keys and values only, not the "
+            "buffers: the queries must read the whole buffers (every slot `allowed` lets in), "
+            "where the earlier positions' keys are.",
+        ),
+        (
+            projected(sdpa(q_no_bias, keys, values, attn_mask=allowed)),
+            "it is the right attention with queries that lack their bias: did you forget b_Q?",
+        ),
         (
             projected(sdpa(q, keys, values, attn_mask=~allowed)),
             "it is attention through the inverted mask. In `allowed`, True means may read (the "
@@ -395,13 +561,13 @@ def attention_mistake(out, attn, q, keys, values, allowed) -> str:
     return ""
 
 
-def check_output(out, expected, attn, q, keys, values, allowed) -> None:
+def check_output(out, expected, attn, q, keys, values, allowed, slots) -> None:
     if close_f32(out, expected):
         return
     if out.shape == expected.shape and close_f32(out, expected - attn.b_O):
         pytest.fail("Did you forget the output bias b_O? It is added after W_O.")
     with torch.no_grad():
-        mistake = attention_mistake(out, attn, q, keys, values, allowed)
+        mistake = attention_mistake(out, attn, q, keys, values, allowed, slots)
     if mistake:
         pytest.fail(f"the attention output differs from transformer-lens':{mistake}")
     assert_close_f32(
@@ -427,10 +593,9 @@ def test_a_step_writes_its_own_slot_and_reads_the_cache(impl, shipped, ref_run, 
     before_k, before_v = keys.clone(), values.clone()
     slot = torch.tensor([t])
     x = acts[f"blocks.{layer}.ln1.hook_out"][:, t : t + 1]
-    with torch.no_grad():
-        out = impl.attention_static(
-            attn, x, keys, values, slot, allowed_for(cfg.n_ctx, slot, t + 1)
-        )
+    out = attention_static_called(
+        impl, attn, x, keys, values, slot, allowed_for(cfg.n_ctx, slot, t + 1)
+    )
     if torch.equal(keys, before_k):
         pytest.fail(
             "the key buffer is unchanged: write the new key into slot `slots` of the buffer "
@@ -458,7 +623,14 @@ def test_a_step_writes_its_own_slot_and_reads_the_cache(impl, shipped, ref_run, 
     )
     allowed = allowed_for(cfg.n_ctx, slot, t + 1)
     check_output(
-        out, acts[f"blocks.{layer}.hook_attn_out"][:, t : t + 1], attn, q, full_k, full_v, allowed
+        out,
+        acts[f"blocks.{layer}.hook_attn_out"][:, t : t + 1],
+        attn,
+        q,
+        full_k,
+        full_v,
+        allowed,
+        slot,
     )
 
 
@@ -471,7 +643,7 @@ def hf_logits(hf, rows: list[list[int]]) -> list[torch.Tensor]:
 
 
 @pytest.mark.forward_static
-def test_a_prefill_and_steps_give_hfs_logits(impl, shipped, hf):
+def test_a_prefill_and_steps_give_hfs_logits(impl, shipped, hf, monkeypatch):
     model, tokenizer = shipped
     ids = tokenizer.encode(PROMPT)
     more = [17, 250, 3]
@@ -480,19 +652,50 @@ def test_a_prefill_and_steps_give_hfs_logits(impl, shipped, hf):
     cache = impl.StaticKeyValueCache(model.cfg, batch=1)
     where = [b.data_ptr() for b in list(cache.keys) + list(cache.values)]
     slots = torch.arange(n)
+    shapes = allowed_shapes(impl, monkeypatch)
     with torch.no_grad():
         logits = impl.forward_static(model, torch.tensor([ids]), cache, slots, slots[None])
+    want = (1, 1, n, model.cfg.n_ctx)
+    wrong = [shape for shape in shapes if shape != want]
+    assert not wrong, (
+        f"forward_static handed attention_static an `allowed` of shape {wrong[0]}; it is "
+        f"[batch, 1, new, n_ctx], here {want}: the axis of size 1 stands for the heads, so that "
+        "one mask broadcasts over them. Without it, the batch meets the heads' axis (a batch of "
+        "1 hides it; a batch of 3 fails). Which axes did you add to cache.mask and the rows?"
+    )
     assert tuple(logits.shape) == (1, n, model.cfg.d_vocab), (
         f"logits of every new token, [batch, new, d_vocab]: got {tuple(logits.shape)}"
     )
     if not close_f32(logits[0], expected[:n]):
         later = (logits[0] - expected[:n]).abs().amax(dim=-1) > 1e-3
+        tokens = torch.tensor([ids])
         with torch.no_grad():
-            every_key = uncached_variant(model, torch.tensor([ids]), causal=False)[0]
+            every_key = uncached_variant(model, tokens, causal=False)[0]
+            no_final_ln = uncached_variant(model, tokens, final_ln=False)[0]
+            square = torch.ones(n, n, dtype=torch.bool)
+            later_keys = logits_reading(model, tokens, square.triu())[0]  # its own and after
+            own_only = logits_reading(model, tokens, torch.eye(n, dtype=torch.bool))[0]
         if close_f32(logits[0], every_key):
             hint = (
                 "they are the logits of queries that read every slot, those after their own too: "
                 "keep the causal part of the mask (cache.causal[slots])."
+            )
+        elif close_f32(logits[0], later_keys):
+            hint = (
+                "they are the logits of queries that read their own slot and those AFTER it, not "
+                "those before: the causal rows are turned around. In cache.causal the rows are "
+                "the query slots and the columns the key slots: pick the rows of the new slots."
+            )
+        elif close_f32(logits[0], own_only):
+            hint = (
+                "they are the logits of queries that each read their own slot alone: when "
+                "attention ran, cache.mask did not hold the new slots yet. Record `real` in "
+                "cache.mask before the blocks run."
+            )
+        elif close_f32(logits[0], no_final_ln):
+            hint = (
+                "they are the logits without the final LayerNorm: the unembedding reads "
+                "ln_final of the residual stream."
             )
         elif not close_f32(logits[0, :1], expected[:1]):
             hint = "already at the first position: check the embeddings, blocks and unembedding."
@@ -510,10 +713,70 @@ def test_a_prefill_and_steps_give_hfs_logits(impl, shipped, hf):
         slot = torch.tensor([n + i])
         with torch.no_grad():
             step = impl.forward_static(model, torch.tensor([[token]]), cache, slot, slot[None])
+        if not close_f32(step[0, -1], expected[n + i]) and positions_ignored(
+            impl, model, ids, token
+        ):
+            pytest.fail(
+                f"the prefill is right, and decoding step {i + 1}'s logits are not. Your "
+                "forward_static gives a step the same logits whatever `positions` says: is each "
+                "token embedded at its `positions` (W_pos's rows), not at positions counted from "
+                "0 in the call (chapter 1's pos_embed of the new tokens alone)?"
+            )
         assert_close_f32(step[0, -1], expected[n + i], f"the logits of decoding step {i + 1}")
     assert [b.data_ptr() for b in list(cache.keys) + list(cache.values)] == where, (
         "the cache's buffers moved: write into them in place"
     )
+
+
+def allowed_shapes(impl, monkeypatch) -> list[tuple[int, ...]]:
+    """The shape of each `allowed` that forward_static hands to attention_static, recorded as it
+    calls it (when it calls it by that name)."""
+    shapes: list[tuple[int, ...]] = []
+    names = impl.forward_static.__globals__
+    original = names.get("attention_static")
+    if original is None:
+        return shapes
+
+    def recorded(attn, x, keys, values, slots, allowed, *args, **kwargs):
+        shapes.append(tuple(allowed.shape))
+        return original(attn, x, keys, values, slots, allowed, *args, **kwargs)
+
+    monkeypatch.setitem(names, "attention_static", recorded)
+    return shapes
+
+
+def logits_reading(model, tokens: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """The model's logits when query i reads key j exactly where allowed[i, j] ([n, n] bool):
+    what a mask built another way gives, to name it."""
+    residual = model.embed(tokens) + model.pos_embed(tokens)
+    for block in model.blocks:
+        attn, x = block.attn, block.ln1(residual)
+        q, k, v = (
+            torch.einsum("bpd,hde->bhpe", x, W) + b[:, None]
+            for W, b in ((attn.W_Q, attn.b_Q), (attn.W_K, attn.b_K), (attn.W_V, attn.b_V))
+        )
+        z = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        residual = residual + torch.einsum("bhpe,hed->bpd", z, attn.W_O) + attn.b_O
+        residual = residual + block.mlp(block.ln2(residual))
+    return model.unembed(model.ln_final(residual))
+
+
+def positions_ignored(impl, model, ids: list[int], token: int) -> bool:
+    """Whether the learner's forward_static gives a step after `ids` the same logits at its true
+    position and at position 0 (each on a fresh prefill): `positions` then changes nothing."""
+    n = len(ids)
+    steps = []
+    for position in (n, 0):
+        cache = impl.StaticKeyValueCache(model.cfg, batch=1)
+        slots = torch.arange(n)
+        with torch.no_grad():
+            impl.forward_static(model, torch.tensor([ids]), cache, slots, slots[None])
+            slot = torch.tensor([n])
+            step = impl.forward_static(
+                model, torch.tensor([[token]]), cache, slot, torch.tensor([[position]])
+            )
+        steps.append(step[0, -1])
+    return close_f32(steps[0], steps[1])
 
 
 def padded_prefill(impl, shipped):
@@ -648,14 +911,33 @@ def test_forward_static_never_reads_the_device(impl, shipped, monkeypatch):
 # --------------------------------------------------------------------------- fast_sample
 
 
-def recording_steps(sampler) -> list[tuple[int, int, int]]:
+class StepCalls(list):
+    """(token, slot, position) of each call of the step, and the widths of the tokens given."""
+
+    widths: list[int]
+
+
+def recording_steps(sampler) -> StepCalls:
     """Wraps `sampler.step` so that each call's (token, slot, position) is recorded, as numbers
-    copied at the call (the loop advances its slot in place afterwards)."""
-    calls: list[tuple[int, int, int]] = []
+    copied at the call (the loop advances its slot in place afterwards), with the number of
+    tokens each call was given (`widths`)."""
+    calls = StepCalls()
+    calls.widths = []
     step = sampler.step
 
     def recorded(model, cache, token, slot, position):
+        numbers = [
+            name for name, t in (("slot", slot), ("position", position)) if not torch.is_tensor(t)
+        ]
+        if numbers:
+            pytest.fail(
+                f"self.step was given its {' and '.join(numbers)} as a Python number. A "
+                "compiled step is guarded on every Python number it is given and compiled again "
+                "for each new value: pass the slot and the position as tensors (the slot tensor "
+                "advanced in place, its [None] as the position), never as Python ints."
+            )
         calls.append((int(token.flatten()[0]), int(slot.flatten()[0]), int(position.flatten()[0])))
+        calls.widths.append(token.shape[-1] if token.ndim else 1)
         return step(model, cache, token, slot, position)
 
     sampler.step = recorded
@@ -682,7 +964,12 @@ def slot_mistake(
         return (
             f" The first decoding step got slot {slots[0]}, but the prompt's {n_prompt} tokens "
             f"fill slots 0 to {n_prompt - 1}, so the first sampled token goes into slot "
-            f"{n_prompt}. Where does your slot start?"
+            f"{n_prompt}. Where does your slot start"
+            + (
+                ", and is it advanced after each step, not before?"
+                if slots[0] == n_prompt + 1
+                else "?"
+            )
         )
     if len(slots) > 1 and len(set(slots)) == 1:
         return f" Every decoding step got slot {slots[0]}: advance the slot after each step."
@@ -700,8 +987,23 @@ def slot_mistake(
             "end of sample cuts `text` to n_new new tokens, and your n_new stays 0. Is it set to "
             "the number of tokens written as the loop goes?"
         )
+    if wanted is not None and tokens == wanted[: len(tokens)] and new == wanted[:-1]:
+        return (
+            f" The decoding steps were fed the right tokens, and yours keeps {len(new)} new "
+            f"tokens of the {len(wanted)} asked for: one short. Does the loop sample "
+            "max_tokens_generated tokens, and is n_new (how many new tokens the given code keeps) "
+            "the number written so far, i + 1 after token i?"
+        )
     if wanted is not None and tokens == wanted[: len(tokens)] and new != wanted:
         late = new[1 : len(wanted)] == wanted[: len(new) - 1]
+        early = len(new) > 1 and new[: len(new) - 1] == wanted[1 : len(new)]
+        if early:
+            return (
+                f" The decoding steps were fed the right tokens ({tokens[:4]}...), so the "
+                "sampling is right and `text` is off: each token sits one index early in `text` "
+                "(the first new token overwrote the prompt's last, and the next token overwrote "
+                "it). Where does new token i go, counting from the end of the prompt?"
+            )
         return (
             f" The decoding steps were fed the right tokens ({tokens[:4]}...), so the sampling "
             "is right and `text` is off"
@@ -725,7 +1027,12 @@ def slot_mistake(
                 f" Decoding step {i + 1} was fed token {fed}, but the token sampled before it "
                 f"was {sampled}: feed each sampled token to the next step."
             )
-    return " Feed each sampled token to the next step, at the next slot."
+    return (
+        " Each decoding step was fed the token sampled before it, at the right slot and "
+        "position: the loop's bookkeeping is right, and the tokens drawn are not. Are they drawn "
+        "by sample_next_token from the step's logits, with every sampling argument (here "
+        "temperature=0: the argmax)?"
+    )
 
 
 @pytest.mark.fast_sample
@@ -735,7 +1042,23 @@ def test_greedy_tokens_are_hf_generates_on_its_static_cache(impl, shipped, hf, p
     ids = tokenizer.encode(prompt)
     sampler = impl.FastTransformerSampler(model, tokenizer, compile=False)
     calls = recording_steps(sampler)
-    got = sampler.sample(ids, 40, temperature=0.0, stop_at_eos=False).tolist()
+    try:
+        got = sampler.sample(ids, 40, temperature=0.0, stop_at_eos=False).tolist()
+    except ValueError as error:
+        if "logits [batch, d_vocab]" in str(error):
+            pytest.fail(
+                f"sample_next_token refused the first logits: `{error}`. The prefill gives "
+                "logits for every position of the prompt, [1, n_prompt, d_vocab]; the first new "
+                "token is sampled from the last position's alone, [1, d_vocab]."
+            )
+        raise
+    wide = [width for width in calls.widths if width != 1]
+    assert not wide, (
+        f"self.step was called with {wide[0]} tokens at once: that is the prefill. self.step is "
+        "the decoding step that section 4 compiles for one shape, one token [1, 1]; the prompt's "
+        "shape would compile it again for every prompt length. Run the prefill with "
+        "forward_static itself (eager), and self.step for the new tokens only."
+    )
     expected = hf_static_greedy(hf, ids, 40, stop_at_eos=False)
     if got != expected:
         with torch.no_grad():
@@ -772,7 +1095,19 @@ def test_sampled_tokens_are_chapter_3s_under_the_same_seed(impl, shipped, kwargs
     model, tokenizer = shipped
     sampler = impl.FastTransformerSampler(model, tokenizer, compile=False)
     expected = impl.TransformerSampler(model, tokenizer).sample(PROMPT, 60, **kwargs)
-    got = sampler.sample(PROMPT, 60, **kwargs)
+    try:
+        got = sampler.sample(PROMPT, 60, **kwargs)
+    except RuntimeError as error:
+        if kwargs.get("frequency_penalty") and (
+            "size of tensor" in str(error) or "scalar type" in str(error)
+        ):
+            pytest.fail(
+                f"{kwargs}: sample raised `{error}`. The penalty's counts are one row of floats "
+                f"with one entry per token of the vocabulary, [1, d_vocab] = [1, "
+                f"{model.cfg.d_vocab}]: torch.bincount stops at the largest id it sees unless "
+                "told its minlength, and counts integers unless converted to float."
+            )
+        raise
     if got != expected:
         n_prompt = len(tokenizer.encode(PROMPT))
         where = describe_difference(tokenizer, tokenizer.encode(expected), got, n_prompt)
@@ -789,10 +1124,23 @@ def test_sampled_tokens_are_chapter_3s_under_the_same_seed(impl, shipped, kwargs
                 f"({where}): sample_next_token takes logits (it divides by the temperature and "
                 "takes the softmax itself). Pass the scores as they are, before any softmax."
             )
+        eos = tokenizer.eos_token_id
+        new_ids = tokenizer.encode(got)[n_prompt:]
+        if (
+            kwargs.get("stop_at_eos", True)
+            and new_ids[:1] == [eos] != tokenizer.encode(expected)[n_prompt:][:1]
+        ):
+            pytest.fail(
+                f"{kwargs}: your text ends at once, with end-of-text as its first new token, "
+                f"where chapter 3's goes on ({where}). The mask wrote end-of-text before the "
+                "text was done: torch.where(condition, x, y) takes x where the condition is "
+                "True. Which of the two is end-of-text in yours?"
+            )
         pytest.fail(
             f"{kwargs}: the text differs from chapter 3's sampler under the same seed: {where}. "
-            "Call sample_next_token once per token, with the generator and the sampling "
-            f"arguments, in chapter 3's order.{hint}"
+            "Call sample_next_token once per token, with the sampling arguments and the one "
+            "generator that `_start` made from the seed (the same generator for every token: "
+            f"one made again at each step repeats its first draws), in chapter 3's order.{hint}"
         )
 
 
@@ -995,8 +1343,11 @@ def test_a_compiled_step_is_one_graph_compiled_once_for_a_whole_generation(impl,
         "position as tensors (and advance the slot tensor itself), never as Python ints"
     )
     try:
-        first = sampler.sample(PROMPT, 24, temperature=1.0, seed=3, stop_at_eos=False)
-        sampler.sample("KING.\nWhat", 12, temperature=0.0)
+        # A correct step compiles once; a step compiled again at every token stops at the
+        # third version, not dynamo's eighth (each costs seconds on a busy machine).
+        with torch._dynamo.config.patch(recompile_limit=2):
+            first = sampler.sample(PROMPT, 24, temperature=1.0, seed=3, stop_at_eos=False)
+            sampler.sample("KING.\nWhat", 12, temperature=0.0)
     except torch._dynamo.exc.FailOnRecompileLimitHit:
         torch._dynamo.reset()
         pytest.fail(f"decode_step was compiled again and again until dynamo's limit: {ints}")
@@ -1044,11 +1395,24 @@ def quantized(impl, W) -> tuple[torch.Tensor, torch.Tensor]:
     try:
         q, scale = impl.quantize_int8(W)
     except RuntimeError as error:
+        if W.ndim > 2 and ("size of tensor" in str(error) or "must match" in str(error)):
+            try:
+                _, one_scale = impl.quantize_int8(W[:1])  # a stack of one matrix
+            except Exception:  # noqa: BLE001 - a probe: any failure means "not this slip"
+                one_scale = None
+            if isinstance(one_scale, torch.Tensor) and one_scale.shape == W.shape[1:]:
+                pytest.fail(
+                    f"quantize_int8 of a stack of matrices {tuple(W.shape)} raised `{error}`, and "
+                    f"of a stack of one it returned scales {tuple(one_scale.shape)}, one per "
+                    "weight: your max runs over dim 0, the stack, not over d_in. The input "
+                    "dimension is dim=-2, whatever the leading dimensions."
+                )
         if "size of tensor" in str(error) or "must match" in str(error):
             pytest.fail(
                 f"quantize_int8 of a {tuple(W.shape)} matrix raised `{error}`. W / scale must "
-                "broadcast: is your scale per row (per input)? A channel is a column: the max "
-                "over d_in (dim=-2), one scale per d_out, then unsqueeze(-2) to divide."
+                "broadcast: a scale [..., d_out] divides W [..., d_in, d_out] only once the d_in "
+                "dimension is put back (unsqueeze(-2)). And is it one scale per column, the max "
+                "over d_in (dim=-2), not per row?"
             )
         raise
     if not isinstance(scale, torch.Tensor) or scale.dtype != W.dtype:
@@ -1067,6 +1431,22 @@ def int8_mistake(W, q, scale) -> str:
     if scale.shape == rows.shape and torch.allclose(scale, rows):
         return " Your scales are per ROW (per input): a channel is a column, the max over d_in."
     expected = W.abs().amax(dim=-2) / 127
+    if scale.shape == expected.shape and torch.allclose(scale, W.amax(dim=-2) / 127):
+        return (
+            " Your scales are the largest VALUE of each column / 127, not its largest magnitude: "
+            "a column whose biggest weight is negative needs abs() first."
+        )
+    asymmetric = (W.amax(dim=-2) - W.amin(dim=-2)) / 255
+    if scale.shape == expected.shape and torch.allclose(scale, asymmetric):
+        return (
+            " Your scales are (max - min) / 255, an asymmetric range with a zero point: this "
+            "scheme is symmetric, zero at 0 and the largest magnitude at ±127 steps."
+        )
+    if W.ndim > 2 and scale.shape == W.abs().amax(dim=0).shape:
+        return (
+            " Your scales are the max over dim 0, which for a stack of matrices is the stack: "
+            "the input dimension d_in is dim=-2, whatever the leading dimensions."
+        )
     for k in (128, 255, 127.5):
         if scale.shape == expected.shape and torch.allclose(scale * k, expected * 127):
             return f" Your scales divide by {k}: by 127, so that the largest weight is ±127 steps."
@@ -1168,4 +1548,3 @@ def test_fast_sample_makes_its_buffers_on_the_model_device(impl):
 @pytest.mark.quantize_int8
 def test_quantize_int8_makes_its_tensors_on_the_weights_device(impl):
     assert_made_on_the_inputs_device(impl.quantize_int8, "quantize_int8", "the weights")
-

@@ -449,4 +449,301 @@ MUTANTS = [
         "the wait every sync_every tokens not counted in self.host_reads",
         says=("host_reads", "sync"),
     ),
+    # Slips of a learner's run of the blank notebook (each first told something else, or a
+    # bare error): fit_step_cost
+    Mutant(
+        "fit_step_cost",
+        "A = torch.stack([n_ops, cached], dim=1)",
+        "A = torch.stack([n_ops, cached])",
+        "the two columns stacked along dim 0: a [2, steps] matrix",
+        says=("one row", "along which dimension"),
+    ),
+    Mutant(
+        "fit_step_cost",
+        "A = torch.stack([n_ops, cached], dim=1)  # [steps, 2]: one column per fitted term\n"
+        "    above = seconds - floor  # what the floor does not explain\n"
+        '    solution = torch.linalg.lstsq(A, above[:, None], driver="gelsd").solution[:, 0]\n'
+        "    per_op, per_cached = solution.tolist()",
+        "A = torch.stack([n_ops, cached, floor], dim=1)\n"
+        "    above = seconds\n"
+        '    solution = torch.linalg.lstsq(A, above[:, None], driver="gelsd").solution[:, 0]\n'
+        "    per_op, per_cached, _ = solution.tolist()",
+        "the floor fitted as a third column of seconds",
+        name="floor-as-a-column",
+        says=("floor", "third fitted column"),
+    ),
+    Mutant(
+        "fit_step_cost",
+        "A = torch.stack([n_ops, cached], dim=1)",
+        "A = torch.stack([n_ops, floor], dim=1)",
+        "the floor stacked as the second column in place of cached",
+        says=("n_ops and floor", "cached"),
+    ),
+    Mutant(
+        "fit_step_cost",
+        "n_ops, floor, cached, seconds = (c.to(torch.float64) for c in columns)\n"
+        "    A = torch.stack([n_ops, cached], dim=1)  # [steps, 2]: one column per fitted term\n"
+        "    above = seconds - floor  # what the floor does not explain\n",
+        "n_ops, floor, cached, seconds = columns\n"
+        "    A = torch.stack([n_ops, cached], dim=1).double()\n"
+        "    above = (seconds - floor).double()\n",
+        "seconds - floor computed in float32, converted to float64 after",
+        name="float32-subtraction",
+        says=("computed in float32", "before any arithmetic"),
+    ),
+    Mutant(
+        "fit_step_cost",
+        'solution = torch.linalg.lstsq(A, above[:, None], driver="gelsd").solution[:, 0]',
+        "solution = torch.linalg.solve(A[:2], above[:2])",
+        "the exact solution of the first two steps instead of a fit of all",
+        says=("first two steps",),
+    ),
+    Mutant(
+        "fit_step_cost",
+        ".solution[:, 0]\n    per_op, per_cached = solution.tolist()",
+        ".solution\n    per_op, per_cached = float(solution[0, 0]), float(solution[0, 1])",
+        "the [2, 1] solution read along its columns",
+        name="solution-read-along-columns",
+        says=("[2, 1]", "one row per unknown"),
+    ),
+    # static_cache
+    Mutant(
+        "static_cache",
+        "self.causal = slots[None, :] <= slots[:, None]  # [query slot, key slot]",
+        "self.causal = slots[None, :] <= slots[:, None] + 1  # [query slot, key slot]",
+        "the causal mask one past the diagonal: each query reads the next slot too",
+        says=("after its own", "shifted by one"),
+    ),
+    Mutant(
+        "static_cache",
+        "        self.keys = [torch.zeros(",
+        "        keys = [torch.zeros(",
+        "the keys kept in a local variable of __init__",
+        says=("no keys", "local variable"),
+    ),
+    # attention_static
+    Mutant(
+        "attention_static",
+        "attn_mask=allowed)",
+        "attn_mask=allowed, scale=1.0)",
+        "the scores not scaled by 1/sqrt(d_head)",
+        says=("not scaled", "sqrt(d_head)"),
+    ),
+    Mutant(
+        "attention_static",
+        "    z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)\n",
+        "    scores = q @ keys.transpose(-1, -2) / attn.cfg.d_head**0.5\n"
+        "    z = scores.masked_fill(~allowed, 0.0).softmax(-1) @ values\n",
+        "a hand-written softmax with the hidden scores set to 0, not -inf",
+        says=("set to 0", "-inf"),
+    ),
+    Mutant(
+        "attention_static",
+        "attn_mask=allowed)",
+        "attn_mask=allowed, scale=1 / attn.cfg.d_head)",
+        "the scores divided by d_head, not its square root",
+        says=("divided by d_head", "square root"),
+    ),
+    Mutant(
+        "attention_static",
+        "project(attn.W_Q, attn.b_Q)",
+        "project(attn.W_Q, 0 * attn.b_Q)",
+        "the queries' bias b_Q forgotten",
+        says=("b_Q",),
+    ),
+    Mutant(
+        "attention_static",
+        "values.index_copy_(2, slots, v)",
+        "values.index_copy_(2, slots, k)",
+        "the new keys written into the value buffer too",
+        says=("value buffer", "keys"),
+    ),
+    Mutant(
+        "attention_static",
+        "project(attn.W_K, attn.b_K)",
+        "project(attn.W_Q, attn.b_Q)",
+        "the keys projected with the queries' weights",
+        says=("are the queries", "W_K"),
+    ),
+    Mutant(
+        "attention_static",
+        "keys.index_copy_(2, slots, k)\n    values.index_copy_(2, slots, v)",
+        "keys.index_copy_(1, slots, k)\n    values.index_copy_(1, slots, v)",
+        "the new keys and values written along the heads axis",
+        says=("dim 2",),
+    ),
+    Mutant(
+        "attention_static",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
+        "z = F.scaled_dot_product_attention(q, k, v)",
+        "attention over the new positions' keys and values alone, not the buffers",
+        says=("new positions' own keys", "buffers"),
+    ),
+    Mutant(
+        "attention_static",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
+        "z = F.scaled_dot_product_attention(q, keys, values)",
+        "no mask: every slot of the buffers read",
+        says=("no mask",),
+    ),
+    Mutant(
+        "attention_static",
+        "keys.index_copy_(2, slots, k)\n    values.index_copy_(2, slots, v)",
+        "keys = torch.cat([keys, k], dim=2)\n    values = torch.cat([values, v], dim=2)",
+        "chapter 4's torch.cat: longer new tensors, the buffers never written",
+        says=("torch.cat", "in place"),
+    ),
+    # forward_static
+    Mutant(
+        "forward_static",
+        "    cache.mask[:, slots] = real\n"
+        "    # A query reads the real keys up to its own slot, and always its own key (a padding query\n"  # noqa: E501
+        "    # then has one key to read, not none: no all -inf row, no NaN; chapter 4's reason).\n"
+        "    own = torch.arange(model.cfg.n_ctx, device=tokens.device)[None, :] == slots[:, None]\n"
+        "    allowed = cache.causal[slots] & (cache.mask[:, None, None, :] | own)  # [batch, 1, new, n_ctx]\n"  # noqa: E501
+        "    residual = model.embed(tokens) + model.pos_embed.W_pos[positions]\n"
+        "    for block, keys, values in zip(model.blocks, cache.keys, cache.values, strict=True):\n"
+        "        attn_out = attention_static(block.attn, block.ln1(residual), keys, values, slots, allowed)\n"  # noqa: E501
+        "        residual = residual + attn_out\n"
+        "        residual = residual + block.mlp(block.ln2(residual))\n"
+        "    return model.unembed(model.ln_final(residual))",
+        "    # A query reads the real keys up to its own slot, and always its own key (a padding query\n"  # noqa: E501
+        "    # then has one key to read, not none: no all -inf row, no NaN; chapter 4's reason).\n"
+        "    own = torch.arange(model.cfg.n_ctx, device=tokens.device)[None, :] == slots[:, None]\n"
+        "    allowed = cache.causal[slots] & (cache.mask[:, None, None, :] | own)  # [batch, 1, new, n_ctx]\n"  # noqa: E501
+        "    residual = model.embed(tokens) + model.pos_embed.W_pos[positions]\n"
+        "    for block, keys, values in zip(model.blocks, cache.keys, cache.values, strict=True):\n"
+        "        attn_out = attention_static(block.attn, block.ln1(residual), keys, values, slots, allowed)\n"  # noqa: E501
+        "        residual = residual + attn_out\n"
+        "        residual = residual + block.mlp(block.ln2(residual))\n"
+        "    cache.mask[:, slots] = real\n"
+        "    return model.unembed(model.ln_final(residual))",
+        "the new slots recorded in cache.mask only after the blocks ran",
+        name="mask-recorded-after-the-blocks",
+        says=("own slot alone", "before the blocks"),
+    ),
+    Mutant(
+        "forward_static",
+        "model.pos_embed.W_pos[positions]",
+        "model.pos_embed(tokens)",
+        "chapter 1's pos_embed of the new tokens: positions from 0 at every call",
+        says=("positions", "same logits"),
+        try_first="test_a_prefill_and_steps_give_hfs_logits",
+    ),
+    Mutant(
+        "forward_static",
+        "cache.mask[:, None, None, :]",
+        "cache.mask[:, None, :]",
+        "allowed built without the heads axis",
+        says=("[batch, 1, new, n_ctx]", "heads"),
+    ),
+    Mutant(
+        "forward_static",
+        "model.unembed(model.ln_final(residual))",
+        "model.unembed(residual)",
+        "the final LayerNorm forgotten",
+        says=("final layernorm",),
+    ),
+    Mutant(
+        "forward_static",
+        "cache.causal[slots]",
+        "cache.causal[:, slots].T",
+        "the causal rows picked as columns: each query reads the slots after it",
+        says=("turned around",),
+    ),
+    # fast_sample
+    Mutant(
+        "fast_sample",
+        "torch.where(done, eos, token)",
+        "torch.where(done, token, eos)",
+        "torch.where's two values swapped: end-of-text until the text is done",
+        says=("torch.where", "first new token"),
+    ),
+    Mutant(
+        "fast_sample",
+        "token = sample_next_token(input_ids[None], scores, generator=generator, **kwargs)",
+        "token = torch.multinomial(scores.softmax(-1), 1, generator=generator)[0]",
+        "sampled by hand with multinomial, the sampling arguments ignored",
+        says=("bookkeeping is right", "sample_next_token"),
+    ),
+    Mutant(
+        "fast_sample",
+        "scores, generator=generator, **kwargs)",
+        "scores, generator=None if seed is None else torch.Generator().manual_seed(seed), **kwargs)",  # noqa: E501
+        "a new generator seeded at every step: the same draw again and again",
+        says=("one generator", "each step"),
+    ),
+    Mutant(
+        "fast_sample",
+        "range(max_tokens_generated), disable",
+        "range(max_tokens_generated - 1), disable",
+        "the loop one token short",
+        says=("one short",),
+    ),
+    Mutant(
+        "fast_sample",
+        "text[n_prompt + i : n_prompt + i + 1] = token",
+        "text[n_prompt + i - 1 : n_prompt + i] = token",
+        "each token written one index early in text",
+        says=("one index early",),
+    ),
+    Mutant(
+        "fast_sample",
+        "            logits = self.step(self.model, cache, token[None], slot, slot[None])\n"
+        "            slot += 1\n",
+        "            slot += 1\n"
+        "            logits = self.step(self.model, cache, token[None], slot, slot[None])\n",
+        "the slot advanced before the step instead of after",
+        says=("advanced after each step",),
+    ),
+    Mutant(
+        "fast_sample",
+        "            n_new = i + 1\n",
+        "            n_new = i\n",
+        "n_new one short of the tokens written",
+        says=("one short", "n_new"),
+    ),
+    Mutant(
+        "fast_sample",
+        "logits = forward_static(self.model, input_ids[None], cache, slots, slots[None])[:, -1]",
+        "logits = self.step(self.model, cache, input_ids[None], slots, slots[None])",
+        "the prefill run through self.step, the compiled one-token step",
+        says=("prefill", "forward_static"),
+    ),
+    Mutant(
+        "fast_sample",
+        "slots, slots[None])[:, -1]",
+        "slots, slots[None])",
+        "the prefill's logits of every position handed to sample_next_token",
+        says=("last position", "[1, d_vocab]"),
+    ),
+    # quantize_int8
+    Mutant(
+        "quantize_int8",
+        "scale = W.abs().amax(dim=-2) / 127",
+        "scale = W.amax(dim=-2) / 127",
+        "the largest value of a column, not its largest magnitude",
+        says=("largest value", "abs"),
+    ),
+    Mutant(
+        "quantize_int8",
+        "W / scale.unsqueeze(-2)",
+        "W / scale",
+        "W divided by the scale without putting back the d_in dimension",
+        says=("unsqueeze(-2)",),
+    ),
+    Mutant(
+        "quantize_int8",
+        "scale = W.abs().amax(dim=-2) / 127",
+        "scale = (W.amax(dim=-2) - W.amin(dim=-2)) / 255",
+        "an asymmetric range, (max - min) / 255",
+        says=("asymmetric",),
+    ),
+    Mutant(
+        "quantize_int8",
+        "scale = W.abs().amax(dim=-2) / 127",
+        "scale = W.abs().amax(dim=0) / 127",
+        "the max over dim 0: the stack of matrices, for attention's weights",
+        says=("dim 0", "dim=-2"),
+    ),
 ]
