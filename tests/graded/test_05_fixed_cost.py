@@ -816,8 +816,9 @@ def test_a_left_padded_batch_gives_each_rows_own_logits(impl, shipped, hf):
             if close_f32(logits[b, -1], by_slot[0, -1]):
                 pytest.fail(
                     f"row {b} is left-padded and its logits are those of its tokens at their "
-                    "SLOTS: embed each token at its position (`positions`, which counts real "
-                    "tokens), not at its slot"
+                    "SLOTS, 0, 1, 2, ... from the first column, as for a row without padding (the "
+                    "slots, or another row's positions, give that): embed each token at its own "
+                    "row's position (`positions[b]`, which counts real tokens), not at its slot"
                 )
             pytest.fail(
                 f"row {b} is left-padded ({width - len(row)} padding tokens) and its logits differ "
