@@ -20,7 +20,8 @@ import torch
 
 from utils.paths import MODELS_DIR, cache_dir
 
-SHIPPED = ("shakespeare", "shakespeare-draft")
+SHIPPED = ("shakespeare", "shakespeare-draft", "shakespeare-llama")
+GPT2_MODELS = ("shakespeare", "shakespeare-draft")  # the GPT-2 architecture ones (chapters 1-6)
 
 
 def saved_models_dir() -> Path:

@@ -10,8 +10,6 @@ import pytest
 import torch
 
 from solutions.engine import LLMEngine, generate
-from solutions.llama import LlamaTransformer
-from solutions.llama_config import LlamaConfig
 from solutions.model_runner import GPT2ModelRunner, LlamaModelRunner, model_runner
 from solutions.paged_attention import PagedKVCache, attention_groups, prepare_inputs
 from solutions.sampling_params import SamplingParams
@@ -22,9 +20,7 @@ from tests.graded._serving import (
     run_to_end,
     uneven_chunks,
 )
-from utils.convert import to_hf_llama
 from utils.models import load_hf, load_model
-from utils.paths import MODELS_DIR
 
 LLAMA = "shakespeare-llama"  # chapter 7's shipped model
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
@@ -32,20 +28,9 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llama():
-    """(model, tokenizer, HF's LlamaForCausalLM on the same weights): the shipped Llama model,
-    or, until its weights are in models/, a seeded random one of its shape (4 layers, 6 query
-    heads of 32, 2 key/value heads) with weights large enough that greedy tokens are far from
-    ties."""
-    if (MODELS_DIR / LLAMA / "model.safetensors").exists():
-        model, tokenizer = load_model(LLAMA)
-        return model, tokenizer, load_hf(LLAMA)[0]
-    tokenizer = load_hf("shakespeare")[1]
-    cfg = LlamaConfig(d_model=192, d_vocab=len(tokenizer), n_ctx=256, d_head=32, d_mlp=624,
-                      n_heads=6, n_kv_heads=2, n_layers=4, rope_theta=1e4,
-                      init_range=0.1)  # fmt: skip
-    torch.manual_seed(0)
-    model = LlamaTransformer(cfg).eval()
-    return model, tokenizer, to_hf_llama(model).eval()
+    """(model, tokenizer, HF's LlamaForCausalLM on the same weights): the shipped Llama model."""
+    model, tokenizer = load_model(LLAMA)
+    return model, tokenizer, load_hf(LLAMA)[0]
 
 
 def check_invariants(engine):

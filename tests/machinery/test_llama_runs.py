@@ -23,15 +23,8 @@ from solutions.speculative_generation import SpeculativeStats, speculative_gener
 from solutions.static_cache import StaticKeyValueCache, decode_step, forward_static
 from utils.hf_oracles import hf_beam_search, hf_greedy
 from utils.models import load_hf, load_model
-from utils.paths import MODELS_DIR
 
-# The shipped Llama model; until its weights land, a stand-in of the same architecture trained
-# for 30 steps by `course train --model llama --steps 30 --out /tmp/h3a-llama`.
-LLAMA = (
-    "shakespeare-llama"
-    if (MODELS_DIR / "shakespeare-llama" / "model.safetensors").exists()
-    else "/tmp/h3a-llama"
-)
+LLAMA = "shakespeare-llama"  # the shipped Llama model (chapter 7)
 
 PROMPT = "ROMEO.\nBut soft, what light through yonder window breaks?"
 PROMPTS = [PROMPT, "KING.\nWhat", "JULIET.\nO Romeo, Romeo, wherefore art thou Romeo?\nDeny"]
