@@ -37,6 +37,13 @@ def test_model_losses_are_the_model_cards():
         f"{main['bigram_val_loss_nats_per_char']:.2f}."
     )
     assert says(said), f"the README's model losses should read: {said!r}"
+    llama = _metrics("shakespeare-llama")
+    said = (
+        f"The Llama model, with {llama['n_parameters']:,} parameters against the main model's "
+        f"{main['n_parameters']:,}, reaches {llama['val_loss_nats_per_char']:.2f} "
+        f"({llama['val_bits_per_char']:.2f} bits)."
+    )
+    assert says(said), f"the README's Llama loss should read: {said!r}"
 
 
 def _chapter_time(chapter: str) -> str:
