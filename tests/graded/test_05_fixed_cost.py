@@ -1015,12 +1015,11 @@ def slot_mistake(
                 else ": where in `text` is each new token written?"
             )
         )
-    if first_position is not None and wanted and new[0] != wanted[0]:
-        return " The very first new token comes from the prefill alone" + (
-            ", and yours is the one the prompt's FIRST position predicts: sample it from "
-            "the logits of the prefill's last position (the prompt's last token)."
-            if new[0] == first_position
-            else ": are its logits those of the prefill's last position?"
+    if first_position is not None and wanted and new[0] == first_position != wanted[0]:
+        return (
+            " The very first new token comes from the prefill alone, and yours is the one the "
+            "prompt's FIRST position predicts: sample it from the logits of the prefill's last "
+            "position (the prompt's last token)."
         )
     for i, (fed, sampled) in enumerate(zip(tokens, new, strict=False)):
         if fed != sampled:
@@ -1031,8 +1030,9 @@ def slot_mistake(
     return (
         " Each decoding step was fed the token sampled before it, at the right slot and "
         "position: the loop's bookkeeping is right, and the tokens drawn are not. Are they drawn "
-        "by sample_next_token from the step's logits, with every sampling argument (here "
-        "temperature=0: the argmax)?"
+        "by sample_next_token from the logits (the prefill's last position's for the first "
+        "token, then each step's), with every sampling argument (here temperature=0: the "
+        "argmax)?"
     )
 
 
