@@ -289,8 +289,9 @@ def test_the_buffers_have_the_static_layout(impl):
     cache = impl.StaticKeyValueCache(ODD, batch=4, dtype=torch.float64)
     missing = [name for name in ("keys", "values", "mask", "causal") if not hasattr(cache, name)]
     assert not missing, (
-        f"the cache has no {', no '.join(missing)}: __init__ must set them on the object "
-        f"(self.{missing[0]} = ...). A local variable of __init__ is gone when it returns"
+        f"the cache has no {', no '.join(missing)}: __init__ must make them attributes of the "
+        "object, as the given lines do with self.cfg. A local variable of __init__ is gone when "
+        "it returns"
     )
     for name in ("keys", "values"):
         buffers = getattr(cache, name)
