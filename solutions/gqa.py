@@ -50,9 +50,11 @@ class GroupedQueryAttention(nn.Module):
         layout of a cache and of PyTorch's attention functions)."""
         # BEGIN SOLUTION
         cos, sin = rope_cos_sin(positions, self.cfg.d_head, self.cfg.rope_theta)
-        q = einops.einsum(x, self.W_Q, "b p d, h d e -> b h p e")
-        k = einops.einsum(x, self.W_K, "b p d, h d e -> b h p e")
-        v = einops.einsum(x, self.W_V, "b p d, h d e -> b h p e")
+
+        def project(W):  # [batch * posn, d_model] @ [heads, d_model, d_head], as in chapter 4
+            return (x.flatten(0, 1) @ W).unflatten(1, x.shape[:2]).transpose(0, 1)
+
+        q, k, v = project(self.W_Q), project(self.W_K), project(self.W_V)
         # Queries and keys turn by their positions; values carry what is read, not where.
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
         # END SOLUTION
