@@ -65,12 +65,11 @@ test: $(STAMP)
 	@echo "the peers' own tests (tests/peers/: HF, vLLM, FlashInfer) on the solutions. The third lane"
 	@echo "installs the course from a notebook's Colab cell into a fresh virtual environment (online:"
 	@echo "pip needs the package registry), then drives chapter 1 in JupyterLab in a headless"
-	@echo "Chromium, offline (skipped, saying why, without one)."
+	@echo "Chromium, offline (skipped, saying why, without one), then smoke-runs two benchmarks."
 	$(LANES) "$(OFFLINE) $(PYTEST) -rs tests/machinery/test_notebooks_run.py && \
 		 $(OFFLINE) $(PYTEST) tests/machinery/test_grading.py \
 		 tests/machinery/test_kernels_compile.py tests/machinery/test_cli.py \
-		 tests/machinery/test_triton_mode.py tests/machinery/test_speculative_benchmark.py \
-		 tests/machinery/test_sass_report.py tests/machinery/test_kernel_benchmark.py" \
+		 tests/machinery/test_triton_mode.py tests/machinery/test_sass_report.py" \
 		"$(OFFLINE) $(PYTEST) tests/machinery \
 		 --ignore=tests/machinery/test_notebooks_run.py --ignore=tests/machinery/test_grading.py \
 		 --ignore=tests/machinery/test_kernels_compile.py --ignore=tests/machinery/test_browser.py \
@@ -83,7 +82,9 @@ test: $(STAMP)
 		 COURSE_NO_FORK=1 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail && \
 		 COURSE_NO_FORK=1 $(OFFLINE) $(PYTEST) tests/graded --mutants -q" \
 		"$(PYTEST) tests/machinery/test_colab_setup.py && \
-		 $(OFFLINE) $(PYTEST) -rs tests/machinery/test_browser.py"
+		 $(OFFLINE) $(PYTEST) -rs tests/machinery/test_browser.py && \
+		 $(OFFLINE) $(PYTEST) tests/machinery/test_speculative_benchmark.py \
+		 tests/machinery/test_kernel_benchmark.py"
 
 # Everything `make test` runs, then the tests marked slow (larger sizes of the peers' tests,
 # statistical tests repeated over many seeds).
