@@ -131,9 +131,10 @@ def llama_parts(model, position: int, calls: int) -> dict:
             for _ in range(calls * cfg.n_layers):
                 expand_kv(cached, cfg.group_size), expand_kv(cached, cfg.group_size)
 
-    # The four products of a layer's attention (Q, K, V, O), as GroupedQueryAttention writes
-    # them (einops.einsum) and as chapter 4's GPT-2 step writes them (a matrix product on the
-    # flattened rows): the same arithmetic, different dispatch.
+    # The four products of a layer's attention (Q, K, V, O) written with einops.einsum, and as
+    # chapter 4's GPT-2 step writes them (a matrix product on the flattened rows): the same
+    # arithmetic, different dispatch. (GroupedQueryAttention.rotated_qkv now projects the second
+    # way; attend's output projection is still an einops.einsum.)
     attn = model.blocks[0].attn
     x = torch.randn(1, 1, cfg.d_model)
     z = torch.randn(1, cfg.n_heads, 1, cfg.d_head)
@@ -270,10 +271,11 @@ def bench(args) -> dict:
     why = (
         f"a Llama step took {step['llama_minus_gpt2_us']} us more than GPT-2's; timed alone, its "
         f"rotary embeddings take {parts['rotary']} us of a step and repeating the key/value "
-        f"heads {parts['expand_kv']} us, and its attention's projections written as "
-        f"einops.einsum {parts['projections_einops']} us against "
+        f"heads {parts['expand_kv']} us; an attention's four products written with "
+        f"einops.einsum take {parts['projections_einops']} us against "
         f"{parts['projections_as_gpt2_step']} us written as chapter 4's GPT-2 step writes "
-        f"them. It dispatches {ops['llama']} PyTorch operations to "
+        f"them (rotated_qkv writes Q, K and V the second way, attend's output the first). "
+        f"It dispatches {ops['llama']} PyTorch operations to "
         f"GPT-2's {ops['gpt2']} ({ops['llama'] / ops['gpt2']:.2f}x; the largest differences, "
         f"Llama minus GPT-2: {biggest}): at 2.6 M parameters a step's time is mostly what its "
         "operations cost to dispatch, so the time ratio follows the count more than the "
