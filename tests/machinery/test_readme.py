@@ -290,3 +290,22 @@ def test_kernel_figures_are_the_recorded_run():
         ("fused", "matmul + softmax + multinomial: "),
     ]:
         assert says(words + met[g[goal]["passed"]] + " (goal"), goal
+
+
+def test_llama_figures_are_the_recorded_runs():
+    step = _record("llama")["result"]["cpu"]
+    beside = _record("serving_llama")["result"]["beside_gpt2"]["whole_trace"]
+    said = [
+        f"parameters ({step['parameters']['llama']:,} against {step['parameters']['gpt2']:,})",
+        f"took {step['cached_step']['llama_over_gpt2']} times GPT-2's",
+        f"with {step['cached_step']['aten_ops_per_step']['llama']} PyTorch operations a step "
+        f"against {step['cached_step']['aten_ops_per_step']['gpt2']}",
+        f"took {step['fast_sampler']['ratios']['llama_over_gpt2_eager']} times GPT-2's time per "
+        f"token eager and {step['fast_sampler']['ratios']['llama_over_gpt2_compiled']} times",
+        f"a cached token takes {step['kv_cache']['llama']['bytes_per_token']:,} bytes against "
+        f"{step['kv_cache']['gpt2']['bytes_per_token']:,}",
+        f"the same bytes held {beside['pool']['llama']['tokens']:,} tokens against "
+        f"{beside['pool']['gpt2']['tokens']:,}",
+        f"the Llama engine made {beside['median_ratio']} of the GPT-2 engine's",
+    ]
+    assert_says_all(said, "Llama figures")
