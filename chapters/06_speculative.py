@@ -44,7 +44,7 @@
 #
 # As in the chapters before: fill in each **exercise cell** where it says
 # `raise NotImplementedError()`, run it, then run the `check("...")` cell below it.
-# `pytest -m rejection_sample` and `course grade 5` grade your saved notebook;
+# `pytest -m rejection_sample` and `course grade 6` grade your saved notebook;
 # `show_solution("rejection_sample")` prints the reference when you are truly stuck.
 #
 # Run the setup cell below first.

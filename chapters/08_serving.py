@@ -23,7 +23,8 @@
 #    token budget and the free blocks allow; a long prompt read in chunks; when blocks run out,
 #    the newest request is preempted and computed again later.
 # 8. **The engine at work**, then its latency and throughput on a trace (9), the same engine on
-#    chapter 7's model (10), and how engines go past one machine (11).
+#    chapter 7's model (10), behind OpenAI's HTTP API, where the engine's tokens become
+#    streamed text (11), and how engines go past one machine (12).
 #
 # What you write:
 #
@@ -32,22 +33,26 @@
 # - `BlockPool`'s allocation, sharing and freeing of blocks;
 # - `KVCacheManager`'s prefix-cache lookup and block allocation;
 # - `sample_requests`: one token per request, each by its own rules and generator;
-# - `Scheduler.schedule`: continuous batching with chunked prefill and preemption.
+# - `Scheduler.schedule`: continuous batching with chunked prefill and preemption;
+# - `OutputProcessor.process_outputs`: a step's tokens as text for each client, cut at stop
+#   strings.
 #
 # Given: `Request` and `SamplingParams` (a request's record and settings), `PagedKVCache`,
 # `prepare_inputs`, `attention_groups`, `paged_attention`, `forward_paged` and `attend_strided`
 # (the model runner; section 10 adds one for chapter 7's model), `hash_block_tokens`,
-# `LLMEngine` and `generate`; the trace and its two servers are the course's measuring
+# `LLMEngine` and `generate`, and the web server around the engine (`AsyncEngine`,
+# `course serve`); the trace and its two servers are the course's measuring
 # machinery (`utils/serving.py`), not part of the engine.
 #
 # Nothing is checked against the course's code alone: your paged attention's logits against HF's
 # `GPT2LMHeadModel` on the same text, the engine's greedy tokens (with your scheduler, pool and
 # cache manager inside) against HF's `generate` on each prompt alone, its seeded tokens against
 # chapter 3's sampler (graded against HF) and exact probabilities, the positions computed with
-# a prefix cache against an exact count, and the block pool against the contract of vLLM's
-# `BlockPool` (its own tests are ported in `tests/peers/`).
+# a prefix cache against an exact count, the block pool against the contract of vLLM's
+# `BlockPool` (its own tests are ported in `tests/peers/`), and the text your output processor
+# streams against the tokenizer's own decoding of every token, cut at the first stop string.
 #
-# **Time:** about 2 hours 45 minutes (the exercises' estimates below add up to it; the demos
+# **Time:** about 3 hours 10 minutes (the exercises' estimates below add up to it; the demos
 # run for a minute or two more). **You need:** chapter 4's cache (the `[batch, n_heads,
 # pos, d_head]` layout, left padding) and chapter 3's sampling rules. Both are imported from
 # `solutions`.
@@ -56,8 +61,8 @@
 #
 # As in the chapters before: fill in each **exercise cell** where it says
 # `raise NotImplementedError()`, run it, then run the `check("...")` cell below it. From a
-# terminal, `pytest -m schedule` and `course grade 7` grade your saved notebook;
-# `show_solution("Scheduler")` prints the reference when you are truly stuck; `course reset 07`
+# terminal, `pytest -m schedule` and `course grade 8` grade your saved notebook;
+# `show_solution("Scheduler")` prints the reference when you are truly stuck; `course reset 08`
 # gives you a fresh notebook and keeps a backup of yours. The engine of section 3 runs on your
 # `attend`, `BlockPool`, `KVCacheManager`, `sample_requests` and `Scheduler`: do the exercises
 # in order.
@@ -1122,7 +1127,176 @@ assert min(ratios) < 1 < max(ratios), "section 10 says the quarter's runs fall o
 # arithmetic, decides how many requests fit at once, those bytes per token decide the batch.
 
 # %% [markdown]
-# ## 11. Past one machine
+# ## 11. Serving it
+#
+# A learner who built this engine cannot yet do what its users do first: point an OpenAI client
+# at it. vLLM (`vllm serve`), SGLang (`python -m sglang.launch_server`) and HF transformers
+# (`transformers serve`) all answer OpenAI's HTTP API, each documented in its project's
+# serving guide, so that code written for one works with the others. `course serve` puts this
+# chapter's engine behind the same API: `POST /v1/completions` (whole or streamed as
+# server-sent events, ending with `data: [DONE]`), `GET /v1/models` and `GET /health`, on
+# FastAPI and uvicorn (`utils/server.py`).
+#
+# A web server runs many handlers at once; the engine must never be changed in the middle of a
+# step. So there is **one engine, one loop** (`AsyncEngine`, `solutions/async_engine.py`, after
+# vLLM's `AsyncLLM`): one asyncio task steps the engine while requests are unfinished. A
+# handler never touches the engine: it checks the request's fields (a bad one gets a 400 in
+# OpenAI's error JSON, naming the field, before it reaches the engine), puts the request in
+# the loop's **inbox**, and reads the answer from a **stream** of its own. A client that goes
+# away puts an abort in the inbox. Between two steps, and only there, the loop applies the
+# inbox, steps the engine once, and turns the step's outputs into text for the streams.
+#
+# That last part is the bridge, and the exercise. The engine speaks tokens; the client reads
+# text, and two things make the text less obvious than a `decode`:
+#
+# - **A token is bytes, not always a character.** This tokenizer, like GPT-2's, works on
+#   bytes: "é" is two tokens, and an emoji four (printed below). The `Detokenizer` (given)
+#   decodes a few tokens at a time and answers `""` while the text ends inside a character.
+# - **Stop strings are the server's.** OpenAI's `stop` ends an answer at a string such as
+#   `"\n\n"`, which is left out of the text. The engine knows only end-of-text and
+#   `max_tokens`; vLLM's engine core is the same, and its `OutputProcessor`
+#   (`vllm/v1/engine/output_processor.py`) checks the stop strings. A stop string can begin in
+#   one token and end in a later one, so a request that goes on holds back its last
+#   `len(longest stop string) - 1` characters until it is known that no stop string begins in
+#   them. A request that meets one must also end in the engine; the processor does not touch
+#   the engine: it returns the ids to abort (vLLM's `reqs_to_abort`), and the loop aborts them.
+
+# %%
+for word in ("soft", "caf\u00e9", "\U0001f642"):
+    ids = tokenizer.encode(word)
+    print(f"{word!r}: {len(ids)} tokens, each alone: {[tokenizer.decode([i]) for i in ids]}")
+
+# %% tags=["source"]
+# solution: solutions.output_processor.Delta
+# solution: solutions.output_processor.Detokenizer
+# solution: solutions.output_processor.RequestState
+# solution: solutions.output_processor.ProcessedOutputs
+
+# %% [markdown]
+# ### Exercise: `OutputProcessor.process_outputs`
+#
+# *About 25 minutes.*
+#
+# For each output of a step whose request the processor knows (the given loop skips the
+# others), in this order:
+#
+# 1. Add the step's new tokens to the request's text (`state.detokenizer.add`, with
+#    `last=True` once the engine has finished the request, so that a last token inside a
+#    character is still sent).
+# 2. If a stop string occurs in the text, cut the text before the one that occurs first, and
+#    the request finishes with `"stop"`; if the engine had not finished it, add its id to
+#    `to_abort`. Otherwise, a finished request keeps the engine's reason.
+# 3. A request that goes on can send its text up to its last `len(longest stop) - 1`
+#    characters (all of it when it has no stop strings), never less than it has already sent;
+#    a finished one sends all that is left, and is forgotten (deleted from `self.states`).
+# 4. Make a `Delta` if there is text to send or a reason to give: its text is what was not
+#    sent before; `num_output_tokens` counts every token written so far.
+#
+# Common mistakes: adding every output token at each step, not the new ones; sending the stop
+# string itself; cutting at the first stop string of the list rather than the first in the
+# text; holding back when there are no stop strings, or the longest stop string's whole
+# length; aborting a request the engine has already finished; keeping a finished request, so
+# that the abort the engine reports next makes a second last delta; an empty delta in a step
+# with nothing to send.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Keep the whole text (up to a stop string) in `state.text` and the number of characters sent in
+# `state.sent`; a delta is always `state.text[state.sent : end]` for an `end` you choose.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# Find each stop string with `str.find` (−1 when absent); the smallest index found is where the
+# text ends. While the request goes on, `end` is the text's length less the hold, but not below
+# `state.sent`; once it finishes, `end` is the text's length. Build the `Delta` from
+# `output.output_token_ids`, the reason and `output.error`.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("OutputProcessor")` in a new cell prints the
+# reference implementation. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="output_processor"
+# solution: solutions.output_processor.OutputProcessor
+
+# %%
+check("output_processor")
+
+# %% [markdown]
+# Predict, then run: the server below runs your engine, with your `OutputProcessor` as its
+# bridge, on a free port of this machine. The official `openai` client asks it for greedy text
+# that stops at the first blank line, streamed, and then asks the same without streaming.
+# Is the streamed text the engine's own greedy text (`generate`, section 3) cut before its first
+# `"\n\n"`? Does any chunk carry a piece of the stop string?
+
+# %%
+import openai
+
+from solutions.async_engine import AsyncEngine
+from utils.server import running_server
+
+served_engine = LLMEngine(model, tokenizer, num_blocks=128, max_num_batched_tokens=512)
+async_engine = AsyncEngine(served_engine, processor=OutputProcessor(tokenizer))
+ask = dict(model="shakespeare", prompt="ROMEO.\n", max_tokens=60, temperature=0.0,
+           stop=["\n\n"])  # fmt: skip
+with running_server(async_engine, "shakespeare") as server:
+    client = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
+    chunks = [c.choices[0].text for c in client.completions.create(**ask, stream=True)]
+    whole = client.completions.create(**ask)
+print(f"{len(chunks)} chunks: {chunks[:8]} ...")
+print("finish_reason:", whole.choices[0].finish_reason, "usage:", whole.usage)
+[own] = generate(LLMEngine(model, tokenizer), ["ROMEO.\n"], SamplingParams(temperature=0.0,
+                                                                        max_tokens=60))
+greedy_text = tokenizer.decode(own.output_token_ids, skip_special_tokens=True)
+cut = greedy_text[: greedy_text.find("\n\n")] if "\n\n" in greedy_text else greedy_text
+print("the same as the engine's own greedy text, cut at the stop string:",
+      "".join(chunks) == whole.choices[0].text == cut)  # fmt: skip
+
+# %% tags=["claim"]
+assert "".join(chunks) == whole.choices[0].text == cut, "section 11 says the texts are equal"
+assert "\n\n" in greedy_text and whole.choices[0].finish_reason == "stop", "section 11: a stop"
+
+# %% [markdown]
+# The streamed text is the engine's greedy text up to the blank line, in one chunk per step
+# that had text to send, and the blank line is in none of them.
+#
+# A server must also survive its load. `python benchmarks/server.py` sends chapter 8's kind of
+# trace (prompts of 4 to 60 tokens cut from the plays, answers of 16 to 160 tokens, greedy,
+# end-of-text ignored) from 64 clients in a **closed loop** (each sends its next request as soon
+# as its answer ends), with `AsyncOpenAI` streaming from a process of their own, to a server on
+# one PyTorch thread whose pool holds about a quarter of the tokens the run writes. It drives
+# the engine directly on the same requests in the same process, alternating with the server,
+# three times each, and then repeats the server run with a quarter of the clients leaving
+# mid-answer, and shuts the server down under load. Its record:
+
+# %%
+served = json.loads((REPO_ROOT / "benchmarks/results/server.json").read_text())
+for way in ("engine", "server"):
+    r = served["result"][way]
+    print(f"{way:6}: {r['tokens_per_s']:7.1f} tokens/s; time to first token median "
+          f"{r['ttft_ms']['median']} ms, p99 {r['ttft_ms']['p99']} ms; time per output token "
+          f"median {r['tpot_ms']['median']} ms, p99 {r['tpot_ms']['p99']} ms; blocks leaked "
+          f"{r['blocks_leaked']}, freed blocks handed out again {r['blocks_reused']}")  # fmt: skip
+print("the server's tokens/s over the engine's, per run:",
+      served["result"]["throughput_ratio_per_run"])  # fmt: skip
+leave, down = served["result"]["disconnects"], served["result"]["shutdown"]
+print(f"{leave['clients_leaving']} clients leaving: {leave['left_requests_aborted_in_the_engine']}"
+      f" requests aborted in the engine, the other {leave['other_requests_complete']} of "
+      f"{leave['other_requests']} complete, {leave['blocks_leaked']} blocks leaked")  # fmt: skip
+print(f"shutdown: {down['ended_with_abort']} of {down['in_flight']} requests ended with 'abort', "
+      f"exited in {down['seconds_to_exit']} s")  # fmt: skip
+for name, g in served["result"]["goals"].items():
+    print(f"{name:45} met: {g['met']}")
+print("recorded:", served["date"], served["code"], "-", served["machine"])
+
+# %% [markdown]
+# ## 12. Past one machine
 #
 # This chapter's engine is one process on one device, on purpose. What the engines you will meet
 # add on top, with where to read about each:

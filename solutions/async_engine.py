@@ -18,15 +18,10 @@ own for the engine would let the two overlap on paper, but on a machine of few c
 and the handlers then spend their time handing Python's GIL to each other, and the engine steps
 slower than alone.
 
-The bridge (`step`, `advance`) is the one place where the engine and the streams meet. Turning
-tokens into text is less obvious than it looks. A token is a few bytes, not always a whole
-character (an accented letter may be split over two tokens), so text is decoded a few tokens at
-a time and a piece that ends in the middle of a character waits for the next token. And a stop
-string ("\\n\\n", "ROMEO:") is the server's business, not the engine's (the engine stops at
-end-of-text and `max_tokens`; so does vLLM's, whose detokenizer checks the stop strings): a stop
-string can end in a token that comes after the one where it began, so the last few characters
-are held back until it is known that no stop string starts there. A request that meets a stop
-string is aborted in the engine right away, which is safe there: the loop is between steps.
+The bridge is `step`: apply the inbox's commands, step the engine once, hand the outputs to the
+`OutputProcessor` (solutions/output_processor.py), which turns them into text cut at stop
+strings, abort the requests that met a stop string (the loop is between steps: safe), and put
+each delta in its stream.
 
     engine = AsyncEngine(LLMEngine(model, tokenizer, num_blocks=256))
     engine.start()  # on the event loop (the server's startup)
@@ -46,53 +41,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from solutions.engine import LLMEngine
-from solutions.request import RequestOutput
+from solutions.output_processor import Delta, OutputProcessor
 from solutions.sampling_params import SamplingParams
-
-
-@dataclass
-class Delta:
-    """What a stream receives after a step: its new text, the tokens written so far, and, in
-    its last delta, why it finished ("stop", "length", "abort"; "error" with `error` said)."""
-
-    text: str
-    num_output_tokens: int
-    finish_reason: str | None = None
-    error: str | None = None
-
-
-class Detokenizer:
-    """A request's output tokens as text, a few tokens at a time: each call decodes the tokens
-    from `prefix` on (a few before the new ones, so that a token decodes in its context) and
-    returns what they add to the text, or nothing while the text ends in the middle of a
-    character (U+FFFD, the replacement character, at its end). Decoding the whole output at
-    every step would give the same text, at a cost that grows with its length (70 us for 250
-    tokens of the shipped tokenizer, 1.5 us for 10). Special tokens (end-of-text) are left out,
-    as OpenAI's and vLLM's servers leave them out."""
-
-    def __init__(self, tokenizer):
-        # A fast tokenizer's own decoder: the wrapper around it costs 6 times more on 10 tokens.
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._decode = backend.decode if backend is not None else tokenizer.decode
-        self.ids: list[int] = []
-        self.prefix = 0  # where the window decoded at each call starts
-        self.read = 0  # the tokens whose text has been returned
-
-    def add(self, new_ids: list[int], last: bool = False) -> str:
-        """The text that `new_ids` add (all of what is left when `last`)."""
-        self.ids.extend(new_ids)
-        before = self._decode(self.ids[self.prefix : self.read], skip_special_tokens=True)
-        after = self._decode(self.ids[self.prefix :], skip_special_tokens=True)
-        if len(after) <= len(before) or (after.endswith("\ufffd") and not last):
-            return ""  # nothing new yet, or the last character is not whole
-        self.prefix, self.read = self.read, len(self.ids)
-        return after[len(before) :]
 
 
 @dataclass(eq=False)
 class RequestStream:
-    """One request as the server sees it: what it asked for, its queue of deltas (read by its
-    handler on `loop`), and the engine loop's record of its text."""
+    """One request as its handler sees it: what it asked for, and its queue of deltas (read by
+    its handler on `loop`)."""
 
     request_id: str
     prompt_ids: list[int]
@@ -100,10 +56,6 @@ class RequestStream:
     stop: tuple[str, ...]
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    # Written by the engine's loop only.
-    detokenizer: Detokenizer | None = None
-    text: str = ""  # every character decoded so far, up to a stop string
-    sent: int = 0  # how many of them are in the stream already
     # Written by the handler only: it read the last delta.
     done: bool = False
 
@@ -125,11 +77,13 @@ class AsyncEngine:
 
     YIELDS = 3  # turns of the event loop the handlers get between two steps
 
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, processor: OutputProcessor | None = None):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.streams: dict[str, RequestStream] = {}  # the unfinished ones: the loop's own
+        # Their text, the loop's own too (chapter 8 hands it the learner's processor).
+        self.processor = processor if processor is not None else OutputProcessor(self.tokenizer)
         self.closing = False  # after abort_all, every new request is aborted at once
         self.failed: str | None = None  # the traceback of a step that raised: no more steps
         self._ids = itertools.count()
@@ -213,6 +167,7 @@ class AsyncEngine:
                 self.failed = traceback.format_exc()
                 self._deliver([(s, self._error_delta()) for s in self.streams.values()])
                 self.streams.clear()
+                self.processor.states.clear()
             for _ in range(self.YIELDS):
                 await asyncio.sleep(0)  # the handlers write the text and queue new requests
 
@@ -228,8 +183,8 @@ class AsyncEngine:
                 failed = self._error_delta() if self.failed else Delta("", 0, "abort")
                 self._deliver([(stream, failed)])
                 return
-            stream.detokenizer = Detokenizer(self.tokenizer)
             self.streams[stream.request_id] = stream
+            self.processor.add_request(stream.request_id, stream.stop)
             self.engine.add_request(stream.request_id, stream.prompt_ids, stream.params)
         elif kind == "abort" and self.failed is None:
             self.engine.abort_request(command[1])  # reported by the next step
@@ -248,8 +203,8 @@ class AsyncEngine:
 
     def step(self) -> None:
         """One turn of the loop, the bridge between the engine and the streams: apply the
-        inbox's commands, step the engine once, and give each request that advanced its new
-        text (`advance`)."""
+        inbox's commands, step the engine once, turn its outputs into deltas, abort the requests
+        that met a stop string, and put each delta in its stream."""
         while True:
             try:
                 self._apply(self.inbox.get_nowait())
@@ -257,39 +212,16 @@ class AsyncEngine:
                 break
         if not self._busy():
             return
+        processed = self.processor.process_outputs(self.engine.step())
+        for request_id in processed.to_abort:
+            self.engine.abort_request(request_id)  # reported by the next step, then ignored
         deltas = []
-        for output in self.engine.step():
-            stream = self.streams.get(output.request_id)
-            if stream is None:  # ended at a stop string: the engine now reports its abort
-                continue
-            delta = self.advance(stream, output)
-            if delta is not None:
-                deltas.append((stream, delta))
+        for request_id, delta in processed.deltas.items():
+            stream = self.streams[request_id]
+            if delta.finish_reason is not None:  # its last delta
+                del self.streams[request_id]
+            deltas.append((stream, delta))
         self._deliver(deltas)
-
-    def advance(self, stream: RequestStream, output: RequestOutput) -> Delta | None:
-        """The delta that `output` (one engine step's news of the request) makes: the new text
-        that is sure (held back: a character not yet whole, and the last characters while a
-        stop string could start in them), or, when the request ends, all of its text up to a
-        stop string, with the reason. None when there is nothing to send."""
-        finished = output.finished
-        stream.text += stream.detokenizer.add(output.new_token_ids, last=finished)
-        reason = output.finish_reason if finished else None
-        hits = [i for i in (stream.text.find(s) for s in stream.stop) if i >= 0]
-        if hits:  # the text ends before the stop string; the request ends now
-            stream.text, reason = stream.text[: min(hits)], "stop"
-            if not finished:
-                self.engine.abort_request(stream.request_id)  # between steps: safe here
-        if reason is None:
-            hold = max(map(len, stream.stop), default=1) - 1
-            end = max(stream.sent, len(stream.text) - hold)
-        else:
-            end = len(stream.text)
-            del self.streams[stream.request_id]
-        text, stream.sent = stream.text[stream.sent : end], end
-        if not text and reason is None:
-            return None
-        return Delta(text, len(output.output_token_ids), reason, output.error)
 
     @staticmethod
     def _deliver(deltas: list[tuple[RequestStream, Delta]]) -> None:

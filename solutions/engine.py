@@ -139,15 +139,17 @@ class LLMEngine:
             device = self.model.embed.W_E.device
             request.generator = torch.Generator(device).manual_seed(params.seed)
         self.requests[request_id] = request
-        error = self._cannot_serve(request)
+        error = self.check_request(ids, params)
         if error is not None:
             self.scheduler.finish(request, "error", error)  # never queued: nothing to free
             self.pending.append(self._output(request, []))
             return
         self.scheduler.add_request(request)
 
-    def _cannot_serve(self, request: Request) -> str | None:
-        ids, params = request.prompt_token_ids, request.params
+    def check_request(self, ids: list[int], params: SamplingParams) -> str | None:
+        """Why this engine could never serve a request (its context or its pool is too small,
+        a token id is out of range), or None. `add_request` ends such a request with an error;
+        a server asks first, to answer a bad request before it reaches the engine."""
         d_vocab = self.model.cfg.d_vocab
         if not ids:
             return "the prompt is empty: the model needs at least one token"

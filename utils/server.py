@@ -48,7 +48,6 @@ from starlette.exceptions import HTTPException
 
 from solutions.async_engine import AsyncEngine, RequestStream
 from solutions.engine import LLMEngine
-from solutions.request import Request as EngineRequest
 from solutions.sampling_params import SamplingParams
 
 MAX_SEED = 2**63 - 1
@@ -233,9 +232,9 @@ def check_completion(body, model_name: str, engine: LLMEngine) -> Completion:
         ignore_eos=_boolean(body, "ignore_eos"),
     )
     # The engine's rule (context and pool); the prompt is to blame if even one token is too many.
-    problem = engine._cannot_serve(EngineRequest("check", ids, params))
+    problem = engine.check_request(ids, params)
     if problem is not None:
-        alone = engine._cannot_serve(EngineRequest("check", ids, SamplingParams(max_tokens=1)))
+        alone = engine.check_request(ids, SamplingParams(max_tokens=1))
         raise _bad("prompt" if alone else "max_tokens", problem)
     return Completion(ids, params, stop, stream, include_usage)
 

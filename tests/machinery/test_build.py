@@ -1,11 +1,13 @@
 """The notebook build: deterministic, stubs hide every solution, committed notebooks are fresh."""
 
+import re
 import subprocess
 import sys
 
 import nbformat
 import pytest
 
+from utils import CHAPTERS_DIR
 from utils.build import build_notebook, notebook_path, notebook_text, stale_notebooks
 from utils.chapters import all_exercises, chapter_names, read_chapter, strip_fences, stub_out
 
@@ -105,3 +107,13 @@ def test_every_exercise_object_has_a_fenced_region():
     for ex in all_exercises():
         for dotted in ex.objects:
             assert "# BEGIN SOLUTION" in object_source(dotted, stub=False), dotted
+
+
+@pytest.mark.parametrize("chapter", chapter_names())
+def test_a_chapter_names_its_own_number_in_its_commands(chapter):
+    """`course grade N` and `course reset NN` in a chapter's prose grade and reset that chapter:
+    after a renumbering, chapters 6, 8 and 9 still named their old numbers."""
+    number = int(chapter[:2])
+    text = (CHAPTERS_DIR / f"{chapter}.py").read_text()
+    named = {int(n) for n in re.findall(r"course (?:grade|reset) (\d+)", text)}
+    assert named <= {number}, f"{chapter} names `course grade/reset` {sorted(named)}"

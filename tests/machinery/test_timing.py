@@ -77,5 +77,8 @@ def test_ratios_are_medians_within_runs_and_goals_say_met():
     assert goal("x", 2.5, 2.0, at_least=True)["met"] is True
     assert goal("x", 2.5, 2.0, at_least=False)["met"] is False
     assert goal("x", None, 2.0, at_least=True) == {
-        "what": "x", "measured": None, "target": 2.0, "met": None
+        "what": "x",
+        "measured": None,
+        "target": 2.0,
+        "met": None,
     }
