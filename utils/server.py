@@ -7,7 +7,10 @@ model:
     client.completions.create(model="shakespeare", prompt="ROMEO.\\n", max_tokens=40)
 
 Endpoints: `POST /v1/completions`, `GET /v1/models`, `GET /health`. FastAPI and uvicorn (the
-servers of vLLM and SGLang), with server-sent events for `stream=true`.
+servers of vLLM and SGLang), with server-sent events for `stream=true`. uvicorn picks httptools
+(its HTTP parser in C) and uvloop (an event loop on libuv) when they are installed, as they are
+with the course (`uvicorn[standard]` is how vLLM gets them): a streamed answer is one event per
+token, and the pure-Python parser and loop cost more per event (benchmarks/server.py).
 
 What this module does is the web's side: read a request's JSON, check every field before the
 engine sees it (a bad request is answered with OpenAI's error JSON, naming the field, and never
