@@ -2,7 +2,7 @@
 
     python benchmarks/server.py [--clients 64] [--requests 256] [--runs 3] [--seed 0]
                                 [--threads 1] [--clients-in-process] [--raw-clients]
-                                [--default-allocator] [--quick]
+                                [--default-allocator] [--pure-python-http] [--quick]
 
 The workload: `--requests` requests whose prompts and answer lengths are drawn as chapter 8's
 trace draws them (`poisson_trace`, utils/serving.py: prompts of 4-60 tokens cut from the plays,
@@ -23,6 +23,10 @@ Two ways to serve the same requests, in this process, alternating, `--runs` time
   server's cost; `--clients-in-process` runs them in a thread of this one instead;
   `--raw-clients` streams with httpx and parses the events by hand, a load generator that
   takes less of the machine than the official client, which builds an object per chunk).
+
+With `--pure-python-http`, each run also serves the requests on uvicorn's pure-Python HTTP
+parser and event loop (h11, asyncio) instead of the compiled ones the course installs
+(httptools, uvloop), in an order that rotates between runs: what those two save.
 
 Per method: throughput (answer tokens / the time from the first request sent to the last
 token), time to first token (TTFT, from a request's sending, or its adding, to its first token)
@@ -55,6 +59,7 @@ MODEL = "shakespeare"
 BLOCK_SIZE = 16
 BUDGET = 512  # tokens a step
 SHUTDOWN_TOKENS = 180  # with a prompt of up to 60 tokens, within n_ctx = 256
+PURE_PYTHON = {"http": "h11", "loop": "asyncio"}  # uvicorn without httptools and uvloop
 
 
 # ------------------------------------------------------------------------------- the clients
@@ -257,7 +262,7 @@ def summary(requests, served, sent) -> dict:
 
 
 def serve_over_http(model, tokenizer, requests, clients: int, num_blocks: int, load: Clients,
-                    leavers: int = 0, seed: int = 0):  # fmt: skip
+                    leavers: int = 0, seed: int = 0, uvicorn_config=None):  # fmt: skip
     """The same requests through the server and the clients; the results, and the pool's
     report read in the engine's loop once nothing runs."""
     from solutions.async_engine import AsyncEngine
@@ -268,7 +273,7 @@ def serve_over_http(model, tokenizer, requests, clients: int, num_blocks: int, l
     async_engine = AsyncEngine(engine)
     jobs = [{"request_id": r.request_id, "prompt": r.prompt, "max_tokens": r.max_tokens}
             for r in requests]  # fmt: skip
-    with running_server(async_engine, MODEL) as running:
+    with running_server(async_engine, MODEL, **(uvicorn_config or {})) as running:
         results = load.run(url=running.url, requests=jobs, clients=clients, leavers=leavers,
                            seed=seed)  # fmt: skip
         deadline = time.monotonic() + 60
@@ -374,6 +379,10 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="a smoke test: 8 clients, 16 short requests, 1 run"
     )
+    parser.add_argument(
+        "--pure-python-http", action="store_true",
+        help="also serve on uvicorn's pure-Python HTTP parser and loop, in the same runs",
+    )  # fmt: skip
     parser.add_argument("--clients-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.clients_worker:
@@ -406,7 +415,9 @@ def main() -> None:
 
     runs = []
     for run in range(args.runs):
-        order = ("engine", "server") if run % 2 == 0 else ("server", "engine")
+        order = ["engine", "server"] if run % 2 == 0 else ["server", "engine"]
+        if args.pure_python_http:
+            order.insert(run % 3, "server_pure_python")
         row = {}
         for method in order:
             if method == "engine":
@@ -417,18 +428,25 @@ def main() -> None:
                                        for k, v in served.tokens.items()}  # fmt: skip
             else:
                 served, sent, results, report, ends = serve_over_http(
-                    model, tokenizer, requests, args.clients, num_blocks, load
-                )
+                    model, tokenizer, requests, args.clients, num_blocks, load,
+                    uvicorn_config=PURE_PYTHON if method != "server" else None,
+                )  # fmt: skip
                 complete = sum(1 for r in requests
                                if results.get(r.request_id, {}).get("tokens") == r.max_tokens
                                and results[r.request_id]["reason"] == "length")  # fmt: skip
-                row["server"] = {**summary(requests, served, sent), **report,
-                                 "requests_complete": complete}  # fmt: skip
-                row["server_texts"] = {k: r["text"] for k, r in results.items()}
+                row[method] = {**summary(requests, served, sent), **report,
+                               "requests_complete": complete}  # fmt: skip
+                if method == "server":
+                    row["server_texts"] = {k: r["text"] for k, r in results.items()}
         row["ratio"] = row["server"]["tokens_per_s"] / row["engine"]["tokens_per_s"]
+        if args.pure_python_http:
+            row["pure_python_ratio"] = round(
+                row["server_pure_python"]["tokens_per_s"] / row["engine"]["tokens_per_s"], 3
+            )
         runs.append(row)
-        print(f"run {run + 1} of {args.runs}: server / engine {row['ratio']:.3f}", flush=True,
-              file=sys.stderr)  # fmt: skip
+        print(f"run {run + 1} of {args.runs}: server / engine {row['ratio']:.3f}"
+              + (f", pure-Python HTTP {row['pure_python_ratio']}" if args.pure_python_http
+                 else ""), flush=True, file=sys.stderr)  # fmt: skip
     ratios = [r["ratio"] for r in runs]
     median_run = sorted(runs, key=lambda r: r["ratio"])[len(runs) // 2]
     same_text = sum(
@@ -513,6 +531,12 @@ def main() -> None:
                    + ("a thread of the server's process" if args.clients_in_process
                       else "a process of their own"),
         "throughput_ratio_per_run": [round(x, 3) for x in ratios],
+        **({"pure_python_http": {
+            "what": "the same server on uvicorn's pure-Python parser and loop (h11, asyncio) "
+                    "instead of httptools and uvloop, in the same runs",
+            "throughput_ratio_per_run": [r["pure_python_ratio"] for r in runs],
+            "median": statistics.median(r["pure_python_ratio"] for r in runs),
+        }} if args.pure_python_http else {}),
         "engine": engine, "server": server,
         "runs": runs,
         "same_text_as_the_engine": {"requests": same_text, "of": len(requests) * len(runs)},

@@ -452,12 +452,14 @@ class RunningServer:
 
 @contextlib.contextmanager
 def running_server(
-    async_engine: AsyncEngine, model_name: str, api_key: str | None = None, host="127.0.0.1"
-) -> Iterator[RunningServer]:
+    async_engine: AsyncEngine, model_name: str, api_key: str | None = None, host="127.0.0.1",
+    **uvicorn_config,
+) -> Iterator[RunningServer]:  # fmt: skip
     """A server on a free port, in a thread of this process (for tests and benchmarks); stopped
-    on leaving."""
+    on leaving. `uvicorn_config` goes to uvicorn's Config (`http="h11", loop="asyncio"`: the
+    pure-Python parser and loop)."""
     app = create_app(async_engine, model_name, api_key)
-    server = Server(app, host, 0, log_level="warning", access_log=False)
+    server = Server(app, host, 0, log_level="warning", access_log=False, **uvicorn_config)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
