@@ -1153,9 +1153,10 @@ assert min(ratios) < 1 < max(ratios), "section 10 says the quarter's runs fall o
 #   bytes: "é" is two tokens, and an emoji four (printed below). The `Detokenizer` (given)
 #   decodes a few tokens at a time and answers `""` while the text ends inside a character.
 # - **Stop strings are the server's.** OpenAI's `stop` ends an answer at a string such as
-#   `"\n\n"`, which is left out of the text. The engine knows only end-of-text and
-#   `max_tokens`; vLLM's engine core is the same, and its `OutputProcessor`
-#   (`vllm/v1/engine/output_processor.py`) checks the stop strings. A stop string can begin in
+#   `"\n\n"`, which is left out of the text. The engine stops at a token (end-of-text) or at
+#   `max_tokens`; vLLM's engine core too stops at tokens and lengths only, and its
+#   `OutputProcessor` (`vllm/v1/engine/output_processor.py`), outside the core, checks the stop
+#   strings. A stop string can begin in
 #   one token and end in a later one, so a request that goes on holds back its last
 #   `len(longest stop string) - 1` characters until it is known that no stop string begins in
 #   them. A request that meets one must also end in the engine; the processor does not touch

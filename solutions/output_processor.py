@@ -8,10 +8,10 @@ piece of text that can be sent now. Two things make that less obvious than `deco
   split over two tokens). The `Detokenizer` decodes a few tokens at a time, and a piece that
   ends in the middle of a character waits for the next token.
 - A stop string ("\\n\\n", "ROMEO:") is the server's business, not the engine's: the engine stops
-  at end-of-text and `max_tokens` (so does vLLM's engine core; its output processor checks the
-  stop strings). A stop string may begin in one token and end in a later one, so the last few
-  characters are held back until it is known that no stop string starts in them, and the text
-  sent never goes past a stop string.
+  at a token (end-of-text) or at `max_tokens` (vLLM's engine core too stops at tokens and lengths
+  only; its output processor, outside the core, checks the stop strings). A stop string may
+  begin in one token and end in a later one, so the last few characters are held back until it
+  is known that no stop string starts in them, and the text sent never goes past a stop string.
 
 A request that meets a stop string must end in the engine too. The processor does not touch the
 engine: it returns the ids to abort, and the loop that stepped the engine aborts them, between
