@@ -44,12 +44,20 @@ where its steps' time goes (the gather of blocks, the attention function, the pr
 MLP, the layer norms, the unembedding, the rest of the forward, and the engine outside it).
 
 With a Llama-architecture `--model` (chapter 7's), one more section, `beside_gpt2`: the engine on
-it and on the GPT-2 model, alternately (`--runs` times each), on the main trace with the SAME
-bytes of KV cache, at two sizes: the bytes of the GPT-2 pool that holds the whole trace, and a
-quarter of them (a pool too small for the GPT-2 model's 32 seats). Each model's pool gets the
-blocks those bytes hold (`PagedKVCache.blocks_for_bytes`); its bytes per token are measured on the
-allocated cache. Their tokens/s (the median of the ratios within runs) and the pool's capacity
-in tokens are the two goals it adds.
+it and on the GPT-2 model, alternately (`--runs` times each), on the main trace's requests ALL
+PRESENT AT THE START with the SAME bytes of KV cache, at two sizes: the bytes of the GPT-2 pool
+that holds the whole trace, and a quarter of them (a pool too small for the GPT-2 model's 32
+seats). All at once, the seats fill in the first steps on any machine, and who runs and who is
+preempted does not depend on the clock: the same in every run and on every machine. (Served as
+they arrive, a fast machine finishes requests almost as they come and never fills the seats: in
+four runs on the idle 2-core machine, the GPT-2 engine ran at most 22 requests at once, in at
+most 125 of the quarter's 133 blocks, and was never preempted; with each step slowed to twice
+its time, 53 times.) Each model's pool gets the blocks those bytes hold
+(`PagedKVCache.blocks_for_bytes`); its bytes per token are measured on the allocated cache. Per
+budget and model: the preemptions, the most blocks in use after a step, the tokens the model
+computed and those it found in the prefix cache, against the trace's tokens computed once each
+(a preempted request's tokens are computed again or found again). Their tokens/s (the median of
+the ratios within runs) and the pool's capacity in tokens are the two goals it adds.
 Prints one JSON object with chapter 8's goals.
 
 `--qkv-made-once` measures only this: the GPT-2 runner as it is (each layer's fused QKV matrix
@@ -70,6 +78,7 @@ import time
 
 import torch
 
+from solutions.checks import positions_read
 from solutions.paged_attention import PagedKVCache, attend_strided, forward_paged
 from utils.models import is_llama, load_hf, load_model
 from utils.serving import (
@@ -328,18 +337,22 @@ def pool(engine) -> dict:
 
 
 def beside_gpt2(model, tokenizer, requests, runs: int, seats: int) -> dict:
-    """The engine on `model` and on the GPT-2 model, alternately, on the same trace with the same
-    KV bytes (those of the GPT-2 pool that holds the whole trace, and a quarter of them)."""
+    """The engine on `model` and on the GPT-2 model, alternately, on the trace's requests all
+    present at the start, with the same KV bytes (those of the GPT-2 pool that holds the whole
+    trace, and a quarter of them)."""
     gpt2 = load_model("shakespeare")[0].eval()
     models = {"gpt2": gpt2, "llama": model}
+    # All at once: the seats fill whatever the machine's speed (see the module's docstring).
+    requests = [dataclasses.replace(r, arrival=0.0) for r in requests]
     whole = sum(-(-(len(r.prompt) + r.max_tokens) // BLOCK_SIZE) for r in requests)
     per_block = PagedKVCache.bytes_per_block(gpt2, BLOCK_SIZE)
     budgets = {"whole_trace": whole * per_block, "a_quarter": (whole // 4) * per_block}
-    result = {}
+    once_each = sum(positions_read(len(r.prompt), r.max_tokens) for r in requests)
+    result = {"requests": "the main trace's, all present at the start", "seats": seats}
     for budget, kv_bytes in budgets.items():
         blocks = {k: PagedKVCache.blocks_for_bytes(m, kv_bytes, BLOCK_SIZE)
                   for k, m in models.items()}  # fmt: skip
-        rows, pools, tokens, preempted = [], {}, {}, {}
+        rows, pools, tokens, schedule = [], {}, {}, {}
         for _ in range(runs):
             row = {}
             for name, m in models.items():
@@ -348,14 +361,21 @@ def beside_gpt2(model, tokenizer, requests, runs: int, seats: int) -> dict:
                 row[name] = served.summary(requests)["tokens_per_s"]
                 tokens.setdefault(name, served.tokens)
                 pools[name] = pool(engine)
-                preempted[name] = engine.stats.preemptions
+                stats = engine.stats
+                run = {"preemptions": stats.preemptions,
+                       "most_blocks_in_use": max(served.blocks_in_use),
+                       "tokens_computed": stats.tokens_computed,
+                       "tokens_found_in_prefix_cache": stats.prompt_tokens_cached}  # fmt: skip
+                schedule.setdefault(name, run)
                 assert served.tokens == tokens[name], "a model's tokens changed between runs"
+                assert run == schedule[name], "the schedule changed between runs: it should not"
             row["ratio"] = round(row["llama"] / row["gpt2"], 3)
             rows.append(row)
         result[budget] = {
             "kv_bytes": kv_bytes,
             "pool": pools,
-            "preemptions": preempted,
+            "preemptions": {name: s.pop("preemptions") for name, s in schedule.items()},
+            "schedule": {"tokens_once_each": once_each, **schedule},
             "runs": rows,
             "median_ratio": round(statistics.median(r["ratio"] for r in rows), 3),
         }

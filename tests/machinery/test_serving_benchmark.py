@@ -58,7 +58,9 @@ def test_quick_benchmark_on_a_llama_model_sets_it_beside_the_gpt2_model(
 ):
     """`--model` with a Llama-architecture folder (a random stand-in of the shipped model's
     shape, saved in HF format): the same report for it, and the section that serves it and the
-    GPT-2 model with the same KV bytes, whose Llama pool holds 3 times the tokens."""
+    GPT-2 model with the same KV bytes, whose Llama pool holds 3 times the tokens, and whose
+    quarter pool preempts the GPT-2 engine however fast the machine (the requests all present at
+    the start fill its seats: served as they arrived, an idle machine never filled them)."""
     import torch
 
     from solutions.llama import LlamaTransformer
@@ -91,6 +93,23 @@ def test_quick_benchmark_on_a_llama_model_sets_it_beside_the_gpt2_model(
         assert (pools["gpt2"]["bytes_per_token"], pools["llama"]["bytes_per_token"]) == (6144, 2048)
         assert pools["llama"]["tokens"] == 3 * pools["gpt2"]["tokens"]
         assert all(r["gpt2"] > 0 and r["llama"] > 0 for r in beside[budget]["runs"])
+        schedule = beside[budget]["schedule"]
+        for name in ("gpt2", "llama"):
+            blocks = schedule[name]["most_blocks_in_use"]
+            assert 0 < blocks <= pools[name]["num_blocks"], (budget, name, blocks)
+            # every token is computed or found in the cache at least once
+            work = (
+                schedule[name]["tokens_computed"] + schedule[name]["tokens_found_in_prefix_cache"]
+            )
+            assert work >= schedule["tokens_once_each"], (budget, name)
+    whole, quarter = beside["whole_trace"], beside["a_quarter"]
+    assert whole["preemptions"] == {"gpt2": 0, "llama": 0}, "the whole trace's pool holds it all"
+    assert quarter["preemptions"]["gpt2"] > 0, (
+        "a quarter of the bytes must be too small for the GPT-2 engine's seats on any machine"
+    )
+    assert (
+        quarter["schedule"]["gpt2"]["most_blocks_in_use"] == quarter["pool"]["gpt2"]["num_blocks"]
+    )
     goals = result["goals"]
     assert goals["llama_pool_tokens_for_the_same_bytes"]["met"]
     measured = goals["llama_tokens_per_s_at_least_gpt2s"]["measured"]
