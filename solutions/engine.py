@@ -101,15 +101,20 @@ class LLMEngine:
         max_num_batched_tokens: int = 256,
         max_num_seqs: int = 32,
         enable_prefix_caching: bool = True,
+        keep_finished: bool = True,
     ):
+        """`keep_finished=False` forgets a request once the step that reports its end returns:
+        a server that runs for days must not keep every request it ever served (vLLM's
+        scheduler drops its finished requests too). Kept, they can be inspected after a run."""
         checks.integer("num_blocks", num_blocks, low=1)
         checks.integer("block_size", block_size, low=1)
         checks.integer("max_num_batched_tokens", max_num_batched_tokens, low=1)
         checks.integer("max_num_seqs", max_num_seqs, low=1)
-        if not isinstance(enable_prefix_caching, bool):
-            raise ValueError(
-                f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}"
-            )
+        for name, flag in (("enable_prefix_caching", enable_prefix_caching),
+                           ("keep_finished", keep_finished)):  # fmt: skip
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be True or False, got {flag!r}")
+        self.keep_finished = keep_finished
         self.model, self.tokenizer = model.eval(), tokenizer
         self.n_ctx = model.cfg.n_ctx
         self.block_size = block_size
@@ -186,12 +191,15 @@ class LLMEngine:
         outputs, self.pending = self.pending, []
         plan = self.scheduler.schedule()
         self.stats.record(plan)
-        if not plan.scheduled:
-            return outputs
-        sampling, logits = self._run(plan)
-        tokens = sample_requests(sampling, logits)
-        for request, new in self.scheduler.update(plan, tokens):
-            outputs.append(self._output(request, new))
+        if plan.scheduled:
+            sampling, logits = self._run(plan)
+            tokens = sample_requests(sampling, logits)
+            for request, new in self.scheduler.update(plan, tokens):
+                outputs.append(self._output(request, new))
+        if not self.keep_finished:
+            for output in outputs:
+                if output.finished:
+                    del self.requests[output.request_id]
         return outputs
 
     def _run(self, plan: "SchedulerOutput") -> tuple[list[Request], Float[Tensor, "S d_vocab"]]:

@@ -419,13 +419,15 @@ class Server(uvicorn.Server):
 
 
 def make_engine(model, tokenizer, max_num_seqs: int = 32, num_blocks: int | None = None,
-                block_size: int = 16) -> LLMEngine:  # fmt: skip
+                block_size: int = 16, keep_finished: bool = False) -> LLMEngine:  # fmt: skip
     """The server's engine: unless `num_blocks` is given, blocks for `max_num_seqs` requests
-    at the model's full context, and 512 tokens a step."""
+    at the model's full context, and 512 tokens a step; finished requests forgotten once
+    reported, unless `keep_finished` (to inspect them)."""
     if num_blocks is None:
         num_blocks = max_num_seqs * math.ceil(model.cfg.n_ctx / block_size)
     return LLMEngine(model, tokenizer, num_blocks=num_blocks, block_size=block_size,
-                     max_num_batched_tokens=512, max_num_seqs=max_num_seqs)  # fmt: skip
+                     max_num_batched_tokens=512, max_num_seqs=max_num_seqs,
+                     keep_finished=keep_finished)  # fmt: skip
 
 
 def serve(model: str = "shakespeare", host: str = "127.0.0.1", port: int = 8000,

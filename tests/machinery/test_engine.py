@@ -291,10 +291,26 @@ def test_requests_it_cannot_serve_fail_alone_with_a_reason(shipped):
         engine.add_request("fine", PROMPTS[1], GREEDY)  # not an unfinished one's
 
 
+def test_a_server_engine_forgets_each_request_once_its_end_is_reported(shipped):
+    model, tokenizer = shipped
+    engine = LLMEngine(model, tokenizer, num_blocks=30, block_size=4, keep_finished=False)
+    for i in range(3):
+        engine.add_request(str(i), PROMPTS[i], GREEDY)
+    engine.step()
+    engine.add_request("bad", [], GREEDY)  # its error is reported by the next step
+    engine.abort_request("1")
+    outputs = run_to_end(engine)
+    assert {r: o[-1].finish_reason for r, o in outputs.items()} == {
+        "0": "length", "1": "abort", "2": "length", "bad": "error"}  # fmt: skip
+    assert engine.requests == {} and not invariant_problems(engine)
+    engine.abort_request("1")  # an abort that comes late (a client gone) changes nothing
+    assert not engine.has_unfinished_requests()
+
+
 @pytest.mark.parametrize(
     ("argument", "value"),
     [("num_blocks", 0), ("block_size", -1), ("max_num_batched_tokens", 0),
-     ("max_num_seqs", 1.5), ("enable_prefix_caching", "yes")],
+     ("max_num_seqs", 1.5), ("enable_prefix_caching", "yes"), ("keep_finished", 0)],
 )  # fmt: skip
 def test_a_bad_configuration_is_refused_by_name(shipped, argument, value):
     model, tokenizer = shipped

@@ -41,7 +41,8 @@ pytestmark = pytest.mark.timeout(patient(60))
 def served(shipped):
     """One server for the module: a pool of 96 blocks of 16 and 16 seats."""
     model, tokenizer = shipped
-    async_engine = AsyncEngine(make_engine(model, tokenizer, max_num_seqs=16, num_blocks=96))
+    engine = make_engine(model, tokenizer, max_num_seqs=16, num_blocks=96, keep_finished=True)
+    async_engine = AsyncEngine(engine)  # its finished requests kept, to be read by the tests
     with running_server(async_engine, MODEL) as running:
         yield running, async_engine
 
@@ -441,3 +442,14 @@ def test_course_serve_starts_on_localhost_and_stops_at_sigint():
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_a_long_running_server_keeps_no_finished_request(shipped):
+    model, tokenizer = shipped
+    async_engine = AsyncEngine(make_engine(model, tokenizer, max_num_seqs=4, num_blocks=32))
+    with running_server(async_engine, MODEL) as running:
+        client = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0)
+        for prompt in PROMPTS[:3]:
+            client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, stop=["e"])
+        left = async_engine.call(lambda e: (dict(e.requests), e.has_unfinished_requests()))
+        assert left.result(10) == ({}, False), "the engine keeps requests it has finished"
