@@ -1156,11 +1156,11 @@ assert min(ratios) < 1 < max(ratios), "section 10 says the quarter's runs fall o
 #   `"\n\n"`, which is left out of the text. The engine stops at a token (end-of-text) or at
 #   `max_tokens`; vLLM's engine core too stops at tokens and lengths only, and its
 #   `OutputProcessor` (`vllm/v1/engine/output_processor.py`), outside the core, checks the stop
-#   strings. A stop string can begin in
-#   one token and end in a later one, so a request that goes on holds back its last
-#   `len(longest stop string) - 1` characters until it is known that no stop string begins in
-#   them. A request that meets one must also end in the engine; the processor does not touch
-#   the engine: it returns the ids to abort (vLLM's `reqs_to_abort`), and the loop aborts them.
+#   strings. A stop string can begin in one token and end in a later one, so a request that
+#   goes on holds back its last `len(longest stop string) - 1` characters until it is known
+#   that no stop string begins in them. A request that meets one must also end in the engine;
+#   the processor does not touch the engine: it returns the ids to abort (vLLM's
+#   `reqs_to_abort`), and the loop aborts them.
 
 # %%
 for word in ("soft", "caf\u00e9", "\U0001f642"):
@@ -1274,7 +1274,7 @@ assert "\n\n" in greedy_text and whole.choices[0].finish_reason == "stop", "sect
 # as its answer ends), with `AsyncOpenAI` streaming from a process of their own, to a server on
 # one PyTorch thread whose pool holds about a quarter of the tokens the run writes. It drives
 # the engine directly on the same requests in the same process, alternating with the server,
-# three times each, and then repeats the server run with a quarter of the clients leaving
+# five times each, and then repeats the server run with a quarter of the clients leaving
 # mid-answer, and shuts the server down under load. Its record:
 
 # %%
@@ -1311,6 +1311,7 @@ assert 0.78 < pure["median"] < 0.82 and all(a > b for a, b in zip(compiled, pyth
     "section 11: about a fifth lost without httptools and uvloop, more in every run"
 )
 assert 1.5 < r["server"]["ttft_ms"]["median"] / r["engine"]["ttft_ms"]["median"] < 3
+assert len(r["runs"]) == 5, "section 11 says five runs of each"
 
 # %% [markdown]
 # Every check of the load held: each request ended with all its tokens, in every run; no block
@@ -1320,12 +1321,12 @@ assert 1.5 < r["server"]["ttft_ms"]["median"] / r["engine"]["ttft_ms"]["median"]
 # engine made when driven directly, so the goal (at most 15 % lost to HTTP) was missed,
 # narrowly; on uvicorn's pure-Python HTTP parser and event loop it lost about a fifth, in every
 # run more than with the compiled ones (httptools and uvloop, which the course installs). The
-# median time to first token was between one and a half and three times the engine's. The cost is
-# per event: a streamed answer is one server-sent event per token, each a JSON chunk written
-# through the web framework to its socket, while the engine's step costs the same however many
-# requests it serves. vLLM's V1 runs its engine core in a process of its own, apart from its
-# web server (vLLM's blog post announcing V1, January 2025), so that the engine's steps and the
-# web server's work overlap.
+# median time to first token was between one and a half and three times the engine's. What the
+# server adds comes with every token: a streamed answer is one server-sent event per token, a
+# JSON chunk that goes through the web framework to its socket, and here on the same thread as
+# the engine's steps. vLLM's V1 engine (v0.7.0, January 2025) runs its engine core in a process
+# of its own (`EngineCoreProc` in `vllm/v1/engine/core.py`), apart from the web server and the
+# output processor, so that the engine's steps and the server's work overlap.
 # %% [markdown]
 # ## 12. Past one machine
 #
