@@ -15,8 +15,10 @@ from utils.plots import (
     plot_beam_tree,
     plot_coupling,
     plot_gelu,
+    plot_kv_groups,
     plot_masks,
     plot_rejection_sampling,
+    plot_rope_angles,
     plot_sample_frequencies,
     plot_speculative_rounds,
     plot_speedup,
@@ -717,3 +719,35 @@ def test_memory_over_time_without_capacity_and_bad_input():
         plot_memory_over_time({})
     with pytest.raises(ValueError, match=r"^series\['a'\] must be a non-empty sequence"):
         plot_memory_over_time({"a": []})
+
+
+def test_rope_angles_read_back_each_pairs_angle_and_its_speed():
+    d_head, theta, posn = 8, 100.0, 12
+    speed = theta ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # per pair
+    angle = torch.arange(posn, dtype=torch.float64)[:, None] * speed  # [posn, pairs]
+    cos, sin = torch.cat([angle.cos()] * 2, dim=1), torch.cat([angle.sin()] * 2, dim=1)
+    plot_rope_angles(cos, sin, theta)
+    titled = {ax.get_title(): ax for ax in plt.gcf().axes}  # and a colour bar
+    left = next(ax for title, ax in titled.items() if "angle at each position" in title)
+    right = titled["How fast each pair turns"]
+    wrapped = torch.atan2(angle.sin(), angle.cos())  # each angle in (-pi, pi]
+    torch.testing.assert_close(torch.tensor(left.images[0].get_array()), wrapped.T.float())
+    line = right.get_lines()[0]
+    torch.testing.assert_close(torch.tensor(line.get_ydata()), speed.float())
+    assert right.get_yscale() == "log" and "theta = 100" in left.get_title()
+    with pytest.raises(ValueError, match="even d_head"):
+        plot_rope_angles(cos[:, :7], sin[:, :7], theta)
+
+
+def test_kv_groups_one_line_from_each_query_head_to_the_head_it_reads():
+    reads = [0, 0, 0, 1, 1, 1]
+    plot_kv_groups(reads, n_kv_heads=2)
+    ax = plt.gcf().axes[0]
+    lines = ax.get_lines()
+    assert len(lines) == len(reads)
+    kv_x = {t.get_text(): t.get_position()[0] for t in ax.texts if t.get_text().startswith("kv")}
+    for h, (line, r) in enumerate(zip(lines, reads, strict=True)):
+        assert list(line.get_xdata()) == [h, kv_x[f"kv{r}"]], f"query head {h}"
+    assert "6 query heads, 2 key/value heads" in ax.get_title()
+    with pytest.raises(ValueError, match="reads"):
+        plot_kv_groups([0, 2], n_kv_heads=2)
