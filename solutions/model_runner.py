@@ -29,8 +29,6 @@ from solutions.paged_attention import (
     attention_groups,
     forward_paged,
     fused_qkv,
-    gather_blocks,
-    readable,
     write_slots,
 )
 
@@ -58,22 +56,23 @@ def forward_paged_llama(
     logits_at: Int[Tensor, "S"],
 ) -> Float[Tensor, "S d_vocab"]:
     """`forward_paged` for chapter 7's model: the step's T tokens as one row of a batch of one,
-    each turned by its own position in its own request; chapter 7's `rotated_qkv` and `attend`
-    (which repeats each key/value head for its group of query heads), with keys and values
-    read through the block tables."""
+    each turned by its own position in its own request (chapter 7's `rotated_qkv`), with keys
+    and values read through the block tables by `attend_strided`, the GPT-2 runner's attention,
+    whose query heads read their group's key/value head in place."""
     groups = attention_groups(inputs, keys_values.block_size)
     positions = inputs.positions[None]  # [1, T]: a token's position in its request
     residual = model.embed(inputs.token_ids[None])  # [1, T, d_model]; no position embedding
     for block, keys, values in zip(model.blocks, keys_values.keys, keys_values.values, strict=True):
-        q, k, v = block.attn.rotated_qkv(block.ln1(residual), positions)  # heads first
+        q, k, v = block.attn.rotated_qkv(block.ln1(residual), positions)  # [1, heads, T, d_head]
+        q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))  # [T, heads, d_head], as in a block
         # The keys go into the cache rotated by their own positions: never turned again.
-        write_slots(keys, values, inputs.slot_mapping, k[0].transpose(0, 1), v[0].transpose(0, 1))
-        attended = torch.empty_like(residual[0])  # [T, d_model]
+        write_slots(keys, values, inputs.slot_mapping, k, v)
+        z = torch.empty_like(q)
         for g in groups:
-            k_g, v_g = gather_blocks(keys, g.block_tables), gather_blocks(values, g.block_tables)
-            q_g = q[0][:, g.rows].transpose(0, 1)  # [G, n_heads, Q, d_head]
-            attended[g.rows] = block.attn.attend(q_g, k_g, v_g, readable(g.query_pos, k_g.shape[2]))
-        residual = residual + attended[None]
+            # Not chapter 7's `attend`: its `expand_kv` copies each key/value head for its group
+            # of query heads, a copy as large as the GPT-2 model's whole gathered context.
+            z[g.rows] = attend_strided(q[g.rows], keys, values, g.block_tables, g.query_pos)
+        residual = residual + (z.flatten(1) @ block.attn.W_O.flatten(0, 1))[None]  # heads summed
         residual = residual + block.mlp(block.ln2(residual))
     return model.unembed(model.ln_final(residual[0, logits_at]))
 

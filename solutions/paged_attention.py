@@ -173,11 +173,14 @@ def attend_strided(
 ) -> Float[Tensor, "G Q n_heads d_head"]:
     """`attend`, one copy fewer: the attention function reads a strided view (any strides, as
     long as each head's d_head numbers lie side by side), so the blocks are read where
-    `gather_blocks`'s one copy left them."""
+    `gather_blocks`'s one copy left them. With fewer key/value heads than query heads (chapter
+    7's grouped-query attention), each group of query heads reads its key/value head where it
+    lies (`enable_gqa`), without chapter 7's copy of each head for its group (`expand_kv`)."""
     k, v = gather_blocks(keys, block_tables), gather_blocks(values, block_tables)
     out = F.scaled_dot_product_attention(
-        queries.transpose(1, 2), k, v, attn_mask=readable(query_pos, k.shape[2])
-    )
+        queries.transpose(1, 2), k, v, attn_mask=readable(query_pos, k.shape[2]),
+        enable_gqa=k.shape[1] != queries.shape[2],
+    )  # fmt: skip
     return out.transpose(1, 2)
 
 
