@@ -294,7 +294,9 @@ def test_kernel_figures_are_the_recorded_run():
 
 def test_llama_figures_are_the_recorded_runs():
     step = _record("llama")["result"]["cpu"]
-    beside = _record("serving_llama")["result"]["beside_gpt2"]["whole_trace"]
+    record = _record("serving_llama")
+    beside = record["result"]["beside_gpt2"]["whole_trace"]
+    quarter, before = record["result"]["beside_gpt2"]["a_quarter"], record["before_this_record"]
     said = [
         f"parameters ({step['parameters']['llama']:,} against {step['parameters']['gpt2']:,})",
         f"took {step['cached_step']['llama_over_gpt2']} times GPT-2's",
@@ -307,7 +309,14 @@ def test_llama_figures_are_the_recorded_runs():
         f"the same bytes held {beside['pool']['llama']['tokens']:,} tokens against "
         f"{beside['pool']['gpt2']['tokens']:,}",
         f"the Llama engine made {beside['median_ratio']} of the GPT-2 engine's",
+        f"one run gave {min(r['ratio'] for r in beside['runs'])}",
+        f"the same benchmark gave {before['whole_trace_median_ratio']}",
+        f"preempted {quarter['preemptions']['gpt2']} times and the Llama engine never; the ratio "
+        f"rose to {quarter['median_ratio']}",
     ]
+    assert quarter["preemptions"]["llama"] == 0
+    goal = _record("serving_llama")["result"]["goals"]["llama_tokens_per_s_at_least_gpt2s"]
+    assert says("(goal: at least 1, met on the") == goal["met"]
     assert_says_all(said, "Llama figures")
 
 
