@@ -608,6 +608,13 @@ plot_kv_groups(
 )
 
 # %% [markdown]
+# `expand_kv` makes the sharing plain to see, and HF's eager attention does the same
+# (`repeat_kv`), but it copies: the expanded keys and values take the bytes of a key/value head
+# for every query head, for as long as the attention runs. The attention function can read the
+# shared heads in place instead: `F.scaled_dot_product_attention(q, k, v, enable_gqa=True)`
+# takes `k` and `v` with `n_kv_heads` heads and lets each group of query heads read its own.
+# Chapter 8's engine reads its paged cache that way.
+#
 # ### Exercise: `GroupedQueryAttention`
 #
 # Two methods, with the given `forward` calling both:
