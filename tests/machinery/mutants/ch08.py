@@ -516,4 +516,240 @@ MUTANTS += [
         "the engine's error not passed on",
         says=("error",),
     ),
+    # output_processor: slips from a learner's run of "Serving it"
+    Mutant(
+        "output_processor",
+        "if i >= 0]",
+        "if i > 0]",
+        "a stop string at the very beginning of the text not counted as found",
+        says=("0 is a place",),
+    ),
+    Mutant(
+        "output_processor",
+        "hits = [i for i in (state.text.find(s) for s in state.stop) if i >= 0]",
+        "hits = [state.text.find(s) for s in state.stop]",
+        "str.find's -1 for an absent stop string taken as a place to cut",
+        says=("answers -1",),
+    ),
+    Mutant(
+        "output_processor",
+        "state.text[: min(hits)]",
+        "state.text[: max(hits)]",
+        "the text cut at the stop string that occurs last, not first",
+        says=("occurs last",),
+    ),
+    Mutant(
+        "output_processor",
+        "state.text.find(s)",
+        "state.text.rfind(s)",
+        "the text cut at the last place a stop string occurs (rfind), not the first",
+        says=("first place it occurs",),
+    ),
+    Mutant(
+        "output_processor",
+        "state.text[: min(hits)]",
+        "state.text[: min(hits) - 1]",
+        "the text cut one character before the stop string",
+        says=("one character short",),
+    ),
+    Mutant(
+        "output_processor",
+        "state.text[: min(hits)]",
+        "state.text[: min(hits) + 1]",
+        "the text cut one character into the stop string",
+        says=("runs past its beginning",),
+    ),
+    Mutant(
+        "output_processor",
+        "hold = max(map(len, state.stop), default=1) - 1",
+        "hold = min(map(len, state.stop), default=1) - 1",
+        "the hold taken from the shortest stop string, not the longest",
+        says=("too little held back", "longest"),
+    ),
+    Mutant(
+        "output_processor",
+        "hold = max(map(len, state.stop), default=1) - 1",
+        "hold = len(state.stop[0]) - 1 if state.stop else 0",
+        "the hold taken from the first stop string of the list",
+        says=("too little held back", "longest"),
+    ),
+    Mutant(
+        "output_processor",
+        "hold = max(map(len, state.stop), default=1) - 1",
+        'hold = len(max(state.stop, default="x")) - 1',
+        "the hold taken from the alphabetically last stop string (max of the strings)",
+        says=("too little held back", "longest"),
+    ),
+    Mutant(
+        "output_processor",
+        "hold = max(map(len, state.stop), default=1) - 1",
+        "hold = max(map(len, state.stop), default=0) - 1",
+        "a hold of -1 with no stop strings: a character skipped at every step",
+        says=("not -1",),
+    ),
+    Mutant(
+        "output_processor",
+        "hold = max(map(len, state.stop), default=1) - 1",
+        "hold = max((len(s.encode()) for s in state.stop), default=1) - 1",
+        "the stop strings' length counted in bytes, not characters",
+        says=("not bytes",),
+    ),
+    Mutant(
+        "output_processor",
+        "text, state.sent = state.text[state.sent : end], end",
+        "text, state.sent = state.text[state.sent : end], len(state.text)",
+        "state.sent set to the text's length: held-back characters never sent",
+        says=("not the text's length",),
+    ),
+    Mutant(
+        "output_processor",
+        "state.text += state.detokenizer.add",
+        "state.text = state.detokenizer.add",
+        "the text replaced by the step's new text, not added to",
+        says=("not put in its place",),
+    ),
+    Mutant(
+        "output_processor",
+        "            state.text += state.detokenizer.add(output.new_token_ids, "
+        "last=output.finished)\n"
+        "            reason = output.finish_reason if output.finished else None\n"
+        "            hits = [i for i in (state.text.find(s) for s in state.stop) if i >= 0]\n",
+        "            new = state.detokenizer.add(output.new_token_ids, last=output.finished)\n"
+        "            state.text += new\n"
+        "            reason = output.finish_reason if output.finished else None\n"
+        "            hits = [len(state.text) - len(new) + i\n"
+        "                    for i in (new.find(s) for s in state.stop) if i >= 0]\n",
+        "the step's new text alone searched for stop strings: one that spans steps is missed",
+        says=("not in the step's new text alone",),
+    ),
+    Mutant(
+        "output_processor",
+        "            state.text += state.detokenizer.add(output.new_token_ids, "
+        "last=output.finished)\n"
+        "            reason = output.finish_reason if output.finished else None\n"
+        "            hits = [i for i in (state.text.find(s) for s in state.stop) if i >= 0]\n",
+        "            reason = output.finish_reason if output.finished else None\n"
+        "            hits = [i for i in (state.text.find(s) for s in state.stop) if i >= 0]\n"
+        "            state.text += state.detokenizer.add(output.new_token_ids, "
+        "last=output.finished)\n",
+        "the text searched for stop strings before the step's new text is added",
+        says=("but was not found",),
+    ),
+    Mutant(
+        "output_processor",
+        "                    text, len(output.output_token_ids), reason, output.error\n"
+        "                )\n",
+        "                    text, len(output.output_token_ids), reason, output.error\n"
+        "                )\n"
+        '                if reason == "stop":\n'
+        "                    break\n",
+        "the loop left at a stop string: the step's other outputs are dropped",
+        says=("loop left",),
+    ),
+    Mutant(
+        "output_processor",
+        "processed.to_abort.append(output.request_id)",
+        "processed.to_abort = [output.request_id]",
+        "to_abort replaced at each request that stops, not added to",
+        says=("replaced rather than added to",),
+    ),
+    Mutant(
+        "output_processor",
+        "                if not output.finished:\n"
+        "                    processed.to_abort.append(output.request_id)\n",
+        "                for _ in hits:\n"
+        "                    if not output.finished:\n"
+        "                        processed.to_abort.append(output.request_id)\n",
+        "a request named in to_abort once per stop string found",
+        says=("named once",),
+    ),
+    Mutant(
+        "output_processor",
+        "processed.to_abort.append(output.request_id)",
+        "processed.to_abort.append(output)",
+        "the output put in to_abort, not its request id",
+        says=("request ids (strings)",),
+    ),
+    Mutant(
+        "output_processor",
+        "if text or reason is not None:",
+        "if text:",
+        "no delta when a request ends with nothing left to send",
+        says=("a reason to give",),
+    ),
+    Mutant(
+        "output_processor",
+        "text, len(output.output_token_ids), reason, output.error",
+        "text, len(state.text), reason, output.error",
+        "num_output_tokens is the text's length in characters",
+        says=("not the characters",),
+    ),
+    Mutant(
+        "output_processor",
+        "text, len(output.output_token_ids), reason, output.error",
+        "text, end, reason, output.error",
+        "num_output_tokens is the number of characters sent",
+        says=("not the characters",),
+    ),
+    Mutant(
+        "output_processor",
+        "state.text += state.detokenizer.add(output.new_token_ids, last=output.finished)",
+        "state.text += state.detokenizer.add(output.new_token_ids, last=output.finished).replace("
+        '"\\ufffd", "")',
+        "the replacement character taken out of the text",
+        says=("taken out",),
+    ),
+    Mutant(
+        "output_processor",
+        "            state.text += state.detokenizer.add(output.new_token_ids, "
+        "last=output.finished)\n",
+        "            if output.new_token_ids:\n"
+        "                state.text += state.detokenizer.add(output.new_token_ids, "
+        "last=output.finished)\n",
+        "the detokenizer not called in a last step with no new token: a held character lost",
+        says=("no new token",),
+    ),
+    Mutant(
+        "output_processor",
+        "text, len(output.output_token_ids), reason, output.error",
+        "text, len(output.output_token_ids), output.error, reason",
+        "the Delta's reason and error given in the wrong order",
+        says=("error field",),
+    ),
+    Mutant(
+        "output_processor",
+        "                end = len(state.text)\n",
+        "                end = max(state.sent, len(state.text) - max(map(len, state.stop), "
+        "default=1) + 1)\n",
+        "the hold applied to a finished request too: its last characters never sent",
+        says=("held-back characters are sent with its last delta",),
+    ),
+    Mutant(
+        "output_processor",
+        "(state.text.find(s) for s in state.stop)",
+        "(state.text[state.sent :].find(s) for s in state.stop)",
+        "the unsent text searched for stop strings, its index used as if in the whole text",
+        says=("index in all the text so far",),
+    ),
+    Mutant(
+        "output_processor",
+        "state.text += state.detokenizer.add",
+        "state.text += Detokenizer(self.tokenizer).add",
+        "a new detokenizer at each step: characters that span tokens lost",
+        says=("not a new one",),
+    ),
+    Mutant(
+        "output_processor",
+        "end = max(state.sent, len(state.text) - hold)",
+        "end = min(state.sent, len(state.text) - hold)",
+        "the smaller of what was sent and the text less the hold: nothing sent before the end",
+        says=("the larger",),
+    ),
+    Mutant(
+        "output_processor",
+        "            text, state.sent = state.text[state.sent : end], end\n",
+        "            state.sent = end\n            text = state.text[state.sent : end]\n",
+        "state.sent moved before the delta's text is read: every delta empty",
+        says=("before the delta's text is read",),
+    ),
 ]
