@@ -1169,15 +1169,15 @@ assert 0.75 < record["before_this_record"]["whole_trace_median_ratio"] < 0.85, "
 # - **A token is bytes, not always a character.** This tokenizer, like GPT-2's, works on
 #   bytes: "é" is two tokens, and an emoji four (printed below). The `Detokenizer` (given)
 #   decodes a few tokens at a time and answers `""` while the text ends inside a character.
-# - **Stop strings are the server's.** OpenAI's `stop` ends an answer at a string such as
-#   `"\n\n"`, which is left out of the text. The engine stops at a token (end-of-text) or at
-#   `max_tokens`; vLLM's engine core too stops at tokens and lengths only, and its
-#   `OutputProcessor` (`vllm/v1/engine/output_processor.py`), outside the core, checks the stop
-#   strings. A stop string can begin in one token and end in a later one, so a request that
-#   goes on holds back its last `len(longest stop string) - 1` characters until it is known
-#   that no stop string begins in them. A request that meets one must also end in the engine;
-#   the processor does not touch the engine: it returns the ids to abort (vLLM's
-#   `reqs_to_abort`), and the loop aborts them.
+# - **Stop strings are the server's.** OpenAI's `stop` ends an answer at a string such as `"\n\n"`,
+#   which is left out of the text. The engine stops at a token (end-of-text) or at `max_tokens`;
+#   vLLM's engine core too stops at tokens and lengths only, and its `OutputProcessor`
+#   (`vllm/v1/engine/output_processor.py`), outside the core, checks the stop strings through each
+#   request's detokenizer (`check_stop_strings` in `vllm/v1/engine/detokenizer.py`). A stop string
+#   can begin in one token and end in a later one, so a request that goes on holds back its last
+#   `len(longest stop string) - 1` characters until it is known that no stop string begins in them.
+#   A request that meets one must also end in the engine; the processor does not touch the engine:
+#   it returns the ids to abort (vLLM's `reqs_to_abort`), and the loop aborts them.
 
 # %%
 for word in ("soft", "caf\u00e9", "\U0001f642"):
@@ -1200,22 +1200,26 @@ for word in ("soft", "caf\u00e9", "\U0001f642"):
 #
 # 1. Add the step's new tokens to the request's text (`state.detokenizer.add`, with
 #    `last=True` once the engine has finished the request, so that a last token inside a
-#    character is still sent).
-# 2. If a stop string occurs in the text, cut the text before the one that occurs first, and
-#    the request finishes with `"stop"`; if the engine had not finished it, add its id to
-#    `to_abort`. Otherwise, a finished request keeps the engine's reason.
-# 3. A request that goes on can send its text up to its last `len(longest stop) - 1`
+#    character is still sent). Call it in every step, even one that brought no token: an
+#    abort's output has none, and `last=True` still releases a character held back.
+# 2. If a stop string occurs in the text so far (not only in the step's new piece: it may have
+#    begun in an earlier step), cut the text before the one that occurs first, and the request
+#    finishes with `"stop"`; if the engine had not finished it, add its id to `to_abort`.
+#    Otherwise, a finished request keeps the engine's reason.
+# 3. A request that goes on can send all its text but the last `len(longest stop) - 1`
 #    characters (all of it when it has no stop strings), never less than it has already sent;
-#    a finished one sends all that is left, and is forgotten (deleted from `self.states`).
+#    a finished one (by the engine, or by a stop string in step 2) sends all that is left, and
+#    is forgotten (deleted from `self.states`).
 # 4. Make a `Delta` if there is text to send or a reason to give: its text is what was not
 #    sent before; `num_output_tokens` counts every token written so far.
 #
 # Common mistakes: adding every output token at each step, not the new ones; sending the stop
 # string itself; cutting at the first stop string of the list rather than the first in the
-# text; holding back when there are no stop strings, or the longest stop string's whole
-# length; aborting a request the engine has already finished; keeping a finished request, so
-# that the abort the engine reports next makes a second last delta; an empty delta in a step
-# with nothing to send.
+# text; a stop string at index 0 taken for absent; holding back when there are no stop strings,
+# or the longest stop string's whole length, or the length of the alphabetically last one
+# (`max(state.stop)`), or a length in bytes; aborting a request the engine has already
+# finished; keeping a finished request, so that the abort the engine reports next makes a
+# second last delta; an empty delta in a step with nothing to send.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
