@@ -55,19 +55,20 @@ test: export COURSE_TIME_SCALE = $(TIME_SCALE)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/course corpus
-	@echo "Three lanes at once. Two offline, on one torch thread each: every chapter's notebook in a"
-	@echo "kernel started from a learner's environment (teacher builds: every check passes; blank"
-	@echo "builds: every check fails), the course command and chapter 9's kernels compiled for a GPU"
-	@echo "(no GPU needed); beside them the rest of the machinery's own tests, the graded tests on the"
-	@echo "solutions, then on the blank stubs, where every graded test must FAIL (inverted: a pass"
-	@echo "there means it does not), the learner-style mutants (tests/machinery/mutants/), each of"
-	@echo "which must fail a test of its exercise, and the peers' own tests (tests/peers/: HF, vLLM,"
-	@echo "FlashInfer) on the solutions. The third lane installs the course from a notebook's Colab"
-	@echo "cell into a fresh virtual environment (online: pip needs the package registry), grades"
-	@echo "broken notebooks, then drives chapter 1 in JupyterLab in a headless Chromium, offline"
-	@echo "(skipped, saying why, without one), then smoke-runs two benchmarks."
+	@echo "Three lanes at once. Two offline, on one torch thread each: every chapter's notebook in"
+	@echo "a kernel started from a learner's environment (teacher builds: every check passes; blank"
+	@echo "builds: every check fails), the grading of broken notebooks, the course command and"
+	@echo "chapter 9's kernels compiled for a GPU (no GPU needed); beside them the rest of the"
+	@echo "machinery's own tests, the graded tests on the solutions, then on the blank stubs, where"
+	@echo "every graded test must FAIL (inverted: a pass there means it does not), the learner-style"
+	@echo "mutants (tests/machinery/mutants/), each of which must fail a test of its exercise, and"
+	@echo "the peers' own tests (tests/peers/: HF, vLLM, FlashInfer) on the solutions. The third lane"
+	@echo "installs the course from a notebook's Colab cell into a fresh virtual environment (online:"
+	@echo "pip needs the package registry), then drives chapter 1 in JupyterLab in a headless"
+	@echo "Chromium, offline (skipped, saying why, without one), then smoke-runs two benchmarks."
 	$(LANES) "$(OFFLINE) $(PYTEST) -rs tests/machinery/test_notebooks_run.py && \
-		 $(OFFLINE) $(PYTEST) tests/machinery/test_kernels_compile.py tests/machinery/test_cli.py \
+		 $(OFFLINE) $(PYTEST) tests/machinery/test_grading.py \
+		 tests/machinery/test_kernels_compile.py tests/machinery/test_cli.py \
 		 tests/machinery/test_triton_mode.py tests/machinery/test_sass_report.py" \
 		"$(OFFLINE) $(PYTEST) tests/machinery \
 		 --ignore=tests/machinery/test_notebooks_run.py --ignore=tests/machinery/test_grading.py \
@@ -81,7 +82,6 @@ test: $(STAMP)
 		 COURSE_NO_FORK=1 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail && \
 		 COURSE_NO_FORK=1 $(OFFLINE) $(PYTEST) tests/graded --mutants -q" \
 		"$(PYTEST) tests/machinery/test_colab_setup.py && \
-		 $(OFFLINE) $(PYTEST) tests/machinery/test_grading.py && \
 		 $(OFFLINE) $(PYTEST) -rs tests/machinery/test_browser.py && \
 		 $(OFFLINE) $(PYTEST) tests/machinery/test_speculative_benchmark.py \
 		 tests/machinery/test_kernel_benchmark.py"
