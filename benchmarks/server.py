@@ -241,15 +241,8 @@ def drive_engine(model, tokenizer, requests, clients: int, num_blocks: int):
     for _ in range(clients):
         add_next()
     while engine.has_unfinished_requests():
-        outputs = engine.step()
-        now = time.perf_counter() - start
-        for output in outputs:
-            if output.new_token_ids:
-                served.first.setdefault(output.request_id, now)
-                served.last[output.request_id] = now
-            if output.finished:
-                served.tokens[output.request_id] = output.output_token_ids
-                add_next()
+        for _ in served.record(engine.step(), time.perf_counter() - start):
+            add_next()  # a finished request's client sends its next
     return served, sent, engine
 
 

@@ -125,6 +125,19 @@ class Served:
     running: list[int] = field(default_factory=list)
     waiting: list[int] = field(default_factory=list)
 
+    def record(self, outputs, now: float) -> list:
+        """An engine step's outputs at `now`: a request's first and latest token times, and its
+        tokens once it finishes. Returns the outputs of the requests that finished."""
+        finished = []
+        for output in outputs:
+            if output.new_token_ids:
+                self.first.setdefault(output.request_id, now)
+                self.last[output.request_id] = now
+            if output.finished:
+                self.tokens[output.request_id] = output.output_token_ids
+                finished.append(output)
+        return finished
+
     def summary(self, requests: list[TraceRequest]) -> dict:
         """Throughput, TTFT and TPOT (medians and 99th percentiles) over the trace."""
         ttft = [self.first[r.request_id] - r.arrival for r in requests]
@@ -202,14 +215,7 @@ def serve_engine(
         if not engine.has_unfinished_requests():
             time.sleep(0.0005)
             continue
-        outputs = engine.step()
-        now = time.perf_counter() - start
-        for output in outputs:
-            if output.new_token_ids:
-                served.first.setdefault(output.request_id, now)
-                served.last[output.request_id] = now
-            if output.finished:
-                served.tokens[output.request_id] = output.output_token_ids
+        served.record(engine.step(), time.perf_counter() - start)
         served.timeline.append(dict(engine.stats.last_step))  # the step's plan, as counted
         running = engine.scheduler.running
         served.running.append(len(running))
