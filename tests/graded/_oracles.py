@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 from transformers import GPT2LMHeadModel
 
+from tests.graded._explain import explain_difference, sentences
 from utils.hf_oracles import hf_beam_search, hf_greedy, hf_kept
 
 __all__ = [
@@ -30,6 +31,8 @@ __all__ = [
     "PROMPTS",
     "ROUNDED_TOP_P_CASES",
     "assert_close_f32",
+    "explain_difference",
+    "sentences",
     "exact_top_p_count",
     "rounded_top_p_cases_here",
     "hf_beam_search",
@@ -94,9 +97,26 @@ def close_f32(actual: torch.Tensor, expected: torch.Tensor) -> bool:
     )
 
 
-def assert_close_f32(actual: torch.Tensor, expected: torch.Tensor, msg: str) -> None:
-    """Equal within float32 rounding (`F32_ATOL`, `F32_RTOL`), or fail with `msg`."""
-    torch.testing.assert_close(actual, expected, atol=F32_ATOL, rtol=F32_RTOL, msg=msg)
+def assert_close_f32(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    msg: str,
+    *,
+    axes: tuple[str, ...] | None = None,
+    hint: str = "",
+) -> None:
+    """Equal within float32 rounding (`F32_ATOL`, `F32_RTOL`), dtype and device included, or
+    fail with `msg` (what was compared), then how the two differ (`explain_difference`, with
+    expected's dimensions named by `axes`), then `hint` (the slip that difference points to)."""
+    if (
+        isinstance(actual, torch.Tensor)
+        and actual.dtype == expected.dtype
+        and actual.device == expected.device
+        and close_f32(actual, expected)
+    ):
+        return
+    how = explain_difference(actual, expected, axes, atol=F32_ATOL, rtol=F32_RTOL)
+    raise AssertionError(sentences(msg, how, hint))
 
 
 # --------------------------------------------------------------------------- generation
