@@ -97,10 +97,7 @@ import statistics
 import sys
 import time
 
-
-def sig(x: float, digits: int = 4) -> float:
-    """x to `digits` significant digits (a ratio of 0.0004 must not print as 0.0)."""
-    return float(f"{x:.{digits}g}")
+from utils.timing import sig
 
 
 def number_list(kind):

@@ -48,7 +48,7 @@ from solutions.rope import apply_rope, rope_cos_sin
 from solutions.static_cache import StaticKeyValueCache, decode_step
 from solutions.step_cost import profile_ops
 from utils.models import load_model
-from utils.timing import goal, interleaved_runs, ratio_within_runs
+from utils.timing import goal, interleaved_runs, ratio_within_runs, sig
 
 PROMPT = "\n"  # one token
 MODELS = ("gpt2", "llama")
@@ -95,7 +95,7 @@ def cached_step(models: dict, position: int, runs: int, calls: int) -> dict:
     names = set(by_name["gpt2"]) | set(by_name["llama"])
     more = {op: by_name["llama"].get(op, 0) - by_name["gpt2"].get(op, 0) for op in names}
     largest = sorted(more, key=lambda op: (-abs(more[op]), op))[:12]
-    us = {name: round(1e6 * statistics.median(t) / calls, 1) for name, t in times.items()}
+    us = {name: sig(1e6 * statistics.median(t) / calls, 4) for name, t in times.items()}
     return {
         "position": position,
         "calls_per_run": calls,

@@ -305,10 +305,9 @@ def shutdown_under_load(model, tokenizer, requests, clients: int, num_blocks: in
 
         async def in_flight():
             aclient = openai.AsyncOpenAI(base_url=running.url, api_key="none", max_retries=0)
-            begun = asyncio.Event()
-            reasons = []
+            every_one_writing, writing, reasons = asyncio.Event(), set(), []
 
-            async def one(r):
+            async def one(i, r):
                 stream = await aclient.completions.create(
                     model=MODEL, prompt=r.prompt, max_tokens=SHUTDOWN_TOKENS, temperature=0,
                     stream=True, extra_body={"ignore_eos": True},
@@ -316,13 +315,16 @@ def shutdown_under_load(model, tokenizer, requests, clients: int, num_blocks: in
                 reason = None
                 async for chunk in stream:
                     reason = chunk.choices[0].finish_reason or reason
-                    if len(reasons) == 0 and chunk.choices[0].text:
-                        begun.set()
+                    if chunk.choices[0].text:
+                        writing.add(i)
+                        if len(writing) == clients:
+                            every_one_writing.set()
                 reasons.append(reason)
 
-            tasks = [asyncio.ensure_future(one(r)) for r in requests[:clients]]
-            await begun.wait()
-            await asyncio.sleep(0.2)  # every request admitted or queued, many writing
+            tasks = [asyncio.ensure_future(one(i, r)) for i, r in enumerate(requests[:clients])]
+            # The signal as soon as every request has written its first text, not after a fixed
+            # pause: a pause long enough on a slow machine lets a fast one finish the answers.
+            await every_one_writing.wait()
             start = time.perf_counter()
             running.server.handle_exit(signal.SIGTERM, None)
             await asyncio.gather(*tasks)

@@ -89,7 +89,7 @@ from utils.serving import (
     serve_static,
     shared_prefix_trace,
 )
-from utils.timing import goal
+from utils.timing import goal, sig
 
 PREFIX = 128  # the shared prefix of the prefix trace, in tokens
 BLOCK_SIZE = 16  # serve_engine's default
@@ -213,7 +213,7 @@ def where_time_goes(profile) -> dict | None:
     matmuls = total(lambda f, _, name: any(op in name for op in ("addmm", "_nn.linear")))
     parts = {"steps": steps, "model_forward": model, "attention": attention,
              "matrix_products": matmuls, "rest_of_step": steps - model}  # fmt: skip
-    return {k: round(v, 2) for k, v in parts.items()}
+    return {k: sig(v, 3) for k, v in parts.items()}
 
 
 def prefill_positions_per_s(model, batch: int = 8, length: int = 256, seed: int = 0) -> float:
@@ -323,7 +323,7 @@ def engine_profile(model, tokenizer, probe) -> dict:
     parts = {"steps": steps, "model_forward": forward, **parts,
              "rest_of_forward": forward - sum(parts.values()),
              "engine_outside_forward": steps - forward}  # fmt: skip
-    return {k: round(v, 2) for k, v in parts.items()}
+    return {k: sig(v, 3) for k, v in parts.items()}
 
 
 def pool(engine) -> dict:

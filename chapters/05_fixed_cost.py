@@ -229,8 +229,27 @@ print(f"reading weights: {rates.bytes_per_second / 1e9:.0f} GB per second")
 print(f"a step's weights: {step_bytes(model) / 1e6:.1f} MB; its floor: {1e6 * floor4:.0f} µs")
 print(f"chapter 4's step: {1e6 * step4:.0f} µs, {step4 / floor4:.1f} times its floor")
 
+# %% [markdown]
+# The last line is your machine's, and it moves with the load: a machine busy with other work
+# slows the one-row product, which raises the floor, and the step with it. On the machine
+# behind `benchmarks/results/fixed_cost.json` (one PyTorch thread; the cell below reads that
+# file), chapter 4's step took several times its floor:
+
+# %%
+import json
+
+from utils import REPO_ROOT
+
+_cpu = json.loads((REPO_ROOT / "benchmarks/results/fixed_cost.json").read_text())["result"]["cpu"]
+step_recorded = _cpu["us_per_token"]["cached"]
+floor_recorded = _cpu["weight_reads"]["us_per_step_at_that_rate"]
+print(
+    f"recorded: chapter 4's step {step_recorded:.0f} µs, its floor {floor_recorded:.0f} µs, "
+    f"{step_recorded / floor_recorded:.1f} times"
+)
+
 # %% tags=["claim"]
-assert step4 > 2 * floor4, "section 1 says the step costs several times its floor"
+assert step_recorded > 3 * floor_recorded, "section 1 says the step costs several times its floor"
 
 # %% [markdown]
 # ### A cost model of a step
@@ -1384,12 +1403,7 @@ Console().print(table)
 # Chapter 8 serves many requests at once, which shares each step's fixed cost among many texts.
 
 # %% tags=["claim"]
-import json  # noqa: E402
-
-from utils import REPO_ROOT  # noqa: E402
-
-_run = json.loads((REPO_ROOT / "benchmarks/results/fixed_cost.json").read_text())
-_run, _step = _run["result"]["cpu"], _run["result"]["cpu"]["step"]["main_compiled_us"]
+_run, _step = _cpu, _cpu["step"]["main_compiled_us"]
 _floor = _run["weight_reads"]["us_per_step_at_that_rate"]
 assert (round(_step), round(_floor), round(_step / _floor, 1)) == (1216, 447, 2.7), "What's next"
 assert round(_step / _run["us_per_prefill_position"], 1) == 14.1, "What's next: a position"

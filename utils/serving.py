@@ -35,6 +35,7 @@ from solutions.cached_model import forward_with_cache
 from solutions.engine import LLMEngine
 from solutions.sampling_params import SamplingParams
 from utils.corpus import load_plays
+from utils.timing import sig
 
 LLAMA_MODEL = "shakespeare-llama"  # chapter 7's model, served beside the GPT-2 one (a folder works)
 
@@ -103,7 +104,8 @@ def percentiles(seconds: list[float]) -> dict:
     """Median and 99th percentile (the nearest-rank one), in milliseconds."""
     ordered = sorted(seconds)
     p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
-    return {"median": round(1e3 * statistics.median(ordered), 1), "p99": round(1e3 * p99, 1)}
+    # significant figures, not fixed decimals: a fast machine's 0.04 ms must not read as 0
+    return {"median": sig(1e3 * statistics.median(ordered), 3), "p99": sig(1e3 * p99, 3)}
 
 
 @dataclass

@@ -149,6 +149,12 @@ def ratio_within_runs(times: dict[str, list[float]], fast: str, slow: str) -> fl
     return round(median_ratio(times[slow], times[fast]), 2)
 
 
+def sig(x: float, digits: int = 4) -> float:
+    """x to `digits` significant digits: a time or a ratio of 0.0004 must not be recorded as 0.0
+    (a figure rounded to fixed decimals reads 0 on a machine fast enough)."""
+    return float(f"{x:.{digits}g}")
+
+
 def goal(what: str, measured: float | None, target: float, at_least: bool) -> dict:
     """A benchmark's goal as its JSON records it: what is measured, the value, the target, and
     whether it is met (None when it could not be measured here)."""

@@ -50,6 +50,13 @@ def test_quick_benchmark_reports_both_paths_disconnects_shutdown_and_every_goal(
         if name != "http_costs_at_most_15_percent_of_throughput":  # a speed: not asserted here
             assert verdict["met"], (name, verdict)
     left = result["disconnects"]
-    assert left["requests_left"] > 0 and left["left_requests_aborted_in_the_engine"] > 0
+    # A leaver's request is aborted, or finished before the server saw it leave (a machine fast
+    # enough writes a whole short answer before the client reads its first chunks): either way
+    # accounted for, on any machine.
+    assert left["requests_left"] > 0
+    assert (
+        left["left_requests_aborted_in_the_engine"] + left["left_requests_finished_first"]
+        == left["requests_left"]
+    ), left
     shutdown = result["shutdown"]
     assert shutdown["in_flight"] == workload["clients"] == shutdown["ended_with_abort"]
