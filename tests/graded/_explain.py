@@ -23,6 +23,7 @@ __all__ = ["explain_difference", "sentences"]
 
 _MAX_SLICES = 64  # slice-by-slice matching (permutations, repeats) along axes this short
 _MAX_PAIR_WORK = 40_000_000  # elements compared in all, at most, by the slice matching
+_MAX_ELEMENTS = 4_000_000  # larger tensors (a batch of full-context logits): where, and largest
 
 
 def explain_difference(
@@ -159,6 +160,9 @@ def _explain(got, expected, axes, atol, rtol) -> str:
         sentences.append(
             f"Your output's dtype is {_dtype(got_t)} where {_dtype(expected_t)} was expected."
         )
+    if got_t.shape == expected_t.shape and got_t.numel() > _MAX_ELEMENTS:
+        sentences.append(_big(got_t, expected_t, names, atol, rtol))
+        return " ".join(s for s in sentences if s)
     g, e = _float(got_t), _float(expected_t)
     if g.shape != e.shape:
         sentences.append(_shape(g, e, names, atol, rtol))
@@ -578,6 +582,45 @@ def _local_pattern(g, e, bad, finite, atol, rtol) -> str:
     if float(d.max() - d.min()) <= atol + rtol * float(eb.abs().max()):
         return f"There each value of yours is the expected plus {_num(float(d.mean()))}."
     return ""
+
+
+def _big(got: torch.Tensor, expected: torch.Tensor, names: _Axes, atol, rtol) -> str:
+    """Where a large tensor differs, and its largest differences, in chunks along its first
+    axis (a float64 copy of 150 million logits would not fit in memory)."""
+    bad = torch.zeros(expected.shape, dtype=torch.bool)
+    worst: list[tuple[float, tuple[int, ...]]] = []
+    rows = got.reshape(got.shape[0] if got.dim() else 1, -1)
+    want = expected.reshape(rows.shape)
+    for i in range(rows.shape[0]):
+        g, e = rows[i].float().cpu(), want[i].float().cpu()
+        close = _close(g, e, atol, rtol)
+        bad.view(rows.shape)[i] = ~close
+        diff = (g - e).abs().nan_to_num(nan=math.inf).masked_fill(close, -1.0)
+        top = diff.topk(min(3, diff.numel()))
+        worst += [(float(v), (i, int(j))) for v, j in zip(top.values, top.indices, strict=True)]
+    count = int(bad.sum())
+    if count == 0:
+        return ""
+    shown = []
+    for value, (i, j) in sorted(worst, reverse=True)[: min(3, count)]:
+        if value < 0:
+            break
+        index = _unravel(i * rows.shape[1] + j, tuple(expected.shape))
+        shown.append(
+            f"at {names.at(index)} yours {_num(float(got[index]))}, expected "
+            f"{_num(float(expected[index]))}"
+        )
+    where = _where(bad, names, count, bad.numel())
+    return " ".join(
+        s
+        for s in [
+            where,
+            f"{count} of {bad.numel()} values differ; the largest differences: "
+            + "; ".join(shown)
+            + ".",
+        ]
+        if s
+    )
 
 
 def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:

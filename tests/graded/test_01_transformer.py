@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.graded._oracles import F32_ATOL, close_f32
+from tests.graded._explain import explain_difference, sentences
+from tests.graded._oracles import F32_ATOL, F32_RTOL, close_f32
 from utils.models import load_weights, params_under
 
 CHAPTER = "01_transformer"
@@ -32,14 +33,22 @@ def randn(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-def assert_matches(actual, expected, what: str, hint: str = "") -> None:
+def assert_matches(actual, expected, what: str, hint: str = "", axes=None) -> None:
+    """`actual` equals the reference's `expected`, or fail with what was compared, how the two
+    differ (the explainer: axes, positions, pattern), then `hint`, the slip that points to."""
     assert isinstance(actual, torch.Tensor), f"{what} must return a tensor, got {type(actual)}"
-    assert actual.shape == expected.shape, (
-        f"{what} returned shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+    if axes is None and expected.dim() == 3:
+        last = "d_vocab" if expected.shape[-1] > 1024 else "d_model"
+        axes = ("batch", "posn", last)
+    if close_f32(actual, expected):
+        return
+    how = explain_difference(actual, expected, axes, atol=F32_ATOL, rtol=F32_RTOL)
+    assert actual.shape == expected.shape, sentences(
+        f"{what} returned shape {tuple(actual.shape)}, expected {tuple(expected.shape)}", how
     )
     diff = (actual - expected).abs().max().item()
-    assert close_f32(actual, expected), (
-        f"{what} differs from the reference model by up to {diff:.3g}. {hint}".strip()
+    pytest.fail(
+        sentences(f"{what} differs from the reference model by up to {diff:.3g}", how, hint)
     )
 
 
@@ -203,9 +212,10 @@ def test_pos_embed_depends_on_position_not_token(impl, reference):
             "A sequence of 4 tokens got the LAST 4 rows of W_pos: positions count from the "
             "start, so it gets rows 0, 1, 2, 3."
         )
-    assert torch.allclose(out[0], expected) and torch.allclose(out[1], expected), (
+    assert torch.allclose(out[0], expected) and torch.allclose(out[1], expected), sentences(
+        explain_difference(out, expected.expand(2, 4, -1), ("batch", "posn", "d_model")),
         "Index W_pos by position (0, 1, 2...), not by token id; every row of the batch gets "
-        "the same positional vectors."
+        "the same positional vectors.",
     )
 
 
