@@ -254,6 +254,21 @@ def forced_outcomes_give_the_layout(sample, device="cpu"):
         "rejection only (row 2's second draft passes its own test, but comes after a rejection)"
     )
     got = out.tolist()
+    # The target read with a row stride of k positions where the token is drawn: row r's
+    # position `at` is then row-major position r * k + at of the [3 * (k + 1), V] target.
+    flat = target.reshape(-1, V)
+    strided = [int(flat[r * k + at].argmax()) for r, at in ((0, k), (1, 1), (2, 0))]
+    drawn = [got[0][k], got[1][1], got[2][0]]
+    if drawn == strided and drawn != [4, 5, 0]:
+        pytest.fail(
+            f"tokens should be {expected_out}, got {got}: the accepted drafts are right, but "
+            f"the tokens drawn from the target (row 0's bonus, rows 1 and 2's recovered ones) "
+            f"are {drawn}, the tokens of the target's positions r * k + n_accepted of the "
+            f"flattened [batch * (k + 1), d_vocab] tensor: a row stride of k positions. Each "
+            "row of the target holds k + 1 positions (one per draft, then the bonus token's), "
+            "so from row 1 on a row read its neighbour's distributions: where the token is "
+            "drawn, as where drafts are tested, the target's row stride is k + 1 positions."
+        )
     if got[1][1] == 0 or got[2][0] == 4:
         pytest.fail(
             f"tokens should be {expected_out}, got {got}: after a rejection the token came from "

@@ -56,7 +56,48 @@ def slots_mistake(table, positions, block_size, got) -> str:
         )
     if got == [(p // block_size) * block_size + p % block_size for p in positions]:
         return " The table was not used: entry p // block_size of the table is the block's id."
-    return ""
+    return slots_by_position(table, positions, block_size, got)
+
+
+def slots_by_position(table, positions, block_size, got) -> str:
+    """Which positions went wrong, and whether their offset or their block is: the block
+    taken one position early or late, the offset from another position."""
+    if not isinstance(got, list) or len(got) != len(positions):
+        n = len(got) if isinstance(got, list) else "?"
+        return f" One slot per position was expected: {len(positions)} positions, {n} slots."
+    wrong = [(p, s) for p, s in zip(positions, got, strict=True)
+             if s != slot_by_definition(table, p, block_size)]  # fmt: skip
+    if not wrong:
+        return ""
+    offsets_right = all(s % block_size == p % block_size for p, s in wrong)
+    entries = [table.index(s // block_size) if s // block_size in table else None
+               for _, s in wrong]  # fmt: skip
+    ps = [p for p, _ in wrong]
+    words = f" Wrong at positions {ps}; the others are right."
+    if offsets_right and all(e is not None for e in entries):
+        late = [(p // block_size + 1) % len(table) for p in ps]
+        early = [(p // block_size - 1) % len(table) for p in ps]
+        if entries == early and all(p % block_size == 0 for p in ps):
+            return words + (
+                " They are the positions that start a block, their offsets are right, and each "
+                "got the block of the position before it (for position 0, the table's last "
+                "entry): the block index is taken one position early. Which block a position "
+                "is in depends on the position itself."
+            )
+        if entries == late and all(p % block_size == block_size - 1 for p in ps):
+            return words + (
+                " They are the last positions of their blocks, their offsets are right, and "
+                "each got the next block: the block index is taken one position late."
+            )
+        return words + (
+            f" Their offsets within the block are right, their blocks are not: table entries "
+            f"{entries} where {[p // block_size for p in ps]} were expected."
+        )
+    return words + (
+        " Their offsets within the block are "
+        + ("right" if offsets_right else f"{[s % block_size for _, s in wrong]}, expected "
+           f"{[p % block_size for p in ps]}") + "."
+    )  # fmt: skip
 
 
 @pytest.mark.slots_of
@@ -521,6 +562,17 @@ def test_prefix_hits_are_the_longest_run_of_named_leading_blocks(impl):
                 " A block after a miss is not a hit: its name covers its whole prefix, so the "
                 "run of hits stops at the first miss."
             )
+        elif 0 < n < want and len(blocks) == 1:
+            hint = (
+                " Only its first block was reported, though the blocks after it are named too: "
+                "the lookup stopped at the first hit. The run of hits goes on while each block "
+                "is found, and stops at the first miss."
+            )
+        elif n < want:
+            hint = (
+                " Fewer hits than the named leading blocks: the run of hits goes on while each "
+                "block is found, and stops only at the first miss."
+            )
         assert n == want and len(blocks) == want // 4, (
             f"a prompt that {what}: {want} cached tokens in {want // 4} blocks expected, got "
             f"{n} tokens in {len(blocks)} blocks." + hint
@@ -693,6 +745,35 @@ def plan(out) -> list[tuple[str, int]]:
     return [(req.request_id, n) for req, n in out.scheduled]
 
 
+def scheduled_without_blocks(out, block_size: int, step: str) -> None:
+    """Every request in the plan holds the blocks its scheduled tokens need: one admitted
+    although `allocate_slots` returned None holds none (or too few)."""
+    for req, n in out.scheduled:
+        needed = -(-(req.num_computed_tokens + n) // block_size)
+        assert len(req.block_ids) >= needed, (
+            f"{step}: {req.request_id} is scheduled for {n} tokens, "
+            f"{req.num_computed_tokens + n} in all, which need {needed} blocks of {block_size}, "
+            f"and it holds {len(req.block_ids)}. When allocate_slots returns None there are not "
+            "enough free blocks for it: such a request is not admitted (nor scheduled); it "
+            "stays at the head of the queue and waits. Is the result of allocate_slots checked?"
+        )
+
+
+def over_budget(out, budget: int, running: list[str]) -> str:
+    """A hint when the plan takes more tokens than the budget, naming whose were not counted."""
+    total = sum(n for _, n in out.scheduled)
+    if total <= budget:
+        return ""
+    from_running = sum(n for r, n in out.scheduled if r.request_id in running)
+    if total - from_running <= budget:
+        return (
+            f" The plan takes {total} tokens, over the budget of {budget}, and the excess is "
+            f"what the running requests {running} took: their tokens were not taken from the "
+            "budget. Every scheduled request's tokens, a running one's too, come out of it."
+        )
+    return f" The plan takes {total} tokens, over the budget of {budget}."
+
+
 def preempted_properly(out, step: str) -> None:
     """Each request preempted in the step gave its blocks back and starts again from nothing."""
     for victim in out.preempted:
@@ -746,9 +827,10 @@ def test_running_requests_first_then_the_queue_within_the_budget(impl):
     want = [("a", 1), ("b", 8), ("c", 1)]
     assert plan(out) == want, (
         f"a decodes (1 token), then b's 8-token prompt, then c gets what is left of the budget "
-        f"of 10 (1 token, a chunk of its prompt): expected {want}, got {plan(out)}. Running "
-        "requests go first; each gets min(tokens it lacks, budget left)."
-    )
+        f"of 10 (1 token, a chunk of its prompt): expected {want}, got {plan(out)}."
+        + (over_budget(out, 10, ["a"]) or " Running requests go first; each gets min(tokens it "
+           "lacks, budget left).")
+    )  # fmt: skip
     step_done(out.scheduled)
     out = scheduler.schedule()
     want = [("a", 1), ("b", 1), ("c", 8)]
@@ -774,6 +856,8 @@ def test_seats_limit_admission_and_the_queue_is_first_come_first_served(impl):
     fcfs.add_request(request(impl, "big", range(200, 212)))  # 3 blocks: does not fit now
     fcfs.add_request(request(impl, "tiny", range(300, 304)))  # 1 block: would fit
     out = fcfs.schedule()
+    scheduled_without_blocks(out, 4, "a pool of 4 blocks of 4; the queue: small (8 tokens), big "
+                             "(12), tiny (4)")  # fmt: skip
     assert plan(out) == [("small", 8)], (
         f"the head of the queue does not fit: nobody behind it may overtake it (first come, "
         f"first served; it would wait for ever behind smaller requests); got {plan(out)}"

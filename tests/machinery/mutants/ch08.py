@@ -26,6 +26,14 @@ MUTANTS: list[Mutant] = [
         "the table not used: blocks taken in order from 0",
         says=("table",),
     ),
+    Mutant(
+        "slots_of",
+        "block_table[p // block_size] * block_size + p % block_size",
+        "block_table[(p - 1) // block_size] * block_size + p % block_size",
+        "the block index one position early: (p - 1) // block_size",
+        name="block-one-position-early",
+        says=("one position early", "block"),
+    ),
     # attend
     Mutant(
         "attend",
@@ -113,13 +121,21 @@ MUTANTS: list[Mutant] = [
         "a free cached hit counted as free for new blocks",
         says=("ref_cnt is 0",),
     ),
+    Mutant(
+        "kv_cache_manager",
+        "            if block is None:\n                break\n            blocks.append(block)\n",
+        "            if block is not None:\n                blocks.append(block)\n                break\n",
+        "the lookup stops at the first hit, not at the first miss",
+        name="stops-at-first-hit",
+        says=("first hit", "first miss"),
+    ),
     # schedule
     Mutant(
         "schedule",
         "                budget -= num_new\n                i += 1",
         "                i += 1",
         "the running requests' tokens not taken from the budget",
-        says=("budget",),
+        says=("running requests", "not taken from the budget"),
     ),
     Mutant(
         "schedule",
@@ -127,6 +143,15 @@ MUTANTS: list[Mutant] = [
         "num_new = request.num_tokens - num_cached",
         "a prompt admitted whole, past the budget",
         says=("budget",),
+    ),
+    Mutant(
+        "schedule",
+        "            if self.kv.allocate_slots(request, num_new, computed) is None:\n"
+        "                break  # first come, first served: nobody overtakes the head of the queue\n",
+        "            self.kv.allocate_slots(request, num_new, computed)\n",
+        "a request admitted although allocate_slots returned None (no blocks for it)",
+        name="admitted-without-blocks",
+        says=("none", "not admitted"),
     ),
     Mutant(
         "schedule",

@@ -628,6 +628,15 @@ MUTANTS: list[Mutant] = [
         name="target-row-stride-k",
         says=("row stride", "k + 1"),
     ),
+    Mutant(
+        "rejection_kernel",
+        "target_row = (rows64 * (k + 1) + at) * n_vocab",
+        "target_row = (rows64 * k + at) * n_vocab",
+        "the target's row stride k positions where the token is drawn (after a rejection or "
+        "the bonus): row r reads its neighbour's distributions",
+        name="draw-target-row-stride-k",
+        says=("row stride", "k + 1"),
+    ),
     # SLIPS.md's classes tried on every exercise (issue 43).
     Mutant(
         "softmax_kernel",
