@@ -23,6 +23,12 @@ The bridge is `step`: apply the inbox's commands, step the engine once, hand the
 strings, abort the requests that met a stop string (the loop is between steps: safe), and put
 each delta in its stream.
 
+A step that raises must not stop the server: the loop logs its traceback, ends the requests
+that the step ran with an error, and goes on with the others (`_recover`). It cannot tell which
+request of the batch broke a pass they shared, so it ends them all; the queued ones were not in
+the step and go on. (vLLM's engine core dies instead: `EngineDeadError`, "Unrecoverable", in
+vllm/v1/engine/exceptions.py; every request fails until a restart.)
+
     engine = AsyncEngine(LLMEngine(model, tokenizer, num_blocks=256))
     engine.start()  # on the event loop (the server's startup)
     stream = engine.add_request([464, 318], SamplingParams(max_tokens=20), stop=("\\n",))
@@ -35,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import logging
 import queue
 import traceback
 from collections.abc import AsyncIterator, Callable
@@ -43,6 +50,8 @@ from dataclasses import dataclass, field
 from solutions.engine import LLMEngine
 from solutions.output_processor import Delta, OutputProcessor
 from solutions.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -85,7 +94,8 @@ class AsyncEngine:
         # Their text, the loop's own too (chapter 8 hands it the learner's processor).
         self.processor = processor if processor is not None else OutputProcessor(self.tokenizer)
         self.closing = False  # after abort_all, every new request is aborted at once
-        self.failed: str | None = None  # the traceback of a step that raised: no more steps
+        # The traceback of a failure that `_recover` could not repair: no more steps.
+        self.failed: str | None = None
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
@@ -163,13 +173,49 @@ class AsyncEngine:
                     await self._wakeup.wait()
             try:
                 self.step()
-            except Exception:  # the engine's state is unknown now: no more steps; say why
-                self.failed = traceback.format_exc()
-                self._deliver([(s, self._error_delta()) for s in self.streams.values()])
-                self.streams.clear()
-                self.processor.states.clear()
+            except Exception:
+                self._recover(traceback.format_exc())
             for _ in range(self.YIELDS):
                 await asyncio.sleep(0)  # the handlers write the text and queue new requests
+
+    def _recover(self, trace: str) -> None:
+        """After a step raised (`trace`): log it, end with an error every request that holds
+        blocks (the step's: the running ones), forget the prefix cache's names (the failed pass
+        may have left the blocks it named half written; no request holds a block now), and end
+        every stream whose request the engine no longer has in its queue. If that fails too,
+        the engine's state is unknown: no more steps (`failed`), every request ends."""
+        log.error("an engine step failed; the requests it ran end with an error\n%s", trace)
+        why = trace.strip().splitlines()[-1]
+        message = f"the engine failed in a step that ran this request ({why}); see the server's log"
+        engine = self.engine
+        try:
+            held = [
+                r for r in (*engine.scheduler.running, *engine.scheduler.waiting) if r.block_ids
+            ]
+            for request in held:  # the engine records an abort; their clients get the error
+                engine.abort_request(request.request_id)
+            if not engine.kv.pool.reset_prefix_cache():
+                raise RuntimeError("blocks are still held after every holder ended")
+            queued = {r.request_id for r in engine.scheduler.waiting}
+            ended = [s for request_id, s in self.streams.items() if request_id not in queued]
+            for stream in ended:
+                del self.streams[stream.request_id]
+                self.processor.states.pop(stream.request_id, None)
+            self._deliver([(s, Delta("", 0, "error", message)) for s in ended])
+            # Ends the failed step had taken from `pending` to report are lost: forget them here.
+            if not engine.keep_finished:
+                reported = {output.request_id for output in engine.pending}
+                lost = [
+                    i for i, r in engine.requests.items() if r.is_finished and i not in reported
+                ]
+                for request_id in lost:
+                    del engine.requests[request_id]
+        except Exception:
+            self.failed = traceback.format_exc()
+            log.error("the engine could not recover: it stops\n%s", self.failed)
+            self._deliver([(s, self._error_delta()) for s in self.streams.values()])
+            self.streams.clear()
+            self.processor.states.clear()
 
     def _error_delta(self) -> Delta:
         return Delta("", 0, "error", f"the engine failed: {self.failed.strip().splitlines()[-1]}")
