@@ -7,7 +7,10 @@ the tokenizer. The server must give the same text, streamed or not, whatever els
 the time; answer every malformed request with its status and the field named, before the engine
 and without disturbing it; abort a client that goes away at the next step boundary and leave no
 block of it in the pool (tests/graded/_serving.py's invariants, read in the loop between two
-steps); end every request in flight with "abort" at a shutdown."""
+steps); end every request in flight with "abort" at a shutdown. No request may stop the server
+or starve the others: malformed bodies (a lone surrogate, NaN, too deep, too big, not JSON's
+content type), a step that raises, a full server (429) each get OpenAI's error JSON, and after
+each the pool holds no block and a stream beside them keeps its text."""
 
 from __future__ import annotations
 
@@ -29,7 +32,8 @@ from solutions.async_engine import AsyncEngine
 from solutions.engine import LLMEngine, generate
 from solutions.sampling_params import SamplingParams
 from tests.graded._serving import PROMPTS, invariant_problems
-from utils import REPO_ROOT
+from utils import REPO_ROOT, cli
+from utils import server as server_module
 from utils.server import make_engine, running_server
 from utils.timing import patient
 
@@ -201,9 +205,32 @@ def test_stop_strings_end_the_text_and_nothing_past_them_is_sent(served, referen
 # ------------------------------------------------------------------------------ bad requests
 
 GOOD = {"model": MODEL, "prompt": "ROMEO.\n", "max_tokens": 4, "temperature": 0}
+JSON = {"content-type": "application/json"}
+LONG_TEXT = "ROMEO. " * 2_500  # 17,500 bytes: at least 302 tokens, more than n_ctx=256
 BAD = [  # (body, status, the field named; None: the body as a whole)
     (b"{not json", 400, None),
     (b"[1, 2]", 400, None),
+    (b'{"prompt": "x", "temperature": NaN}', 400, None),  # Python's parser takes NaN: not JSON
+    (b'{"prompt": "x", "max_tokens": Infinity}', 400, None),
+    (b'{"prompt": "x", "max_tokens": 1' + b"0" * 5000 + b"}", 400, None),  # over 4,300 digits
+    (b"[" * 100_000, 400, None),  # too deep for the parser
+    (b"\xff\xfe{}", 400, None),  # not UTF-8
+    (b'{"prompt": "\\ud800 lone"}', 400, "prompt"),  # a lone surrogate (UTF-8 cannot write it)
+    (b'{"prompt": "x", "stop": ["\\udfff"]}', 400, "stop"),
+    (b'{"prompt": "x", "model": "\\ud800"}', 404, "model"),  # quoted back in the message
+    ({**GOOD, "prompt": LONG_TEXT}, 400, "prompt"),  # refused before it is tokenized
+    ({**GOOD, "prompt": [[45, 4096]]}, 400, "prompt"),
+    ({**GOOD, "prompt": [[[45]]]}, 400, "prompt"),
+    ({**GOOD, "prompt": [45] * 100_000}, 400, "prompt"),
+    ({**GOOD, "max_tokens": -5}, 400, "max_tokens"),
+    ({**GOOD, "max_tokens": 10**30}, 400, "max_tokens"),
+    ({**GOOD, "n": 10**30}, 400, "n"),
+    ({**GOOD, "logprobs": 99}, 400, "logprobs"),
+    ({**GOOD, "logprobs": -1}, 400, "logprobs"),
+    ({**GOOD, "top_k": 4097}, 400, "top_k"),
+    ({**GOOD, "temperature": 2.5}, 400, "temperature"),
+    ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ({**GOOD, "stop": "x" * 257}, 400, "stop"),
     ({"model": MODEL}, 400, "prompt"),
     ({**GOOD, "prompt": 5}, 400, "prompt"),
     ({**GOOD, "prompt": ""}, 400, "prompt"),
@@ -246,7 +273,12 @@ BAD = [  # (body, status, the field named; None: the body as a whole)
 ]
 
 BAD_PATHS = [("GET", "/nowhere", 404), ("GET", "/completions", 405)]
+BAD_TYPES = [None, "text/plain", "application/x-www-form-urlencoded", "application/jsonx"]
 ACCEPTED = [  # neutral values and vLLM's "off" for top_k: the same greedy text as GOOD's
+    {**GOOD, "temperature": 1e-40},  # below vLLM's 1e-5: greedy (it once killed the engine)
+    {**GOOD, "temperature": 5e-324, "seed": 3},
+    {**GOOD, "temperature": 9.9e-6, "top_k": 4096},
+    {**GOOD, "stop": ["a" * 256, "\x00", "@@", "##"]},
     {**GOOD, "top_k": -1},
     {**GOOD, "top_k": 0, "top_p": 1},
     {**GOOD, "prompt": ["ROMEO.\n"]},
@@ -271,7 +303,7 @@ def test_bad_requests_are_answered_with_openais_error_and_disturb_nothing(served
         async with httpx.AsyncClient(timeout=30) as http:
             for body, _, _ in BAD:
                 sent = {"content": body} if isinstance(body, bytes) else {"json": body}
-                answers.append(await http.post(url, **sent))
+                answers.append(await http.post(url, headers=JSON, **sent))
                 good = await http.post(url, json=GOOD)  # and the next request is served right
                 assert good.status_code == 200 and good.json()["choices"][0]["text"] == want_short
             for body in ACCEPTED:
@@ -280,17 +312,33 @@ def test_bad_requests_are_answered_with_openais_error_and_disturb_nothing(served
                 assert good.json()["choices"][0]["text"] == want_short, body
             for method, path, _ in BAD_PATHS:
                 answers.append(await http.request(method, running.url + path))
-        return answers, await long
+            for kind in BAD_TYPES:
+                typed = await http.post(url, content=json.dumps(GOOD).encode(),
+                                        headers={"content-type": kind} if kind else {})  # fmt: skip
+                assert typed.status_code == 415, (kind, typed.text)
+                assert typed.json()["error"]["code"] == "unsupported_media_type"
+            charset = {"content-type": "application/json; charset=utf-8"}
+            typed = await http.post(url, content=json.dumps(GOOD).encode(), headers=charset)
+            assert typed.status_code == 200 and typed.json()["choices"][0]["text"] == want_short
+            chat = await http.post(running.url + "/chat/completions", json=GOOD)
+            big = await http.post(url, content=b" " * 2_000_001, headers=JSON)
+        return answers, await long, chat, big
 
-    answers, (long_text, _, _) = asyncio.run(run())
+    answers, (long_text, _, _), chat, big = asyncio.run(run())
     for (body, status, param), answer in zip(BAD, answers, strict=False):
-        assert answer.status_code == status, (body, answer.text)
+        assert answer.status_code == status, (body[:60], answer.text)
         error = answer.json()["error"]
         assert set(error) == {"message", "type", "param", "code"}, answer.text
         assert error["param"] == param and (param is None or param in error["message"]), error
+        assert len(error["message"]) < 400, "a message quotes the client's value, cut short"
     for (_, path, status), answer in zip(BAD_PATHS, answers[len(BAD) :], strict=True):
         assert answer.status_code == status and "message" in answer.json()["error"], path
+    assert "POST /v1/completions" in answers[len(BAD)].json()["error"]["message"]
+    assert chat.status_code == 404 and "POST /v1/completions" in chat.json()["error"]["message"]
+    assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
     assert long_text == want_long, "a bad request disturbed a request in flight"
+    with pytest.raises(openai.NotFoundError, match="only, POST /v1/completions"):
+        client(running.url).chat.completions.create(model=MODEL, messages=[])
     # The official client raises them as their status's errors.
     with pytest.raises(openai.BadRequestError) as raised:
         client(running.url).completions.create(model=MODEL, prompt="ROMEO.", max_tokens=0)
@@ -298,6 +346,8 @@ def test_bad_requests_are_answered_with_openais_error_and_disturb_nothing(served
     with pytest.raises(openai.NotFoundError):
         client(running.url).completions.create(model="gpt-4", prompt="ROMEO.")
     assert settle(async_engine) == []
+    health = httpx.get(running.url.removesuffix("/v1") + "/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok", health.text
 
 
 def test_models_health_and_the_api_key(shipped):
@@ -317,6 +367,133 @@ def test_models_health_and_the_api_key(shipped):
         assert [m.id for m in keyed.models.list().data] == [MODEL]
         assert keyed.completions.create(**GOOD).choices[0].finish_reason == "length"
         assert running.url.startswith("http://127.0.0.1:")
+
+
+def test_special_token_names_in_a_prompt_are_text(served, reference, shipped):
+    """ "<|endoftext|>" typed in a prompt is 13 characters, never the end-of-text token (id 0):
+    no client can forge one in the middle of its prompt. A prompt of token ids may hold id 0."""
+    running, async_engine = served
+    tokenizer = shipped[1]
+    text = "ROMEO.<|endoftext|>\n"
+    as_text = tokenizer.encode(text, split_special_tokens=True)
+    assert 0 not in as_text and 0 in tokenizer.encode(text)
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    sync = client(running.url)
+    answer = sync.completions.create(model=MODEL, prompt=text, max_tokens=8, temperature=0)
+    assert answer.usage.prompt_tokens == len(as_text)
+    assert answer.choices[0].text == reference(as_text, params)[0]
+    ids = [*tokenizer.encode("ROMEO."), 0, *tokenizer.encode("\n")]
+    answer = sync.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0)
+    assert answer.usage.prompt_tokens == len(ids)
+    assert answer.choices[0].text == reference(ids, params)[0]
+    assert settle(async_engine) == []
+
+
+@pytest.fixture(scope="module")
+def one_seat(shipped):
+    """A server of one seat (a second request waits) and at most 2 requests in flight."""
+    model, tokenizer = shipped
+    engine = make_engine(model, tokenizer, max_num_seqs=1, num_blocks=48)
+    async_engine = AsyncEngine(engine)
+    with running_server(async_engine, MODEL, max_concurrent_requests=2) as running:
+        yield running, async_engine
+
+
+def test_a_full_server_answers_429_and_its_health_says_so(one_seat):
+    running, async_engine = one_seat
+    base = running.url.removesuffix("/v1")
+    long = {**GOOD, "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=patient(30)) as http:
+        with http.stream("POST", running.url + "/completions", json=long) as first:
+            with http.stream("POST", running.url + "/completions", json=long) as second:
+                assert first.status_code == second.status_code == 200
+                full = http.post(running.url + "/completions", json=GOOD)
+                assert full.status_code == 429 and full.headers["retry-after"] == "1"
+                error = full.json()["error"]
+                assert error["code"] == "server_saturated" and "max_concurrent" in error["message"]
+                health = http.get(base + "/health")
+                assert health.status_code == 503, health.text
+                assert health.json() == {"status": "saturated", "requests": 2,
+                                         "max_concurrent_requests": 2}  # fmt: skip
+                with pytest.raises(openai.RateLimitError):
+                    client(running.url).completions.create(**GOOD)
+        deadline = time.monotonic() + patient(10)  # both went away: their seats free up
+        while http.get(base + "/health").status_code != 200:
+            assert time.monotonic() < deadline, "the server stays saturated"
+            time.sleep(0.02)
+        assert http.post(running.url + "/completions", json=GOOD).status_code == 200
+    assert settle(async_engine) == []
+
+
+def test_a_step_that_raises_ends_its_requests_and_the_engine_goes_on(
+    one_seat, reference, monkeypatch, caplog
+):
+    """A fault in the forward pass (injected while a poisoned prompt runs and another waits):
+    the poisoned request ends with OpenAI's error JSON (a 500, or an error event in its stream),
+    the traceback is in the log, the waiting request is served its own text, and so is every
+    later one; /health stays 200 and the pool holds no block."""
+    running, async_engine = one_seat
+    engine = async_engine.engine
+    poison = [7, 7, 7, 7, 7]
+    forward = engine.runner.forward
+
+    def faulty(*args, **kwargs):
+        if engine.scheduler.waiting and any(r.prompt_token_ids == poison
+                                            for r in engine.scheduler.running):  # fmt: skip
+            raise RuntimeError("an injected fault")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine.runner, "forward", faulty)
+    want, _, _ = reference("ROMEO.\n", SamplingParams(temperature=0.0, max_tokens=4))
+    url = running.url + "/completions"
+
+    async def poisoned_then_another(stream: bool):
+        async with httpx.AsyncClient(timeout=patient(30)) as http:
+            body = {**GOOD, "prompt": poison, "max_tokens": 200, "ignore_eos": True,
+                    "stream": stream}  # fmt: skip
+            first = asyncio.ensure_future(http.post(url, json=body))
+            while not await asyncio.wrap_future(
+                async_engine.call(
+                    lambda e: any(r.prompt_token_ids == poison for r in e.scheduler.running)
+                )
+            ):
+                await asyncio.sleep(0.005)  # fmt: skip
+            second = await http.post(url, json=GOOD)  # waits for the seat, then the fault
+            return await first, second
+
+    with caplog.at_level("ERROR", logger="solutions.async_engine"):
+        for stream in (False, True):
+            first, second = asyncio.run(poisoned_then_another(stream))
+            assert second.status_code == 200 and second.json()["choices"][0]["text"] == want
+            if stream:
+                events = [e for e in first.text.split("\n") if e.startswith("data: ")]
+                assert events[-1] == "data: [DONE]"
+                error = json.loads(events[-2][len("data: ") :])["error"]
+            else:
+                assert first.status_code == 500, first.text
+                error = first.json()["error"]
+            assert error["code"] == "engine_error" and "an injected fault" in error["message"]
+    assert "Traceback" in caplog.text and "RuntimeError: an injected fault" in caplog.text
+    assert httpx.get(running.url.removesuffix("/v1") + "/health").status_code == 200
+    answer = client(running.url).completions.create(**GOOD)
+    assert answer.choices[0].text == want
+    assert settle(async_engine) == []
+
+
+def test_course_serve_reads_its_key_from_the_environment_and_runs_one_thread(monkeypatch):
+    """`ps` shows a command line to every user of the machine: the key may come from
+    COURSE_API_KEY instead (vLLM's VLLM_API_KEY). The flag wins; PyTorch gets one thread unless
+    --threads says otherwise."""
+    calls = []
+    monkeypatch.setattr(server_module, "serve", lambda *a, **k: calls.append(k))
+    monkeypatch.setenv("COURSE_API_KEY", "from-env")
+    cli.main(["serve"])
+    cli.main(["serve", "--api-key", "from-flag", "--threads", "2"])
+    monkeypatch.setenv("COURSE_API_KEY", "")
+    cli.main(["serve", "--max-concurrent-requests", "8"])
+    assert [(c["api_key"], c["threads"], c["max_concurrent_requests"]) for c in calls] == [
+        ("from-env", 1, 128), ("from-flag", 2, 128), (None, 1, 8)
+    ]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------- disconnects
