@@ -11,7 +11,7 @@ writes exactly its length), sent by `--clients` clients in a **closed loop**: ea
 its next request as soon as its previous answer has ended, so that `--clients` requests are in
 flight at every moment until the list runs out. The engine (chapter 8's, `max_num_seqs` =
 `--clients`, 512 tokens a step, blocks of 16) gets a pool of about a quarter of the KV positions
-the whole run writes, so that blocks must be freed and reused (and requests preempted).
+the whole run writes, so that blocks must be freed and reused.
 
 Two ways to serve the same requests, in this process, alternating, `--runs` times each:
 

@@ -1036,10 +1036,14 @@ assert engine_ttft["p99"] / engine_tpot["median"] >= 10, "section 9: tens of ste
 # its paged cache. The Llama runner is this chapter's machinery (the step's inputs and groups,
 # `write_slots`, `attend_strided`) around chapter 7's `rotated_qkv`: each piece written once. It
 # does not call chapter 7's `attend`, whose `expand_kv` copies each key/value head for the query
-# heads of its group (HF's `repeat_kv` does the same); `attend_strided` hands the attention
-# function the key/value heads as they lie in the blocks, with `enable_gqa=True`
-# (`F.scaled_dot_product_attention`'s argument for grouped-query attention), and each group of
-# query heads reads its own.
+# heads of its group (HF's `repeat_kv` does the same). `attend_strided` gathers each request's
+# blocks once, as for GPT-2 (section 2's one copy), and hands the attention function the
+# gathered key/value heads with `enable_gqa=True` (`F.scaled_dot_product_attention`'s argument
+# for grouped-query attention): on PyTorch's CPU attention kernel, which this course measures,
+# each group of query heads reads its own key/value head there, with no second copy per group
+# (PyTorch's fallback path, `pre_process_group_query_attention_input` in
+# `aten/src/ATen/native/transformers/attention.cpp`, repeats the heads itself). The gather stays;
+# only the per-group copy goes.
 
 # %% tags=["source"]
 # solution: solutions.model_runner.GPT2ModelRunner
@@ -1104,6 +1108,7 @@ for budget in ("whole_trace", "a_quarter"):
           f"median {b['median_ratio']}; schedule {b['schedule']}")  # fmt: skip
 parts = record["result"]["prefill_rate"]["where_step_time_goes"]
 print("the Llama engine's steps under cProfile, seconds:", parts)
+print("the record before this one:", record["before_this_record"]["what"])
 for name in ("llama_tokens_per_s_at_least_gpt2s", "llama_pool_tokens_for_the_same_bytes"):
     g = record["result"]["goals"][name]
     print(f"{name:40} {g['measured']}  met: {g['met']}")
@@ -1124,16 +1129,24 @@ again = sched["gpt2"]["tokens_computed"] - sched["tokens_once_each"]
 assert sched["gpt2"]["tokens_found_in_prefix_cache"] < again / 2, "section 10: mostly computed"
 assert quarter["median_ratio"] > whole["median_ratio"], "section 10: the preemptions cost GPT-2"
 assert 0.75 < record["before_this_record"]["whole_trace_median_ratio"] < 0.85, "four fifths"
+assert "expand_kv took 0.2 s of the Llama engine's 1.47 s of forward" in (
+    record["before_this_record"]["what"]
+), "section 10 quotes the profile of the record before this one"
 
 # %% [markdown]
 # The same bytes hold three times the tokens on the Llama model, and with a pool that holds the
 # whole trace its engine was the faster of the two on the record's median, though not in every
 # run. Its step does work the GPT-2 model does not (the rotations, in every layer, and three
 # products for the queries, keys and values where GPT-2's are one), and reads a third of the
-# bytes of cache. With
-# chapter 7's `attend` inside the runner, which copied each key/value head for its group before
-# reading it, the same benchmark on the same machine made about four fifths of GPT-2's tokens a
-# second (the record's `before_this_record`).
+# bytes of cache. The record before this one, made with chapter 7's `attend` inside the runner
+# (which copied each key/value head for its group before reading it), made about four fifths of
+# GPT-2's tokens a second (the record's `before_this_record`). Do not credit the whole difference
+# to the copy: the same change also sent the heads' outputs through `W_O` in one product per layer
+# instead of one per attention group (each prompt chunk, each bucket of decodes), and the two
+# records ran under different loads on a shared machine. A ratio
+# two records disagree on says only that something moved; the benchmark's profile, which timed
+# the per-group copy at 0.2 s of 1.47 s of forward before the change, says how much the copy
+# itself was.
 #
 # The smaller cache pays more where memory is short. With a quarter of the bytes, the GPT-2
 # engine's pool was full and it was preempted (printed above); the Llama engine's pool held all
@@ -1156,9 +1169,12 @@ assert 0.75 < record["before_this_record"]["whole_trace_median_ratio"] < 0.85, "
 #
 # A web server runs many handlers at once; the engine must never be changed in the middle of a
 # step. So there is **one engine, one loop** (`AsyncEngine`, `solutions/async_engine.py`, after
-# vLLM's `AsyncLLM`): one asyncio task steps the engine while requests are unfinished. A
-# handler never touches the engine: it checks the request's fields (a bad one gets a 400 in
-# OpenAI's error JSON, naming the field, before it reaches the engine), puts the request in
+# vLLM's `AsyncLLM`): one asyncio task does what vLLM splits in two, stepping the engine while
+# requests are unfinished (vLLM's `EngineCoreProc` loop, in a process of its own) and turning
+# its outputs into text (`AsyncLLM`'s output handler). A handler never changes the engine (it
+# reads only its fixed limits: the model's context, the pool's size): it checks the request's
+# fields (a bad one gets a 4xx, most often a 400, in OpenAI's error JSON, naming the field,
+# before it reaches the engine), puts the request in
 # the loop's **inbox**, and reads the answer from a **stream** of its own. A client that goes
 # away puts an abort in the inbox. Between two steps, and only there, the loop applies the
 # inbox, steps the engine once, and turns the step's outputs into text for the streams.
@@ -1171,7 +1187,8 @@ assert 0.75 < record["before_this_record"]["whole_trace_median_ratio"] < 0.85, "
 #   decodes a few tokens at a time and answers `""` while the text ends inside a character.
 # - **Stop strings are the server's.** OpenAI's `stop` ends an answer at a string such as `"\n\n"`,
 #   which is left out of the text. The engine stops at a token (end-of-text) or at `max_tokens`;
-#   vLLM's engine core too stops at tokens and lengths only, and its `OutputProcessor`
+#   vLLM's engine core too stops at tokens and lengths (and, since v0.17.0, at an opt-in
+#   repetition check), never at stop strings, and its `OutputProcessor`
 #   (`vllm/v1/engine/output_processor.py`), outside the core, checks the stop strings through each
 #   request's detokenizer (`check_stop_strings` in `vllm/v1/engine/detokenizer.py`). A stop string
 #   can begin in one token and end in a later one, so a request that goes on holds back its last
@@ -1287,7 +1304,8 @@ assert "\n\n" in greedy_text and whole.choices[0].finish_reason == "stop", "sect
 
 # %% [markdown]
 # The streamed text is the engine's greedy text up to the blank line, in one chunk per step
-# that had text to send, and the blank line is in none of them.
+# that had text to send, then a last chunk with no text that carries `finish_reason` "stop";
+# the blank line is in none of them.
 #
 # A server must also survive its load. `python benchmarks/server.py` sends chapter 8's kind of
 # trace (prompts of 4 to 60 tokens cut from the plays, answers of 16 to 160 tokens, greedy,
@@ -1312,9 +1330,11 @@ pure = served["result"]["pure_python_http"]
 print("the same on uvicorn's pure-Python parser and loop, per run:",
       pure["throughput_ratio_per_run"])  # fmt: skip
 leave, down = served["result"]["disconnects"], served["result"]["shutdown"]
-print(f"{leave['clients_leaving']} clients leaving: {leave['left_requests_aborted_in_the_engine']}"
-      f" requests aborted in the engine, the other {leave['other_requests_complete']} of "
-      f"{leave['other_requests']} complete, {leave['blocks_leaked']} blocks leaked")  # fmt: skip
+print(f"{leave['clients_leaving']} clients leaving: {leave['requests_left']} requests lost their "
+      f"client, {leave['left_requests_aborted_in_the_engine']} of them aborted in the engine, "
+      f"{leave['left_requests_finished_first']} finished first; the other "
+      f"{leave['other_requests_complete']} of {leave['other_requests']} complete, "
+      f"{leave['blocks_leaked']} blocks leaked")  # fmt: skip
 print(f"shutdown: {down['ended_with_abort']} of {down['in_flight']} requests ended with 'abort', "
       f"exited in {down['seconds_to_exit']} s")  # fmt: skip
 for name, g in served["result"]["goals"].items():
@@ -1336,8 +1356,9 @@ assert len(r["runs"]) == 5, "section 11 says five runs of each"
 
 # %% [markdown]
 # Every check of the load held: each request ended with all its tokens, in every run; no block
-# was left held; freed blocks were handed out again; the clients that left were aborted in the
-# engine while the others finished; the shutdown ended every request in flight with `abort`.
+# was left held; freed blocks were handed out again; a request whose client left was aborted in
+# the engine, or had already finished (printed above: a few had), while the others finished; the
+# shutdown ended every request in flight with `abort`.
 # Speed did less well. The server made a little less than 85 % of the tokens a second that the
 # engine made when driven directly, so the goal (at most 15 % lost to HTTP) was missed,
 # narrowly; on uvicorn's pure-Python HTTP parser and event loop it lost about a fifth, in every
@@ -1345,7 +1366,8 @@ assert len(r["runs"]) == 5, "section 11 says five runs of each"
 # median time to first token was between one and a half and three times the engine's. What the
 # server adds comes with every token: a streamed answer is one server-sent event per token, a
 # JSON chunk that goes through the web framework to its socket, and here on the same thread as
-# the engine's steps. vLLM's V1 engine (v0.7.0, January 2025) runs its engine core in a process
+# the engine's steps. vLLM's V1 engine (an opt-in alpha in v0.7.0, January 2025; the default
+# since v0.8.0, March 2025) runs its engine core in a process
 # of its own (`EngineCoreProc` in `vllm/v1/engine/core.py`), apart from the web server and the
 # output processor, so that the engine's steps and the server's work overlap.
 # %% [markdown]
