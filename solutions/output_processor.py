@@ -8,8 +8,9 @@ piece of text that can be sent now. Two things make that less obvious than `deco
   split over two tokens). The `Detokenizer` decodes a few tokens at a time, and a piece that
   ends in the middle of a character waits for the next token.
 - A stop string ("\\n\\n", "ROMEO:") is the server's business, not the engine's: the engine stops
-  at a token (end-of-text) or at `max_tokens` (vLLM's engine core too stops at tokens and lengths
-  only; its output processor, outside the core, checks the stop strings). A stop string may
+  at a token (end-of-text) or at `max_tokens` (vLLM's engine core too stops at tokens and lengths,
+  and at an opt-in repetition check, never at stop strings; its output processor, outside the
+  core, checks the stop strings). A stop string may
   begin in one token and end in a later one, so the last few characters are held back until it
   is known that no stop string starts in them, and the text sent never goes past a stop string.
 
