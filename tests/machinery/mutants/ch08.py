@@ -34,6 +34,22 @@ MUTANTS: list[Mutant] = [
         name="block-one-position-early",
         says=("one position early", "block"),
     ),
+    Mutant(
+        "slots_of",
+        "block_table[p // block_size] * block_size + p % block_size",
+        "block_table[p // block_size] * block_size + p % block_size + 1",
+        "the offset within the block counted from 1",
+        name="offset-from-1",
+        says=("1 more", "counts from 0"),
+    ),
+    Mutant(
+        "slots_of",
+        "block_table[p // block_size] * block_size + p % block_size",
+        "block_table[-(-p // block_size)] * block_size + p % block_size",
+        "the block index rounded up, not down",
+        name="block-index-rounded-up",
+        says=("rounded down",),
+    ),
     # attend
     Mutant(
         "attend",
@@ -92,6 +108,22 @@ MUTANTS: list[Mutant] = [
         "an evicted block keeps its name",
         says=("lose its name",),
     ),
+    Mutant(
+        "block_pool",
+        "                del self.cached[block.block_hash]\n",
+        "",
+        "an evicted block's name left in the pool's table of names",
+        name="evicted-name-still-cached",
+        says=("pool.cached",),
+    ),
+    Mutant(
+        "block_pool",
+        "            block.ref_cnt += 1\n",
+        "            block.ref_cnt = 1\n",
+        "touch sets a shared block's count to 1, not one more",
+        name="touch-resets-count",
+        says=("adds a holder",),
+    ),
     # kv_cache_manager
     Mutant(
         "kv_cache_manager",
@@ -124,10 +156,44 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "kv_cache_manager",
         "            if block is None:\n                break\n            blocks.append(block)\n",
-        "            if block is not None:\n                blocks.append(block)\n                break\n",
+        "            if block is not None:\n"
+        "                blocks.append(block)\n"
+        "                break\n",
         "the lookup stops at the first hit, not at the first miss",
         name="stops-at-first-hit",
         says=("first hit", "first miss"),
+    ),
+    Mutant(
+        "kv_cache_manager",
+        "num_new_blocks = needed - len(blocks) - len(computed)",
+        "num_new_blocks = needed - len(blocks)",
+        "the hits asked of the pool again as new blocks",
+        name="hits-not-subtracted",
+        says=("hits among its blocks",),
+    ),
+    Mutant(
+        "kv_cache_manager",
+        "num_computed = request.num_computed_tokens + len(computed) * self.block_size",
+        "num_computed = len(computed) * self.block_size",
+        "the tokens computed already not counted in the table's size",
+        name="computed-tokens-forgotten",
+        says=("num_computed_tokens", "must cover"),
+    ),
+    Mutant(
+        "kv_cache_manager",
+        "if num_new_blocks > self.pool.num_free_blocks - evictable_hits:",
+        "if num_new_blocks >= self.pool.num_free_blocks - evictable_hits:",
+        "refused when exactly enough blocks are free",
+        name="refuses-exactly-enough",
+        says=("more than the free",),
+    ),
+    Mutant(
+        "kv_cache_manager",
+        "return blocks, len(blocks) * self.block_size",
+        "return blocks, len(blocks)",
+        "the hits counted in blocks, not tokens",
+        name="hits-in-blocks",
+        says=("tokens", "times block_size"),
     ),
     # schedule
     Mutant(
@@ -147,7 +213,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "schedule",
         "            if self.kv.allocate_slots(request, num_new, computed) is None:\n"
-        "                break  # first come, first served: nobody overtakes the head of the queue\n",
+        "                break  # first come, first served: nobody overtakes the head of the "
+        "queue\n",
         "            self.kv.allocate_slots(request, num_new, computed)\n",
         "a request admitted although allocate_slots returned None (no blocks for it)",
         name="admitted-without-blocks",
@@ -180,6 +247,46 @@ MUTANTS: list[Mutant] = [
         "request.num_cached_tokens = num_cached",
         "an admitted request does not start at its cache hits",
         says=("num_computed_tokens",),
+    ),
+    Mutant(
+        "schedule",
+        "num_new = min(request.num_tokens - request.num_computed_tokens, budget)",
+        "num_new = min(1, budget)",
+        "a running request always given one token (a chunked prompt stalls)",
+        name="running-always-one-token",
+        says=("not always decoding",),
+    ),
+    Mutant(
+        "schedule",
+        "num_new = min(request.num_tokens - num_cached, budget)",
+        "num_new = min(request.num_tokens, budget)",
+        "an admitted request's first chunk sized from its whole prompt, cache hits included",
+        name="chunk-includes-hits",
+        says=("cache hits",),
+    ),
+    Mutant(
+        "schedule",
+        "if len(self.running) >= self.max_num_seqs:",
+        "if len(self.running) > self.max_num_seqs:",
+        "one request more than max_num_seqs admitted",
+        name="seats-off-by-one",
+        says=("max_num_seqs",),
+    ),
+    Mutant(
+        "schedule",
+        "            out.admitted.append(request)\n            budget -= num_new\n",
+        "            out.admitted.append(request)\n",
+        "an admitted request's tokens not taken from the budget",
+        name="admitted-not-from-budget",
+        says=("admitted request's tokens", "budget"),
+    ),
+    Mutant(
+        "schedule",
+        "                self._preempt(victim)\n",
+        "                self.waiting.appendleft(victim)\n",
+        "a victim put back in the queue without self._preempt: its blocks not freed",
+        name="requeued-without-preempt",
+        says=("_preempt",),
     ),
     # sample_requests
     Mutant(
