@@ -54,6 +54,22 @@ def positive(name: str, value) -> float:
     return value
 
 
+MIN_TEMPERATURE = 1e-5
+"""The smallest temperature sampled at: vLLM's `_SAMPLING_EPS` (vllm/sampling_params.py), below
+which vLLM samples greedily. At 1e-40 the logits divided by it overflow and softmax makes NaNs."""
+
+
+def temperature(value) -> float:
+    """A temperature: 0 (greedy) or a number of at least `MIN_TEMPERATURE`."""
+    number("temperature", value, low=0.0)
+    if 0 < value < MIN_TEMPERATURE:
+        raise ValueError(
+            f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {value!r}: "
+            "dividing the logits by less overflows them, and the probabilities become NaN"
+        )
+    return value
+
+
 def token_ids(
     name: str, ids: Tensor, d_vocab: int | None = None, ndim: int | None = None
 ) -> Tensor:

@@ -120,7 +120,7 @@ def check_sampling_args(
 ) -> tuple[bool, bool]:
     """(top-k on, top-p on), after a clear ValueError for any argument out of range. Samplers
     call it before generating anything, so a bad argument fails even if no token is asked for."""
-    checks.number("temperature", temperature, low=0.0)
+    checks.temperature(temperature)
     checks.number("frequency_penalty", frequency_penalty)
     if top_k is not None:
         checks.integer("top_k (0 or None: off)", top_k, low=0)

@@ -17,7 +17,8 @@ class SamplingParams:
     """vLLM's names: `max_tokens` new tokens at most; `ignore_eos=True` keeps going past an
     end-of-text (chapter 3's `stop_at_eos=False`); `top_k=None` and `top_p=None` are off.
     A `seed` gives the request its own generator (the engine makes it); `seed=None` draws from
-    PyTorch's global generator, shared with every other unseeded request."""
+    PyTorch's global generator, shared with every other unseeded request. A temperature above 0
+    and below 1e-5 means greedy, as in vLLM (chapter 3's samplers refuse it by name)."""
 
     temperature: float = 1.0
     top_k: int | None = None
@@ -28,6 +29,11 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
+        if (
+            isinstance(self.temperature, int | float)
+            and 0 < self.temperature < checks.MIN_TEMPERATURE
+        ):
+            object.__setattr__(self, "temperature", 0.0)  # vLLM's rule: as good as greedy
         check_sampling_args(self.temperature, self.top_k, self.top_p, 1, self.frequency_penalty)
         checks.integer("max_tokens", self.max_tokens, low=1)
         if self.seed is not None:

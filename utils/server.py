@@ -78,9 +78,6 @@ from solutions.sampling_params import SamplingParams
 log = logging.getLogger(__name__)
 
 MAX_SEED = 2**63 - 1
-# vLLM's `_SAMPLING_EPS` (vllm/sampling_params.py): a temperature below it is greedy. Sampling at
-# 1e-40 divides the logits into infinities, and softmax makes NaNs of them.
-SAMPLING_EPS = 1e-5
 MAX_STOP, MAX_STOP_CHARS = 4, 256  # OpenAI's "up to 4 sequences"; TGI's max_stop_sequences is 4
 MAX_CONCURRENT_REQUESTS = 128  # TGI's --max-concurrent-requests default
 MAX_BODY_BYTES = 2_000_000  # HF text-embeddings-inference's --payload-limit default (2 MB)
@@ -335,7 +332,7 @@ def check_completion(body, model_name: str, engine: LLMEngine,
         raise _bad("stream_options", f"stream_options.include_usage must be true or false, "
                    f"got {_shown(include_usage)}")  # fmt: skip
     params = SamplingParams(
-        temperature=0.0 if temperature < SAMPLING_EPS else float(temperature),  # vLLM's rule
+        temperature=float(temperature),  # below 1e-5: greedy (SamplingParams, vLLM's rule)
         top_k=top_k if top_k > 0 else None,
         top_p=float(top_p) if top_p < 1 else None,
         max_tokens=max_tokens,

@@ -114,6 +114,20 @@ def test_greedy_tokens_are_hfs_alone_with_chunks_and_preemption(shipped):
         assert streamed == want, "the step outputs' new tokens must add up to the output"
 
 
+def test_a_temperature_below_1e_5_is_greedy_as_in_vllm(shipped):
+    """vLLM's SamplingParams treats a temperature below 1e-5 as greedy; at 1e-40 the logits
+    divided by it overflow, and the step's probabilities would be NaN for the whole batch."""
+    model, tokenizer = shipped
+    for tiny in (1e-40, 5e-324, 9.9e-6):
+        assert SamplingParams(temperature=tiny).temperature == 0.0
+    assert SamplingParams(temperature=1e-5).temperature == 1e-5
+    engine = LLMEngine(model, tokenizer, num_blocks=64, block_size=4)
+    engine.add_request("tiny", PROMPTS[0], SamplingParams(temperature=1e-40, max_tokens=8))
+    engine.add_request("greedy", PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=8))
+    outputs = run_to_end(engine)
+    assert outputs["tiny"][-1].output_token_ids == outputs["greedy"][-1].output_token_ids
+
+
 def test_a_seeded_request_is_the_same_alone_in_a_crowd_and_in_chapter_3(shipped):
     model, tokenizer = shipped
     sampler = TransformerSampler(model, tokenizer)

@@ -35,6 +35,8 @@ FAILED = (AssertionError, pytest.fail.Exception)
         ({"temperature": -0.1}, "temperature"),
         ({"temperature": float("nan")}, "temperature"),
         ({"temperature": "hot"}, "temperature"),
+        ({"temperature": 1e-40}, "temperature must be 0 .greedy. or at least 1e-05"),
+        ({"temperature": 9.9e-6}, "temperature must be 0 .greedy. or at least 1e-05"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_p": -0.1}, "top_p"),
         ({"top_k": -1}, "top_k"),
