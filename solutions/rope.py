@@ -46,11 +46,14 @@ def apply_rope(
     cos: Float[Tensor, "batch posn d_head"],
     sin: Float[Tensor, "batch posn d_head"],
 ) -> Float[Tensor, "batch heads posn d_head"]:
-    """Turn every pair of every head of every position by its angle."""
+    """Turn every pair of every head of every position by its angle; the result has x's dtype
+    (a model in bfloat16 turns its queries and keys in bfloat16, as HF's does)."""
     # BEGIN SOLUTION
     # A pair (a, b) turned by angle t is (a cos t - b sin t, b cos t + a sin t); rotate_half
-    # supplies (-b, a). Every head of a position turns by the same angles.
-    cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
+    # supplies (-b, a). Every head of a position turns by the same angles. The angles were
+    # computed in float32; multiplied as they are, they would make 16-bit queries and keys
+    # float32 while the values stay 16-bit (HF's LlamaRotaryEmbedding casts them too).
+    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)  # broadcast over heads
     return x * cos + rotate_half(x) * sin
     # END SOLUTION
 

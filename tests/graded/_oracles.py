@@ -368,6 +368,9 @@ LLAMA_MISTAKES = (
     "post-norm",
     "embeddings scaled",
     "no causal mask",
+    "norms swapped",
+    "block output added again",
+    "tied unembedding",
 )
 """The model-level slips that hf_llama_mistake_logits computes with HF's modules."""
 
@@ -386,6 +389,9 @@ def hf_llama_mistake_logits(hf, ids: torch.Tensor, mistake: str) -> torch.Tensor
             x = x * hf.config.hidden_size**0.5
         for layer in hf.model.layers:
             ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
+            if mistake == "norms swapped":
+                ln1, ln2 = ln2, ln1
+            before = x
             attn_in = x if mistake == "post-norm" else ln1(x)
             a = hf_attention(
                 layer.self_attn, attn_in, positions, hf.config, mistake != "no causal mask"
@@ -398,8 +404,11 @@ def hf_llama_mistake_logits(hf, ids: torch.Tensor, mistake: str) -> torch.Tensor
             mlp_in = {"mlp reads resid_pre": ln2(x), "ln1 before the mlp": ln1(mid)}
             m = layer.mlp(mlp_in.get(mistake, ln2(mid)))
             x = m if mistake == "no mlp residual" else mid + m
+            x = before + x if mistake == "block output added again" else x
         if mistake != "no final norm":
             x = hf.model.norm(x)
+        if mistake == "tied unembedding":
+            return x @ hf.model.embed_tokens.weight.T
         return hf.lm_head(x)
 
 

@@ -3,6 +3,10 @@ same weights (LlamaRMSNorm, LlamaRotaryEmbedding + apply_rotary_pos_emb, LlamaML
 LlamaAttention in eager mode, LlamaForCausalLM), on the shipped Llama model's weights and on
 random ones whose every size differs (SMALL_LLAMA: an epsilon other than 1e-5, rope_theta other
 than 10000, 6 query heads with 6, 2 and 1 key/value heads). Float32 bounds are chapter 1's.
+Each part is also called the way the course's other callers call it: RMSNorm on 16-bit input
+with a 16-bit weight and on 2-D input (chapter 8's runner), apply_rope on bfloat16 queries, the
+whole model in bfloat16 against LlamaForCausalLM in bfloat16, and the cached pass with chapter
+6's lookahead layout (positions [new], allowed [new, all]) on an untied model.
 
 Where a result is wrong, the test computes the likely mistakes on its own inputs (the mean
 subtracted, epsilon outside the root, the exponent i/d, the interleaved layout, unrotated
@@ -11,7 +15,9 @@ keys, ...) and names the one that matches.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import math
 
 import pytest
 import torch
@@ -93,10 +99,12 @@ def rmsnorm_mistakes(x, w, eps) -> dict[str, torch.Tensor]:
         "eps outside": w * x / (ms.sqrt() + eps),
         "no eps": w * x / ms.sqrt(),
         "no weight": x / (ms + eps).sqrt(),
+        "one plus w": (1 + w) * x / (ms + eps).sqrt(),
         "sum": w * x / (x.pow(2).sum(-1, keepdim=True) + eps).sqrt(),
         "times": w * x * (ms + eps).sqrt(),
         "var": w * x / (x.var(-1, keepdim=True) + eps).sqrt(),
         "positions axis": w * x / (x.pow(2).mean(1, keepdim=True) + eps).sqrt(),
+        "whole tensor": w * x / (x.pow(2).mean() + eps).sqrt(),
     }
 
 
@@ -108,12 +116,17 @@ RMSNORM_MESSAGES = {
     "no eps": "your epsilon changes nothing: the mean square gets cfg.rms_norm_eps (0.01 in this "
     "test) added inside the sqrt. Is it missing, or a constant such as 1e-5?",
     "no weight": "the weight self.w is not applied: multiply the normalised vector by it.",
+    "one plus w": "you scale by (1 + w), as Gemma's RMSNorm stores its weight: Llama's "
+    "multiplies the normalised vector by the weight self.w itself (HF's LlamaRMSNorm: "
+    "weight times the normalised vector).",
     "sum": "you divide by the root of the SUM of squares: RMSNorm takes their MEAN over d_model.",
     "times": "you multiply by the root mean square: RMSNorm divides by it (rsqrt is 1 / sqrt).",
     "var": "you divide by the root of the variance (torch.var subtracts the mean): RMSNorm "
     "takes the mean of the squares of the vector as it is.",
     "positions axis": "your mean square is taken over the positions axis: RMSNorm normalises "
     "each position's vector on its own, over d_model (the last axis).",
+    "whole tensor": "your mean square is one number for the whole tensor: RMSNorm takes one per "
+    "position, over that position's d_model numbers (the last axis), kept as an axis of size 1.",
 }
 
 
@@ -167,7 +180,11 @@ def test_rmsnorm_matches_hf_on_shipped_weights(impl, llama):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_rmsnorm_in_half_precision(impl, llama, dtype):
     """Values of a few hundred, as residual streams of large models hold: their squares
-    overflow float16 (largest 65,504). HF squares in float32."""
+    overflow float16 (largest 65,504). Input and weight in 16 bits, as in a model loaded in
+    16 bits. HF squares in float32, casts the normalised vector back to the input's dtype, then
+    multiplies by the weight: its result is the input's dtype, and equal to HF's almost
+    everywhere (HF's order of operations gives HF's numbers; another order, such as the weight
+    applied before the cast, leaves about a fifth of them one rounding off)."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     hf, _ = llama
@@ -176,21 +193,97 @@ def test_rmsnorm_in_half_precision(impl, llama, dtype):
     with torch.no_grad():
         oracle.weight.copy_(hf.model.layers[1].input_layernorm.weight)
     g = torch.Generator().manual_seed(1)
-    x = (300 * torch.randn(2, 3, cfg.d_model, generator=g)).to(dtype)
-    norm = learner_module(impl.RMSNorm, cfg, {"w": oracle.weight.detach().clone()})
+    x32 = 300 * torch.randn(2, 3, cfg.d_model, generator=g)
+    w32 = oracle.weight.detach().clone()
     with torch.no_grad():
-        got, expected = norm(x), oracle(x)
+        if not close(run_norm(learner_module(impl.RMSNorm, cfg, {"w": w32.clone()}), x32),
+                     oracle(x32), atol=1e-4, rtol=1e-4):  # fmt: skip
+            pytest.fail(
+                f"your RMSNorm differs from HF's LlamaRMSNorm in float32 already, not only in "
+                f"{dtype}: test_rmsnorm_matches_hf_on_shipped_weights says how."
+            )
+    x, w = x32.to(dtype), w32.to(dtype)
+    oracle = oracle.to(dtype)
+    norm = learner_module(impl.RMSNorm, cfg, {"w": w.clone()}).to(dtype)
+    with torch.no_grad():
+        got, expected = run_norm(norm, x), oracle(x)
     assert torch.isfinite(got).all() and got.float().abs().max() > 0.1, (
         f"on {dtype} input your RMSNorm gives {'zeros' if torch.isfinite(got).all() else 'inf/NaN'}"
         f": the squares of values near 300 overflow {dtype} (float16's largest number is "
         "65,504). Compute the mean square in float32, then cast the normalised "
         "vector back to the input's dtype, as HF's LlamaRMSNorm does."
     )
+    assert got.dtype == dtype, (
+        f"on {dtype} input with a {dtype} weight your RMSNorm returns {got.dtype}: the next "
+        "layer's 16-bit weights cannot multiply it (a model loaded in 16 bits stops there). "
+        "The float32 copy is for the mean square only: cast the normalised vector back to the "
+        "input's dtype before the weight multiplies it."
+    )
     assert close(got, expected, atol=2e-2, rtol=2e-2), (
         f"on {dtype} input your RMSNorm differs from HF's by "
         f"{(got.float() - expected.float()).abs().max().item():.3g}: normalise in float32, cast "
         "back to the input's dtype, then multiply by the weight."
     )
+    differ = (got != expected).float().mean().item()
+    if differ > 0.05:
+        xf = x.float()
+        late_cast = (w.float() * xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True)
+                                                  + cfg.rms_norm_eps)).to(dtype)  # fmt: skip
+        if (got == late_cast).float().mean() > 0.95:
+            pytest.fail(
+                f"on {dtype} input {differ:.0%} of your numbers are one rounding off HF's: your "
+                "weight multiplies the float32 vector, and the product is cast back. HF casts "
+                "the normalised vector back to the input's dtype first, then multiplies by the "
+                f"{dtype} weight, and a checkpoint's numbers were made in that order."
+            )
+        pytest.fail(
+            f"on {dtype} input {differ:.0%} of your numbers differ from HF's (each by a rounding "
+            "or so): the mean square and the normalisation in float32, the cast back to the "
+            "input's dtype, then the product with the weight, in that order."
+        )
+
+
+@pytest.mark.rmsnorm
+def test_rmsnorm_on_2d_input(impl, llama):
+    """Chapter 8's model runner hands ln_final the tokens of a step as [tokens, d_model], with
+    no batch axis: a norm over the last axis works on any number of axes before it."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    hf, _ = llama
+    cfg = course_config(hf.config, rms_norm_eps=1e-2)
+    oracle = LlamaRMSNorm(cfg.d_model, eps=cfg.rms_norm_eps)
+    with torch.no_grad():
+        oracle.weight.copy_(hf.model.norm.weight)
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(5, cfg.d_model, generator=g) + 0.05
+    norm = learner_module(impl.RMSNorm, cfg, {"w": oracle.weight.detach().clone()})
+    try:
+        with torch.no_grad():
+            got = norm(x)
+    except NotImplementedError:
+        raise
+    except Exception as err:
+        pytest.fail(
+            f"your RMSNorm fails on 2-D input [tokens 5, d_model {cfg.d_model}] "
+            f"({type(err).__name__}: {str(err).splitlines()[0][:120]}), the layout chapter 8's "
+            "model runner hands ln_final. Does it name an axis by its number from the front (axis "
+            "2 is the last only with 3 axes), or unpack three sizes? Count the axis from the end."
+        )
+    with torch.no_grad():
+        expected = oracle(x)
+    assert got.shape == expected.shape, (
+        f"2-D input {tuple(x.shape)} ([tokens, d_model]): expected {tuple(expected.shape)} back, "
+        f"got {tuple(got.shape)}"
+    )
+    if not close(got, expected):
+        w = oracle.weight.detach()
+        by_column = w * x / (x.pow(2).mean(0, keepdim=True) + cfg.rms_norm_eps).sqrt()
+        if close(got, by_column):
+            pytest.fail(
+                "on 2-D input [tokens, d_model] your mean square is taken over the tokens (axis "
+                "0): each token's vector is normalised on its own, over d_model, the last axis."
+            )
+        assert_close_f32(got, expected, "RMSNorm on 2-D input differs from HF's LlamaRMSNorm")
 
 
 # --------------------------------------------------------------------------- RoPE
@@ -212,7 +305,13 @@ def wrong_cos_sin(positions, d_head, theta) -> dict[str, tuple[torch.Tensor, tor
         "from 0": build(positions - positions[..., :1], right, theta),
         "inverse": build(positions, -right, theta),
         "4i": build(positions, 2 * right, theta),
+        "2i + 1": build(positions, right + 1 / d_head, theta),
     }
+    for dtype in (torch.float16, torch.bfloat16):  # the angles' product made in 16 bits
+        inv_freq = (1.0 / theta ** right.float()).to(dtype)
+        angles = (positions.to(dtype)[..., None] * inv_freq).double()
+        angles = torch.cat([angles] * 2, -1)
+        found[str(dtype)] = (angles.cos().float(), angles.sin().float())
     if theta != 10000.0:
         found["theta"] = build(positions, right, 10000.0)
     cos, sin = build(positions, right, theta)
@@ -237,7 +336,41 @@ COS_SIN_MESSAGES = {
     "frequency is ONE OVER theta ** (2i / d_head), so that later pairs turn slower.",
     "4i": "your exponent is 2i / (d_head / 2), that is 4i / d_head: pair i's exponent is 2i over "
     "the whole head size d_head.",
+    "2i + 1": "your exponent is (2i + 1) / d_head: pair i's is 2i / d_head, so pair 0 has "
+    "exponent 0 and turns by one radian per position. Do your 2i start at 0?",
+    "torch.float16": "your angles are computed in float16: with about 3 significant digits, the "
+    "angle of position 46 is off by up to 0.03 radians (and at position 4,000 by 2). Compute the "
+    "frequencies, the angles and their cosines and sines in float32.",
+    "torch.bfloat16": "your angles are computed in bfloat16: with about 2 significant digits, the "
+    "angle of position 46 is off by up to 0.1 radians. Compute the frequencies, the angles and "
+    "their cosines and sines in float32.",
 }
+
+
+def measured_frequencies(cos, sin, positions, d_head, theta) -> str:
+    """What cos and sin say about each pair's frequency, where they hold angles that grow by a
+    fixed step per position (else an empty string)."""
+    if not ((cos.double() ** 2 + sin.double() ** 2 - 1).abs() < 1e-3).all():
+        return ""
+    phi = torch.atan2(sin.double(), cos.double())[..., : d_head // 2]
+    steps = (phi[..., 1:, :] - phi[..., :-1, :] + torch.pi) % (2 * torch.pi) - torch.pi
+    steps = steps / (positions[..., 1:] - positions[..., :-1]).double()[..., None]
+    freq = steps.flatten(0, -2).median(0).values
+    if not ((steps - freq).abs() < 1e-3).all() or not (freq > 0).all():
+        return ""
+    right = theta ** (-torch.arange(0, d_head, 2).double() / d_head)
+    bad = int(((freq - right).abs() / right).argmax())
+    shown = min(4, d_head // 2)
+    exponents = -torch.log(freq) / math.log(theta) * d_head
+    if (freq - right).abs().max() < 1e-4:
+        return ""
+    return (
+        f" Your pairs 0 to {shown - 1} turn by {[round(f, 4) for f in freq[:shown].tolist()]} "
+        f"radians per position, HF's by {[round(f, 4) for f in right[:shown].tolist()]} "
+        f"(theta ** (-2i / d_head)); pair {bad} is furthest off. Read as theta ** (-e / d_head), "
+        f"your e are {[round(e, 2) for e in exponents[:shown].tolist()]}, where 0, 2, 4, 6 are "
+        "wanted."
+    )
 
 
 def check_cos_sin(impl, positions, d_head, theta):
@@ -254,24 +387,64 @@ def check_cos_sin(impl, positions, d_head, theta):
     assert isinstance(out, tuple) and len(out) == 2, "rope_cos_sin must return (cos, sin)"
     cos, sin = out
     shape = (*positions.shape, d_head)
+    why = ""
+    if cos.shape[:-1] == shape[:-1] and cos.shape[-1] != d_head:
+        why = (
+            f": your last axis holds {cos.shape[-1]} angles. A head has d_head/2 = {d_head // 2} "
+            "pairs, one frequency each, and the half-split layout writes those angles twice."
+        )
+    elif cos.shape[:-2] == shape[:-2] and cos.shape[-2:] == (2 * shape[-2], d_head // 2):
+        why = (
+            ": twice the positions and half the columns. The two copies of the angles go one "
+            "after the other along the last axis, not the positions axis."
+        )
     assert cos.shape == shape and sin.shape == shape, (
         f"positions {tuple(positions.shape)} and d_head {d_head}: cos and sin must be {shape} "
-        f"([*batch, posn, d_head]), got {tuple(cos.shape)} and {tuple(sin.shape)}"
+        f"([*batch, posn, d_head]), got {tuple(cos.shape)} and {tuple(sin.shape)}{why}"
     )
-    if close(cos, expected_cos, atol=1e-5) and close(sin, expected_sin, atol=1e-5):
+    cos_right = close(cos, expected_cos, atol=1e-5)
+    sin_right = close(sin, expected_sin, atol=1e-5)
+    if cos_right and sin_right:
+        assert cos.dtype == sin.dtype == torch.float32, (
+            f"your cos and sin are {cos.dtype} and {sin.dtype}: return them in float32 (apply_rope "
+            "casts them to the dtype of the queries it turns)."
+        )
         return
     for mistake, (wrong_cos, wrong_sin) in wrong_cos_sin(positions, d_head, theta).items():
         # Angles of thousands of radians, as growing frequencies give, lose a few thousandths
-        # in float32: their cosines are compared more loosely (the right ones differ by ~1).
-        atol = 5e-2 if mistake == "inverse" else 1e-4
+        # in float32: their cosines are compared more loosely (the right ones differ by ~1);
+        # 16-bit cosines are rounded to 16 bits.
+        atol = {"inverse": 5e-2, "torch.float16": 2e-3, "torch.bfloat16": 8e-3}.get(mistake, 1e-4)
         if close(cos, wrong_cos, atol=atol) and close(sin, wrong_sin, atol=atol):
             pytest.fail(COS_SIN_MESSAGES[mistake])
-    bad = (cos - expected_cos).abs().amax(dim=tuple(range(cos.ndim - 1)))
-    column = int(bad.argmax())
+    if cos.dtype != torch.float32 or sin.dtype != torch.float32:
+        pytest.fail(
+            f"your cos and sin are {cos.dtype} and {sin.dtype}, and differ from HF's: compute the "
+            "frequencies, the angles and their cosines and sines in float32."
+        )
+
+    def worst(got, want):
+        bad = (got - want).abs().amax(dim=tuple(range(got.ndim - 1)))
+        column = int(bad.argmax())
+        return f"column {column} (pair {column % (d_head // 2)}), by {bad.max().item():.3g}"
+
+    where = f"HF's LlamaRotaryEmbedding's (theta {theta:g}, d_head {d_head})"
+    if cos_right:
+        pytest.fail(
+            f"your cos equals {where}, your sin does not: it differs most in "
+            f"{worst(sin, expected_sin)}. The sines are of the same angles as the cosines, in "
+            "the same layout."
+        )
+    if sin_right:
+        pytest.fail(
+            f"your sin equals {where}, your cos does not: it differs most in "
+            f"{worst(cos, expected_cos)}. The cosines are of the same angles as the sines, in "
+            "the same layout."
+        )
     pytest.fail(
-        f"cos differs from HF's LlamaRotaryEmbedding's (theta {theta:g}, d_head {d_head}) most in "
-        f"column {column} (pair {column % (d_head // 2)}), by {bad.max().item():.3g}: pair i's "
-        "angle is position * theta ** (-2i / d_head), in columns i and i + d_head/2."
+        f"cos differs from {where} most in {worst(cos, expected_cos)}: pair i's angle is "
+        "position * theta ** (-2i / d_head), in columns i and i + d_head/2."
+        + measured_frequencies(cos, sin, positions, d_head, theta)
     )
 
 
@@ -307,6 +480,13 @@ def test_rope_cos_sin_are_made_on_the_positions_device(impl):
         f"rope_cos_sin made cos and sin on {cos.device}, not on the positions' device: pass "
         "device=positions.device to the tensors you create (torch.arange)."
     )
+
+
+def rotate_half_of(x):
+    """HF's rotate_half: (x1, x2) -> (-x2, x1)."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    return rotate_half(x)
 
 
 def interleaved_rotation(x, cos, sin):
@@ -352,12 +532,47 @@ def test_apply_rope_matches_hf(impl):
             "the RoFormer paper and Meta's code: HF's half-split layout pairs coordinate i with "
             "i + d_head/2 (that is what rotate_half does)."
         )
+    if close_f32(got, rotate_half_of(x) * cos[:, None] + x * sin[:, None]):
+        pytest.fail(
+            "your cosines multiply rotate_half(x) and your sines x: a pair (a, b) turned by phi "
+            "keeps a cos phi in its first coordinate. x goes with the cosines, rotate_half(x) "
+            "with the sines."
+        )
     if close_f32(got, hf_rotate(x, cos, -sin)):
         pytest.fail(
             "your rotation turns the wrong way: a pair (a, b) turned by phi is "
             "(a cos phi - b sin phi, b cos phi + a sin phi). Check the sine's sign."
         )
     assert_close_f32(got, expected, "apply_rope differs from HF's apply_rotary_pos_emb")
+
+
+@pytest.mark.rope
+def test_apply_rope_keeps_the_queries_dtype(impl):
+    """A model in bfloat16: queries in bfloat16, the angles' cos and sin in float32 (as
+    rope_cos_sin makes them). HF's LlamaRotaryEmbedding casts cos and sin to the input's dtype,
+    so its queries and keys stay bfloat16, like the values they meet in the attention."""
+    from transformers import LlamaConfig as HFLlamaConfig
+
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(2, 3, 5, 8, generator=g).to(torch.bfloat16)
+    positions = torch.stack([torch.arange(6, 11), torch.arange(20, 25)])
+    cos, sin = hf_cos_sin(
+        HFLlamaConfig(hidden_size=24, num_attention_heads=3, head_dim=8), positions
+    )
+    with torch.no_grad():
+        got = impl.apply_rope(x.clone(), cos.clone(), sin.clone())
+    expected = hf_rotate(x, cos.to(x.dtype), sin.to(x.dtype))
+    assert got.dtype == x.dtype, (
+        f"apply_rope on bfloat16 queries with float32 cos and sin returns {got.dtype}: the float32 "
+        "angles promote what they multiply. A model in bfloat16 then meets float32 queries and "
+        "keys with bfloat16 values in its attention, which refuses them. Turn x in its own dtype "
+        "(HF's LlamaRotaryEmbedding casts cos and sin to the input's dtype)."
+    )
+    assert close(got, expected, atol=3e-2, rtol=1e-2), (
+        "apply_rope on bfloat16 queries differs from HF's apply_rotary_pos_emb by "
+        f"{(got.float() - expected.float()).abs().max().item():.3g}, more than bfloat16's "
+        "rounding: test_apply_rope_matches_hf says more in float32."
+    )
 
 
 @pytest.mark.rope
@@ -544,6 +759,13 @@ def test_rotated_qkv_match_hf(impl, small):
                 f"the {'queries' if name == 'q' else 'keys'} are not rotated: both "
                 "queries and keys turn by their positions (apply_rope), values do not."
             )
+        if name == "k" and close_f32(got, hf_rotate(plain[2], cos, sin)):
+            pytest.fail(
+                "your keys are the projection through W_V, rotated: keys come from W_K, values "
+                "from W_V."
+            )
+        if name == "v" and close_f32(got, plain[1]):
+            pytest.fail("your values are the projection through W_K: values come from W_V.")
         if name == "v" and close_f32(got, hf_rotate(raw, cos, sin)):
             pytest.fail(
                 "the values are rotated: only queries and keys turn; values carry what a "
@@ -568,13 +790,42 @@ def test_rotated_qkv_match_hf(impl, small):
         )
 
 
+def run_attention(attn, cfg, x, positions):
+    """The learner's attention on x; queries and keys that meet with different numbers of heads
+    are named, not pasted."""
+    import re
+
+    try:
+        return attn(x, positions)
+    except NotImplementedError:
+        raise
+    except RuntimeError as err:
+        sizes = re.search(r"tensor a \((\d+)\) must match the size of tensor b \((\d+)\) at "
+                          r"non-singleton dimension 1", str(err))  # fmt: skip
+        if not sizes or cfg.n_heads not in map(int, sizes.groups()):
+            raise
+        a, b = map(int, sizes.groups())
+        heads = b if a == cfg.n_heads else a
+        times = (
+            f" That is each copied n_kv_heads = {cfg.n_kv_heads} times; "
+            if heads == cfg.n_kv_heads**2 and cfg.n_kv_heads != cfg.group_size
+            else " "
+        )
+        pytest.fail(
+            f"in attend the queries have {cfg.n_heads} heads and your expanded keys or values "
+            f"{heads} ({str(err).splitlines()[0][:100]}).{times}each key/value head is read by a "
+            f"group of n_heads // n_kv_heads = {cfg.group_size} query heads (self.cfg.group_size),"
+            " and is copied once for each of them."
+        )
+
+
 def check_attention(impl, hf, layer, positions, seed):
     attn, cfg = gqa_of(impl, hf, layer)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(positions.shape[0], positions.shape[1], cfg.d_model, generator=g)
     hf_attn = hf.model.layers[layer].self_attn
     with torch.no_grad():
-        got = attn(x, positions)
+        got = run_attention(attn, cfg, x, positions)
         expected = hf_attention(hf_attn, x, positions, hf.config)
     assert got.shape == expected.shape, (
         f"expected {tuple(expected.shape)} ([batch, posn, d_model]), got {tuple(got.shape)}"
@@ -601,6 +852,7 @@ def check_attention(impl, hf, layer, positions, seed):
                 v.repeat_interleave(group, 1),
                 scale=cfg.d_model**-0.5,
             ),
+            "scale d_head": attend(k_all, v_all, scale=cfg.d_head**-1.0),
             "order": attend(k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)),
             "no mask": attend(k_all, v_all, mask=None),
             "heads first": attend(k_all, v_all, heads_first=True),
@@ -610,6 +862,11 @@ def check_attention(impl, hf, layer, positions, seed):
             "your scores are scaled by 1/sqrt(d_model): attention scales by "
             "1/sqrt(d_head), the width of one head (F.scaled_dot_product_attention's "
             "default)."
+        )
+    if close_f32(got, wrong["scale d_head"]):
+        pytest.fail(
+            "your scores are divided by d_head: attention divides them by sqrt(d_head), the "
+            "root of one head's width (F.scaled_dot_product_attention's default scale)."
         )
     if group > 1 and close_f32(got, wrong["order"]):
         pytest.fail(
@@ -721,13 +978,22 @@ MODEL_MESSAGES = {
     "embeddings scaled": "your embeddings are scaled (by sqrt(d_model)): Llama's residual stream "
     "starts with the token embeddings as they are.",
     "no causal mask": "every position reads the later positions too: the attention is causal.",
+    "norms swapped": "the attention reads ln2 and the MLP ln1: each sublayer has its own norm, "
+    "ln1 before the attention and ln2 before the MLP (trained with those weights).",
+    "block output added again": "each block's output is added to the residual stream it "
+    "read: the block already returns the whole residual stream (its input plus what its "
+    "sublayers add), so the model hands it on as it is.",
+    "tied unembedding": "your logits come from the token embedding W_E, transposed, as a tied "
+    "model's would: this model has an unembedding of its own (untied). Call the model's unembed "
+    "(self.unembed in its forward, model.unembed in the cache's), tied or not as it was built.",
 }
 assert set(MODEL_MESSAGES) == set(LLAMA_MISTAKES)
 
 
 def run_model(model, ids):
     """The learner's logits for ids; positions handed to the blocks in another shape than the
-    tokens' are named, whether or not they crash a later exercise's code."""
+    tokens' are named, whether or not they crash a later exercise's code, and so are products
+    that do not fit."""
     seen = {}
 
     def keep(module, args, kwargs):
@@ -739,20 +1005,113 @@ def run_model(model, ids):
         "the positions your forward hands to the blocks are {got}, expected {want} ([batch, "
         "posn], the tokens' shape): every row gets the positions 0, 1, ..., one row per text."
     )
+    cfg = model.cfg
     try:
         with torch.no_grad():
             got = model(ids)
     except NotImplementedError:
         raise
-    except Exception:
+    except Exception as err:
         if seen and seen["shape"] != tuple(ids.shape):
             pytest.fail(said.format(got=seen["shape"], want=tuple(ids.shape)))
+        text = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if "cannot be multiplied" in text and f"{cfg.d_vocab}x{cfg.d_model}" in text:
+            pytest.fail(
+                f"your forward multiplies the final residual stream [.., d_model {cfg.d_model}] "
+                f"by a [d_vocab {cfg.d_vocab}, d_model] matrix as it is ({text}): W_E maps token "
+                "ids to vectors, the unembedding maps vectors to logits. Call self.unembed, "
+                "which does it (tied to W_E or not, as the model was built)."
+            )
+        if not seen and "expand" in text:
+            pytest.fail(
+                f"your forward fails before the first block, making the positions for tokens "
+                f"{tuple(ids.shape)} ({text}): one position per column of tokens, that is "
+                "the number of positions (the second axis), expanded to [batch, posn]."
+            )
         raise
     finally:
         handle.remove()
     if seen and seen["shape"] != tuple(ids.shape):
         pytest.fail(said.format(got=seen["shape"], want=tuple(ids.shape)))
     return got
+
+
+def where_it_differs(model, hf, ids) -> str:
+    """Which part of the learner's model first departs from HF's, read from the residual
+    stream after each part of both (forward hooks), or "" where that cannot be said."""
+    mine, theirs = {}, {}
+
+    def keep(store, name):
+        def hook(module, args, out):
+            store[name] = out[0] if isinstance(out, tuple) else out
+
+        return hook
+
+    def given(store, name):
+        def hook(module, args, kwargs):
+            found = args[0] if args else next(iter(kwargs.values()), None)
+            store["in " + name] = found.dtype if isinstance(found, torch.Tensor) else None
+
+        return hook
+
+    parts = [("the embeddings", model.embed, hf.model.embed_tokens)]
+    parts += [
+        (f"block {i}", b, h)
+        for i, (b, h) in enumerate(zip(model.blocks, hf.model.layers, strict=True))
+    ]
+    parts += [("the final norm", model.ln_final, hf.model.norm)]
+    attribute = {"the embeddings": "self.embed", "the final norm": "self.ln_final"}
+    handles = []
+    for name, a, b in parts:
+        handles.append(a.register_forward_hook(keep(mine, name)))
+        handles.append(b.register_forward_hook(keep(theirs, name)))
+        handles.append(a.register_forward_pre_hook(given(mine, name), with_kwargs=True))
+        handles.append(b.register_forward_pre_hook(given(theirs, name), with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(ids)
+            hf(ids)
+    except Exception:
+        return ""
+    finally:
+        for handle in handles:
+            handle.remove()
+    agree = []
+    for name, _, _ in parts:
+        where = attribute.get(name, f"self.blocks[{name.split()[-1]}]")
+        if name not in mine:
+            return f" Your forward never runs {name} ({where})."
+        if mine["in " + name] != theirs["in " + name]:
+            return (
+                f" Your forward hands {name} ({where}) {mine['in ' + name]}, HF's "
+                f"{theirs['in ' + name]}: the residual stream keeps the model's dtype."
+            )
+        if mine[name].dtype != theirs[name].dtype:
+            return (
+                f" What {name} ({where}) returns is {mine[name].dtype}, HF's {theirs[name].dtype}:"
+                " the residual stream keeps the model's dtype from the embeddings to the logits."
+            )
+        if not close_f32(mine[name], theirs[name]):
+            before = f" ({', '.join(agree)} agree)" if agree else ""
+            if name == "the embeddings":
+                return (
+                    " The embeddings already differ: the residual stream starts with W_E[tokens]."
+                )
+            if name == "the final norm":
+                return (
+                    " The residual stream agrees with HF's after every block; the final norm's "
+                    "output does not: self.ln_final of the last block's output."
+                )
+            return (
+                f" The residual stream after {name} differs from HF's decoder layer's{before}: "
+                "look at LlamaBlock (each sublayer reads its own norm of the residual stream, "
+                "and its output is added to it) and at the positions it is handed."
+            )
+        agree.append(name)
+    return (
+        " The residual stream and its final norm agree with HF's: the unembedding is what "
+        "differs. Call self.unembed (this model's, tied or not)."
+    )
 
 
 def check_model(impl, hf, ids, tie):
@@ -772,9 +1131,8 @@ def check_model(impl, hf, ids, tie):
     assert_close_f32(
         got,
         expected,
-        "LlamaTransformer's logits differ from HF's "
-        "LlamaForCausalLM on the same weights (the module tests above find a part "
-        "that is wrong; here: positions [batch, posn] from 0, the block's order)",
+        "LlamaTransformer's logits differ from HF's LlamaForCausalLM on the same weights."
+        + where_it_differs(model, hf, ids),
     )
 
 
@@ -797,6 +1155,125 @@ def test_llama_matches_hf_untied_random(impl):
     hf = random_hf_llama(seed=10)
     ids = torch.tensor([[3, 17, 42, 8, 0, 25], [49, 1, 2, 30, 30, 11]])
     check_model(impl, hf, ids, tie=False)
+
+
+def run_in_bfloat16(model, ids):
+    """The learner's model, in bfloat16, on ids; the first part whose output leaves bfloat16
+    (or whose queries and keys do) is named."""
+    started, made = [], {}  # modules in the order they started; name -> (dtype in, dtype out)
+
+    def start(name):
+        def hook(module, args):
+            given = args[0].dtype if args and isinstance(args[0], torch.Tensor) else None
+            started.append((name, type(module).__name__))
+            made[name] = (given, None)
+
+        return hook
+
+    def keep(name):
+        def hook(module, args, out):
+            out = out[0] if isinstance(out, tuple) else out
+            if isinstance(out, torch.Tensor) and out.is_floating_point():
+                made[name] = (made[name][0], out.dtype)
+
+        return hook
+
+    handles = []
+    for n, m in model.named_modules():
+        if n:
+            handles += [m.register_forward_pre_hook(start(n)), m.register_forward_hook(keep(n))]
+
+    def first_wrong() -> str | None:
+        wrong_out = {n for n, (_, out) in made.items() if out not in (None, torch.bfloat16)}
+        for name, kind in started:
+            given, dtype = made[name]
+            if given is not None and given.is_floating_point and given != torch.bfloat16:
+                return (
+                    f"in a model loaded in bfloat16, your {kind} ({name}) is handed {given}: "
+                    "the code that feeds it turned the residual stream to another dtype. Keep "
+                    "it in the model's dtype between the parts."
+                )
+            if any(other.startswith(name + ".") for other in wrong_out):
+                continue  # a part inside it is the one to name
+            if dtype not in (None, torch.bfloat16):
+                return (
+                    f"in a model loaded in bfloat16, your {kind} ({name}) returns {dtype} for "
+                    "bfloat16 input: the parts after it meet bfloat16 weights with it. Each part "
+                    "returns its input's dtype (RMSNorm: cast the normalised vector back before "
+                    "the weight multiplies it)."
+                )
+        return None
+
+    try:
+        with torch.no_grad():
+            got = model(ids)
+    except NotImplementedError:
+        raise
+    except Exception as err:
+        said = first_wrong()
+        if said:
+            pytest.fail(said)
+        if "dtype" in str(err):
+            attn = model.blocks[0].attn
+            x = torch.randn(1, 3, model.cfg.d_model).to(torch.bfloat16)
+            try:
+                with torch.no_grad():
+                    q, k, v = attn.rotated_qkv(x, torch.arange(3)[None])
+            except Exception:
+                raise err from None
+            if {q.dtype, k.dtype} != {v.dtype}:
+                pytest.fail(
+                    f"in a model loaded in bfloat16 your rotated_qkv returns queries {q.dtype}, "
+                    f"keys {k.dtype} and values {v.dtype}, and the attention refuses to mix "
+                    f"them ({str(err).splitlines()[0][:90]}). The float32 cos and sin promote "
+                    "what they multiply: apply_rope turns x in x's own dtype (HF's "
+                    "LlamaRotaryEmbedding casts cos and sin to the input's dtype)."
+                )
+        raise
+    finally:
+        for handle in handles:
+            handle.remove()
+    if got.dtype != torch.bfloat16:
+        pytest.fail(first_wrong() or f"in bfloat16 your model returns {got.dtype} logits")
+    return got
+
+
+@pytest.fixture(scope="module")
+def llama_bf16(llama):
+    """HF's LlamaForCausalLM of the shipped model in bfloat16 (a copy)."""
+    return copy.deepcopy(llama[0]).to(torch.bfloat16)
+
+
+@pytest.mark.llama
+def test_llama_matches_hf_in_bfloat16(impl, llama, llama_bf16):
+    """The shipped model loaded in bfloat16 (how chapter 8's engine can run it, and how large
+    models are served) against HF's LlamaForCausalLM in bfloat16 on the same weights, two texts
+    of 13 tokens. Two correct bfloat16 implementations differ by their rounding, as HF's
+    bfloat16 logits differ from its float32 ones: the bound is twice that distance, measured
+    here (about 0.14 on logits of up to 17; the reference's own distance is about 0.13)."""
+    hf, tokenizer = llama
+    rows = [
+        tokenizer.encode("MACBETH.\nIs this a dagger which I see"),
+        tokenizer.encode("VIOLA.\nWhat country, friends, is this?"),
+    ]
+    n = min(map(len, rows))
+    ids = torch.tensor([r[:n] for r in rows])
+    model = learner_llama(impl, hf, tie=True).to(torch.bfloat16)
+    got = run_in_bfloat16(model, ids)
+    with torch.no_grad():
+        want16, want32 = llama_bf16(ids).logits, hf(ids).logits
+    assert got.shape == want16.shape, (
+        f"tokens {tuple(ids.shape)}: expected logits {tuple(want16.shape)}, got {tuple(got.shape)}"
+    )
+    bound = 2 * (want16.float() - want32).abs().max().item()
+    gap = (got.float() - want16.float()).abs().max().item()
+    assert gap <= bound, (
+        f"in bfloat16 your logits differ from HF's LlamaForCausalLM in bfloat16 by up to "
+        f"{gap:.3g}, more than twice HF's own bfloat16 rounding ({bound / 2:.3g}); from HF's "
+        f"float32 logits by {(got.float() - want32).abs().max().item():.3g}. Where the float32 "
+        "tests pass, look for a part that computes in 16 bits what HF computes in float32: "
+        "RMSNorm's mean square, RoPE's angles."
+    )
 
 
 @pytest.mark.llama
@@ -933,6 +1410,45 @@ def model_slip(hf, rows, pads, start, size, logits) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def joined_along_positions(what: str):
+    """Name a concatenation of cached and new keys or values along another axis than the
+    positions'."""
+    try:
+        with torch.no_grad():
+            yield
+    except RuntimeError as err:
+        import re
+
+        axis = re.search(r"Sizes of tensors must match except in dimension (-?\d+)", str(err))
+        if not axis:
+            raise
+        names = {0: "batch", 1: "heads", 3: "d_head", -1: "d_head"}
+        n = int(axis.group(1))
+        pytest.fail(
+            f"{what}: joining the cached keys or values with the new ones fails "
+            f"({str(err).split('.')[0]}). They are [batch, n_kv_heads, positions, "
+            f"d_head], and yours are joined along axis {n} ({names.get(n, '?')}): the new "
+            "positions go after the cached ones, along the positions axis."
+        )
+
+
+def new_keys_only(hf, new, start, mask, logits) -> str | None:
+    """Whether the new positions' logits are those of queries that read the new keys only (the
+    cache built but not read), computed by HF on the new tokens alone at their positions."""
+    if not start or not mask.all():
+        return None
+    positions = torch.arange(start, start + new.shape[1]).expand(new.shape)
+    with torch.no_grad():
+        alone = hf(new, position_ids=positions).logits
+    if close_f32(logits, alone):
+        return (
+            "The new queries read the new keys only: the cache is built, but attend must read "
+            "the cached keys and values followed by the new ones."
+        )
+    return None
+
+
 def step_by_step(impl, model, hf, rows: list[list[int]], chunks: list[int]):
     """Feed each row's tokens in chunks, left-padded as one batch; compare each step's logits
     with HF's on each row alone, and the first layer's cached keys with HF's."""
@@ -943,11 +1459,18 @@ def step_by_step(impl, model, hf, rows: list[list[int]], chunks: list[int]):
     cache, start = None, 0
     for size in chunks:
         new, new_mask = tokens[:, start : start + size], mask[:, : start + size]
-        with torch.no_grad():
+        what = f"after {start} cached positions, {size} new" if start else f"a prefill of {size}"
+        with joined_along_positions(what):
             logits, cache = impl.llama_forward_with_cache(
                 model, new, cache, None if mask.all() else new_mask[:, start:]
             )
-        what = f"after {start} cached positions, {size} new" if start else f"a prefill of {size}"
+        n_layers = model.cfg.n_layers
+        assert len(cache.keys) == n_layers and len(cache.values) == n_layers, (
+            f"{what}: the new cache holds {len(cache.keys)} key tensors and "
+            f"{len(cache.values)} value tensors for {n_layers} layers: one per layer, each the "
+            "layer's cached keys followed by its new ones. Do your lists start empty, or with "
+            "the old cache's tensors in them?"
+        )
         assert logits.shape == (len(rows), size, model.cfg.d_vocab), (
             f"{what}: expected logits {(len(rows), size, model.cfg.d_vocab)}, got "
             f"{tuple(logits.shape)}"
@@ -963,6 +1486,7 @@ def step_by_step(impl, model, hf, rows: list[list[int]], chunks: list[int]):
                 said = (
                     diagnose_keys(cache, hf, so_far, mask_so_far)
                     or diagnose_values(cache, hf, so_far, mask_so_far)
+                    or new_keys_only(hf, new, start, mask, logits)
                     or model_slip(hf, rows, [width - len(r) for r in rows], start, size, logits)
                     or "The first layer's cached keys and values are right: check what the "
                     "attention reads and what comes after it."
@@ -1015,4 +1539,75 @@ def test_cached_keys_are_rotated_once(impl, llama, llama_course_model):
 def test_llama_cache_makes_tensors_on_the_tokens_device(impl):
     assert_made_on_the_inputs_device(
         impl.llama_forward_with_cache, "llama_forward_with_cache", "the tokens"
+    )
+
+
+@pytest.mark.llama_cache
+def test_lookahead_layout_matches_hf(impl):
+    """Chapter 6's lookahead decoding hands the cached pass its own positions [new] (one
+    layout for the batch) and allowed [new, all]: here two branches of 3 tokens after a prompt
+    of 5, both at positions 5, 6, 7, each reading the prompt and its own branch. Each branch
+    token's logits are HF's on the prompt followed by its branch. A random untied model (2
+    layers, 6 query heads, 2 key/value heads)."""
+    from utils.convert import llama_from_hf
+
+    hf = random_hf_llama(seed=14)
+    model = llama_from_hf(hf)
+    prompt, branches = [3, 17, 42, 8, 25], [[11, 30, 2], [49, 1, 30]]
+    n_new = sum(map(len, branches))
+    handed = []
+    for block in model.blocks:  # what the learner hands rotated_qkv (this model is the test's own)
+
+        def spy(x, positions, _rotated_qkv=block.attn.rotated_qkv):
+            handed.append(tuple(positions.shape) if isinstance(positions, torch.Tensor) else None)
+            return _rotated_qkv(x, positions)
+
+        block.attn.rotated_qkv = spy
+    said = (
+        "here the given lines pass on the caller's positions [new] (chapter 6's lookahead "
+        "layout: one layout for the whole batch) and your code hands them to rotated_qkv as "
+        "{got}; it wants [batch, new]. Make each row's positions from them, as the hints say."
+    )
+    feed = torch.tensor([sum(branches, [])])
+    positions = torch.tensor([5, 6, 7, 5, 6, 7])
+    allowed = torch.zeros(n_new, len(prompt) + n_new, dtype=torch.bool)
+    allowed[:, : len(prompt)] = True
+    for first in (0, 3):  # each branch reads itself up to each token
+        for i in range(3):
+            allowed[first + i, len(prompt) + first : len(prompt) + first + i + 1] = True
+    try:
+        with torch.no_grad():
+            _, cache = impl.llama_forward_with_cache(model, torch.tensor([prompt]))
+            handed.clear()
+            logits, _ = impl.llama_forward_with_cache(
+                model, feed, cache, positions=positions.clone(), allowed=allowed.clone()
+            )
+    except NotImplementedError:
+        raise
+    except Exception:
+        if handed and handed[-1] != (1, n_new):
+            pytest.fail(said.format(got=list(handed[-1] or ())))
+        raise
+    if handed and handed[-1] != (1, n_new):
+        pytest.fail(said.format(got=list(handed[-1] or ())))
+    assert logits.shape == (1, n_new, hf.config.vocab_size), (
+        f"two branches of 3 new tokens: expected logits {(1, n_new, hf.config.vocab_size)}, got "
+        f"{tuple(logits.shape)}"
+    )
+    texts = [prompt + branch[: i + 1] for branch in branches for i in range(len(branch))]
+    expected = torch.stack([hf_llama_logits(hf, [text])[0][-1] for text in texts])
+    if close_f32(logits[0], expected):
+        return
+    for mistake, message in MODEL_MESSAGES.items():
+        wrong = torch.stack(
+            [hf_llama_mistake_logits(hf, torch.tensor([t]), mistake)[0, -1] for t in texts]
+        )
+        if close_f32(logits[0], wrong):
+            pytest.fail(f"two lookahead branches after a cached prompt: {message}")
+    assert_close_f32(
+        logits[0],
+        expected,
+        "two lookahead branches after a cached prompt (positions [new] and allowed [new, all] "
+        "given): the logits differ from HF's LlamaForCausalLM on the prompt followed by each "
+        "branch. Use the positions and allowed the given lines hand you, as they are.",
     )

@@ -1,8 +1,9 @@
 """Chapter 7's learner-style mutants (see tests/machinery/mutants/__init__.py).
 
 Not here because no test can see them (RoPE's scores depend on offsets only): positions counted
-from 1 in LlamaTransformer.forward or in the cache, or over the padding of a left-padded batch,
-shift every query and key of a row alike and give the same logits. The chapter says so."""
+from 1 in LlamaTransformer.forward, which shift every query and key of a row alike and give the
+same logits. The chapter says so. In the cache the same shift does show: the cached keys are
+compared with HF's, rotated by positions counted from 0 (the mutant "positions from 1" below)."""
 
 from tests.machinery.mutants import Mutant
 
@@ -78,6 +79,41 @@ MUTANTS = [
         "the variance (mean subtracted) where the mean square belongs",
         says=("variance",),
     ),
+    Mutant(
+        "rmsnorm",
+        "mean(dim=-1, keepdim=True)",
+        "mean(dim=2, keepdim=True)",
+        "the mean square over axis 2, which 2-D input (chapter 8's runner) lacks",
+        says=("2-d input", "from the end"),
+    ),
+    Mutant(
+        "rmsnorm",
+        "return self.w * (x * inv_rms).to(residual.dtype)",
+        "return self.w * (x * inv_rms)",
+        "the normalised vector not cast back: 16-bit input comes out float32",
+        says=("returns torch.float32", "input's dtype"),
+    ),
+    Mutant(
+        "rmsnorm",
+        "return self.w * (x * inv_rms).to(residual.dtype)",
+        "return (self.w * x * inv_rms).to(residual.dtype)",
+        "the weight multiplied in float32, before the cast back",
+        says=("one rounding off", "first"),
+    ),
+    Mutant(
+        "rmsnorm",
+        "return self.w * (x * inv_rms).to(residual.dtype)",
+        "return (1 + self.w) * (x * inv_rms).to(residual.dtype)",
+        "Gemma's (1 + w) in place of Llama's w",
+        says=("(1 + w)",),
+    ),
+    Mutant(
+        "rmsnorm",
+        "x.pow(2).mean(dim=-1, keepdim=True)",
+        "x.pow(2).mean()",
+        "one mean square for the whole tensor",
+        says=("whole tensor",),
+    ),
     # rope
     Mutant(
         "rope",
@@ -145,17 +181,67 @@ MUTANTS = [
     ),
     Mutant(
         "rope",
-        "cos, sin = cos[:, None], sin[:, None]",
-        "cos, sin = cos, sin",
+        "cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)",
+        "cos, sin = cos.to(x.dtype), sin.to(x.dtype)",
         "cos and sin given no axis for the heads",
         says=("axis of size 1 for the heads",),
     ),
     Mutant(
         "rope",
-        "cos, sin = cos[:, None], sin[:, None]",
-        "cos, sin = cos[:, :, None], sin[:, :, None]",
+        "cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)",
+        "cos, sin = cos[:, :, None].to(x.dtype), sin[:, :, None].to(x.dtype)",
         "the heads axis added after the positions",
         says=("axis of size 1 for the heads", "at axis 1"),
+    ),
+    Mutant(
+        "rope",
+        "return angles.cos(), angles.sin()",
+        "return angles.cos(), -angles.sin()",
+        "the sines negated, the cosines right",
+        says=("your cos equals", "your sin does not"),
+    ),
+    Mutant(
+        "rope",
+        "angles = positions.float()[..., None] * inv_freq",
+        "angles = positions.half()[..., None] * inv_freq.half()",
+        "the angles computed in float16",
+        says=("float16",),
+    ),
+    Mutant(
+        "rope",
+        "exponents = torch.arange(0, d_head, 2, device=positions.device).float() / d_head",
+        "exponents = torch.arange(1, d_head, 2, device=positions.device).float() / d_head",
+        "the exponent (2i + 1)/d",
+        name="exponent-2i-plus-1",
+        says=("(2i + 1)",),
+    ),
+    Mutant(
+        "rope",
+        "exponents = torch.arange(0, d_head, 2, device=positions.device).float() / d_head",
+        "exponents = torch.arange(0, d_head + 1, 2, device=positions.device).float() / d_head",
+        "one frequency too many (d_head/2 + 1 pairs)",
+        says=("one frequency each",),
+    ),
+    Mutant(
+        "rope",
+        "angles = torch.cat([angles, angles], dim=-1)",
+        "angles = torch.cat([angles, angles], dim=-2)",
+        "the two copies of the angles joined along the positions axis",
+        says=("along the last axis",),
+    ),
+    Mutant(
+        "rope",
+        "return x * cos + rotate_half(x) * sin",
+        "return x.float() * cos.float() + rotate_half(x).float() * sin.float()",
+        "the rotation in float32 whatever x's dtype: bfloat16 queries come out float32",
+        says=("returns torch.float32", "input's dtype"),
+    ),
+    Mutant(
+        "rope",
+        "return x * cos + rotate_half(x) * sin",
+        "return rotate_half(x) * cos + x * sin",
+        "the cosines on rotate_half(x), the sines on x",
+        says=("x goes with the cosines",),
     ),
     # swiglu
     Mutant(
@@ -316,6 +402,30 @@ MUTANTS = [
         "theta written as 10000 instead of the model's rope_theta",
         says=("theta = 10000",),
     ),
+    Mutant(
+        "gqa",
+        "keys = expand_kv(keys, self.cfg.group_size)\n"
+        "        values = expand_kv(values, self.cfg.group_size)",
+        "keys = expand_kv(keys, self.cfg.n_kv_heads)\n"
+        "        values = expand_kv(values, self.cfg.n_kv_heads)",
+        "each key/value head copied n_kv_heads times, not group_size times",
+        says=("group_size", "copied n_kv_heads = 2 times"),
+    ),
+    Mutant(
+        "gqa",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, "
+        "scale=1 / self.cfg.d_head)",
+        "scores divided by d_head, not its root",
+        says=("divided by d_head",),
+    ),
+    Mutant(
+        "gqa",
+        "q, k, v = project(self.W_Q), project(self.W_K), project(self.W_V)",
+        "q, k, v = project(self.W_Q), project(self.W_V), project(self.W_K)",
+        "keys projected with W_V and values with W_K",
+        says=("keys are the projection through w_v",),
+    ),
     # llama
     Mutant(
         "llama",
@@ -374,6 +484,57 @@ MUTANTS = [
         "residual = self.embed(tokens) * self.cfg.d_model**0.5",
         "the embeddings scaled by sqrt(d_model)",
         says=("embeddings are scaled",),
+    ),
+    Mutant(
+        "llama",
+        "return self.unembed(self.ln_final(residual))",
+        "return self.ln_final(residual) @ self.embed.W_E.T",
+        "logits from W_E transposed: the untied self.unembed ignored",
+        says=("untied", "unembed"),
+    ),
+    Mutant(
+        "llama",
+        "return self.unembed(self.ln_final(residual))",
+        "return self.ln_final(residual) @ self.embed.W_E",
+        "logits from W_E as it is, untransposed",
+        says=("as it is", "self.unembed"),
+    ),
+    Mutant(
+        "llama",
+        "resid_mid = resid_pre + self.attn(self.ln1(resid_pre), positions)\n"
+        "        return resid_mid + self.mlp(self.ln2(resid_mid))",
+        "resid_mid = resid_pre + self.attn(self.ln2(resid_pre), positions)\n"
+        "        return resid_mid + self.mlp(self.ln1(resid_mid))",
+        "the two norms swapped",
+        says=("attention reads ln2",),
+    ),
+    Mutant(
+        "llama",
+        "positions = torch.arange(tokens.shape[1], device=tokens.device)",
+        "positions = torch.arange(tokens.shape[0], device=tokens.device)",
+        "the positions counted along the batch axis",
+        says=("number of positions",),
+    ),
+    Mutant(
+        "llama",
+        "residual = block(residual, positions)",
+        "residual = residual + block(residual, positions)",
+        "each block's output added to the residual stream again",
+        says=("already returns the whole residual stream",),
+    ),
+    Mutant(
+        "llama",
+        "for block in self.blocks:",
+        "for block in self.blocks[:-1]:",
+        "the last block skipped",
+        says=("never runs block 3",),
+    ),
+    Mutant(
+        "llama",
+        "residual = self.embed(tokens)",
+        "residual = self.embed(tokens).float()",
+        "the residual stream made float32 whatever the model's dtype",
+        says=("is handed torch.float32",),
     ),
     # llama_cache
     Mutant(
@@ -455,5 +616,61 @@ MUTANTS = [
         "positions = positions.expand(tokens.shape) + (cache.length > 0)",
         "the steps' positions one too far after the prefill",
         says=("1 too far",),
+    ),
+    Mutant(
+        "llama_cache",
+        "positions = positions.expand(tokens.shape)",
+        "positions = positions",
+        "the caller's positions [new] (chapter 6's lookahead) not expanded to [batch, new]",
+        says=("[new]", "[batch, new]"),
+    ),
+    Mutant(
+        "llama_cache",
+        "keys, values = [], []",
+        "keys, values = list(cache.keys), list(cache.values)",
+        "the lists started with the old cache's tensors",
+        says=("one per layer",),
+    ),
+    Mutant(
+        "llama_cache",
+        "k = torch.cat([past_k, k], dim=2)\n        v = torch.cat([past_v, v], dim=2)",
+        "k = torch.cat([past_k, k], dim=1)\n        v = torch.cat([past_v, v], dim=1)",
+        "the cached and new keys joined along the heads axis",
+        name="joined-along-heads",
+        says=("axis 1 (heads)", "positions axis"),
+    ),
+    Mutant(
+        "llama_cache",
+        "k = torch.cat([past_k, k], dim=2)\n        v = torch.cat([past_v, v], dim=2)",
+        "k = torch.cat([past_k, k], dim=-1)\n        v = torch.cat([past_v, v], dim=-1)",
+        "the cached and new keys joined along d_head",
+        name="joined-along-d-head",
+        says=("axis 3 (d_head)", "positions axis"),
+    ),
+    Mutant(
+        "llama_cache",
+        "positions = positions.expand(tokens.shape)",
+        "positions = positions.expand(tokens.shape) + 1",
+        "positions from 1: the cached keys are turned one position too far",
+        name="positions-from-1",
+        says=("rotated by the angles of position 1",),
+    ),
+    Mutant(
+        "llama_cache",
+        "logits = model.unembed(model.ln_final(residual))",
+        "logits = model.ln_final(residual) @ model.embed.W_E.T",
+        "logits from W_E transposed: an untied model's unembed ignored",
+        says=("model.unembed",),
+    ),
+    Mutant(
+        "llama_cache",
+        "k = torch.cat([past_k, k], dim=2)\n"
+        "        v = torch.cat([past_v, v], dim=2)\n"
+        "        residual = residual + block.attn.attend(q, k, v, allowed)",
+        "residual = residual + block.attn.attend(q, k, v, allowed)\n"
+        "        k = torch.cat([past_k, k], dim=2)\n"
+        "        v = torch.cat([past_v, v], dim=2)",
+        "attention before the cache is joined: the new queries read the new keys only",
+        says=("new keys only",),
     ),
 ]
