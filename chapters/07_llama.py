@@ -163,11 +163,16 @@ assert (n_llama, n_gpt2) == (2_619_072, 2_615_424), "sections 1 and 4 quote both
 # Common mistakes: subtracting the mean (that is LayerNorm without its bias: a residual vector
 # with a non-zero mean comes out different); $\varepsilon$ outside the square root, $x /
 # (\sqrt{\cdot} + \varepsilon)$; forgetting the weight; squaring in the input's dtype, which
-# overflows float16; a sum where the mean belongs.
+# overflows float16; a float32 result for 16-bit input (the cast back forgotten), or the weight
+# applied before the cast; an axis counted from the front (2-D input has no axis 2); a sum
+# where the mean belongs.
 #
 # The tests compare your module with HF's `LlamaRMSNorm` holding the same weight: on the
 # shipped model's weights with a residual whose mean is far from zero and an epsilon of
-# $10^{-2}$ (large enough that its place matters), and on float16 and bfloat16 inputs.
+# $10^{-2}$ (large enough that its place matters); on float16 and bfloat16 inputs with a weight
+# of the same dtype, as in a model loaded in 16 bits (the result must keep the input's dtype,
+# and the order of the cast and the product shows in the last bit); and on 2-D input
+# `[tokens, d_model]`, which is how chapter 8's model runner calls the final norm.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -178,10 +183,11 @@ assert (n_llama, n_gpt2) == (2_619_072, 2_615_424), "sections 1 and 4 quote both
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# `Tensor.float()` makes a float32 copy. `Tensor.pow`, `Tensor.mean(dim=-1, keepdim=True)` (the
-# kept axis lets the result broadcast against `[batch, posn, d_model]`) and `torch.rsqrt`
-# compute the scale. Multiply the float32 input by it, cast back with `.to(residual.dtype)`,
-# then multiply by `self.w`, as HF does.
+# Make a float32 copy of the input first (`Tensor.float`). Square it and average over the last
+# axis, counted from the end so that 2-D input works too, keeping that axis with size 1 so the
+# result lines up with every coordinate (`keepdim`). Add epsilon and take the reciprocal square
+# root (`torch.rsqrt`). Scale the float32 copy by it, cast the result back to the input's dtype
+# (`Tensor.to`), and only then multiply by the weight, in that order, as HF does.
 #
 # </details>
 #
@@ -241,8 +247,8 @@ with torch.no_grad():
 # is a sum of dot products of pairs. Turning both points of a pair changes their dot product
 # only by the *difference* of their angles: $R(\alpha)a \cdot R(\beta)b = a \cdot
 # R(\beta - \alpha)b$. So the rotated score is a function of $q$, $k$ and $n - m$ alone: the
-# offset, never the absolute positions. That is the relative position dependency the paper's
-# title promises, and you will check it below.
+# offset, never the absolute positions. That is the "explicit relative position dependency" the
+# paper's abstract claims for RoPE, and you will check it below.
 #
 # Only queries and keys turn. Values are what a query reads, not where; they are left alone.
 #
@@ -276,7 +282,10 @@ with torch.no_grad():
 #   half-split layout: column $i$ and column $i + d_\text{head}/2$ both hold pair $i$'s angle.
 # - `apply_rope(x, cos, sin)` turns `x` `[batch, heads, posn, d_head]` (queries or keys,
 #   heads first) by the angles of `cos` and `sin` `[batch, posn, d_head]`: every head of a
-#   position turns by the same angles.
+#   position turns by the same angles. The result has `x`'s dtype: `rope_cos_sin` computes in
+#   float32, and a model in bfloat16 turns its bfloat16 queries and keys with those angles cast
+#   to bfloat16, as HF's `LlamaRotaryEmbedding` does (its `forward` returns `cos` and `sin` in
+#   the input's dtype).
 #
 # Common mistakes: the exponent $i / d_\text{head}$ instead of $2i / d_\text{head}$ (every pair
 # after the first turns too fast); the angles repeated in the interleaved layout
@@ -284,11 +293,15 @@ with torch.no_grad():
 # written as 10,000 instead of read from the argument (our model uses 10,000, SmolLM2-135M
 # 100,000); the frequencies made on the CPU when the positions are on a GPU
 # (`torch.arange` without `device=`); turning the wrong way (the sign of the sine);
-# `cos` and `sin` lined up with the heads axis instead of the positions.
+# `cos` and `sin` lined up with the heads axis instead of the positions; the angles computed in
+# float16, which keeps about three significant digits, too few for the angles of far positions;
+# float32 cosines multiplying bfloat16 queries as they are, which makes the queries and keys
+# float32 while the values stay bfloat16, and the attention refuses to mix them.
 #
 # The tests compare your cosines and sines with HF's `LlamaRotaryEmbedding` for positions that
 # do not start at 0 and differ between the rows of a batch, at $\theta$ = 10,000 and 500,000,
-# and your rotation with HF's `apply_rotary_pos_emb`; a property test checks that a rotated
+# and your rotation with HF's `apply_rotary_pos_emb`, in float32 and on bfloat16 queries (the
+# result keeps their dtype); a property test checks that a rotated
 # query's score with a rotated key depends only on the offset between their positions; and
 # `rope_cos_sin` runs on PyTorch's `meta` device to catch a tensor made on the CPU.
 #
@@ -303,15 +316,15 @@ with torch.no_grad():
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - `torch.arange(0, d_head, 2, device=...)` gives $2i$ for every pair; divide by `d_head` as
-#   floats. The frequencies are one over $\theta$ to that power.
-# - `positions.float()[..., None]` times the frequencies `[d_head/2]` broadcasts to
-#   `[*batch, posn, d_head/2]`. `torch.cat` along the last axis: twice the same tensor, or
-#   each angle twice in a row (`repeat_interleave`)? Which one puts pair $i$'s angle in
-#   columns $i$ and $i + d_\text{head}/2$?
+# - `torch.arange` with a step of 2, made on the positions' device, gives $2i$ for every pair;
+#   divide by `d_head` as floats. The frequencies are one over $\theta$ to that power.
+# - The positions, as float32, with a new last axis of size 1, times the frequencies
+#   `[d_head/2]`, broadcast to `[*batch, posn, d_head/2]`. `torch.cat` along the last axis:
+#   twice the same tensor, or each angle twice in a row (`repeat_interleave`)? Which one puts
+#   pair $i$'s angle in columns $i$ and $i + d_\text{head}/2$?
 # - `apply_rope`: `cos` is `[batch, posn, d_head]` and `x` is `[batch, heads, posn, d_head]`.
-#   Where must `cos` gain an axis of size 1 to broadcast over the heads? Then the formula
-#   above, with `rotate_half(x)`.
+#   Where must `cos` gain an axis of size 1 to broadcast over the heads? Cast `cos` and `sin`
+#   to `x`'s dtype (`Tensor.to`), then the formula above, with `rotate_half(x)`.
 #
 # </details>
 #
@@ -376,9 +389,10 @@ assert abs(scores[(3, 0)] - scores[(3, 1)]) > 1e-3
 # a different score. Two consequences you will meet again:
 #
 # - Positions counted from 1 instead of 0, or from any other origin, give the *same* scores,
-#   hence the same logits. (So no test can tell a model whose positions start at 1 from one
-#   whose positions start at 0: only where two origins meet, as in a cache whose new token is
-#   placed by one rule and whose cached keys by another, does it show.)
+#   hence the same logits. (So no comparison of logits can tell a model whose positions start
+#   at 1 from one whose positions start at 0. It shows where two origins meet, as in a cache
+#   whose new token is placed by one rule and whose cached keys by another, and wherever the
+#   rotated keys themselves are compared: section 7's tests compare your cached keys with HF's.)
 # - A key rotated once, by its own position, never needs rotating again: later queries bring
 #   their own angles. That is why the cache of section 7 stores keys **after** rotation.
 #
@@ -434,8 +448,8 @@ assert abs(meta - converted) < 1e-4 and abs(meta - wrong_layout) > 1e-3
 # `rope_theta` at the top level: SmolLM2-135M's `config.json` has `"rope_theta": 100000`.
 # Transformers 5 writes `rope_parameters = {"rope_type": "default", "rope_theta": ...}`, which
 # is what the shipped model's config holds. `utils.convert.rope_theta_of` reads both, and
-# refuses the scaled variants (Llama 3's `"llama3"`, `"linear"`, `"yarn"`, ...) that change the
-# angles in ways this chapter's `rope_cos_sin` does not compute.
+# refuses the scaled variants (`"llama3"`, which came with Llama 3.1's configs, `"linear"`,
+# `"yarn"`, ...) that change the angles in ways this chapter's `rope_cos_sin` does not compute.
 
 # %%
 from utils.convert import rope_theta_of
@@ -446,7 +460,7 @@ print("an older config:", {"rope_theta": older.rope_theta}, "->", rope_theta_of(
 try:
     rope_theta_of(SimpleNamespace(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5}))
 except ValueError as err:
-    print("Llama 3's scaled RoPE:", err)
+    print("Llama 3.1's scaled RoPE:", err)
 
 # %% [markdown]
 # ## 4. SwiGLU (20 minutes)
@@ -465,11 +479,13 @@ except ValueError as err:
 # `down_proj`; the course keeps chapter 1's `[in, out]` layout, `x @ W`.
 #
 # **Its size.** Three matrices of $d_\text{model} \times d_\text{mlp}$ instead of two, so at the
-# same hidden width the MLP has 1.5 times the parameters. The Llama paper keeps the count of
-# the $4 d_\text{model}$ GELU MLP by taking $d_\text{mlp} = \frac23 \cdot 4 d_\text{model}$;
-# the shipped model takes 624, more than $\frac23 \cdot 768 = 512$, to spend there what it saves
-# elsewhere (no biases, no learned positions, fewer key/value weights: section 5). The cell
-# after the exercise counts both models' parameters, part by part.
+# same hidden width the MLP has 1.5 times the parameters. Shazeer's paper keeps the parameter
+# count (and the computation) of the two-matrix MLP by shrinking the hidden width by a factor of
+# $\frac23$; the Llama paper uses the same $d_\text{mlp} = \frac23 \cdot 4 d_\text{model}$
+# ("instead of $4d$ as in PaLM"). The shipped model takes 624, more than
+# $\frac23 \cdot 768 = 512$, to spend there what it saves elsewhere (no biases, no learned
+# positions, fewer key/value weights: section 5). The cell after the exercise counts both
+# models' parameters, part by part.
 #
 # ### Exercise: `SwiGLU`
 #
@@ -493,8 +509,10 @@ except ValueError as err:
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# `F.silu` is SiLU. `x @ self.W_gate` and `x @ self.W_up` are both `[batch, posn, d_mlp]`;
-# `*` multiplies them element by element; `@ self.W_down` brings it back to `d_model`.
+# Each weight is `[in, out]`, so a projection is the input times the matrix (`@`). Project
+# the input twice to `d_mlp` wide, once with the gate's weight and once with the up weight;
+# only the gate's projection goes through SiLU (`F.silu`). Multiply the two element by element,
+# then project the product back down to `d_model` with the down weight.
 #
 # </details>
 #
@@ -543,12 +561,12 @@ Console().print(table)
 #
 # ## 5. Grouped-query attention (45 minutes)
 #
-# In chapter 1 every head had its own queries, keys and values. Chapter 4's cache stores the
-# keys and values of every head of every layer for every position: for long texts, more memory
-# than the weights. **Multi-query attention** (Shazeer, 2019) keeps one key head and one value
-# head for all the query heads; **grouped-query attention** (Ainslie et al., 2023) is the
-# range in between: `n_kv_heads` key/value heads, each read by a group of
-# `n_heads // n_kv_heads` query heads. `n_kv_heads == n_heads` is chapter 1's multi-head
+# In chapter 1 every head had its own queries, keys and values. Chapter 4's cache stores the keys
+# and values of every head of every layer for every position of every text in the batch: with
+# enough long texts at once, more memory than the weights. **Multi-query attention** (Shazeer,
+# 2019) keeps one key head and one value head for all the query heads; **grouped-query attention**
+# (Ainslie et al., 2023) is the range in between: `n_kv_heads` key/value heads, each read by a
+# group of `n_heads // n_kv_heads` query heads. `n_kv_heads == n_heads` is chapter 1's multi-head
 # attention, `n_kv_heads == 1` multi-query attention. The GQA paper finds quality close to
 # multi-head attention at a speed close to multi-query attention.
 #
@@ -656,12 +674,17 @@ plot_kv_groups(
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# - `einops.einsum(x, self.W_Q, "b p d, h d e -> b h p e")` projects straight into the
-#   heads-first layout. Compute `cos, sin` once and turn `q` and `k`, not `v`.
-# - In `attend`: `expand_kv(keys, self.cfg.group_size)` and the same for the values, then
-#   `F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)`, whose default scale
-#   is the right one. `z` is `[batch, n_heads, new, d_head]`; which axes does the output
-#   projection sum over? `einops.einsum` names them.
+# - `rotated_qkv`: project the input with each of `W_Q`, `W_K` and `W_V`, straight into the
+#   heads-first layout `[batch, heads, posn, d_head]`; an `einops.einsum` that names the axes
+#   can put the heads in front (chapter 4 did the same). Compute the cosines and sines once,
+#   from the positions with the config's head size and $\theta$; turn the queries and the
+#   keys, not the values.
+# - `attend`: expand the keys and the values with your `expand_kv`, by the config's group size
+#   (the query heads per key/value head). Then chapter 4's call of
+#   `F.scaled_dot_product_attention`, with `allowed` as its attention mask; its default scale
+#   is the right one. Its output is `[batch, n_heads, new, d_head]`, and `W_O` is
+#   `[n_heads, d_head, d_model]`: the output projection sums over two axes, the heads and
+#   `d_head`. An einsum that names them does it in one call.
 #
 # </details>
 #
@@ -698,13 +721,19 @@ check("gqa")
 #   `[batch, posn]` on the tokens' device.
 #
 # Common mistakes: the MLP's norm reading the residual stream from before the attention was
-# added; no final norm; the positions made on the CPU (`torch.arange` without `device=`);
-# positions `[posn]` instead of `[batch, posn]`.
+# added; no final norm; the two norms swapped; the block's output added to the residual
+# stream again in the model (the block already returns the whole stream); logits made from
+# `W_E` by hand instead of `self.unembed`, which is wrong for an untied model; the positions
+# made on the CPU (`torch.arange` without `device=`); positions `[posn]` instead of
+# `[batch, posn]`.
 #
 # The tests compare your logits with HF's `LlamaForCausalLM` on the shipped weights (a batch of
-# two texts, and one position alone), and on a random untied model at $\theta$ = 500,000 with
-# RMSNorm weights far from 1; they also read your `forward`'s source for a tensor made without
-# a device.
+# two texts, and one position alone), on a random untied model at $\theta$ = 500,000 with
+# RMSNorm weights far from 1 (an unembedding of your own, made from `W_E`, shows there: use
+# `self.unembed`), and with the shipped weights in bfloat16 against `LlamaForCausalLM` in
+# bfloat16 (within twice the distance of HF's own bfloat16 logits from its float32 ones); they
+# also read your `forward`'s source for a tensor made without a device. Where the logits
+# differ, the message says which part's output first departs from HF's.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -715,9 +744,11 @@ check("gqa")
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# `torch.arange(n, device=tokens.device)` then `.expand(tokens.shape)` gives every row the same
-# positions without copying. The block: `resid_mid = resid_pre + attention(ln1(resid_pre),
-# positions)` in words; then the MLP on `ln2` of `resid_mid`, added to it.
+# Make the positions once, before the blocks: a range as long as the text, on the tokens'
+# device, then given a row for every text without copying (`Tensor.expand`). The block reads
+# the residual stream through `ln1` into the attention, with the positions, and adds what comes
+# out to the residual stream; the MLP then reads that sum through `ln2`, and its output is added
+# too. The model: the embeddings, each block in turn, the final norm, then `self.unembed`.
 #
 # </details>
 #
@@ -835,7 +866,8 @@ Console().print(table)
 # - the new positions' angles come from where they sit in their row: after the cached
 #   positions, and counting real tokens only in a left-padded batch, which is exactly chapter
 #   4's `positions_and_allowed` (the given lines compute `positions` `[batch, new]` and
-#   `allowed` with it);
+#   `allowed` with it). Chapter 6's lookahead decoding passes positions of its own instead,
+#   one layout for the whole batch: `positions` `[new]` and `allowed` `[new, past + new]`;
 # - caching the keys *before* rotation would force rotating every cached key again at every
 #   step; caching them rotated by the wrong angles (from 0 again after the prefill, say) gives
 #   wrong scores for every cached position.
@@ -852,20 +884,27 @@ Console().print(table)
 #
 # Common mistakes: angles from 0 again after the prefill (positions made afresh for the new
 # tokens in place of the given ones: the prefill is right, the first step after it is not);
-# caching keys before rotation; appending the new keys before the cached ones; a tensor made
-# on the CPU.
+# the given positions used as they come, which works for `[batch, new]` and fails for
+# lookahead's `[new]`; caching keys before rotation; appending the new keys before the cached
+# ones, or along another axis than the positions'; lists that start with the old cache's
+# tensors (the new cache must hold one tensor per layer); logits made from `W_E` by hand
+# instead of `model.unembed`; a tensor made on the CPU.
 #
-# One slip that chapter 4's model punished is harmless here: positions counted over a row's
-# padding, or from 1, shift every query and key of that row alike, and by section 3's property
-# the scores, hence the logits, do not change (padding is never read). No test can see it. The
-# given positions still count real tokens only, as HF's `generate` does, so that your cached
-# keys are the keys HF's cache would hold, which is what the tests compare.
+# One slip that chapter 4's model punished changes no logits here: positions counted over a
+# row's padding, or from 1, shift every query and key of that row alike, and by section 3's
+# property the scores, hence the logits, do not change (padding is never read). The logits
+# cannot see it; the cached keys can. The given positions count real tokens only, as HF's
+# `generate` does, so that your cached keys are the keys HF's cache would hold, and the tests
+# compare them: keys turned by positions from 1 are each one position too far.
 #
 # The tests compare your logits with HF's `LlamaForCausalLM` on the whole text: a prefill then
 # single steps, chunks of several tokens, and a left-padded batch whose rows must each give
 # what HF gives for that row alone; they compare the first layer's cached keys with HF's
-# rotated keys at every position (and, to name a failure, its values with HF's), and read your
-# code for a tensor made without a device.
+# rotated keys at every position (and, to name a failure, its values with HF's). One more
+# calls your function as chapter 6's lookahead does, on a random untied model: two branches of
+# three tokens after a cached prompt, with positions `[new]` and an `allowed` that lets each
+# branch read the prompt and itself, against HF on the prompt followed by each branch. And they
+# read your code for a tensor made without a device.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -876,10 +915,11 @@ Console().print(table)
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# `positions` comes `[batch, new]` or `[new]` from the given lines: `.expand(tokens.shape)`
-# makes it `[batch, new]` either way. `zip(model.blocks, cache.keys, cache.values)` walks the
-# layers. `torch.cat` along the positions axis (which of the four?) puts the new keys after the
-# cached ones. Collect each layer's full keys and values in the lists `keys` and `values`.
+# `positions` comes `[batch, new]` (chapter 4's callers) or `[new]` (chapter 6's lookahead) from
+# the given lines: `.expand(tokens.shape)` makes it `[batch, new]` either way.
+# `zip(model.blocks, cache.keys, cache.values)` walks the layers. `torch.cat` along the
+# positions axis (which of the four?) puts the new keys after the cached ones. Collect each
+# layer's full keys and values in the lists `keys` and `values`.
 #
 # </details>
 #

@@ -168,7 +168,7 @@ LLAMA_CONFIG_FIELDS = [
 def rope_theta_of(config) -> float:
     """The base of the rotary angles, wherever the config keeps it: `rope_parameters` (a dict,
     transformers 5) or `rope_theta` (older configs, SmolLM2's among them). Any RoPE scaling
-    (Llama 3's "llama3", "linear", "dynamic", "yarn", ...) changes the angles and is refused."""
+    (Llama 3.1's "llama3", "linear", "dynamic", "yarn", ...) changes the angles and is refused."""
     params = getattr(config, "rope_parameters", None) or {}
     scaling = getattr(config, "rope_scaling", None) or {}
     kind = params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))

@@ -1250,7 +1250,8 @@ def test_llama_matches_hf_in_bfloat16(impl, llama, llama_bf16):
     models are served) against HF's LlamaForCausalLM in bfloat16 on the same weights, two texts
     of 13 tokens. Two correct bfloat16 implementations differ by their rounding, as HF's
     bfloat16 logits differ from its float32 ones: the bound is twice that distance, measured
-    here (about 0.14 on logits of up to 17; the reference's own distance is about 0.13)."""
+    here (about 0.14 on logits of up to 17, with transformers 5.24 on a CPU; the reference's own
+    distance from HF's bfloat16 logits was about 0.13)."""
     hf, tokenizer = llama
     rows = [
         tokenizer.encode("MACBETH.\nIs this a dagger which I see"),
