@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.graded._explain import explain_difference
+
 CHAPTER = "02_training"
 
 
@@ -293,7 +295,8 @@ def test_train_step_matches_a_pytorch_step(impl):
     for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-6), (
             f"{name} differs from one step of PyTorch's own pieces (AdamW at the learning rate "
-            "of this step, the gradient norm clipped to grad_clip)"
+            "of this step, the gradient norm clipped to grad_clip). "
+            + explain_difference(p.detach(), q.detach(), atol=1e-6, rtol=1e-5)
         )
     assert math.isclose(opt.param_groups[0]["lr"], 0.05 / 2), (
         "call scheduler.step() once per train_step, after optimizer.step()"
@@ -314,7 +317,8 @@ def test_train_step_does_not_accumulate_gradients(impl):
         ref_opt.step()
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-6), (
-            "after three steps the weights differ from three independent steps: are you "
+            explain_difference(p.detach(), q.detach(), atol=1e-6, rtol=1e-5)
+            + " After three steps the weights differ from three independent steps: are you "
             "zeroing the gradients before each backward()?"
         )
 

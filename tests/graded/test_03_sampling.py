@@ -26,6 +26,7 @@ from transformers.generation.logits_process import (
 )
 
 from tests.graded._device import assert_made_on_the_inputs_device
+from tests.graded._explain import explain_difference
 from tests.graded._oracles import (
     BEAM_SCORE_ATOL,
     IN_PLACE,
@@ -176,7 +177,9 @@ def test_apply_temperature_divides_the_logits(impl, temperature):
         )
     assert torch.allclose(got, expected, atol=1e-6), (
         f"at temperature {temperature}: expected the logits divided by T, {expected[0, :4]} "
-        f"..., got {got[0, :4]} ... (row 0). Is each logit divided by the temperature, and "
+        f"..., got {got[0, :4]} ... (row 0). "
+        f"{explain_difference(got, expected, ('row', 'token'), atol=1e-6, rtol=0)} "
+        "Is each logit divided by the temperature, and "
         "nothing else done to it?"
     )
 

@@ -21,6 +21,7 @@ from transformers import (
 )
 
 from tests.graded._device import assert_made_on_the_inputs_device
+from tests.graded._explain import explain_difference
 from tests.graded._oracles import (
     BATCH_PROMPTS,
     BEAM_SCORE_ATOL,
@@ -544,7 +545,10 @@ def test_empty_cache_gives_the_uncached_logits(impl, shipped64, shipped):
     if (logits - expected).abs().max() > 1e-5:
         with torch.no_grad():
             diagnose_prefill(shipped64, tokens, logits)
-    assert (logits - expected).abs().max() <= 1e-5, "with no cache, compute exactly model(tokens)"
+    assert (logits - expected).abs().max() <= 1e-5, (
+        "with no cache, compute exactly model(tokens). "
+        + explain_difference(logits, expected, ("batch", "posn", "d_vocab"), atol=1e-5, rtol=0)
+    )
     assert cache.length == tokens.shape[1], "the returned cache must hold every position fed"
     assert torch.equal(cache.tokens, tokens), "the cache records the token ids it has seen"
 
@@ -585,7 +589,12 @@ def test_cached_logits_equal_uncached_logits(impl, shipped64, shipped, chunks):
             "cache.length, cache.length + 1, ... (not 0, 1, ...)? Does the mask let each new "
             "query see every cached key?"
         )
-        pytest.fail(f"logits differ from the uncached model from position {first_bad} on. {hint}")
+        how = explain_difference(
+            torch.cat(got, dim=1), expected, ("batch", "posn", "d_vocab"), atol=1e-5, rtol=0
+        )
+        pytest.fail(
+            f"logits differ from the uncached model from position {first_bad} on. {how} {hint}"
+        )
     assert cache.length == tokens.shape[1]
 
 

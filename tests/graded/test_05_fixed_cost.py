@@ -19,8 +19,11 @@ from torch._dynamo.utils import counters
 
 from solutions.config import Config
 from tests.graded._device import assert_made_on_the_inputs_device
+from tests.graded._explain import explain_difference
 from tests.graded._oracles import (
     BATCH_PROMPTS,
+    F32_ATOL,
+    F32_RTOL,
     PROMPT,
     assert_close_f32,
     close_f32,
@@ -833,7 +836,17 @@ def test_a_left_padded_batch_gives_each_rows_own_logits(impl, shipped, hf):
                 "from the prompt's alone: record `real` in cache.mask (padding is not a token to "
                 "read), embed at `positions`, and let each query read real slots up to its own"
             )
-        pytest.fail(f"row {b} (no padding) differs from HF's logits for the prompt alone")
+        pytest.fail(
+            f"row {b} (no padding) differs from HF's logits for the prompt alone (step 0: the "
+            "prefill's last position, step 1: the next token's). "
+            + explain_difference(
+                torch.stack([logits[b, -1], step[b, -1]]),
+                torch.stack([expected[b][len(row) - 1], expected[b][len(row)]]),
+                ("step", "d_vocab"),
+                F32_ATOL,
+                F32_RTOL,
+            )
+        )
 
 
 @pytest.mark.forward_static

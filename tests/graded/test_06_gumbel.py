@@ -18,6 +18,7 @@ import math
 import pytest
 import torch
 
+from tests.graded._explain import explain_difference
 from tests.graded._gumbel import assert_follows_the_tempered_softmax, greedy_rows, gumbel_logits
 from tests.graded._oracles import IN_PLACE, assert_untouched, draw
 from tests.graded._stats import ALPHA
@@ -342,7 +343,8 @@ def assert_value(impl, name: str, p: torch.Tensor, q: torch.Tensor, expected, wh
                 )
     assert torch.allclose(got.double(), expected, atol=1e-6, rtol=0), (
         f"{name}(p, q) with p = {p.tolist()}, q = {q.tolist()}: expected "
-        f"{expected.tolist()}, got {got.tolist()}. {why}{MISTAKES[name]}"
+        f"{expected.tolist()}, got {got.tolist()}. "
+        f"{explain_difference(got.double(), expected, atol=1e-6, rtol=0)} {why}{MISTAKES[name]}"
     )
 
 

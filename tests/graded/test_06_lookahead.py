@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.graded._device import assert_made_on_the_inputs_device
+from tests.graded._explain import explain_difference
 from tests.graded._gumbel import TEMPERATURE_AFTER_NOISE
 from tests.graded._oracles import BATCH_PROMPTS, first_difference, hf_greedy
 from tests.graded._stats import assert_samples_follow, follows
@@ -170,8 +171,9 @@ def test_a_pass_gives_each_token_the_logits_of_its_text(impl, shipped, hf):
             expected = hf(torch.tensor([text])).logits[0, -1]
         assert torch.allclose(logits[0, q], expected, atol=1e-3), (
             f"{describe(q, levels, window, ngram)}: its logits are not HF's on the text its row of "
-            "the mask lets it read. Are `offsets` and `allowed` consistent (each key at its own "
-            "position)?"
+            "the mask lets it read. "
+            + explain_difference(logits[0, q], expected, ("d_vocab",), atol=1e-3, rtol=0)
+            + " Are `offsets` and `allowed` consistent (each key at its own position)?"
         )
 
 

@@ -18,6 +18,7 @@ from transformers import TopPLogitsWarper
 
 from tests.graded import _rejection as rejection
 from tests.graded._device import assert_made_on_the_inputs_device
+from tests.graded._explain import explain_difference
 from tests.graded._oracles import BATCH_PROMPTS, first_difference, hf_greedy, hf_kept
 from tests.graded._rejection import (
     OVERLAP,
@@ -85,7 +86,8 @@ def test_acceptance_rate_is_the_overlap(impl):
             "kept with probability min(1, p(x) / q(x)): weighted by q(x), that is sum min(p, q)."
         )
     assert torch.allclose(got.float(), expected, atol=1e-6), (
-        f"expected sum_x min(p(x), q(x)) = {expected.tolist()}, got {got.tolist()}. The draft "
+        f"expected sum_x min(p(x), q(x)) = {expected.tolist()}, got {got.tolist()}. "
+        f"{explain_difference(got.float(), expected, ('row',), atol=1e-6, rtol=0)} The draft "
         "x ~ q is kept with probability min(1, p(x) / q(x)); sum that over x, weighted by q(x)."
     )
     single = impl.acceptance_rate(ps[0], qs[0])

@@ -13,6 +13,7 @@ import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from tests.graded._device import assert_made_on_the_inputs_device
+from tests.graded._explain import explain_difference
 from tests.graded._oracles import N_SAMPLES
 from tests.graded._serving import (
     PROMPTS,
@@ -314,7 +315,9 @@ def test_attention_reads_each_requests_own_positions_up_to_its_own(impl, G, Q):
     assert ok, (
         f"{G} request(s), {Q} queries each, positions {query_pos.tolist()}: the output differs "
         "from attention over each request's own positions, up to each query's own, read "
-        "through its table." + attend_mistake(queries, keys, values, tables, query_pos, got)
+        "through its table. "
+        + explain_difference(got.double(), want, ("request", "query", "head", "d_head"))
+        + attend_mistake(queries, keys, values, tables, query_pos, got)
     )
 
 

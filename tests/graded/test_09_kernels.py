@@ -44,6 +44,7 @@ from solutions.kernels.runtime import DEVICE, INTERPRET  # noqa: E402
 from solutions.kernels.top_k_top_p import MAX_ROUNDS  # noqa: E402  (given: the notebook's too)
 from tests.graded import _rejection as rejection  # noqa: E402
 from tests.graded._compile import COMPILE_BUDGET_S, assert_compiles_for_a_gpu  # noqa: E402
+from tests.graded._explain import explain_difference  # noqa: E402
 from tests.graded._gumbel import (  # noqa: E402
     TEMPERATURE_AFTER_NOISE,
     TEMPERATURE_MULTIPLIED,
@@ -333,7 +334,9 @@ def test_softmax_keeps_the_dtype_and_computes_in_float32(impl, dtype):
     expected = torch.softmax(x.float(), dim=-1)
     assert torch.allclose(got.float().cpu(), expected, atol=2e-3, rtol=1e-2), (
         f"softmax of a {dtype} row: largest error "
-        f"{float((got.float().cpu() - expected).abs().max()):.3g}. Convert the loaded block to "
+        f"{float((got.float().cpu() - expected).abs().max()):.3g}. "
+        f"{explain_difference(got.float().cpu(), expected, ('row', 'column'), 2e-3, 1e-2)} "
+        "Convert the loaded block to "
         "float32 (`.to(tl.float32)`) before exp and sum; store in the output's dtype."
     )
 
