@@ -452,9 +452,16 @@ def _scale(g, e, atol, rtol) -> str:
     )
 
 
+def _is_constant(d: torch.Tensor, e: torch.Tensor, atol: float, rtol: float) -> bool:
+    """The differences `d` are one value, well clear of their own spread and of the bounds: an
+    offset as small as rounding's noise is no constant (a dtype's rounding is said elsewhere)."""
+    spread, mean = float(d.max() - d.min()), abs(float(d.mean()))
+    return spread <= atol + rtol * float(e.abs().max()) and mean > 4 * max(spread, atol)
+
+
 def _constant(g, e, atol, rtol) -> str:
     d = g - e
-    if float(d.max() - d.min()) <= atol + rtol * float(e.abs().max()):
+    if _is_constant(d, e, atol, rtol):
         return (
             f"Each value of yours is the expected plus the same {_num(float(d.mean()))} "
             "(a constant or a bias added or missing?)."
@@ -470,6 +477,8 @@ def _offset_along(g, e, names: _Axes, atol, rtol) -> str:
         if e.shape[k] < 2 or not other:
             continue
         mean = d.mean(dim=other, keepdim=True)
+        if float(mean.abs().max()) <= 4 * atol:  # as small as the bounds: rounding, no vector
+            return ""
         if _allclose(d, mean.expand_as(d), atol, rtol):
             return (
                 f"Yours minus the expected depends only on the index {names.along(k)}: the "
@@ -578,9 +587,8 @@ def _local_pattern(g, e, bad, finite, atol, rtol) -> str:
         fits = c != 0 and math.isfinite(c) and abs(c - 1) > rtol
         if fits and bool(_close(gb, c * eb, atol, rtol).all()):
             return f"There each value of yours is the expected times {_factor_words(c)}."
-    d = gb - eb
-    if float(d.max() - d.min()) <= atol + rtol * float(eb.abs().max()):
-        return f"There each value of yours is the expected plus {_num(float(d.mean()))}."
+    if _is_constant(gb - eb, eb, atol, rtol):
+        return f"There each value of yours is the expected plus {_num(float((gb - eb).mean()))}."
     return ""
 
 
