@@ -1091,8 +1091,9 @@ print(f"8,192 tokens: {smol_gqa * 8192 / 2**20:.0f} MiB against {smol_mha * 8192
 #   embeddings at every layer.
 # - Hugging Face transformers 5.24, `src/transformers/models/llama/modeling_llama.py`:
 #   `LlamaRMSNorm`, `LlamaRotaryEmbedding`, `rotate_half`, `apply_rotary_pos_emb`, `LlamaMLP`,
-#   `repeat_kv`, `LlamaAttention`; and `convert_llama_weights_to_hf.py` (the `permute` of `wq`
-#   and `wk`).
+#   `repeat_kv`, `LlamaAttention`; and, in the GitHub repository only (the pip package leaves
+#   conversion scripts out), `src/transformers/models/llama/convert_llama_weights_to_hf.py` (the
+#   `permute` of `wq` and `wk`).
 #
 # ## What's next
 #
