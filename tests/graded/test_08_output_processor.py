@@ -70,7 +70,16 @@ def run(impl, tokenizer, steps: list[list], stops: dict[str, tuple[str, ...]]) -
         processor.add_request(rid, stop)
     trace = []
     for outputs in steps:
-        processed = processor.process_outputs(outputs)
+        try:
+            processed = processor.process_outputs(outputs)
+        except ValueError as error:
+            if not any(s == () for s in stops.values()) or "empty" not in str(error):
+                raise
+            raise AssertionError(
+                f"process_outputs raised ValueError ({error}) for a request with no stop strings "
+                "(stop=()): the longest of no stop strings has no length. With no stop strings, "
+                "nothing is held back: the hold is 0 (a max over an empty list needs a default)."
+            ) from None
         deltas = {rid: (d.text, d.num_output_tokens, d.finish_reason, d.error)
                   for rid, d in processed.deltas.items()}  # fmt: skip
         known = processor.states if isinstance(processor.states, dict) else {}

@@ -57,7 +57,54 @@ def slots_mistake(table, positions, block_size, got) -> str:
         )
     if got == [(p // block_size) * block_size + p % block_size for p in positions]:
         return " The table was not used: entry p // block_size of the table is the block's id."
+    n = len(table)
+    if n != block_size and got == [table[p // n] * block_size + p % n for p in positions]:
+        return (
+            f" The table's length ({n} entries) was used where the block size ({block_size}) "
+            "belongs, for the entry and the offset: a block holds block_size positions, however "
+            "many blocks the table has."
+        )
+    if n != block_size and got == [table[p // block_size] * n + p % block_size
+                                   for p in positions]:  # fmt: skip
+        return (
+            f" Each block's first slot was its id times the table's length ({n}): the cache "
+            f"holds block_size ({block_size}) slots per block, so block b starts at b times "
+            "block_size, whatever the table's length."
+        )
+    if got == [table[p // block_size - 1] * block_size + p % block_size for p in positions]:
+        return (
+            " Every position got the block of the table entry before its own (position 0 got "
+            "the table's last entry: index -1 wraps around in Python). Position p's block is "
+            "entry p // block_size itself, counted from 0."
+        )
+    ordered = sorted(table)
+    if ordered != table and got == [slot_by_definition(ordered, p, block_size)
+                                     for p in positions]:  # fmt: skip
+        return (
+            f" Those are the slots through the table sorted ({ordered}): a table lists the "
+            "request's blocks in the order of its positions, wherever they lie in the pool, so "
+            "it is read as it is."
+        )
     return slots_by_position(table, positions, block_size, got)
+
+
+def overflow_mistake(impl, table, positions, block_size) -> str:
+    """Why slots_of ran past the table's end, from its slots for the positions that stay inside
+    the table under each hypothesis (the last position left out)."""
+    inner = range(positions.start, positions.stop - 1)
+    try:
+        got = impl.slots_of(table, inner, block_size)
+    except Exception:
+        got = None
+    if got == [slot_by_definition(table, p + 1, block_size) for p in inner]:
+        return (
+            " Each slot it gave is the slot of the NEXT position (p + 1): the positions were "
+            "counted from 1, or shifted by one. The positions are the range given, each as it is."
+        )
+    return (
+        " A position's block is the position divided by block_size, rounded DOWN (positions 0 "
+        "to block_size - 1 are all in block 0)."
+    )
 
 
 def slots_by_position(table, positions, block_size, got) -> str:
@@ -126,8 +173,7 @@ def test_each_position_goes_to_its_slot_through_the_table(impl, table, positions
             f"block table {table} ({len(table)} entries), block_size {block_size}, positions "
             f"{list(positions)}: slots_of raised IndexError ({error}): a position's block index "
             f"went past the table's end. The table covers positions 0 to "
-            f"{len(table) * block_size - 1}; a position's block is the position divided by "
-            "block_size, rounded DOWN (positions 0 to block_size - 1 are all in block 0)."
+            f"{len(table) * block_size - 1}." + overflow_mistake(impl, table, positions, block_size)
         )
     want = [slot_by_definition(table, p, block_size) for p in positions]
     assert isinstance(got, list) and all(type(s) is int for s in got), (
@@ -199,10 +245,10 @@ def attend_case(seed: int, G: int, Q: int, num_blocks=16, block_size=4, H=4, D=8
     return queries, keys, values, tables, query_pos
 
 
-def attention_over_table(queries, keys, values, tables, scores_of):
+def attention_over_table(queries, keys, values, tables, scores_of, weights=False):
     """`attend` under one hypothesis about its mask: every slot of each request's padded table
-    read, its scores [n_heads, Q, L] changed by `scores_of(scores, allowed)` (`allowed`: the
-    right mask, [Q, L]) before the softmax; in float64."""
+    read, its scores [n_heads, Q, L] changed by `scores_of(scores, g)` (g: the request) before
+    the softmax (`weights`: `scores_of` gives the weights itself); in float64."""
     G, Q, H, D = queries.shape
     block_size = keys.shape[1]
     B = max(map(len, tables))
@@ -213,7 +259,8 @@ def attention_over_table(queries, keys, values, tables, scores_of):
         k = keys[table].reshape(L, H, D).double()
         v = values[table].reshape(L, H, D).double()
         scores = torch.einsum("qhd,phd->hqp", queries[g].double(), k) / D**0.5
-        out[g] = torch.einsum("hqp,phd->qhd", scores_of(scores, g).softmax(-1), v)
+        w = scores_of(scores, g) if weights else scores_of(scores, g).softmax(-1)
+        out[g] = torch.einsum("hqp,phd->qhd", w, v)
     return out
 
 
@@ -222,6 +269,7 @@ def mask_mistake(queries, keys, values, tables, query_pos, got) -> str:
     L = max(map(len, tables)) * keys.shape[1]
     Q = queries.shape[1]
     allowed = torch.arange(L)[None, None, :] <= query_pos[:, :, None]  # [G, Q, L]
+    later = torch.arange(L)[None, None, :] >= query_pos[:, :, None]  # the comparison reversed
     causal = torch.ones(Q, L, dtype=torch.bool).tril()  # is_causal: query q reads keys 0..q
     hypotheses = [
         (lambda s, g: s, (
@@ -238,20 +286,49 @@ def mask_mistake(queries, keys, values, tables, query_pos, got) -> str:
         (lambda s, g: s.masked_fill(~allowed[g], 0.0), (
             " The masked scores were set to 0, and exp(0) is 1: the masked slots still get "
             "weight. A masked score must be minus infinity, so that its weight is 0.")),
+        (lambda s, g: s.masked_fill(~later[g], float("-inf")), (
+            " Each query read its own position and those AFTER it, not those before: the "
+            "mask's comparison is reversed (a key may be read when its position is at most the "
+            "query's).")),
+        (lambda s, g: (s * queries.shape[-1] ** 0.5).masked_fill(~allowed[g], float("-inf")), (
+            " That is attention whose scores were not divided by sqrt(d_head): the right keys, "
+            "a softmax too sharp. The scores are q . k / sqrt(d_head) (the attention function "
+            "divides by it itself).")),
+        (lambda s, g: s.softmax(-1).masked_fill(~allowed[g], 0.0), (
+            " The mask was applied after the softmax (the probabilities of unreadable keys set "
+            "to 0): the readable keys' weights then no longer sum to 1. Mask the scores, with "
+            "minus infinity, before the softmax (the attention function does, given the "
+            "mask).")),
     ]  # fmt: skip
-    for scores_of, message in hypotheses:
-        if torch.allclose(got.double(), attention_over_table(queries, keys, values, tables,
-                                                             scores_of), atol=1e-4):  # fmt: skip
+    for k, (scores_of, message) in enumerate(hypotheses):
+        weights = k == len(hypotheses) - 1  # the last gives the weights, after its softmax
+        if torch.allclose(got.double(), attention_over_table(
+                queries, keys, values, tables, scores_of, weights), atol=1e-4):  # fmt: skip
             return message
     return ""
 
 
 def attend_mistake(queries, keys, values, tables, query_pos, got) -> str:
     """Recognise a known mistake by recomputing under its hypothesis."""
+    G, Q, H, D = queries.shape
     if got.shape != queries.shape:
+        if Q != H and got.shape[1:3] == (H, H):
+            return (
+                f" The result has {H} entries on both its second and third axes, n_heads where "
+                f"the queries ({Q}) belong: the queries went into the attention function in "
+                "their own order, [G, Q, n_heads, d_head], so it took their heads axis for "
+                "their positions. Queries go heads first too, [G, n_heads, Q, d_head], like "
+                "the keys and values."
+            )
         return (
             f" The result should have the queries' shape {tuple(queries.shape)} "
             f"([G, Q, n_heads, d_head]), got {tuple(got.shape)}."
+        )
+    if got.isnan().all():
+        return (
+            " Every value is NaN: a softmax over scores that are all minus infinity gives NaN. "
+            "Is the softmax taken over the keys' axis (the last)? Over the queries' axis, a "
+            "decode's one query is alone in its softmax, masked or not."
         )
     strict = attention_by_hand(queries, keys, values, tables, query_pos - 1)
     if torch.allclose(got.double(), strict, atol=1e-4):
@@ -262,6 +339,14 @@ def attend_mistake(queries, keys, values, tables, query_pos, got) -> str:
     mistake = mask_mistake(queries, keys, values, tables, query_pos, got)
     if mistake:
         return mistake
+    first = query_pos[:, :1].expand_as(query_pos)
+    if Q > 1 and torch.allclose(got.double(), attention_by_hand(queries, keys, values, tables,
+                                                                first), atol=1e-4):  # fmt: skip
+        return (
+            " Every query read up to the FIRST query's position: a chunk's later queries missed "
+            "the positions after it. The mask compares each key's position with each query's "
+            "own (query_pos[g, q] for query q)."
+        )
     last = query_pos[:, -1:].expand_as(query_pos)
     if torch.allclose(got.double(), attention_by_hand(queries, keys, values, tables, last),
                       atol=1e-4):  # fmt: skip
@@ -270,7 +355,6 @@ def attend_mistake(queries, keys, values, tables, query_pos, got) -> str:
             "later tokens. The mask must compare each key's position with each query's own."
         )
     want = attention_by_hand(queries, keys, values, tables, query_pos)
-    G, Q, H, D = queries.shape
     if torch.allclose(got.double(), want.transpose(1, 2).reshape(G, Q, H, D), atol=1e-4):
         return (
             " The numbers are right and in the wrong places: the result, heads first, was "
@@ -289,7 +373,47 @@ def attend_mistake(queries, keys, values, tables, query_pos, got) -> str:
     if torch.allclose(got.double(), attention_by_hand(queries, keys, values, sorted_tables,
                                                       query_pos), atol=1e-4):  # fmt: skip
         return " The blocks were read in sorted order: read them in the table's order."
+    padded = torch.tensor([t + [0] * (B - len(t)) for t in tables])
+    if G > 1 and torch.allclose(got.double(), attention_by_hand(
+            queries, keys, values, [padded[0].tolist()] * G, query_pos), atol=1e-4):  # fmt: skip
+        return (
+            " Every request read its keys through the FIRST request's table: request g reads "
+            "through row g of block_tables (the gather is for all G requests at once)."
+        )
+    columns = padded.t().reshape(G, B).tolist()
+    if G > 1 and torch.allclose(got.double(), attention_by_hand(
+            queries, keys, values, columns, query_pos), atol=1e-4):  # fmt: skip
+        return (
+            " The block tables were read column by column (block_tables transposed before it "
+            "was flattened): request g's blocks are row g of block_tables, in order."
+        )
     return ""
+
+
+def attend_error(error: str) -> str:
+    """What PyTorch's refusal inside `attend` points to."""
+    if "attn_mask dtype" in error:
+        return (
+            " The mask must be boolean (True: may read): a mask of integers is refused, and a "
+            "float one would be added to the scores, not obeyed. A comparison gives booleans "
+            "already."
+        )
+    if "is invalid for input of size" in error:
+        return (
+            " A view or reshape asked for a shape the gathered blocks do not have: they are G "
+            "requests times B blocks times block_size positions (the cache's axis 1; its axis "
+            "0 is num_blocks), times n_heads and d_head."
+        )
+    if "broadcast" in error:
+        return (
+            " The mask does not fit the scores, [G, n_heads, Q, L]: it is one row per query, "
+            "over the L key positions, [G, Q, L] (queries before keys), with a heads axis of 1: "
+            "[G, 1, Q, L]."
+        )
+    return (
+        " The attention function wants queries, keys and values heads first, [G, n_heads, "
+        "positions, d_head], and a mask it can broadcast over the heads: [G, 1, Q, L]."
+    )
 
 
 @pytest.mark.attend
@@ -301,12 +425,9 @@ def test_attention_reads_each_requests_own_positions_up_to_its_own(impl, G, Q):
     keys_before, values_before = keys.clone(), values.clone()
     try:
         got = impl.attend(queries, keys, values, block_tables, query_pos)
-    except RuntimeError as error:  # a shape PyTorch refused
-        raise AssertionError(
-            f"attend raised {error}. The attention function wants queries, keys and values "
-            "heads first, [G, n_heads, positions, d_head], and a mask it can broadcast over the "
-            "heads: [G, 1, Q, L]."
-        ) from None
+    except RuntimeError as error:  # a shape or dtype PyTorch refused
+        error = str(error).rstrip(".")
+        raise AssertionError(f"attend raised {error}." + attend_error(error)) from None
     want = attention_by_hand(queries, keys_before, values_before, tables, query_pos)
     assert torch.equal(keys, keys_before) and torch.equal(values, values_before), (
         "attend must only read the cache, not change it"
@@ -409,15 +530,46 @@ def pool_state(pool) -> tuple[list[int], list[int]]:
     return [b.ref_cnt for b in pool.blocks], list(pool.free_queue)
 
 
+def pool_op(pool, method: str, arg):
+    """Call one of the pool's methods; a KeyError it raises becomes what it points to."""
+    try:
+        return getattr(pool, method)(arg)
+    except KeyError as error:
+        key = error.args[0] if error.args else None
+        if method == "get_new_blocks" and key is None:
+            raise AssertionError(
+                "get_new_blocks raised KeyError: None, looking up a name in pool.cached: a block "
+                "that was never named (block_hash None) was evicted by its name. Only a block "
+                "with a name loses it; a fresh block has none."
+            ) from None
+        if method == "touch" and isinstance(key, int):
+            raise AssertionError(
+                f"touch raised KeyError: {key}, taking block {key} out of the free queue, where "
+                "it is not: the block is held already (ref_cnt > 0). Only a block nobody holds "
+                "(ref_cnt 0) is in the queue and leaves it; a held one just gains a holder."
+            ) from None
+        raise
+
+
 @pytest.mark.block_pool
 def test_new_blocks_come_from_the_least_recently_freed(impl):
     pool = impl.BlockPool(6)
-    handed = pool.get_new_blocks(3)
+    handed = pool_op(pool, "get_new_blocks", 3)
     first = [b.block_id for b in handed]
+    assert len(set(first)) == len(first), (
+        f"a fresh pool handed out {first}: the same block more than once. Was the front of the "
+        "free queue read without being taken out of it? Each block handed out leaves the queue "
+        "(popitem removes the entry it returns)."
+    )
     assert first == [0, 1, 2], (
         f"a fresh pool hands out blocks 0, 1, 2 first (the front of the free queue), got "
         f"{first}. Which end of the OrderedDict does your pop take from? Called plainly, "
         "`popitem` takes the newest entry; it has an argument that makes it take the oldest."
+    )
+    counts = [b.ref_cnt for b in handed]
+    assert counts == [1, 1, 1], (
+        f"a block handed out by get_new_blocks is held once, by the request that asked: ref_cnt "
+        f"1 each, got {counts}. Does get_new_blocks set each block's count?"
     )
     assert all(b is pool.blocks[b.block_id] for b in handed), (
         "get_new_blocks returned block objects that are not the pool's own (`self.blocks`): "
@@ -430,10 +582,20 @@ def test_new_blocks_come_from_the_least_recently_freed(impl):
         "rather than from `self.free_queue` itself?"
     )
     pool.free_blocks([pool.blocks[2], pool.blocks[0]])
-    assert list(pool.free_queue) == [3, 4, 5, 2, 0], (
-        f"freed blocks join the END of the free queue, in the order freed: expected "
-        f"[3, 4, 5, 2, 0], got {list(pool.free_queue)}"
-    )
+    queue = list(pool.free_queue)
+    assert queue == [3, 4, 5, 2, 0], (
+        f"blocks 2 then 0, each held once, were freed: they join the END of the free queue, in "
+        f"the order freed: expected [3, 4, 5, 2, 0], got {queue}."
+        + (" Their counts reached 0, yet they are not in the queue at all: were they added to a "
+           "copy of the queue (a local one) rather than to self.free_queue?"
+           if queue == [3, 4, 5] and pool.blocks[0].ref_cnt == 0 else "")
+        + (" They were freed in the reverse of the order given: free_blocks goes through its "
+           "blocks in the order given (the caller decides which is evicted first)."
+           if queue == [3, 4, 5, 0, 2] else "")
+        + (" They went to the FRONT of the queue, to be evicted first: a block freed just now "
+           "is the one most likely to be asked for again, so it joins the end."
+           if queue[:2] in ([2, 0], [0, 2]) else "")
+    )  # fmt: skip
     got = [b.block_id for b in pool.get_new_blocks(4)]
     assert got == [3, 4, 5, 2], (
         f"get_new_blocks takes from the FRONT of the queue (least recently freed): expected "
@@ -447,7 +609,7 @@ def test_new_blocks_come_from_the_least_recently_freed(impl):
 def test_a_shared_block_is_free_only_when_its_last_holder_frees_it(impl):
     pool = impl.BlockPool(4)
     (block,) = pool.get_new_blocks(1)
-    pool.touch([block])
+    pool_op(pool, "touch", [block])
     assert block.ref_cnt == 2, f"touch adds a holder: ref_cnt should be 2, got {block.ref_cnt}"
     pool.free_blocks([block])
     assert block.ref_cnt == 1, (
@@ -567,11 +729,24 @@ def test_prefix_hits_are_the_longest_run_of_named_leading_blocks(impl):
         ),  # fmt: skip
         ("is exactly the 3 named blocks", list(range(100, 112)), 8),
         ("differs in its first token", [0] + list(range(101, 114)), 0),
+        ("is the 3 named blocks and one token more", list(range(100, 112)) + [5], 12),
     ]
     for what, ids, want in cases:
         blocks, n = manager.get_computed_blocks(request(impl, what, ids))
+        odd = [b for b in blocks if not hasattr(b, "ref_cnt")]
+        assert not odd, (
+            f"a prompt that {what}: get_computed_blocks returned {type(odd[0]).__name__} "
+            "objects among its hits: it returns the pool's blocks (what pool.get_cached_block "
+            "gives for a name), not their names."
+        )
         hint = ""
-        if what.startswith("is exactly") and n == 12:
+        if what.startswith("is the 3") and n == 8:
+            hint = (
+                " Its third block ends before its last token, so it may be a hit: only the last "
+                "TOKEN must be left to compute (look at the blocks among the first num_tokens - "
+                "1 tokens), not the last full block."
+            )
+        elif what.startswith("is exactly") and n == 12:
             hint = (
                 " All of its tokens were reported cached: the last token must be computed, to "
                 "give the logits the next token is sampled from (look only at the first "
@@ -620,9 +795,12 @@ def test_the_hits_stop_at_the_first_miss_even_when_a_later_block_is_named(impl):
     assert manager.allocate_slots(b, 4) is not None  # b's 3rd block is named (its parent: 2nd)
     assert len(b.block_ids) == 3, (
         f"a request with 8 tokens computed (2 blocks of 4) and 4 new ones: 12 tokens need 3 "
-        f"blocks, and its table has {len(b.block_ids)}. The tokens it has computed already "
-        "(num_computed_tokens) count among those its table must cover, with the new ones."
-    )
+        f"blocks, and its table has {len(b.block_ids)}."
+        + (" That is a block too many: 12 tokens fill exactly 3 blocks of 4, and a block is "
+           "added only for tokens past the last full one (12 / 4 rounded up is 3)."
+           if len(b.block_ids) == 4 else " The tokens it has computed already "
+           "(num_computed_tokens) count among those its table must cover, with the new ones.")
+    )  # fmt: skip
     b.num_computed_tokens = 12
     manager.free(a)  # a's 2nd block becomes free, named
     other = request(impl, "other", [99] * 12)
@@ -759,6 +937,38 @@ def test_a_free_cached_hit_is_not_free_for_the_requests_new_blocks(impl):
     )
 
 
+@pytest.mark.kv_cache_manager
+def test_a_request_computed_again_finds_its_own_outputs_blocks(impl):
+    """A preempted request comes back with its prompt and its output so far: a block of its
+    output is named like any other, and found again."""
+    manager = impl.KVCacheManager(num_blocks=16, block_size=4)
+    computed_in_full(impl, manager, request(impl, "a", range(100, 114)))  # 3 named blocks
+    back = request(impl, "back", range(100, 106))  # a 6-token prompt...
+    back.output_token_ids = list(range(106, 113))  # ...and 7 tokens of output: 100 to 112
+    blocks, n = manager.get_computed_blocks(back)
+    assert n == 12 and len(blocks) == 3, (
+        f"a request of 6 prompt tokens and 7 output tokens (a preempted one, computed again): "
+        f"its first 12 tokens are 3 named blocks, so it has 12 cached tokens, got {n}."
+        + (" Those are the hits of its prompt alone: the hits are looked for among all its "
+           "tokens (all_token_ids; num_tokens counts them), output too." if n == 4 else "")
+    )  # fmt: skip
+
+
+@pytest.mark.kv_cache_manager
+def test_hits_that_another_request_holds_cost_no_free_block(impl):
+    manager, _, second, hits = with_two_cached_blocks(impl, 4, own=8, first_freed=False)
+    free = manager.pool.num_free_blocks
+    got = manager.allocate_slots(second, 8, hits)
+    assert got is not None and len(second.block_ids) == 4, (
+        f"2 hits still held by the request that computed them (ref_cnt 1, so not in the free "
+        f"queue) and 8 new tokens: 16 tokens need 4 blocks, the 2 hits and 2 new ones, and "
+        f"{free} blocks are free: enough. Got "
+        f"{'None' if got is None else f'a table of {len(second.block_ids)} blocks'}. Only a "
+        "hit nobody holds (ref_cnt 0) sits among the free blocks and is not free for new ones; "
+        "a held hit takes nothing from them."
+    )
+
+
 # --------------------------------------------------------------------------- schedule
 
 
@@ -794,6 +1004,14 @@ def over_budget(out, budget: int, running: list[str]) -> str:
     total = sum(n for _, n in out.scheduled)
     if total <= budget:
         return ""
+    whole = [(r.request_id, n) for r, n in out.scheduled if r.request_id in running and n > budget]
+    if whole:
+        rid, n = whole[0]
+        return (
+            f" The plan takes {total} tokens, over the budget of {budget}: running request {rid} "
+            f"got {n} tokens, more than the whole budget. A running request's chunk is capped "
+            "too: it gets the fewer of the tokens it lacks and the budget left."
+        )
     from_running = sum(n for r, n in out.scheduled if r.request_id in running)
     if total - from_running <= budget:
         return (
@@ -855,6 +1073,11 @@ def test_running_requests_first_then_the_queue_within_the_budget(impl):
     out = scheduler.schedule()
     ids = [r.request_id for r, _ in out.scheduled]
     twice = sorted({r for r in ids if ids.count(r) > 1})
+    assert twice != ["a"], (
+        f"a was running, b and c waiting; the plan {plan(out)} schedules the running request a "
+        "more than once: once a running request is scheduled, the loop moves on to the next "
+        "one (does the index into self.running go up?)."
+    )
     assert not twice, (
         f"the queue held b then c; the plan {plan(out)} schedules {twice} more than once. "
         "An admitted request is the head of the queue, and the one to take off: was the "
@@ -862,12 +1085,23 @@ def test_running_requests_first_then_the_queue_within_the_budget(impl):
         "again)?"
     )
     want = [("a", 1), ("b", 8), ("c", 1)]
+    whole_again = ("a", a.num_tokens) in plan(out) and a.num_cached_tokens == 0
     assert plan(out) == want, (
         f"a decodes (1 token), then b's 8-token prompt, then c gets what is left of the budget "
         f"of 10 (1 token, a chunk of its prompt): expected {want}, got {plan(out)}."
+        + (f" a was scheduled for all its {a.num_tokens} tokens, though {a.num_computed_tokens} "
+           "are computed: what a running request lacks is its known tokens less those computed "
+           "(num_computed_tokens), not less its cache hits (num_cached_tokens, 0 here)."
+           if whole_again else "")
         + (over_budget(out, 10, ["a"]) or " Running requests go first; each gets min(tokens it "
            "lacks, budget left).")
     )  # fmt: skip
+    order = [r.request_id for r in scheduler.running]
+    assert order == ["a", "b", "c"], (
+        f"a ran first, then b and c were admitted, in that order: self.running lists the running "
+        f"requests oldest first, ['a', 'b', 'c'], got {order}. An admitted request joins the "
+        "END of self.running (the newest, the first to be preempted)."
+    )
     step_done(out.scheduled)
     out = scheduler.schedule()
     want = [("a", 1), ("b", 1), ("c", 8)]
@@ -893,6 +1127,20 @@ def test_seats_limit_admission_and_the_queue_is_first_come_first_served(impl):
         f"max_num_seqs=2: two requests run, the third waits; got {plan(out)}"
     )
     kv2 = impl.KVCacheManager(num_blocks=4, block_size=4)
+    allocate, asked = kv2.allocate_slots, []
+
+    def allocate_counted(req, *args, **kwargs):
+        asked.append(req.request_id)
+        if len(asked) > 20:
+            raise AssertionError(
+                f"in one step, allocate_slots was asked {len(asked)} times, for {asked[-1]!r} "
+                f"again and again ({sorted(set(asked))} in all): when the head of the queue gets "
+                "no blocks (None), admission stops for this step (break), it does not go round "
+                "again (continue) with the same head."
+            )
+        return allocate(req, *args, **kwargs)
+
+    kv2.allocate_slots = allocate_counted
     fcfs = impl.Scheduler(kv2, max_num_batched_tokens=100, max_num_seqs=8)
     fcfs.add_request(request(impl, "small", range(100, 108)))  # 2 blocks
     fcfs.add_request(request(impl, "big", range(200, 212)))  # 3 blocks: does not fit now
@@ -918,10 +1166,21 @@ def test_when_blocks_run_out_the_newest_request_is_preempted(impl):
     step_done(out.scheduled)  # each has a 5th token to compute: it needs a third block
     out = scheduler.schedule()
     preempted_properly(out, "a needs a block and none is free")
+    assert out.preempted or b not in scheduler.waiting, (
+        "a needed a block and none was free: b, the newest, was preempted (it is back in the "
+        "queue), but the plan's `preempted` list is empty. Each request preempted is named in "
+        "out.preempted: the engine counts preemptions from it, and no one is admitted after one."
+    )
+    again = [r.request_id for r, _ in out.scheduled if any(r is v for v in out.preempted)]
     assert [r.request_id for r in out.preempted] == ["b"], (
         f"a needs a block and none is free: the NEWEST running request (b) is preempted; got "
-        f"{[r.request_id for r in out.preempted]}"
-    )
+        f"{[r.request_id for r in out.preempted]}."
+        + (f" And {again} were both preempted and scheduled in this step: a request preempted "
+           "gets nothing more in that step, yet here a victim went on to ask for blocks and "
+           "preempted an older request for them. Does the loop go over a list of the running "
+           "requests copied before the step, where the victim still is, rather than over "
+           "self.running itself?" if again else "")
+    )  # fmt: skip
     assert plan(out) == [("a", 1)], f"then a is scheduled; got {plan(out)}"
     assert b not in scheduler.running and scheduler.waiting and scheduler.waiting[0] is b, (
         "the preempted request leaves `running` and waits at the FRONT of the queue "
@@ -948,8 +1207,11 @@ def test_nobody_is_admitted_in_a_step_that_preempted(impl):
                              if id(r) in victims and r in scheduler.waiting]  # fmt: skip
             assert not still_waiting, (
                 f"step {step}: {still_waiting} preempted, and then scheduled while waiting in the "
-                "queue. When the newest request is the one that needs the block, it is "
-                "preempted itself: stop trying to allocate for it (break)"
+                "queue: nothing more is scheduled in a step for a request once it is preempted. "
+                "When the newest request is the one that needs the block, it is preempted "
+                "itself: stop trying to allocate for it (break). And the loop goes over "
+                "self.running itself, which each preemption shortens, not over a list of the "
+                "running requests copied before the step (a victim would still be in it)."
             )
             admitted = [r.request_id for r, _ in out.scheduled
                         if id(r) not in before or id(r) in victims]  # fmt: skip
@@ -1128,16 +1390,24 @@ def test_a_greedy_request_with_a_penalty_counts_its_own_text(impl):
         req = sampled_request(impl, prompt, temperature=0.0, frequency_penalty=0.5)
         req.output_token_ids = list(output)
         reqs.append(req)
-    got = impl.sample_requests(reqs, logits)
+    with spying(impl.sample_requests, "sample_next_token") as calls:
+        got = impl.sample_requests(reqs, logits)
+    penalties = [kwargs.get("frequency_penalty", 0.0) for kwargs in calls]
 
     def each(text_of) -> list[int]:
         return [penalised_argmax(logits[i], text_of(i), 0.5) for i in range(3)]
 
     want = each(lambda i: texts[i][0] + texts[i][1])  # [4, 4, 3]
+    if len(calls) == 3 and not any(penalties):
+        plain = (" Those are the plain argmax of each row: sample_next_token was called for each "
+                 "request, but without its frequency_penalty. Pass it all of the request's "
+                 "settings (request.params.sampling_kwargs() has them).")  # fmt: skip
+    else:
+        plain = (" Those are the plain argmax of each row: a greedy request with a frequency "
+                 "penalty is not a plain argmax (its penalty changes its logits first), so it "
+                 "goes through sample_next_token with its text.")  # fmt: skip
     mistakes = [
-        ([int(row.argmax()) for row in logits], " Those are the plain argmax of each row: a "
-         "greedy request with a frequency penalty is not a plain argmax (its penalty changes "
-         "its logits first), so it goes through sample_next_token with its text."),
+        ([int(row.argmax()) for row in logits], plain),
         (each(lambda i: texts[i][0]), " The penalty counted each request's prompt alone."),
         (each(lambda i: texts[i][1]), " The penalty counted each request's output alone."),
         (each(lambda i: texts[0][0] + texts[0][1]), " Every row's penalty counted the FIRST "
@@ -1184,6 +1454,70 @@ def test_a_seeded_request_draws_the_same_alone_and_in_any_batch(impl):
                "(it applies the temperature, top-k and top-p to them and makes the "
                "probabilities itself), not probabilities." if alone[i] == of_probs else "")
         )  # fmt: skip
+
+
+class spying:
+    """`with spying(fn, name) as calls`: while inside, the global `name` that the learner's `fn`
+    calls records each call's keyword arguments in `calls` and passes it on."""
+
+    def __init__(self, fn, name: str):
+        self.globals, self.name, self.calls = getattr(fn, "__globals__", {}), name, []
+
+    def __enter__(self) -> list[dict]:
+        self.real = self.globals.get(self.name)
+        if self.real is not None:
+
+            def record(*args, **kwargs):
+                self.calls.append(kwargs)
+                return self.real(*args, **kwargs)
+
+            self.globals[self.name] = record
+        return self.calls
+
+    def __exit__(self, *exc) -> None:
+        if self.real is not None:
+            self.globals[self.name] = self.real
+
+
+@pytest.mark.sample_requests
+def test_each_request_draws_on_from_step_to_step(impl):
+    """Two steps in a row. A seeded request's generator is made once, by the engine: its second
+    draw continues its first. An unseeded one (generator None) draws from PyTorch's global
+    generator, as chapter 3's sampler does with generator=None."""
+    logits = torch.zeros(1, 40)  # every token as likely: each draw is the generator's own
+    settings = dict(temperature=1.0)
+
+    def by_chapter_3(ids, generator) -> list[int]:
+        return [int(impl.sample_next_token(torch.tensor([ids]), logits, generator=generator,
+                                           **settings)[0]) for _ in range(2)]  # fmt: skip
+
+    want = by_chapter_3([1, 2], torch.Generator().manual_seed(7))
+    req = sampled_request(impl, [1, 2], seed=7, **settings)
+    got = [impl.sample_requests([req], logits)[0] for _ in range(2)]
+    again = [by_chapter_3([1, 2], torch.Generator().manual_seed(7))[0]] * 2
+    assert got == want, (
+        f"a request seeded 7, sampled in two steps: chapter 3's sampler with one generator "
+        f"seeded 7, drawing twice, gives {want}, yours {got}."
+        + (" Both steps drew what a generator freshly seeded 7 draws first: was a new generator "
+           "made, and seeded, at each step? The engine made request.generator once, when the "
+           "request was added; each step draws on from where the last left it." if got == again
+           else " Does it draw with request.generator?")
+    )  # fmt: skip
+    unseeded = [sampled_request(impl, [3], **settings) for _ in range(4)]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(11)
+        want = by_chapter_3([3], None) + by_chapter_3([3], None)
+        torch.manual_seed(11)
+        got = impl.sample_requests(unseeded[:2], logits.expand(2, -1))
+        got += impl.sample_requests(unseeded[2:], logits.expand(2, -1))
+    assert got == want, (
+        f"four unseeded requests (request.generator is None), two per step, with PyTorch's "
+        f"global generator seeded 11: chapter 3's sampler with generator=None draws {want}, "
+        f"yours {got}. An unseeded request draws from the global generator (generator=None)."
+        + (" Each drew the same token: was a new generator made for an unseeded request? A "
+           "generator made without a seed starts from the same fixed seed every time."
+           if len(set(got)) == 1 else "")
+    )  # fmt: skip
 
 
 def warped(logits: torch.Tensor, **params) -> torch.Tensor:
