@@ -691,9 +691,10 @@ check("kv_cache_manager")
 # `logits` `[R, d_vocab]` is request `i`'s), as a list of ints: chapter 3's `sample_next_token`
 # for each request with its own text (`request.all_token_ids`, as a `[1, n]` tensor on the
 # logits' device: the frequency penalty counts it), its own row, its own generator and its own
-# settings (`request.params.sampling_kwargs()`). Requests that are greedy (`temperature=0`)
-# without a penalty need no generator and no text: one `argmax` over their rows together does
-# them all.
+# settings (`request.params.sampling_kwargs()`). Requests that are greedy (`temperature=0`;
+# `SamplingParams` turns any temperature below 1e-5 into 0, as vLLM's does, since dividing the
+# logits by less overflows them) without a penalty need no generator and no text: one `argmax`
+# over their rows together does them all.
 #
 # Common mistakes: one generator for the whole batch; all rows passed to `sample_next_token` at
 # once (the frequency penalty then counts one request's text for every row, and one generator
