@@ -562,6 +562,7 @@ def _where(bad, names: _Axes, n_bad: int, n: int) -> str:
     group = len(hit)
     if (
         "head" in names.names[k].lower()
+        and "d_head" not in names.names[k].lower()  # a head's coordinates, not heads
         and 1 < group < size
         and size % group == 0
         and hit == list(range(hit[0], hit[0] + group))
