@@ -371,6 +371,7 @@ LLAMA_MISTAKES = (
     "norms swapped",
     "block output added again",
     "tied unembedding",
+    "no attention residual",
 )
 """The model-level slips that hf_llama_mistake_logits computes with HF's modules."""
 
@@ -400,7 +401,7 @@ def hf_llama_mistake_logits(hf, ids: torch.Tensor, mistake: str) -> torch.Tensor
                 mid = ln1(x + a)
                 x = ln2(mid + layer.mlp(mid))
                 continue
-            mid = x + a
+            mid = a if mistake == "no attention residual" else x + a
             mlp_in = {"mlp reads resid_pre": ln2(x), "ln1 before the mlp": ln1(mid)}
             m = layer.mlp(mlp_in.get(mistake, ln2(mid)))
             x = m if mistake == "no mlp residual" else mid + m

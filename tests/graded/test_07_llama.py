@@ -4,9 +4,13 @@ LlamaAttention in eager mode, LlamaForCausalLM), on the shipped Llama model's we
 random ones whose every size differs (SMALL_LLAMA: an epsilon other than 1e-5, rope_theta other
 than 10000, 6 query heads with 6, 2 and 1 key/value heads). Float32 bounds are chapter 1's.
 Each part is also called the way the course's other callers call it: RMSNorm on 16-bit input
-with a 16-bit weight and on 2-D input (chapter 8's runner), apply_rope on bfloat16 queries, the
-whole model in bfloat16 against LlamaForCausalLM in bfloat16, and the cached pass with chapter
-6's lookahead layout (positions [new], allowed [new, all]) on an untied model.
+with a 16-bit weight and on 2-D input (chapter 8's runner), rope_cos_sin on 1-D positions (the
+chapter's plot), apply_rope on bfloat16 queries, SwiGLU, the attention, the whole model and the
+cached pass in bfloat16 against HF's modules in bfloat16, and the cached pass with chapter 6's
+lookahead layout (positions [new], allowed [new, all]) on an untied model. The cached keys of a
+left-padded batch are compared even where the logits agree (positions shifted within a row
+change no logit), and the module tests check that an input is not changed in place and that a
+second call does not reuse the first's angles.
 
 Where a result is wrong, the test computes the likely mistakes on its own inputs (the mean
 subtracted, epsilon outside the root, the exponent i/d, the interleaved layout, unrotated
@@ -24,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.graded._device import assert_made_on_the_inputs_device
+from tests.graded._explain import explain_difference, sentences
 from tests.graded._oracles import (
     F32_ATOL,
     F32_RTOL,
@@ -105,6 +110,9 @@ def rmsnorm_mistakes(x, w, eps) -> dict[str, torch.Tensor]:
         "var": w * x / (x.var(-1, keepdim=True) + eps).sqrt(),
         "positions axis": w * x / (x.pow(2).mean(1, keepdim=True) + eps).sqrt(),
         "whole tensor": w * x / (x.pow(2).mean() + eps).sqrt(),
+        "l2 norm": w * x / (x.norm(dim=-1, keepdim=True) + eps),
+        "eps after": w * (x / ms.sqrt() + eps),
+        "mean abs": w * x / (x.abs().mean(-1, keepdim=True).pow(2) + eps).sqrt(),
     }
 
 
@@ -127,14 +135,31 @@ RMSNORM_MESSAGES = {
     "each position's vector on its own, over d_model (the last axis).",
     "whole tensor": "your mean square is one number for the whole tensor: RMSNorm takes one per "
     "position, over that position's d_model numbers (the last axis), kept as an axis of size 1.",
+    "l2 norm": "you divide by the vector's length, its L2 norm (the root of the SUM of squares, "
+    "Tensor.norm): RMSNorm divides by the root of the MEAN square, with epsilon under the root.",
+    "eps after": "epsilon is added to the normalised vector, after the division: it belongs to "
+    "the mean square, under the root, where it keeps a vector of zeros from dividing by zero.",
+    "mean abs": "you divide by the mean of the absolute values: RMSNorm divides by the root of "
+    "the mean of the SQUARES (the root mean square), which weighs large coordinates more.",
 }
 
 
 def run_norm(norm, x):
-    """The learner's norm on x; a shape that does not broadcast is named, not pasted."""
+    """The learner's norm on x; a shape that does not broadcast is named, not pasted, and so is
+    an input changed in place."""
+    before = x.clone()
     try:
         with torch.no_grad():
-            return norm(x)
+            out = norm(x)
+        if not torch.equal(x, before):
+            pytest.fail(
+                f"your RMSNorm changed its input, the caller's residual stream, in place "
+                f"({x.dtype} input): the block adds the attention's output to that stream "
+                "afterwards. "
+                "Tensor.float() returns the tensor itself when it is float32 already, so an "
+                "in-place operation on it (*=, mul_) writes into the input: make a new tensor."
+            )
+        return out
     except NotImplementedError:
         raise
     except RuntimeError as err:
@@ -196,11 +221,26 @@ def test_rmsnorm_in_half_precision(impl, llama, dtype):
     x32 = 300 * torch.randn(2, 3, cfg.d_model, generator=g)
     w32 = oracle.weight.detach().clone()
     with torch.no_grad():
-        if not close(run_norm(learner_module(impl.RMSNorm, cfg, {"w": w32.clone()}), x32),
-                     oracle(x32), atol=1e-4, rtol=1e-4):  # fmt: skip
+        got32, want32 = (
+            run_norm(learner_module(impl.RMSNorm, cfg, {"w": w32.clone()}), x32),
+            oracle(x32),
+        )
+        if not close(got32, want32, atol=1e-4, rtol=1e-4):
+            normalised = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps)
+            for fixed in (torch.float16, torch.bfloat16):
+                if close(got32, w32 * normalised.to(fixed).float(), atol=1e-4, rtol=1e-4):
+                    pytest.fail(
+                        f"on float32 input your RMSNorm's numbers carry {fixed}'s rounding: the "
+                        f"normalised vector is cast to {fixed} whatever the input's dtype. Cast it "
+                        "back to the input's own dtype (the one it came in), not to a fixed one."
+                    )
             pytest.fail(
-                f"your RMSNorm differs from HF's LlamaRMSNorm in float32 already, not only in "
-                f"{dtype}: test_rmsnorm_matches_hf_on_shipped_weights says how."
+                sentences(
+                    f"your RMSNorm differs from HF's LlamaRMSNorm in float32 already (values near "
+                    f"300), not only in {dtype}",
+                    explain_difference(got32, want32, ("batch", "posn", "d_model"), 1e-4, 1e-4),
+                    "test_rmsnorm_matches_hf_on_shipped_weights compares it on smaller values",
+                )
             )
     x, w = x32.to(dtype), w32.to(dtype)
     oracle = oracle.to(dtype)
@@ -259,7 +299,7 @@ def test_rmsnorm_on_2d_input(impl, llama):
     norm = learner_module(impl.RMSNorm, cfg, {"w": oracle.weight.detach().clone()})
     try:
         with torch.no_grad():
-            got = norm(x)
+            got = run_norm(norm, x)
     except NotImplementedError:
         raise
     except Exception as err:
@@ -382,8 +422,24 @@ def check_cos_sin(impl, positions, d_head, theta):
         head_dim=d_head,
         rope_parameters={"rope_type": "default", "rope_theta": theta},
     )
-    expected_cos, expected_sin = hf_cos_sin(config, positions)
-    out = impl.rope_cos_sin(positions, d_head, theta)
+    if positions.ndim == 1:  # HF's rotary embedding wants [batch, posn]
+        expected_cos, expected_sin = (t[0] for t in hf_cos_sin(config, positions[None]))
+    else:
+        expected_cos, expected_sin = hf_cos_sin(config, positions)
+    try:
+        out = impl.rope_cos_sin(positions.clone(), d_head, theta)
+    except NotImplementedError:
+        raise
+    except (RuntimeError, IndexError) as err:
+        layout = {1: "[posn], as the chapter's plot of the angles passes them", 2: "[batch, posn]"}
+        pytest.fail(
+            f"rope_cos_sin fails on positions {tuple(positions.shape)} "
+            f"({layout.get(positions.ndim, '[*batch, posn]')}): {type(err).__name__}: "
+            f"{str(err).splitlines()[0][:100]}. Positions come with any number of axes before "
+            "posn ([*batch, posn]): does your code assume a number of axes (indexing [:, :, None], "
+            "torch.outer, an einsum that names them)? A new last axis ([..., None]) times the "
+            "frequencies broadcasts over all of them."
+        )
     assert isinstance(out, tuple) and len(out) == 2, "rope_cos_sin must return (cos, sin)"
     cos, sin = out
     shape = (*positions.shape, d_head)
@@ -404,6 +460,7 @@ def check_cos_sin(impl, positions, d_head, theta):
     )
     cos_right = close(cos, expected_cos, atol=1e-5)
     sin_right = close(sin, expected_sin, atol=1e-5)
+    axes = ("batch", "posn", "d_head")[-positions.ndim - 1 :] if positions.ndim < 3 else None
     if cos_right and sin_right:
         assert cos.dtype == sin.dtype == torch.float32, (
             f"your cos and sin are {cos.dtype} and {sin.dtype}: return them in float32 (apply_rope "
@@ -431,9 +488,14 @@ def check_cos_sin(impl, positions, d_head, theta):
     where = f"HF's LlamaRotaryEmbedding's (theta {theta:g}, d_head {d_head})"
     if cos_right:
         pytest.fail(
-            f"your cos equals {where}, your sin does not: it differs most in "
-            f"{worst(sin, expected_sin)}. The sines are of the same angles as the cosines, in "
-            "the same layout."
+            sentences(
+                f"your cos equals {where}, your sin does not: it differs most in "
+                f"{worst(sin, expected_sin)}",
+                explain_difference(sin, expected_sin, axes, atol=1e-5, rtol=1e-5),
+                "The sines are of the same angles as the cosines, in the same layout: both "
+                "halves of the last axis hold the same sines (the minus sign of the rotation is "
+                "rotate_half's)",
+            )
         )
     if sin_right:
         pytest.fail(
@@ -460,6 +522,13 @@ def test_rope_cos_sin_match_hf(impl):
 def test_rope_cos_sin_read_theta(impl):
     """A theta other than 10000, another head size, one row."""
     check_cos_sin(impl, torch.arange(5, 11)[None], d_head=16, theta=500000.0)
+
+
+@pytest.mark.rope
+def test_rope_cos_sin_on_1d_positions(impl):
+    """Positions [posn] with no batch axis, as the chapter's plot of the angles passes them: the
+    signature is [*batch, posn], any number of axes before posn."""
+    check_cos_sin(impl, torch.arange(3, 9), d_head=8, theta=10000.0)
 
 
 @pytest.mark.rope
@@ -543,6 +612,13 @@ def test_apply_rope_matches_hf(impl):
             "your rotation turns the wrong way: a pair (a, b) turned by phi is "
             "(a cos phi - b sin phi, b cos phi + a sin phi). Check the sine's sign."
         )
+    for fixed in (torch.float16, torch.bfloat16):
+        if close_f32(got.float(), hf_rotate(x, cos.to(fixed).float(), sin.to(fixed).float())):
+            pytest.fail(
+                f"on float32 queries your rotation uses cos and sin rounded to {fixed}: they are "
+                "cast to a fixed 16-bit dtype whatever x's. Cast them to x's own dtype (float32 "
+                "here, bfloat16 in a bfloat16 model)."
+            )
     assert_close_f32(got, expected, "apply_rope differs from HF's apply_rotary_pos_emb")
 
 
@@ -612,6 +688,8 @@ SWIGLU_MESSAGES = {
     "SiLU, x * sigmoid(x) (F.silu).",
     "relu": "that is ReLU on the gate (ReGLU): today's gated MLP uses SiLU (F.silu).",
     "sum": "the two branches are added: SwiGLU multiplies SiLU(gate) by up element by element.",
+    "residual": "your output has the MLP's input added to it: the MLP returns its down projection "
+    "alone, and the block adds that to the residual stream (adding it here counts it twice).",
 }
 
 
@@ -648,6 +726,7 @@ def check_swiglu(impl, hf, layer):
             "sigmoid": down(torch.sigmoid(gate) * up),
             "relu": down(F.relu(gate) * up),
             "sum": down(F.silu(gate) + up),
+            "residual": expected + x,
         }
     assert got.shape[-1] != cfg.d_mlp or cfg.d_mlp == cfg.d_model, (
         f"your output is d_mlp = {cfg.d_mlp} wide: the product of the two branches goes through "
@@ -675,6 +754,47 @@ def test_swiglu_matches_hf_with_other_widths(impl, small):
     check_swiglu(impl, small, layer=0)
 
 
+@pytest.mark.swiglu
+def test_swiglu_in_bfloat16(impl, small):
+    """Input and weights in bfloat16, as in a model loaded in 16 bits: the result keeps the
+    input's dtype and is HF's LlamaMLP in bfloat16 up to rounding (the bound: twice HF's own
+    bfloat16 distance from its float32 output, and at least 0.05)."""
+    cfg = course_config(small.config)
+    mlp32 = small.model.layers[0].mlp
+    mlp16 = copy.deepcopy(mlp32).to(torch.bfloat16)
+    params = {
+        k: v.to(torch.bfloat16) for k, v in under(course_weights(small), "blocks.0.mlp.").items()
+    }
+    module = learner_module(impl.SwiGLU, cfg, params).to(torch.bfloat16)
+    g = torch.Generator().manual_seed(15)
+    x = torch.randn(2, 3, cfg.d_model, generator=g).to(torch.bfloat16)
+    try:
+        with torch.no_grad():
+            got = module(x.clone())
+    except NotImplementedError:
+        raise
+    except RuntimeError as err:
+        pytest.fail(
+            "your SwiGLU fails on bfloat16 input with bfloat16 weights "
+            f"({str(err).splitlines()[0][:100]}): a part of it leaves bfloat16 (a .float() on "
+            "a branch?) and then meets a bfloat16 "
+            "weight. Keep every product in the input's dtype, as HF's LlamaMLP does."
+        )
+    assert got.dtype == torch.bfloat16, (
+        f"on bfloat16 input with bfloat16 weights your SwiGLU returns {got.dtype}: the next "
+        "layer's bfloat16 weights cannot take it. Keep every product in the input's dtype."
+    )
+    with torch.no_grad():
+        want16, want32 = mlp16(x), mlp32(x.float())
+    bound = max(0.05, 2 * (want16.float() - want32).abs().max().item())
+    gap = (got.float() - want16.float()).abs().max().item()
+    assert gap <= bound, (
+        f"in bfloat16 your SwiGLU differs from HF's LlamaMLP in bfloat16 by up to {gap:.3g}, more "
+        f"than bfloat16's rounding ({bound:.3g}): test_swiglu_matches_hf_on_shipped_weights says "
+        "more in float32."
+    )
+
+
 # --------------------------------------------------------------------------- expand_kv
 
 
@@ -689,10 +809,28 @@ def test_expand_kv_matches_hf_repeat_kv(impl, n_kv_heads, group):
     kv = torch.randn(7, n_kv_heads, 5, 6, generator=g)
     got = impl.expand_kv(kv.clone(), group)
     expected = repeat_kv(kv, group)
-    assert got.shape == expected.shape, (
+    said = (
         f"keys [batch 7, n_kv_heads {n_kv_heads}, pos 5, d_head 6] in groups of {group}: expected "
-        f"{tuple(expected.shape)}, got {tuple(got.shape)}. Repeat along the heads axis (axis 1)."
+        f"{tuple(expected.shape)}, got {tuple(got.shape)}."
     )
+    if got.ndim == 4 and got.shape != expected.shape:
+        names = ("batch", "heads", "positions", "d_head")
+        grew = [names[a] for a in (0, 2, 3) if got.shape[a] != expected.shape[a]]
+        if grew:
+            said += (
+                f" Your {' and '.join(grew)} axis changed size: the copies go along the heads "
+                "axis (axis 1), and every other axis keeps its size."
+            )
+        else:
+            said += (
+                f" Your heads axis holds {got.shape[1]} heads where n_kv_heads x group_size = "
+                f"{n_kv_heads} x {group} = {n_kv_heads * group} are wanted: each key/value head is "
+                "copied group_size times (group_size is the number of query heads per key/value "
+                "head, not a number of heads to reach)."
+            )
+    else:
+        said += " Repeat along the heads axis (axis 1)."
+    assert got.shape == expected.shape, said
     if torch.equal(got, expected):
         return
     tiled = kv.repeat(1, group, 1, 1)
@@ -730,10 +868,12 @@ def test_rotated_qkv_match_hf(impl, small):
     g = torch.Generator().manual_seed(6)
     x = torch.randn(3, 5, cfg.d_model, generator=g)
     positions = torch.stack([torch.arange(7, 12), torch.arange(5), torch.arange(30, 35)])
-    with torch.no_grad():
+    with torch.no_grad(), spying_on_rope(impl, attn, cfg, x):
+        earlier = attn.rotated_qkv(x.clone(), positions + 11)  # a first call, other positions
         out = attn.rotated_qkv(x, positions)
         hf_attn = small.model.layers[0].self_attn
         expected = hf_qkv(hf_attn, x, positions, small.config)
+        expected_earlier = hf_qkv(hf_attn, x, positions + 11, small.config)
         plain = hf_qkv(hf_attn, x, torch.zeros_like(positions), small.config)  # angle 0: unrotated
         at_10000 = copy.deepcopy(small.config)
         at_10000.rope_parameters = {**at_10000.rope_parameters, "rope_theta": 10000.0}
@@ -745,6 +885,17 @@ def test_rotated_qkv_match_hf(impl, small):
             "theta 10000": hf_qkv(hf_attn, x, positions, at_10000),
         }
     assert isinstance(out, tuple) and len(out) == 3, "rotated_qkv must return (q, k, v)"
+    if (
+        not close_f32(out[0], expected[0])
+        and isinstance(earlier, tuple)
+        and close_f32(earlier[0], expected_earlier[0])
+        and close_f32(out[0], earlier[0])
+    ):
+        pytest.fail(
+            "a second call of rotated_qkv, with other positions, turns the queries by the angles "
+            "of the first call: something from an earlier call is kept (on the module?) and "
+            "reused. The angles come from the positions of each call."
+        )
     for name, got, want, raw in zip("qkv", out, expected, plain, strict=True):
         heads = cfg.n_heads if name == "q" else cfg.n_kv_heads
         assert got.shape == want.shape, (
@@ -788,6 +939,61 @@ def test_rotated_qkv_match_hf(impl, small):
         assert_close_f32(
             got, want, f"{name} differs from HF's projection rotated by apply_rotary_pos_emb"
         )
+
+
+@contextlib.contextmanager
+def spying_on_rope(impl, attn, cfg, x):
+    """Name what rotated_qkv hands rope_cos_sin and apply_rope when it fails: a head size other
+    than d_head, or queries and keys not in the heads-first layout."""
+    space = getattr(type(attn).rotated_qkv, "__globals__", {})
+    handed = {}
+    patched = {}
+
+    def wrap(name, record):
+        original = space.get(name)
+        if not callable(original):
+            return
+
+        def spy(*args, **kwargs):
+            record(*args, **kwargs)
+            return original(*args, **kwargs)
+
+        patched[name] = original
+        space[name] = spy
+
+    def cos_sin_args(positions, d_head=None, theta=None, *_, **kw):
+        handed["d_head"] = kw.get("d_head", d_head)
+
+    def rope_args(x_, *_args, **_kw):
+        handed.setdefault("shapes", []).append(tuple(x_.shape))
+
+    wrap("rope_cos_sin", cos_sin_args)
+    wrap("apply_rope", rope_args)
+    try:
+        yield
+    except NotImplementedError:
+        raise
+    except (RuntimeError, ValueError) as err:
+        batch, posn = x.shape[:2]
+        if handed.get("d_head") not in (None, cfg.d_head):
+            pytest.fail(
+                "your rotated_qkv asks rope_cos_sin for angles of d_head = "
+                f"{handed['d_head']}, and the queries are d_head = {cfg.d_head} wide "
+                f"({str(err).splitlines()[0][:90]}): "
+                "rope_cos_sin takes the head size (self.cfg.d_head) and makes its d_head / 2 "
+                "pairs itself."
+            )
+        for shape in handed.get("shapes", []):
+            if len(shape) == 4 and shape[2] != posn and posn in shape:
+                pytest.fail(
+                    f"your rotated_qkv hands apply_rope queries or keys of shape {shape} "
+                    f"({str(err).splitlines()[0][:90]}): apply_rope turns [batch {batch}, heads, "
+                    f"posn {posn}, d_head {cfg.d_head}], heads first. Put the heads axis in front "
+                    "of the positions before turning them."
+                )
+        raise
+    finally:
+        space.update(patched)
 
 
 def run_attention(attn, cfg, x, positions):
@@ -856,7 +1062,29 @@ def check_attention(impl, hf, layer, positions, seed):
             "order": attend(k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)),
             "no mask": attend(k_all, v_all, mask=None),
             "heads first": attend(k_all, v_all, heads_first=True),
+            "mask inverted": attend(k_all, v_all, mask=~causal),
+            "float mask": attend(k_all, v_all, mask=causal.float()),
+            "heads averaged": expected / cfg.n_heads,
         }
+        scores = (q @ k_all.transpose(-1, -2) * cfg.d_head**-0.5).masked_fill(~causal, -math.inf)
+        z = scores.softmax(dim=-2) @ v_all  # each key's weights over the queries sum to 1
+        wrong["softmax over queries"] = hf_attn.o_proj(z.transpose(1, 2).flatten(-2))
+    named = {
+        "mask inverted": "your attention reads where `allowed` is False and hides where it is "
+        "True: True means the query MAY read that key, the meaning of a boolean attn_mask in "
+        "F.scaled_dot_product_attention. Is the mask inverted (~) on its way?",
+        "float mask": "your mask is a float tensor of 1s and 0s: F.scaled_dot_product_attention "
+        "ADDS a float mask to the scores (hiding nothing, and favouring the allowed keys by 1), "
+        "and reads a boolean one as which keys may be read. Pass `allowed` as the boolean it is.",
+        "heads averaged": f"your output is HF's divided by n_heads = {cfg.n_heads}: the heads' "
+        "outputs are averaged. Each head's output goes through its own W_O and the results are "
+        "summed over the heads.",
+        "softmax over queries": "your softmax normalises over the queries axis: for each query, "
+        "its weights over the keys sum to 1, so the softmax runs over the last axis (the keys).",
+    }
+    for mistake, message in named.items():
+        if torch.allclose(got, wrong[mistake], atol=F32_ATOL, rtol=F32_RTOL, equal_nan=True):
+            pytest.fail(message)
     if close_f32(got, wrong["scale"]):
         pytest.fail(
             "your scores are scaled by 1/sqrt(d_model): attention scales by "
@@ -944,6 +1172,20 @@ def test_attend_reads_a_cache_where_allowed(impl, small):
     )
     if close_f32(got, expected):
         return
+    with torch.no_grad():  # is_causal=True as well as `allowed`: PyTorch applies both
+        group = cfg.n_heads // cfg.n_kv_heads
+        both = allowed & torch.ones(2, 7, dtype=torch.bool).tril()
+        z = F.scaled_dot_product_attention(
+            q, keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1), both
+        )
+        own_causal = hf_attn.o_proj(z.transpose(1, 2).flatten(-2))
+    if close_f32(got, own_causal):
+        pytest.fail(
+            "your attend hides more than `allowed` does: a causal mask of its own (is_causal="
+            "True) on top of it lines the new queries up with the FIRST keys, so the cached keys "
+            "after them are hidden. `allowed` already says which keys each query reads: pass it "
+            "alone."
+        )
     if close_f32(got, reference(None)) or close_f32(got, reference(top_left[None, None])):
         pytest.fail(
             "your attend does not use `allowed`: with a cache the new queries come after the "
@@ -952,6 +1194,72 @@ def test_attend_reads_a_cache_where_allowed(impl, small):
             "gets this wrong: pass `allowed` as the attention mask."
         )
     assert_close_f32(got, expected, "attend with 7 keys (5 cached) differs from HF's attention")
+
+
+@pytest.mark.gqa
+def test_attention_in_bfloat16(impl, small):
+    """The layer in bfloat16, as in a model loaded in 16 bits: rotated_qkv's three tensors and
+    attend's output keep bfloat16, and the output is HF's LlamaAttention in bfloat16 up to
+    rounding (twice HF's own bfloat16 distance from float32, and at least 0.05)."""
+    attn, cfg = gqa_of(impl, small, 0)
+    attn = attn.to(torch.bfloat16)
+    hf32 = small.model.layers[0].self_attn
+    hf16 = copy.deepcopy(hf32).to(torch.bfloat16)
+    g = torch.Generator().manual_seed(16)
+    x = torch.randn(2, 5, cfg.d_model, generator=g).to(torch.bfloat16)
+    positions = torch.stack([torch.arange(5), torch.arange(3, 8)])
+    with torch.no_grad():
+        q, k, v = attn.rotated_qkv(x.clone(), positions)
+        dtypes = {"queries": q.dtype, "keys": k.dtype, "values": v.dtype}
+        if set(dtypes.values()) != {torch.bfloat16}:
+            pytest.fail(
+                "in bfloat16 your rotated_qkv returns "
+                f"{', '.join(f'{n} {d}' for n, d in dtypes.items())}: each keeps the input's "
+                "dtype (apply_rope turns x in x's own dtype)."
+            )
+        n = x.shape[1]
+        causal = torch.ones(n, n, dtype=torch.bool).tril()
+        try:
+            got = attn.attend(q, k, v, causal)
+        except NotImplementedError:
+            raise
+        except RuntimeError as err:
+            pytest.fail(
+                "your attend fails on bfloat16 queries, keys and values "
+                f"({str(err).splitlines()[0][:100]}): a part of it leaves bfloat16 (a .float() "
+                "for the scores or the softmax?) and "
+                "then meets the bfloat16 W_O. F.scaled_dot_product_attention takes 16-bit inputs "
+                "as they are; keep its output in their dtype."
+            )
+        assert got.dtype == torch.bfloat16, (
+            f"on bfloat16 queries, keys and values your attend returns {got.dtype}: the residual "
+            "stream it is added to is bfloat16. Keep the attention in the inputs' dtype."
+        )
+        cos, sin = hf_cos_sin(small.config, positions)  # HF's rotary casts them to x's dtype
+        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        want16, _ = hf16(
+            x,
+            position_embeddings=(cos.to(x.dtype), sin.to(x.dtype)),
+            attention_mask=mask.to(x.dtype),
+        )
+        want32 = hf_attention(hf32, x.float(), positions, small.config)
+        got_all = attn(x, positions)
+    bound = max(0.05, 2 * (want16.float() - want32).abs().max().item())
+    gap = (got_all.float() - want16.float()).abs().max().item()
+    assert gap <= bound, (
+        f"in bfloat16 your attention differs from HF's LlamaAttention in bfloat16 by up to "
+        f"{gap:.3g}, more than bfloat16's rounding ({bound:.3g}): the float32 tests say more."
+    )
+
+
+@pytest.mark.gqa
+def test_attention_makes_tensors_on_the_inputs_device(impl):
+    for method in ("rotated_qkv", "attend"):
+        assert_made_on_the_inputs_device(
+            getattr(impl.GroupedQueryAttention, method),
+            f"GroupedQueryAttention.{method}",
+            "the queries, keys and values",
+        )
 
 
 # --------------------------------------------------------------------------- the model
@@ -983,6 +1291,8 @@ MODEL_MESSAGES = {
     "block output added again": "each block's output is added to the residual stream it "
     "read: the block already returns the whole residual stream (its input plus what its "
     "sublayers add), so the model hands it on as it is.",
+    "no attention residual": "the attention's output replaces the residual stream instead of "
+    "being added to it: resid_mid is resid_pre plus the attention's output.",
     "tied unembedding": "your logits come from the token embedding W_E, transposed, as a tied "
     "model's would: this model has an unembedding of its own (untied). Call the model's unembed "
     "(self.unembed in its forward, model.unembed in the cache's), tied or not as it was built.",
@@ -1043,7 +1353,8 @@ def where_it_differs(model, hf, ids) -> str:
 
     def keep(store, name):
         def hook(module, args, out):
-            store[name] = out[0] if isinstance(out, tuple) else out
+            out = out[0] if isinstance(out, tuple) else out
+            store[name] = out.clone() if isinstance(out, torch.Tensor) else out
 
         return hook
 
@@ -1051,6 +1362,7 @@ def where_it_differs(model, hf, ids) -> str:
         def hook(module, args, kwargs):
             found = args[0] if args else next(iter(kwargs.values()), None)
             store["in " + name] = found.dtype if isinstance(found, torch.Tensor) else None
+            store["input " + name] = found.clone() if isinstance(found, torch.Tensor) else found
 
         return hook
 
@@ -1062,6 +1374,20 @@ def where_it_differs(model, hf, ids) -> str:
     parts += [("the final norm", model.ln_final, hf.model.norm)]
     attribute = {"the embeddings": "self.embed", "the final norm": "self.ln_final"}
     handles = []
+    changed = []  # modules of the learner's model that changed their input in place
+
+    def snapshot(module, args):
+        if args and isinstance(args[0], torch.Tensor):
+            module._input_before = args[0].clone()
+
+    def compare(module, args, out):
+        before = module.__dict__.pop("_input_before", None)
+        if before is not None and not changed and not torch.equal(args[0], before):
+            changed.append(module)
+
+    for sub in model.modules():
+        handles.append(sub.register_forward_pre_hook(snapshot))
+        handles.append(sub.register_forward_hook(compare))
     for name, a, b in parts:
         handles.append(a.register_forward_hook(keep(mine, name)))
         handles.append(b.register_forward_hook(keep(theirs, name)))
@@ -1076,11 +1402,32 @@ def where_it_differs(model, hf, ids) -> str:
     finally:
         for handle in handles:
             handle.remove()
+    if changed:
+        names = {m: n for n, m in model.named_modules()}
+        return (
+            f" Your {type(changed[0]).__name__} ({names.get(changed[0], '?')}) changes its input "
+            "in place: the residual stream it reads is changed for every later part. Each part "
+            "returns a new tensor and leaves its input as it was."
+        )
     agree = []
+    previous = None
     for name, _, _ in parts:
         where = attribute.get(name, f"self.blocks[{name.split()[-1]}]")
         if name not in mine:
             return f" Your forward never runs {name} ({where})."
+        handed = mine.get("input " + name)
+        if (
+            previous is not None
+            and isinstance(handed, torch.Tensor)
+            and not (handed.shape == mine[previous].shape and torch.equal(handed, mine[previous]))
+        ):
+            return (
+                f" Your forward hands {name} ({where}) a residual stream other than what "
+                f"{previous} returned ({', '.join(agree)} agree with HF's): between them it "
+                f"changes the stream (a norm, a sum?). Hand each block's output on as it is; only "
+                "the last goes through the final norm."
+            )
+        previous = name
         if mine["in " + name] != theirs["in " + name]:
             return (
                 f" Your forward hands {name} ({where}) {mine['in ' + name]}, HF's "
@@ -1161,6 +1508,7 @@ def run_in_bfloat16(model, ids):
     """The learner's model, in bfloat16, on ids; the first part whose output leaves bfloat16
     (or whose queries and keys do) is named."""
     started, made = [], {}  # modules in the order they started; name -> (dtype in, dtype out)
+    finished = set()
 
     def start(name):
         def hook(module, args):
@@ -1173,6 +1521,7 @@ def run_in_bfloat16(model, ids):
     def keep(name):
         def hook(module, args, out):
             out = out[0] if isinstance(out, tuple) else out
+            finished.add(name)
             if isinstance(out, torch.Tensor) and out.is_floating_point():
                 made[name] = (made[name][0], out.dtype)
 
@@ -1229,12 +1578,26 @@ def run_in_bfloat16(model, ids):
                     "what they multiply: apply_rope turns x in x's own dtype (HF's "
                     "LlamaRotaryEmbedding casts cos and sin to the input's dtype)."
                 )
+            unfinished = [(n, kind) for n, kind in started if n not in finished]
+            if unfinished:
+                name, kind = unfinished[-1]
+                pytest.fail(
+                    f"in a model loaded in bfloat16, your {kind} ({name}) fails on its bfloat16 "
+                    f"input ({str(err).splitlines()[0][:100]}): a part of it leaves bfloat16 and "
+                    "meets a bfloat16 tensor. Keep its products in its input's dtype."
+                )
         raise
     finally:
         for handle in handles:
             handle.remove()
     if got.dtype != torch.bfloat16:
-        pytest.fail(first_wrong() or f"in bfloat16 your model returns {got.dtype} logits")
+        pytest.fail(
+            first_wrong()
+            or f"in a model loaded in bfloat16 your forward returns {got.dtype} logits, though "
+            "every part, self.unembed included, returns bfloat16: your forward casts them after "
+            "the unembedding. The logits keep the model's dtype, as HF's do (a caller that wants "
+            "float32 casts them itself)."
+        )
     return got
 
 
@@ -1282,6 +1645,9 @@ def test_llama_positions_are_made_on_the_tokens_device(impl):
     assert_made_on_the_inputs_device(
         impl.LlamaTransformer.forward, "LlamaTransformer.forward", "the tokens"
     )
+    assert_made_on_the_inputs_device(
+        impl.LlamaBlock.forward, "LlamaBlock.forward", "the residual stream and the positions"
+    )
 
 
 # --------------------------------------------------------------------------- the cache
@@ -1327,6 +1693,25 @@ def diagnose_keys(cache, hf, tokens_so_far: torch.Tensor, mask: torch.Tensor) ->
             "block's ln1 of it (block.ln1), as in LlamaBlock."
         )
     n = mask.shape[1]
+    if not mask.all():  # each row's positions counted over its padding, or another row's
+        for row in range(mask.shape[0]):
+            keep = mask[row]
+            if close_f32(got[row][:, keep], rotated[row][:, keep]):
+                continue
+            pad = int((~keep).sum())
+            candidates = [torch.arange(n)[None]]  # counted over the padding
+            candidates += [true_positions[o : o + 1] for o in range(mask.shape[0]) if o != row]
+            for positions in candidates:
+                wrong, _ = hf_layer0_keys(hf, tokens_so_far[row : row + 1], positions)
+                if close_f32(got[row][:, keep], wrong[0][:, keep]):
+                    first = int(positions[0, keep][0])
+                    return (
+                        f"row {row} ({pad} padding tokens on its left) has its keys turned "
+                        f"as if its first real token sat at position {first}, where HF's "
+                        "sits at 0: its positions count the padding (or are another row's). "
+                        "A row's positions count its own real tokens only, which is what the "
+                        "given positions do: use them."
+                    )
     for s in range(1, n):  # the last s positions (the new ones) put in front of the cached ones
         moved = torch.cat([rotated[:, :, n - s :], rotated[:, :, : n - s]], dim=2)
         if mask.all() and close_f32(got, moved):
@@ -1472,9 +1857,33 @@ def step_by_step(impl, model, hf, rows: list[list[int]], chunks: list[int]):
             "layer's cached keys followed by its new ones. Do your lists start empty, or with "
             "the old cache's tensors in them?"
         )
+        last_only = (
+            " Your logits are the last new token's only: the contract gives the logits of every "
+            "new token (a prefill's too), and a caller that samples picks the last itself."
+            if logits.ndim == 3 and logits.shape[1] == 1 and size > 1
+            else ""
+        )
         assert logits.shape == (len(rows), size, model.cfg.d_vocab), (
             f"{what}: expected logits {(len(rows), size, model.cfg.d_vocab)}, got "
-            f"{tuple(logits.shape)}"
+            f"{tuple(logits.shape)}.{last_only}"
+        )
+        right = {}
+        for row, (r, want) in enumerate(zip(rows, expected, strict=True)):
+            pad = width - len(r)
+            columns = [c for c in range(start, start + size) if c >= pad]
+            if columns:
+                right[row] = close_f32(
+                    logits[row, [c - start for c in columns]], want[[c - pad for c in columns]]
+                )
+        padding_only = (
+            f"Row {min(r for r, ok in right.items() if not ok)} has padding on its left and is "
+            "wrong, while the rows without padding are right: do its new tokens read the padding "
+            "keys? The given `allowed` hides them; hand it to attend at every step, single new "
+            "tokens included."
+            if any(not ok for r, ok in right.items())
+            and all(ok for r, ok in right.items() if width == len(rows[r]))
+            and any(width == len(r) for r in rows)
+            else ""
         )
         for row, (r, want) in enumerate(zip(rows, expected, strict=True)):
             pad = width - len(r)
@@ -1489,6 +1898,7 @@ def step_by_step(impl, model, hf, rows: list[list[int]], chunks: list[int]):
                     or diagnose_values(cache, hf, so_far, mask_so_far)
                     or new_keys_only(hf, new, start, mask, logits)
                     or model_slip(hf, rows, [width - len(r) for r in rows], start, size, logits)
+                    or padding_only
                     or "The first layer's cached keys and values are right: check what the "
                     "attention reads and what comes after it."
                 )
@@ -1497,6 +1907,10 @@ def step_by_step(impl, model, hf, rows: list[list[int]], chunks: list[int]):
                     f"{what}{padded}: the logits differ from HF's LlamaForCausalLM on the whole "
                     f"text. {said}"
                 )
+        if not mask.all():  # positions shifted within a row change no logit: the keys show it
+            said = diagnose_keys(cache, hf, tokens[:, : start + size], mask[:, : start + size])
+            if said:
+                pytest.fail(f"{what}: the logits equal HF's, but {said}")
         start += size
     return cache
 
@@ -1594,6 +2008,11 @@ def test_lookahead_layout_matches_hf(impl):
     assert logits.shape == (1, n_new, hf.config.vocab_size), (
         f"two branches of 3 new tokens: expected logits {(1, n_new, hf.config.vocab_size)}, got "
         f"{tuple(logits.shape)}"
+        + (
+            ": the last new token's only. The contract gives the logits of every new token."
+            if logits.ndim == 3 and logits.shape[1] == 1
+            else ""
+        )
     )
     texts = [prompt + branch[: i + 1] for branch in branches for i in range(len(branch))]
     expected = torch.stack([hf_llama_logits(hf, [text])[0][-1] for text in texts])
@@ -1612,3 +2031,56 @@ def test_lookahead_layout_matches_hf(impl):
         "given): the logits differ from HF's LlamaForCausalLM on the prompt followed by each "
         "branch. Use the positions and allowed the given lines hand you, as they are.",
     )
+
+
+@pytest.mark.llama_cache
+def test_cache_in_bfloat16(impl, llama, llama_bf16):
+    """The shipped model loaded in bfloat16: a prefill of 6 then two single steps. The cache
+    keeps the model's dtype, and each step's logits are HF's LlamaForCausalLM in bfloat16 on the
+    whole text within twice HF's own bfloat16 distance from float32 (and at least 0.25)."""
+    from utils.convert import llama_from_hf
+
+    hf, tokenizer = llama
+    model = llama_from_hf(hf).to(torch.bfloat16)
+    ids = torch.tensor([tokenizer.encode("HAMLET.\nTo be, or not to be, that is")[:8]])
+    cache, start = None, 0
+    for size in (6, 1, 1):
+        what = (
+            f"in bfloat16, after {start} cached positions, 1 new"
+            if start
+            else f"in bfloat16, a prefill of {size}"
+        )
+        try:
+            with torch.no_grad():
+                logits, cache = impl.llama_forward_with_cache(
+                    model, ids[:, start : start + size], cache
+                )
+        except NotImplementedError:
+            raise
+        except RuntimeError as err:
+            if "dtype" not in str(err).lower() and "type" not in str(err).lower():
+                raise
+            pytest.fail(
+                f"{what}: your llama_forward_with_cache fails ({str(err).splitlines()[0][:100]}): "
+                "a tensor of yours left bfloat16 (the cached keys or values, the residual "
+                "stream?) and meets the model's bfloat16 ones. Keep the model's dtype throughout."
+            )
+        kinds = {t.dtype for t in (*cache.keys, *cache.values)}
+        assert kinds == {torch.bfloat16}, (
+            f"{what}: your cache holds {sorted(map(str, kinds))} keys and values: they keep the "
+            "model's dtype (bfloat16 here), as the queries they meet do."
+        )
+        assert logits.dtype == torch.bfloat16, (
+            f"{what}: your logits are {logits.dtype}: they keep the model's dtype, as HF's do."
+        )
+        with torch.no_grad():
+            so_far = ids[:, : start + size]
+            want16 = llama_bf16(so_far).logits[:, start:]
+            want32 = hf(so_far).logits[:, start:]
+        bound = max(0.25, 2 * (want16.float() - want32).abs().max().item())
+        gap = (logits.float() - want16.float()).abs().max().item()
+        assert gap <= bound, (
+            f"{what}: your logits differ from HF's LlamaForCausalLM in bfloat16 by up to "
+            f"{gap:.3g}, more than bfloat16's rounding ({bound:.3g}); the float32 tests say more."
+        )
+        start += size

@@ -564,7 +564,9 @@ MUTANTS = [
         "positions = positions.expand(tokens.shape)",
         "positions = torch.arange(cache.length, cache.length + n_new).expand(tokens.shape)",
         "positions made on the CPU",
-        says=("without a device",),
+        # Made afresh from the cache's length, these also count a row's padding: the cached keys
+        # of a left-padded row show that first (the device test comes after the logits' tests).
+        says=("count the padding",),
     ),
     Mutant(
         "llama_cache",
@@ -672,5 +674,365 @@ MUTANTS = [
         "        v = torch.cat([past_v, v], dim=2)",
         "attention before the cache is joined: the new queries read the new keys only",
         says=("new keys only",),
+    ),
+    # Added with the second round of slips (each named by its first message; see the module's
+    # docstring for the ones no test can see).
+    # rmsnorm
+    Mutant(
+        "rmsnorm",
+        "return self.w * (x * inv_rms).to(residual.dtype)",
+        "x *= inv_rms\n        return self.w * x.to(residual.dtype)",
+        "the input scaled in place: residual.float() is the input itself when it is float32",
+        name="in-place",
+        says=("in place", "float()"),
+    ),
+    Mutant(
+        "rmsnorm",
+        "return self.w * (x * inv_rms).to(residual.dtype)",
+        "return self.w * (x * inv_rms).half()",
+        "the normalised vector cast to float16 whatever the input's dtype",
+        name="cast-to-float16",
+        says=("float16's rounding", "input's own dtype"),
+    ),
+    Mutant(
+        "rmsnorm",
+        "inv_rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.cfg.rms_norm_eps)",
+        "inv_rms = 1 / (x.norm(dim=-1, keepdim=True) + self.cfg.rms_norm_eps)",
+        "divided by the L2 norm (the root of the sum of squares)",
+        name="l2-norm",
+        says=("l2 norm", "mean square"),
+    ),
+    Mutant(
+        "rmsnorm",
+        "return self.w * (x * inv_rms).to(residual.dtype)",
+        "return self.w * (x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True)) + "
+        "self.cfg.rms_norm_eps).to(residual.dtype)",
+        "epsilon added to the normalised vector instead of the mean square",
+        name="eps-added-after",
+        says=("added to the normalised vector",),
+    ),
+    Mutant(
+        "rmsnorm",
+        "x.pow(2).mean(dim=-1, keepdim=True)",
+        "x.abs().mean(dim=-1, keepdim=True).pow(2)",
+        "divided by the mean absolute value, not the root mean square",
+        name="mean-abs",
+        says=("absolute values",),
+    ),
+    # rope
+    Mutant(
+        "rope",
+        "angles = positions.float()[..., None] * inv_freq",
+        "angles = positions.float()[:, :, None] * inv_freq",
+        "positions assumed [batch, posn]: 1-D positions (the chapter's plot) fail",
+        name="assumes-2d-positions",
+        says=("[posn]", "any number of axes"),
+    ),
+    Mutant(
+        "rope",
+        "angles = positions.float()[..., None] * inv_freq",
+        "angles = torch.outer(positions.float(), inv_freq)",
+        "torch.outer, which takes 1-D positions only",
+        name="outer",
+        says=("torch.outer", "any number of axes"),
+    ),
+    Mutant(
+        "rope",
+        "cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)",
+        "cos, sin = cos[:, None].half(), sin[:, None].half()",
+        "cos and sin cast to float16 whatever x's dtype",
+        name="cos-sin-float16",
+        says=("rounded to torch.float16", "x's own dtype"),
+    ),
+    Mutant(
+        "rope",
+        "exponents = torch.arange(0, d_head, 2, device=positions.device).float() / d_head",
+        "exponents = torch.arange(0, d_head - 2, 2, device=positions.device).float() / d_head",
+        "one frequency too few (d_head/2 - 1 pairs)",
+        name="one-frequency-too-few",
+        says=("30 angles", "one frequency each"),
+    ),
+    Mutant(
+        "rope",
+        "exponents = torch.arange(0, d_head, 2, device=positions.device).float() / d_head",
+        "exponents = torch.arange(2, d_head + 2, 2, device=positions.device).float() / d_head",
+        "pairs counted from 1: exponents 2, 4, ..., d_head",
+        name="pairs-from-1",
+        says=("your e are [2.0, 4.0",),
+    ),
+    Mutant(
+        "rope",
+        "exponents = torch.arange(0, d_head, 2, device=positions.device).float() / d_head",
+        "exponents = torch.arange(0, d_head, 2, device=positions.device, dtype=torch.float64) "
+        "/ d_head",
+        "the angles in float64: cos and sin come out float64",
+        name="float64",
+        says=("float64", "float32"),
+    ),
+    Mutant(
+        "rope",
+        "return angles.cos(), angles.sin()",
+        "return angles.cos(), torch.cat(\n"
+        "        [angles[..., : d_head // 2].sin(), -angles[..., d_head // 2 :].sin()], dim=-1\n"
+        "    )",
+        "the second half's sines negated (the rotation's minus sign put in the sines)",
+        name="second-half-sines-negated",
+        says=("indices 16..31 along 'd_head'", "signs are flipped", "rotate_half's"),
+    ),
+    # swiglu
+    Mutant(
+        "swiglu",
+        "return (F.silu(x @ self.W_gate) * (x @ self.W_up)) @ self.W_down",
+        "return (F.silu(x @ self.W_gate.T) * (x @ self.W_up.T)) @ self.W_down.T",
+        "the weights read transposed",
+        name="transposed",
+        says=("[in, out]",),
+    ),
+    Mutant(
+        "swiglu",
+        "return (F.silu(x @ self.W_gate) * (x @ self.W_up)) @ self.W_down",
+        "return (F.silu((x @ self.W_gate).float()) * (x @ self.W_up)) @ self.W_down",
+        "SiLU taken in float32 and not cast back: a bfloat16 model fails",
+        name="silu-in-float32",
+        says=("bfloat16", "input's dtype"),
+    ),
+    Mutant(
+        "swiglu",
+        "return (F.silu(x @ self.W_gate) * (x @ self.W_up)) @ self.W_down",
+        "return (F.silu(x @ self.W_up) * (x @ self.W_gate)) @ self.W_down",
+        "W_gate and W_up swapped",
+        name="gate-up-swapped",
+        says=("up branch",),
+    ),
+    Mutant(
+        "swiglu",
+        "return (F.silu(x @ self.W_gate) * (x @ self.W_up)) @ self.W_down",
+        "return (F.silu(x @ self.W_gate) * (x @ self.W_up)) @ self.W_down + x",
+        "the MLP's input added to its output (a residual inside the MLP)",
+        name="residual-inside",
+        says=("input added",),
+    ),
+    # expand_kv
+    Mutant(
+        "expand_kv",
+        "return kv.repeat_interleave(group_size, dim=1)",
+        "b, n, p, d = kv.shape\n"
+        "    return kv[:, None].expand(b, group_size, n, p, d).reshape(b, group_size * n, p, d)",
+        "copies made on a new axis in front of the heads: tiled",
+        name="new-axis-in-front",
+        says=("consecutive",),
+    ),
+    Mutant(
+        "expand_kv",
+        "return kv.repeat_interleave(group_size, dim=1)",
+        "return kv.repeat_interleave(group_size // kv.shape[1], dim=1)",
+        "group_size read as the number of query heads",
+        name="group-size-as-heads",
+        says=("copied group_size times",),
+    ),
+    Mutant(
+        "expand_kv",
+        "return kv.repeat_interleave(group_size, dim=1)",
+        "return kv.repeat_interleave(group_size, dim=0)",
+        "repeated along the batch axis",
+        name="batch-axis",
+        says=("batch axis changed size", "heads axis"),
+    ),
+    # gqa
+    Mutant(
+        "gqa",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=~allowed)",
+        "the mask's meaning inverted",
+        name="mask-inverted",
+        says=("inverted",),
+    ),
+    Mutant(
+        "gqa",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed.float())",
+        "the boolean mask made float: 1 and 0 are added to the scores",
+        name="mask-as-float",
+        says=("float tensor", "boolean"),
+    ),
+    Mutant(
+        "gqa",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
+        "z = F.scaled_dot_product_attention(\n"
+        "            q, keys, values, attn_mask=allowed, is_causal=True\n"
+        "        )",
+        "is_causal=True as well as `allowed`: the cached keys hidden",
+        name="mask-and-is-causal",
+        says=("is_causal=true", "on top of it"),
+    ),
+    Mutant(
+        "gqa",
+        'return einops.einsum(z, self.W_O, "b h p e, h e d -> b p d")',
+        'return einops.einsum(z, self.W_O, "b h p e, h e d -> b h p d").mean(1)',
+        "the heads' outputs averaged, not summed",
+        name="heads-averaged",
+        says=("averaged", "summed over the heads"),
+    ),
+    Mutant(
+        "gqa",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
+        "scores = q @ keys.transpose(-1, -2) / q.shape[-1] ** 0.5\n"
+        "        if allowed is not None:\n"
+        '            scores = scores.masked_fill(~allowed, float("-inf"))\n'
+        "        z = scores.softmax(dim=-2) @ values",
+        "the softmax taken over the queries axis",
+        name="softmax-over-queries",
+        says=("queries axis", "last axis"),
+    ),
+    Mutant(
+        "gqa",
+        "return (x.flatten(0, 1) @ W).unflatten(1, x.shape[:2]).transpose(0, 1)",
+        "return (x.flatten(0, 1) @ W).unflatten(1, x.shape[:2]).permute(1, 2, 0, 3)",
+        "projections left [batch, posn, heads, d_head], not heads first",
+        name="heads-not-first",
+        says=("heads first", "in front of the positions"),
+    ),
+    Mutant(
+        "gqa",
+        "cos, sin = rope_cos_sin(positions, self.cfg.d_head, self.cfg.rope_theta)",
+        "cos, sin = rope_cos_sin(positions, self.cfg.d_head // 2, self.cfg.rope_theta)",
+        "rope_cos_sin handed the number of pairs, not d_head",
+        name="pairs-as-d-head",
+        says=("d_head = 4", "head size"),
+    ),
+    Mutant(
+        "gqa",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
+        "z = F.scaled_dot_product_attention(\n"
+        "            q.float(), keys.float(), values.float(), attn_mask=allowed\n"
+        "        )",
+        "the attention in float32 and not cast back: a bfloat16 model fails",
+        name="attention-in-float32",
+        says=("bfloat16", "attend"),
+    ),
+    Mutant(
+        "gqa",
+        "cos, sin = rope_cos_sin(positions, self.cfg.d_head, self.cfg.rope_theta)",
+        'if not hasattr(self, "cos_sin"):\n'
+        "            self.cos_sin = rope_cos_sin(positions, self.cfg.d_head, self.cfg.rope_theta)\n"
+        "        cos, sin = self.cos_sin",
+        "cos and sin kept on the module from the first call",
+        name="angles-kept-from-first-call",
+        says=("second call", "earlier call"),
+    ),
+    Mutant(
+        "gqa",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
+        "if allowed is None:\n"
+        "            allowed = torch.ones(q.shape[2], keys.shape[2], dtype=torch.bool)\n"
+        "        z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
+        "a mask of its own made on the CPU when none is given",
+        name="cpu-mask-in-attend",
+        says=("attend", "without a device"),
+    ),
+    # llama
+    Mutant(
+        "llama",
+        "resid_mid = resid_pre + self.attn(self.ln1(resid_pre), positions)",
+        "resid_mid = self.attn(self.ln1(resid_pre), positions)",
+        "the attention's output replaces the residual stream",
+        name="no-attention-residual",
+        says=("attention's output replaces",),
+    ),
+    Mutant(
+        "llama",
+        "residual = block(residual, positions)",
+        "residual = self.ln_final(block(residual, positions))",
+        "the final norm applied after every block",
+        name="final-norm-after-every-block",
+        says=("hands block 1", "other than what block 0 returned"),
+    ),
+    Mutant(
+        "llama",
+        "return self.unembed(self.ln_final(residual))",
+        "return self.unembed(self.ln_final(residual)).float()",
+        "the logits cast to float32 in a bfloat16 model",
+        name="logits-cast-to-float32",
+        says=("float32 logits", "after the unembedding"),
+    ),
+    Mutant(
+        "llama",
+        "resid_mid = resid_pre + self.attn(self.ln1(resid_pre), positions)",
+        "positions = torch.arange(resid_pre.shape[1]).expand(resid_pre.shape[:2])\n"
+        "        resid_mid = resid_pre + self.attn(self.ln1(resid_pre), positions)",
+        "the block makes positions of its own, on the CPU",
+        name="block-own-cpu-positions",
+        says=("llamablock.forward", "without a device"),
+    ),
+    Mutant(
+        "llama",
+        "resid_mid = resid_pre + self.attn(self.ln1(resid_pre), positions)\n"
+        "        return resid_mid + self.mlp(self.ln2(resid_mid))",
+        "return resid_pre + self.attn(self.ln1(resid_pre), positions) + "
+        "self.mlp(self.ln2(resid_pre))",
+        "attention and MLP in parallel on the same input (GPT-J's block)",
+        name="parallel-block",
+        says=("before the attention",),
+    ),
+    # llama_cache
+    Mutant(
+        "llama_cache",
+        "positions = positions.expand(tokens.shape)",
+        "positions = torch.arange(\n"
+        "        cache.length, cache.length + n_new, device=tokens.device\n"
+        "    ).expand(tokens.shape)",
+        "positions counted over a row's padding (from the cache's length)",
+        name="positions-count-padding",
+        says=("count the padding",),
+    ),
+    Mutant(
+        "llama_cache",
+        "logits = model.unembed(model.ln_final(residual))",
+        "logits = model.unembed(model.ln_final(residual[:, -1:]))",
+        "the logits of the last new token only",
+        name="last-token-logits-only",
+        says=("last new token's only",),
+    ),
+    Mutant(
+        "llama_cache",
+        "residual = residual + block.attn.attend(q, k, v, allowed)",
+        "residual = residual + block.attn.attend(q, k, v, None if n_new == 1 else allowed)",
+        "no mask for single steps, padding or not",
+        name="single-steps-read-padding",
+        says=("padding keys", "every step"),
+    ),
+    Mutant(
+        "llama_cache",
+        "residual = residual + block.mlp(block.ln2(residual))",
+        "residual = residual + block.mlp(block.ln1(residual))",
+        "ln1 before the MLP",
+        name="ln1-before-mlp",
+        says=("ln1 of resid_mid",),
+    ),
+    Mutant(
+        "llama_cache",
+        "positions = positions.expand(tokens.shape)",
+        "positions = positions.expand(tokens.shape)[:1]",
+        "the first row's positions for every row",
+        name="first-rows-positions",
+        says=("another row's",),
+    ),
+    Mutant(
+        "llama_cache",
+        "q, k, v = block.attn.rotated_qkv(x, positions)",
+        "q, k, v = block.attn.rotated_qkv(x, positions)\n        k, v = k.float(), v.float()",
+        "keys and values cached in float32 in a bfloat16 model",
+        name="cache-in-float32",
+        says=("bfloat16", "model's dtype"),
+    ),
+    Mutant(
+        "llama_cache",
+        "residual = residual + block.attn.attend(q, k, v, allowed)",
+        "if allowed is None:\n"
+        "            allowed = torch.ones(n_new, k.shape[2], dtype=torch.bool)\n"
+        "        residual = residual + block.attn.attend(q, k, v, allowed)",
+        "a mask of its own made on the CPU when none is given",
+        name="cpu-mask",
+        says=("without a device",),
     ),
 ]
