@@ -165,7 +165,8 @@ assert (n_llama, n_gpt2) == (2_619_072, 2_615_424), "sections 1 and 4 quote both
 # (\sqrt{\cdot} + \varepsilon)$; forgetting the weight; squaring in the input's dtype, which
 # overflows float16; a float32 result for 16-bit input (the cast back forgotten), or the weight
 # applied before the cast; an axis counted from the front (2-D input has no axis 2); a sum
-# where the mean belongs.
+# where the mean belongs; an in-place product on `residual.float()`, which for float32 input is
+# the caller's residual stream itself, not a copy (the tests check that the input is unchanged).
 #
 # The tests compare your module with HF's `LlamaRMSNorm` holding the same weight: on the
 # shipped model's weights with a residual whose mean is far from zero and an epsilon of
@@ -300,10 +301,11 @@ with torch.no_grad():
 #
 # The tests compare your cosines and sines with HF's `LlamaRotaryEmbedding` for positions that
 # do not start at 0 and differ between the rows of a batch, at $\theta$ = 10,000 and 500,000,
-# and your rotation with HF's `apply_rotary_pos_emb`, in float32 and on bfloat16 queries (the
-# result keeps their dtype); a property test checks that a rotated
-# query's score with a rotated key depends only on the offset between their positions; and
-# `rope_cos_sin` runs on PyTorch's `meta` device to catch a tensor made on the CPU.
+# and for positions `[posn]` with no batch axis (the plot below passes them so), and your
+# rotation with HF's `apply_rotary_pos_emb`, in float32 and on bfloat16 queries (the result
+# keeps their dtype); a property test checks that a rotated query's score with a rotated key
+# depends only on the offset between their positions; and `rope_cos_sin` runs on PyTorch's
+# `meta` device to catch a tensor made on the CPU.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -498,7 +500,8 @@ except ValueError as err:
 # the weights read transposed (with `[in, out]` matrices, `x @ W`).
 #
 # The tests compare your module with HF's `LlamaMLP` holding the same weights: the shipped
-# model's second layer, and a random MLP whose widths differ (42 in, 72 hidden).
+# model's second layer, and a random MLP whose widths differ (42 in, 72 hidden), in float32 and
+# in bfloat16 (the result keeps the input's dtype).
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -662,7 +665,9 @@ plot_kv_groups(
 # random layers with 6 query heads and 6, 2 and 1 key/value heads at $\theta$ = 500,000. One
 # more calls `attend` alone as the cache of section 7 will: two new queries, seven keys, and an
 # `allowed` with padding and a key hidden from one query, against HF's
-# `eager_attention_forward` with the same mask.
+# `eager_attention_forward` with the same mask. The layer also runs in bfloat16 (every tensor
+# keeps that dtype), `rotated_qkv` is called twice with different positions (each call turns by
+# its own), and the tests read `rotated_qkv` and `attend` for a tensor made without a device.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -732,7 +737,7 @@ check("gqa")
 # RMSNorm weights far from 1 (an unembedding of your own, made from `W_E`, shows there: use
 # `self.unembed`), and with the shipped weights in bfloat16 against `LlamaForCausalLM` in
 # bfloat16 (within twice the distance of HF's own bfloat16 logits from its float32 ones); they
-# also read your `forward`'s source for a tensor made without a device. Where the logits
+# also read your two `forward`s' source for a tensor made without a device. Where the logits
 # differ, the message says which part's output first departs from HF's.
 #
 # <details><summary>Hint 1: a nudge</summary>
@@ -900,7 +905,8 @@ Console().print(table)
 # The tests compare your logits with HF's `LlamaForCausalLM` on the whole text: a prefill then
 # single steps, chunks of several tokens, and a left-padded batch whose rows must each give
 # what HF gives for that row alone; they compare the first layer's cached keys with HF's
-# rotated keys at every position (and, to name a failure, its values with HF's). One more
+# rotated keys at every position, the padded batch's included (and, to name a failure, its
+# values with HF's), and run the shipped model in bfloat16 (the cache keeps that dtype). One more
 # calls your function as chapter 6's lookahead does, on a random untied model: two branches of
 # three tokens after a cached prompt, with positions `[new]` and an `allowed` that lets each
 # branch read the prompt and itself, against HF on the prompt followed by each branch. And they
@@ -916,10 +922,11 @@ Console().print(table)
 # <details><summary>Hint 2: the approach</summary>
 #
 # `positions` comes `[batch, new]` (chapter 4's callers) or `[new]` (chapter 6's lookahead) from
-# the given lines: `.expand(tokens.shape)` makes it `[batch, new]` either way.
-# `zip(model.blocks, cache.keys, cache.values)` walks the layers. `torch.cat` along the
-# positions axis (which of the four?) puts the new keys after the cached ones. Collect each
-# layer's full keys and values in the lists `keys` and `values`.
+# the given lines: expanding it to the tokens' shape (`Tensor.expand`, as in section 6) makes
+# it `[batch, new]` either way. Walk the blocks together with each layer's cached keys and
+# values (`zip`). `torch.cat` along the positions axis (which of the four?) puts the new keys
+# after the cached ones. Collect each layer's full keys and values in the lists `keys` and
+# `values`.
 #
 # </details>
 #
