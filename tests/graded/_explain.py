@@ -659,5 +659,9 @@ def _largest(g, e, names: _Axes, atol, rtol, bad=None, plain: bool = True) -> st
         shown.append(
             f"at {names.at(index)} yours {_num(float(g[index]))}, expected {_num(float(e[index]))}"
         )
-    head = f"{count} of {g.numel()} values differ, with no simple pattern" if plain else "There"
-    return f"{head}; the largest differences: " + "; ".join(shown) + "."
+    if plain:
+        return (
+            f"{count} of {g.numel()} values differ, with no simple pattern; the largest "
+            "differences: " + "; ".join(shown) + "."
+        )
+    return "The largest differences there: " + "; ".join(shown) + "."
