@@ -989,18 +989,31 @@ if near is not None:
           f"prefill rate; its steps under cProfile, seconds: {parts}")  # fmt: skip
 print("recorded:", record["date"], record["code"], "-", record["machine"])
 
+# %%
+loaded = record["under_load"]
+busy_ttft, busy_tpot = loaded["engine"]["ttft_ms"], loaded["engine"]["tpot_ms"]
+print(f"the same command on a busy machine ({loaded['what']}):")
+busy_p99_steps = busy_ttft["p99"] / busy_tpot["median"]
+print(f"  the engine's p99 TTFT {busy_ttft['p99']} ms, {busy_p99_steps:.0f} of its median steps of "
+      f"{busy_tpot['median']} ms; its median TTFT "
+      f"{busy_ttft['median'] / busy_tpot['median']:.1f} steps")  # fmt: skip
+
 # %% tags=["claim"]
 assert 1 <= engine_ttft["median"] / engine_tpot["median"] < 2, "section 9: under two steps"
-assert engine_ttft["p99"] / engine_tpot["median"] >= 10, "section 9: tens of steps"
+assert engine_ttft["p99"] / engine_tpot["median"] < 5, "section 9: a few steps on the idle machine"
+assert busy_ttft["p99"] / busy_tpot["median"] >= 10, "section 9: tens of steps on the busy one"
+assert 1 <= busy_ttft["median"] / busy_tpot["median"] < 2, "section 9: the median still under two"
 
 # %% [markdown]
-# The engine's median request waits for its first token less than two steps, its unluckiest
-# one in a hundred tens of steps (printed above). That tail is the queue: the benchmark's 64
-# requests arrive 40 a second and run for up to 160 tokens, so the later arrivals find all 32 seats
-# (`max_num_seqs`) taken and wait until a running request finishes. Your own run above printed
-# how often that happened on its (shorter) trace: the steps that ended with a request waiting
-# and every seat taken. More seats would shorten that wait and lengthen every
-# step: the trade of the TPOT bullet above.
+# The engine's median request waits for its first token less than two steps, on the idle
+# machine of the record and on the busy one alike (printed above). The unluckiest one in a
+# hundred is where the two differ: a few steps on the idle machine, tens of steps on the busy
+# one. That tail is the queue, and it depends on the machine's speed against the arrivals: the
+# benchmark's 64 requests arrive 40 a second and run for up to 160 tokens, so when steps are
+# slow enough the later arrivals find all 32 seats (`max_num_seqs`) taken and wait until a
+# running request finishes. Your own run above printed how often that happened on its
+# (shorter) trace: the steps that ended with a request waiting and every seat taken. More seats
+# would shorten that wait and lengthen every step: the trade of the TPOT bullet above.
 #
 # Where the record has a `prefill_rate` section, the cell above prints it: the engine's answer
 # tokens per second, with 64 requests present at once, against the positions per second of a
@@ -1130,9 +1143,8 @@ again = sched["gpt2"]["tokens_computed"] - sched["tokens_once_each"]
 assert sched["gpt2"]["tokens_found_in_prefix_cache"] < again / 2, "section 10: mostly computed"
 assert quarter["median_ratio"] > whole["median_ratio"], "section 10: the preemptions cost GPT-2"
 assert 0.75 < record["before_this_record"]["whole_trace_median_ratio"] < 0.85, "four fifths"
-assert "expand_kv took 0.2 s of the Llama engine's 1.47 s of forward" in (
-    record["before_this_record"]["what"]
-), "section 10 quotes the profile of the record before this one"
+_before = record["before_this_record"]["what"]
+assert "expand_kv took 0.2 s of the Llama engine's 1.47 s of forward" in _before, "section 10"
 
 # %% [markdown]
 # The same bytes hold three times the tokens on the Llama model, and with a pool that holds the
@@ -1347,12 +1359,12 @@ r = served["result"]
 assert all(g["met"] for name, g in r["goals"].items() if name.startswith(("every", "no_", "freed",
            "disconnects", "shutdown"))), "section 11 says every check of the load held"  # fmt: skip
 speed = r["goals"]["http_costs_at_most_15_percent_of_throughput"]
-assert 0.8 < speed["measured"] < 0.85 and not speed["met"], "section 11: short of 0.85, narrowly"
 compiled, python = r["throughput_ratio_per_run"], pure["throughput_ratio_per_run"]
-assert 0.78 < pure["median"] < 0.82 and all(a > b for a, b in zip(compiled, python, strict=True)), (
-    "section 11: about a fifth lost without httptools and uvloop, more in every run"
-)
-assert 1.5 < r["server"]["ttft_ms"]["median"] / r["engine"]["ttft_ms"]["median"] < 3
+assert 0.9 < speed["measured"] < 0.95 and speed["met"], "section 11: a little over 90 %, met"
+assert min(compiled) < 0.85, "section 11: not in every run"
+assert 0.85 < pure["median"] < 0.9 < speed["measured"], "section 11: nearer 87 % without them"
+assert sum(a > b for a, b in zip(compiled, python, strict=True)) == 4, "section 11: four of five"
+assert 2.5 < r["server"]["ttft_ms"]["median"] / r["engine"]["ttft_ms"]["median"] < 3.5, "3 times"
 assert len(r["runs"]) == 5, "section 11 says five runs of each"
 
 # %% [markdown]
@@ -1360,11 +1372,12 @@ assert len(r["runs"]) == 5, "section 11 says five runs of each"
 # was left held; freed blocks were handed out again; a request whose client left was aborted in
 # the engine, or had already finished (printed above: a few had), while the others finished; the
 # shutdown ended every request in flight with `abort`.
-# Speed did less well. The server made a little less than 85 % of the tokens a second that the
-# engine made when driven directly, so the goal (at most 15 % lost to HTTP) was missed,
-# narrowly; on uvicorn's pure-Python HTTP parser and event loop it lost about a fifth, in every
-# run more than with the compiled ones (httptools and uvloop, which the course installs). The
-# median time to first token was between one and a half and three times the engine's. What the
+# Speed: on the median of five runs the server made a little over 90 % of the tokens a second
+# that the engine made when driven directly, so the goal (at most 15 % lost to HTTP) was met,
+# though not in every run (printed above: one run fell below 85 %). On uvicorn's pure-Python
+# HTTP parser and event loop its median was nearer 87 %, and in four runs of five it lost more
+# than with the compiled ones (httptools and uvloop, which the course installs). The median
+# time to first token was about three times the engine's. What the
 # server adds comes with every token: a streamed answer is one server-sent event per token, a
 # JSON chunk that goes through the web framework to its socket, and here on the same thread as
 # the engine's steps. vLLM's V1 engine (an opt-in alpha in v0.7.0, January 2025; the default

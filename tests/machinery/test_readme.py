@@ -210,14 +210,17 @@ def test_serving_figures_are_the_recorded_run():
     profile = hf["where_step_time_goes"]
     near = run["prefill_rate"]
     parts = near["where_step_time_goes"]
+    loaded = _record("serving")["under_load"]
+    busy_steps = round(loaded["engine"]["ttft_ms"]["p99"] / loaded["engine"]["tpot_ms"]["median"])
     met = {True: "is met", False: "is not met"}
     said = [
         f"extended to {run['trace']['requests']} requests",
         f"The engine made {engine['tokens_per_s']} tokens/s, "
         f"{goals['throughput_1_5x_static']['measured']} times static batching's "
         f"{static['tokens_per_s']}: the goal of 1.5 {met[goals['throughput_1_5x_static']['met']]}, "
-        f"the goal of 2 {'is' if goals['throughput_2x_static']['met'] else 'is not'}",
-        f"The engine's median time to first token was\n  {engine['ttft_ms']['median']} ms against "
+        f"the goal of 2 {'is met' if goals['throughput_2x_static']['met'] else 'is not'}",
+        "In the run with\n  the median ratio (these figures are that one run's), the engine's "
+        f"median time to first token was\n  {engine['ttft_ms']['median']} ms against "
         f"{static['ttft_ms']['median']} ms ({goals['median_ttft_half_of_static']['measured']} of",
         f"the engine reserved {kv['reserved']} KV positions for {kv['used']} used; one block per "
         f"running request allows {kv['one_block_each']} more",
@@ -242,13 +245,18 @@ def test_serving_figures_are_the_recorded_run():
         f"{parts['engine_outside_forward']} s to the engine outside the forward: a step averaged "
         f"{near['tokens_per_step']} tokens",
         f"spread from {min(run['throughput_ratio_per_run'])} to "
-        f"{max(run['throughput_ratio_per_run'])}",
+        f"{max(run['throughput_ratio_per_run'])} on the idle machine",
+        f"gave runs from {min(loaded['throughput_ratio_per_run'])}\n  to "
+        f"{max(loaded['throughput_ratio_per_run'])}, median {loaded['throughput_ratio_median']}",
+        f"waited {loaded['engine']['ttft_ms']['p99']} ms for\n  its first token, "
+        f"{busy_steps} of its median steps, where on the idle machine it waited "
+        f"{engine['ttft_ms']['p99']} ms",
     ]
     assert_says_all(said, "serving figures")
     assert run["same_tokens"] and hf["same_tokens"]
     unmet = {name for name, goal in goals.items() if not goal["met"]}
-    assert unmet == {"throughput_2x_static", "engine_0_6x_prefill_rate"}, (
-        "the README says these two goals, and only these, are not met"
+    assert unmet == {"engine_0_6x_prefill_rate"}, (
+        "the README says this goal, and only this one, is not met"
     )
 
 
@@ -328,15 +336,19 @@ def test_server_figures_are_the_recorded_run():
         f"and {r['server']['blocks_reused']} freed blocks handed out again a run",
         f"The server made {speed['measured']} of the engine's tokens/s driven directly (median "
         f"of {len(r['runs'])} alternating runs; goal: at least {speed['target']}, "
-        + ("met)" if speed["met"] else "not met)"),
+        + ("met; one" if speed["met"] else "not met; one")
+        + f" run gave {min(r['throughput_ratio_per_run'])})",
         f"and {r['pure_python_http']['median']} on uvicorn's pure-Python parser",
-        f"token: {r['server']['ttft_ms']['median']} ms against the engine's "
+        f"In the run with the median ratio, median time to first token: "
+        f"{r['server']['ttft_ms']['median']} ms against the engine's "
         f"{r['engine']['ttft_ms']['median']}; per output token: {r['server']['tpot_ms']['median']}"
         f" ms against {r['engine']['tpot_ms']['median']}",
         f"With {leave['clients_leaving']} of the {r['workload']['clients']} clients leaving "
-        f"mid-answer, {leave['left_requests_aborted_in_the_engine']} requests "
-        f"were aborted in the engine and the other {leave['other_requests_complete']} of "
-        f"{leave['other_requests']} completed, {leave['blocks_leaked']} blocks leaked",
+        f"mid-answer, {leave['requests_left']} requests lost their client: "
+        f"{leave['left_requests_aborted_in_the_engine']} were aborted in the engine and "
+        f"{leave['left_requests_finished_first']} had finished first; the other "
+        f"{leave['other_requests_complete']} of {leave['other_requests']} completed, "
+        f"{leave['blocks_leaked']} blocks leaked",
         f'a shutdown with {down["in_flight"]} requests in flight ended each with "abort" and '
         f"exited in {down['seconds_to_exit']} s",
     ]
