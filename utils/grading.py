@@ -464,6 +464,7 @@ class Place:
     line: int
     target: tuple[str, str | None]  # what to replace to make calling it fail at once
     cell: str = "a cell of yours"  # the cell's label, as tracebacks show it
+    text: str = ""  # the line itself, as written
 
     @property
     def given(self) -> bool:
@@ -500,8 +501,11 @@ def _learner_places(err: BaseException, impl: Impl) -> list[Place]:
             parts = code.co_qualname.split(".")
             target = (parts[0], parts[1] if len(parts) > 1 and parts[1] != "<locals>" else None)
             cell = code.co_filename.strip("<>").rsplit(" #", 1)[0]  # run_cell's label
+            text = linecache.getline(code.co_filename, tb.tb_lineno).strip()
             places.append(
-                Place(impl.exercise_of_code(code), code.co_qualname, tb.tb_lineno, target, cell)
+                Place(
+                    impl.exercise_of_code(code), code.co_qualname, tb.tb_lineno, target, cell, text
+                )
             )
         tb = tb.tb_next
     return places[::-1]
@@ -540,17 +544,41 @@ def failure_report(err: BaseException) -> str:
 
 
 def is_not_implemented(err: BaseException | None) -> bool:
-    """NotImplementedError raised, or a blank kernel refused by Triton's compiler at its
-    `raise NotImplementedError()`: on a GPU a kernel is compiled before it runs, and the
-    compiler takes no `raise` (UnsupportedLanguageConstruct, seen on an H100), where the
-    interpreter runs the line and raises."""
-    if _caused_by(err, NotImplementedError) is not None:
-        return True
+    """The blank exercise's `raise NotImplementedError()` (or a test's "still raises
+    NotImplementedError"), or a blank kernel refused by Triton's compiler at that `raise`: on a
+    GPU a kernel is compiled before it runs, and the compiler takes no `raise`
+    (UnsupportedLanguageConstruct, seen on an H100), where the interpreter runs the line and
+    raises. PyTorch raises NotImplementedError too, with words of its own ("Cannot copy out of
+    meta tensor" where code reads a meta tensor's values): that is a slip, not a blank cell."""
     while err is not None:
+        if isinstance(err, NotImplementedError) and (
+            not str(err) or "NotImplementedError" in str(err)
+        ):
+            return True
         if raises_not_implemented(getattr(err, "node", None)):
             return True
         err = err.__cause__ or err.__context__
     return False
+
+
+META_READ = (
+    "The test ran your code on PyTorch's 'meta' device, whose tensors have shapes but no "
+    "values: a line that reads values back into Python (.tolist(), .item(), int() or float() "
+    "of a tensor, an `if` on a tensor) cannot run there, and on a GPU it makes the host wait "
+    "for the device. Which line of yours reads a tensor's values?"
+)
+
+
+def _raised_here(err: BaseException, here: Place | None) -> str:
+    """For an exception that is not a test's own sentence: where in the learner's code it was
+    raised, their own line quoted (not a fix), and what a meta tensor's refusal means."""
+    first = exception_message(err).splitlines()[0]
+    words = []
+    if "meta tensor" in first or "'Meta' backend" in first:
+        words.append(META_READ)
+    if here is not None and not here.given and here.text:
+        words.append(f"It was raised in your {here.describe()}: `{here.text}`.")
+    return " ".join(words)
 
 
 def _caused_by(err: BaseException | None, kind: type) -> BaseException | None:
@@ -650,9 +678,12 @@ def run_graded_test(
         not_implemented = is_not_implemented(err)
         # A full report only where it will be shown (rendering one reads source: slow).
         plain = kind_of(err) == "error" and not (unavailable or not_implemented)
+        places = _learner_places(err, impl)
+        tutor = isinstance(err, AssertionError) or type(err).__name__ == "Failed"
         return {
-            "places": _learner_places(err, impl),
+            "places": places,
             "first_line": exception_message(err).splitlines()[0],
+            "raised_here": "" if tutor else _raised_here(err, places[0] if places else None),
             "longrepr": describe(err) if plain else "",
             "not_implemented": not_implemented,
             "unavailable": str(unavailable) if unavailable else None,
@@ -764,6 +795,10 @@ def _failure(impl: Impl, exercise: str, outcome: Outcome, info: dict, budget_s: 
     else:
         message = info["first_line"]
         longrepr = info["longrepr"]
+        if info.get("raised_here"):
+            stop = "" if message[-1:] in ".!?" else "."
+            message = f"{message}{stop} {info['raised_here']}"
+            longrepr = f"{longrepr}\n\n{info['raised_here']}"
         if info["name_error"]:
             message = f"{message}. {info['name_error']}"
             longrepr = f"{longrepr}\n\n{info['name_error']}"

@@ -1318,4 +1318,23 @@ MUTANTS += [
         name="loop-over-copy",
         says=("copied before the step",),
     ),
+    # Slips a held-out run found with no named first message: the grader now says where a
+    # crash in the learner's code was raised, and what a meta tensor's refusal means.
+    Mutant(
+        "attend",
+        "    G, B = block_tables.shape\n",
+        "    G, B = block_tables.shape\n    if max(query_pos.flatten().tolist()) < 0:\n"
+        "        raise ValueError('no position')\n",
+        "the positions read back into Python (.tolist()) inside attend: a host sync",
+        name="tolist-host-read",
+        says=("meta", "reads values back into Python"),
+    ),
+    Mutant(
+        "block_pool",
+        "del self.cached[block.block_hash]\n                block.block_hash = None",
+        "block.block_hash = None\n                del self.cached[block.block_hash]",
+        "the evicted block's name cleared before it is used to remove the block from the cache",
+        name="name-cleared-before-eviction",
+        says=("raised in your", "del self.cached"),
+    ),
 ]
