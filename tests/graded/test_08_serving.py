@@ -96,6 +96,29 @@ def overflow_mistake(impl, table, positions, block_size) -> str:
         got = impl.slots_of(table, inner, block_size)
     except Exception:
         got = None
+    if isinstance(got, list) and len(got) != len(inner):
+        extra = len(got) - len(inner)
+        past = range(inner.start, inner.stop + extra) if extra > 0 else None
+        which = (
+            (
+                f"one is the slot of position {past.stop - 1}"
+                if extra == 1
+                else f"ones are the slots of positions {past.stop - extra} to {past.stop - 1}"
+            )
+            if past
+            else ""
+        )
+        off = (
+            f" The extra {which}, past the range's end: a range does not include its stop, "
+            "and the positions are exactly the range given."
+            if past and got == [slot_by_definition(table, p, block_size) for p in past]
+            else ""
+        )
+        return (
+            f" Asked for the {len(inner)} positions {inner.start} to {inner.stop - 1} (which stay "
+            f"inside the table), {len(got)} slots came back: one slot per position is "
+            f"expected.{off}"
+        )
     if got == [slot_by_definition(table, p + 1, block_size) for p in inner]:
         return (
             " Each slot it gave is the slot of the NEXT position (p + 1): the positions were "
@@ -112,7 +135,9 @@ def slots_by_position(table, positions, block_size, got) -> str:
     taken one position early or late, the offset from another position."""
     if not isinstance(got, list) or len(got) != len(positions):
         n = len(got) if isinstance(got, list) else "?"
-        return f" One slot per position was expected: {len(positions)} positions, {n} slots."
+        return (
+            f" One slot per position was expected: {len(positions)} positions, {n} slots came back."
+        )
     wrong = [(p, s) for p, s in zip(positions, got, strict=True)
              if s != slot_by_definition(table, p, block_size)]  # fmt: skip
     if not wrong:
