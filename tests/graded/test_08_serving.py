@@ -355,6 +355,20 @@ def attend_mistake(queries, keys, values, tables, query_pos, got) -> str:
             "Is the softmax taken over the keys' axis (the last)? Over the queries' axis, a "
             "decode's one query is alone in its softmax, masked or not."
         )
+    swapped = [
+        (keys, keys, "reads the KEYS as values (were the values gathered from the keys' cache?)"),
+        (values, values, "reads the VALUES as keys (were the keys gathered from the values' "
+                         "cache?)"),
+        (values, keys, "reads the keys' and values' caches swapped"),
+    ]  # fmt: skip
+    for as_keys, as_values, how in swapped:
+        if torch.allclose(got.double(), attention_by_hand(queries, as_keys, as_values, tables,
+                                                          query_pos), atol=1e-4):  # fmt: skip
+            return (
+                f" Your output is what attention gives when it {how}: the mask and the "
+                "positions are right; the scores come from the keys' cache and the weighted sum "
+                "from the values' cache."
+            )
     strict = attention_by_hand(queries, keys, values, tables, query_pos - 1)
     if torch.allclose(got.double(), strict, atol=1e-4):
         return (
@@ -464,6 +478,35 @@ def test_attention_reads_each_requests_own_positions_up_to_its_own(impl, G, Q):
         "through its table. "
         + explain_difference(got.double(), want, ("request", "query", "head", "d_head"))
         + attend_mistake(queries, keys, values, tables, query_pos, got)
+    )
+
+
+@pytest.mark.attend
+def test_attend_in_bfloat16_returns_the_queries_dtype(impl):
+    """A 16-bit model (chapter 7's, and the engine's in bfloat16) calls attend with bfloat16
+    queries and cache: the output goes on in the queries' dtype, as PyTorch's attention's does."""
+    queries, keys, values, tables, query_pos = attend_case(seed=7, G=2, Q=3)
+    B = max(map(len, tables))
+    block_tables = torch.tensor([t + [0] * (B - len(t)) for t in tables])
+    q, k, v = (x.to(torch.bfloat16) for x in (queries, keys, values))
+    got = impl.attend(q, k, v, block_tables, query_pos)
+    want = attention_by_hand(q, k, v, tables, query_pos)
+    close = got.shape == want.shape and torch.allclose(got.double(), want, atol=0.05, rtol=0.02)
+    assert got.dtype == q.dtype, (
+        f"attend was given bfloat16 queries, keys and values and returned {got.dtype}: the "
+        "output must have the queries' dtype (the next layer adds it to a bfloat16 residual). "
+        + (
+            "Its numbers are right at bfloat16's precision; only the cast back is missing: was "
+            "attention computed in float32 (the inputs made .float()) and the result not cast "
+            "back to the queries' dtype?"
+            if close
+            else "Is a tensor made in another dtype, or the result not cast back?"
+        )
+    )
+    assert torch.allclose(got.double(), want, atol=0.05, rtol=0.02), (
+        "with bfloat16 queries, keys and values, attend's output is not attention at bfloat16's "
+        "precision (within 0.05 + 2% of the float64 result). "
+        + explain_difference(got.double(), want, ("request", "query", "head", "d_head"))
     )
 
 
