@@ -775,9 +775,65 @@ def request(impl, request_id: str, ids: list[int], max_tokens: int = 8):
     return impl.Request(request_id, list(ids), impl.SamplingParams(max_tokens=max_tokens))
 
 
+def blocks_counted(impl) -> str:
+    """How many blocks the learner's allocate_slots gives a request at exact block boundaries
+    (a pool large enough for any count), where they fit a known mistake: a sentence."""
+    cases, got = [(8, 4), (4, 8), (8, 1)], []
+    for computed, new in cases:
+        manager = impl.KVCacheManager(num_blocks=64, block_size=4)
+        req = request(impl, f"probe-{computed}-{new}", range(100, 100 + computed + new))
+        try:
+            manager.allocate_slots(req, computed)
+            req.num_computed_tokens = computed
+            manager.allocate_slots(req, new)
+        except Exception:
+            return ""
+        got.append(len(req.block_ids))
+    need = [-(-(c + n) // 4) for c, n in cases]
+    if got != need and got == [c + -(-n // 4) for c, n in cases]:
+        counts = "; ".join(
+            f"{c} tokens computed and {n} new ({c + n} tokens) need {w} blocks of 4, your "
+            f"allocate_slots gave the request {g}"
+            for (c, n), w, g in zip(cases, need, got, strict=True)
+        )
+        return (
+            f" At exact block boundaries, with a pool large enough for any count: {counts}. "
+            "That is the computed tokens plus the new tokens' blocks: only the new tokens were "
+            "divided by block_size. The blocks needed are ALL the tokens the request will have "
+            "(computed and new), summed first, then divided by block_size and rounded up."
+        )
+    return ""
+
+
+def allocated(impl, manager, req, n: int, hits=None) -> None:
+    """allocate_slots for a setup whose pool has room: None is explained with the counts."""
+    held, hit = len(req.block_ids), len(hits or [])
+    free = getattr(manager.pool, "num_free_blocks", "?")
+    got = manager.allocate_slots(req, n) if hits is None else manager.allocate_slots(req, n, hits)
+    total = req.num_computed_tokens + hit * manager.block_size + n
+    need = -(-total // manager.block_size)
+    if got is not None and len(req.block_ids) != need:
+        named = blocks_counted(impl)  # a known miscount is named here; others further on
+        if named:
+            pytest.fail(
+                f"request {req.request_id!r}: {req.num_computed_tokens} tokens computed, {hit} "
+                f"cached block(s) of {manager.block_size} and {n} new tokens make {total} "
+                f"tokens: {need} blocks of {manager.block_size} (rounded up), and its table "
+                f"has {len(req.block_ids)}." + named
+            )
+    if got is None:
+        pytest.fail(
+            f"request {req.request_id!r}: {req.num_computed_tokens} tokens computed, "
+            f"{hit} cached block(s) and {n} new tokens make {total} tokens, {need} blocks of "
+            f"{manager.block_size}; it held {held} and its hits are {hit}, so it needs "
+            f"{max(need - held - hit, 0)} new block(s), and {free} were free: allocate_slots "
+            "returned None where the blocks suffice." + blocks_counted(impl)
+        )
+
+
 def computed_in_full(impl, manager, req) -> None:
     """Allocate a request's whole prompt, name its full blocks, mark it computed."""
-    assert manager.allocate_slots(req, req.num_tokens) is not None
+    allocated(impl, manager, req, req.num_tokens)
     manager.cache_blocks(req, req.num_tokens)
     req.num_computed_tokens = req.num_tokens
 
@@ -852,15 +908,15 @@ def test_the_hits_stop_at_the_first_miss_even_when_a_later_block_is_named(impl):
     manager = impl.KVCacheManager(num_blocks=6, block_size=4)
     prefix = list(range(1, 9))  # 2 full blocks
     a = request(impl, "a", prefix)
-    assert manager.allocate_slots(a, 8) is not None  # names its 2 blocks
+    allocated(impl, manager, a, 8)  # names its 2 blocks
     a.num_computed_tokens = 8
     b = request(impl, "b", prefix)
     hits, n = manager.get_computed_blocks(b)  # a's first block (its last token is computed)
     assert n == 4, f"setup: b shares a's first block (4 tokens), got {n} tokens"
-    assert manager.allocate_slots(b, 4, hits) is not None  # its 2nd block: a's keeps the name
+    allocated(impl, manager, b, 4, hits)  # its 2nd block: a's keeps the name
     b.num_computed_tokens = 8
     b.output_token_ids += [11, 12, 13, 14]
-    assert manager.allocate_slots(b, 4) is not None  # b's 3rd block is named (its parent: 2nd)
+    allocated(impl, manager, b, 4)  # b's 3rd block is named (its parent: 2nd)
     assert len(b.block_ids) == 3, (
         f"a request with 8 tokens computed (2 blocks of 4) and 4 new ones: 12 tokens need 3 "
         f"blocks, and its table has {len(b.block_ids)}."
@@ -907,7 +963,8 @@ def test_a_table_grows_one_block_when_the_last_is_full(impl):
         assert got is not None and len(req.block_ids) == want, (
             f"{computed_before} tokens computed, {new} more: {computed_before + new} tokens need "
             f"{want} blocks of 4 (rounded up), the table has "
-            f"{'none (None returned)' if got is None else len(req.block_ids)}"
+            f"{'none (None returned)' if got is None else len(req.block_ids)}."
+            + blocks_counted(impl)
         )
 
 
