@@ -855,7 +855,17 @@ def test_prefix_hits_are_the_longest_run_of_named_leading_blocks(impl):
         ("differs in its first token", [0] + list(range(101, 114)), 0),
         ("is the 3 named blocks and one token more", list(range(100, 112)) + [5], 12),
     ]
+    asked = []  # the token counts the lookup asked block_hashes for
+    block_hashes = getattr(manager, "block_hashes", None)
+    if callable(block_hashes):
+
+        def spy(req, num_tokens):
+            asked.append(num_tokens)
+            return block_hashes(req, num_tokens)
+
+        manager.block_hashes = spy
     for what, ids, want in cases:
+        asked.clear()
         blocks, n = manager.get_computed_blocks(request(impl, what, ids))
         odd = [b for b in blocks if not hasattr(b, "ref_cnt")]
         assert not odd, (
@@ -891,6 +901,20 @@ def test_prefix_hits_are_the_longest_run_of_named_leading_blocks(impl):
                 " Only its first block was reported, though the blocks after it are named too: "
                 "the lookup stopped at the first hit. The run of hits goes on while each block "
                 "is found, and stops at the first miss."
+            )
+        elif n != want and asked and asked[-1] != len(ids) - 1:
+            hint = (
+                f" The lookup looked at the names of the blocks among the request's first "
+                f"{asked[-1]} tokens (what it asked block_hashes for), where it should look at "
+                f"{len(ids) - 1}: all the request's tokens but the last ({len(ids)} tokens, "
+                "prompt and output, none computed yet), that is up to the last full block "
+                "among them."
+                + (
+                    " 0 is what a request not run yet has computed: the hits are looked for "
+                    "among the tokens it HAS, not those it has computed."
+                    if asked[-1] == 0
+                    else ""
+                )
             )
         elif n < want:
             hint = (
