@@ -198,7 +198,51 @@ def test_rmsnorm_matches_hf_on_shipped_weights(impl, llama):
         for mistake, wrong in rmsnorm_mistakes(x, oracle.weight.detach(), eps).items():
             if close(got, wrong):
                 pytest.fail(RMSNORM_MESSAGES[mistake])
+        said = rms_of_rows(impl, cfg, x, eps)
+        if said:
+            pytest.fail(said)
         assert_close_f32(got.float(), expected, "RMSNorm differs from HF's LlamaRMSNorm")
+
+
+def rms_of_rows(impl, cfg, x, eps) -> str | None:
+    """With the weight all ones, each row of RMSNorm's output has a root mean square of
+    sqrt(ms / (ms + eps)), about 1: where the learner's rows do not, say what they were divided
+    by (when each row is divided by one number) and what the root mean square is."""
+    norm = learner_module(impl.RMSNorm, cfg, {"w": torch.ones(cfg.d_model)})
+    got = run_norm(norm, x.clone()).float()
+    if got.shape != x.shape:
+        return None
+    ms = x.pow(2).mean(-1)
+    want = (ms / (ms + eps)).sqrt()
+    rms = got.pow(2).mean(-1).sqrt()
+    if close(rms, want, atol=1e-4, rtol=1e-3):
+        return None
+
+    def some(t):
+        return ", ".join(f"{v:.3g}" for v in t.flatten()[:3].tolist())
+
+    said = (
+        f"with the weight set to all ones, each position's output should have a root mean "
+        f"square of sqrt(ms / (ms + eps)), 1 where epsilon is small next to the mean square ms "
+        f"(here {some(want)}, ...); yours has {some(rms)}, ... RMSNorm divides each "
+        "position's vector by sqrt(mean(x_i^2) + eps): the root of the MEAN of the SQUARES of "
+        "its d_model coordinates, plus epsilon under the root."
+    )
+    divisor = x / got
+    one_each = (divisor - divisor[..., :1]).abs().max() <= 1e-4 * divisor.abs().max()
+    if not one_each:
+        return said
+    d = divisor[..., 0]
+    said += (
+        f" Your rows are each divided by one number, {some(d)}, ..., where sqrt(ms + eps) is "
+        f"{some((ms + eps).sqrt())}, ..."
+    )
+    if close(d, (x.mean(-1).pow(2) + eps).sqrt(), atol=1e-5, rtol=1e-4):
+        said += (
+            ": yours is the root of the square of the MEAN (the mean taken first, then "
+            "squared), not of the mean of the squares. Square each coordinate first"
+        )
+    return said + "."
 
 
 @pytest.mark.rmsnorm
@@ -740,7 +784,61 @@ def check_swiglu(impl, hf, layer):
     for mistake, candidate in wrong.items():
         if close_f32(got, candidate):
             pytest.fail(SWIGLU_MESSAGES[mistake])
+    said = gate_branch(impl, cfg)
+    if said:
+        pytest.fail(said)
     assert_close_f32(got, expected, "SwiGLU differs from HF's LlamaMLP on the same weights")
+
+
+def gate_branch(impl, cfg) -> str | None:
+    """The gate branch alone, read through weights that make the output the activated gate:
+    d_mlp = d_model, W_down = I, W_up reading the input's last coordinate (1), W_gate = c * I.
+    Then SwiGLU gives SiLU(c * g) for each other coordinate g; what the learner's gives says
+    whether the activation is SiLU, and (c = 2) whether it comes after the projection."""
+    d = cfg.d_model
+    probe = copy.copy(cfg)
+    probe.d_mlp = d
+    g = torch.linspace(-4, 4, d - 1)
+    g[:4] = torch.tensor([2.0, -2.0, 1.0, -1.0])
+    x = torch.cat([g, torch.ones(1)])[None, None]
+    W_up = torch.zeros(d, d)
+    W_up[-1] = 1.0
+
+    def gate_out(c):
+        params = {"W_gate": c * torch.eye(d), "W_up": W_up, "W_down": torch.eye(d)}
+        try:
+            with torch.no_grad():
+                out = learner_module(impl.SwiGLU, probe, params)(x.clone())
+        except Exception:
+            return None
+        return out[0, 0, :-1] if out.shape == x.shape else None
+
+    one, two = gate_out(1.0), gate_out(2.0)
+    if one is None or two is None:
+        return None
+    at = "; ".join(
+        f"at g = {v:g} SiLU gives {F.silu(torch.tensor(v)).item():.3g}, yours {o:.3g}"
+        for v, o in zip(g[:2].tolist(), one[:2].tolist(), strict=True)
+    )
+    if not close_f32(one, F.silu(g)):
+        return (
+            "your gate's activation is not SiLU: with W_up and W_down chosen so that the "
+            f"output is the activated gate itself, {at}. SiLU(g) = g * sigmoid(g), and "
+            "sigmoid(g) = 1 / (1 + exp(-g)). Which activation does your gate branch apply?"
+        )
+    if not close_f32(two, F.silu(2 * g)):
+        if close_f32(two, 2 * F.silu(g)):
+            return (
+                "with W_gate = I your gate branch gives SiLU(g), but with W_gate = 2 I it gives "
+                f"2 SiLU(g) (at g = 1: {two[2].item():.3g}, where SiLU(2) = "
+                f"{F.silu(torch.tensor(2.0)).item():.3g}): your SiLU is applied to the input, "
+                "before the projection through W_gate. It goes on the projection x @ W_gate."
+            )
+        return (
+            "with W_gate = I your gate branch is SiLU(g), but with W_gate = 2 I it is not "
+            "SiLU(2 g): is SiLU applied to the gate's projection, x @ W_gate, and to it alone?"
+        )
+    return None
 
 
 @pytest.mark.swiglu
@@ -807,7 +905,18 @@ def test_expand_kv_matches_hf_repeat_kv(impl, n_kv_heads, group):
 
     g = torch.Generator().manual_seed(5)
     kv = torch.randn(7, n_kv_heads, 5, 6, generator=g)
-    got = impl.expand_kv(kv.clone(), group)
+    try:
+        got = impl.expand_kv(kv.clone(), group)
+    except RuntimeError as err:
+        if "expanded size" not in str(err) or n_kv_heads == 1:
+            raise
+        pytest.fail(
+            f"with {n_kv_heads} key/value heads in groups of {group} your expand_kv fails "
+            f"({str(err).splitlines()[0]}). Tensor.expand only repeats axes of size 1 (a view "
+            "that reads the same numbers again): it works with one key/value head and no other. "
+            "Each key/value head needs group_size copies next to each other along the heads "
+            "axis (repeat_interleave makes such copies)."
+        )
     expected = repeat_kv(kv, group)
     said = (
         f"keys [batch 7, n_kv_heads {n_kv_heads}, pos 5, d_head 6] in groups of {group}: expected "
@@ -922,6 +1031,9 @@ def test_rotated_qkv_match_hf(impl, small):
                 "the values are rotated: only queries and keys turn; values carry what a "
                 "query reads, not where it is."
             )
+        said = memory_order(got, raw, cos, sin, rotated=name in "qk")
+        if said:
+            pytest.fail(f"your {dict(q='queries', k='keys', v='values')[name]} {said}")
         which = "queries" if name == "q" else "keys"
         for slip, qkv in slipped.items():
             if name in "qk" and close_f32(got, qkv["qk".index(name)]):
@@ -939,6 +1051,30 @@ def test_rotated_qkv_match_hf(impl, small):
         assert_close_f32(
             got, want, f"{name} differs from HF's projection rotated by apply_rotary_pos_emb"
         )
+
+
+def memory_order(got, raw, cos, sin, rotated: bool) -> str | None:
+    """Whether `got` holds the right numbers in the wrong memory order: the projection `raw`
+    [batch, heads, posn, d_head] laid out with its axes in another order, then reshaped (or
+    viewed) to [batch, heads, posn, d_head] (and rotated, for queries and keys)."""
+    import itertools
+
+    names = ("batch", "heads", "posn", "d_head")
+    for order in itertools.permutations(range(4)):
+        if order == (0, 1, 2, 3):
+            continue
+        candidate = raw.permute(order).reshape(raw.shape)
+        if rotated:
+            candidate = hf_rotate(candidate, cos, sin)
+        if close_f32(got, candidate):
+            laid = ", ".join(names[a] for a in order)
+            return (
+                f"hold the right numbers in the wrong order: they are what a tensor laid out "
+                f"[{laid}] gives when reshaped (or viewed) to [batch, heads, posn, d_head]. A "
+                "reshape keeps the numbers in their memory order and only cuts them anew; "
+                "moving an axis takes a transpose (or permute)."
+            )
+    return None
 
 
 @contextlib.contextmanager
@@ -1197,6 +1333,42 @@ def test_attend_reads_a_cache_where_allowed(impl, small):
 
 
 @pytest.mark.gqa
+def test_attend_with_no_mask(impl, small):
+    """allowed=None, as llama_forward_with_cache passes it for one new token with no padding:
+    every query reads every key, HF's eager attention with no mask."""
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    attn, cfg = gqa_of(impl, small, 0)
+    hf_attn = small.model.layers[0].self_attn
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn(2, cfg.n_heads, 1, cfg.d_head, generator=g)
+    keys, values = torch.randn(2, 2, cfg.n_kv_heads, 6, cfg.d_head, generator=g)
+    try:
+        with torch.no_grad():
+            got = attn.attend(q.clone(), keys.clone(), values.clone(), None)
+    except NotImplementedError:
+        raise
+    except Exception as err:
+        pytest.fail(
+            f"your attend fails when called with allowed=None ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}). llama_forward_with_cache passes "
+            "None for one new token with no padding, which reads every cached key: no mask is "
+            "needed. With allowed=None every query reads every key; does your attend use "
+            "`allowed` (invert it, fill with it) without asking whether it is None?"
+        )
+    with torch.no_grad():
+        z, _ = eager_attention_forward(hf_attn, q, keys, values, None, cfg.d_head**-0.5)
+        expected = hf_attn.o_proj(z.flatten(-2))
+    assert got.shape == expected.shape, (
+        f"attend with allowed=None, q [2, {cfg.n_heads}, 1 new, {cfg.d_head}] and 6 keys: "
+        f"expected {tuple(expected.shape)} ([batch, new, d_model]), got {tuple(got.shape)}"
+    )
+    assert_close_f32(
+        got, expected, "attend with allowed=None (every key readable) differs from HF's attention"
+    )
+
+
+@pytest.mark.gqa
 def test_attention_in_bfloat16(impl, small):
     """The layer in bfloat16, as in a model loaded in 16 bits: rotated_qkv's three tensors and
     attend's output keep bfloat16, and the output is HF's LlamaAttention in bfloat16 up to
@@ -1388,6 +1560,8 @@ def where_it_differs(model, hf, ids) -> str:
     for sub in model.modules():
         handles.append(sub.register_forward_pre_hook(snapshot))
         handles.append(sub.register_forward_hook(compare))
+    for i, layer in enumerate(hf.model.layers):
+        handles.append(layer.self_attn.register_forward_hook(keep(theirs, f"attn block {i}")))
     for name, a, b in parts:
         handles.append(a.register_forward_hook(keep(mine, name)))
         handles.append(b.register_forward_hook(keep(theirs, name)))
@@ -1449,6 +1623,9 @@ def where_it_differs(model, hf, ids) -> str:
                     " The residual stream agrees with HF's after every block; the final norm's "
                     "output does not: self.ln_final of the last block's output."
                 )
+            said = block_terms(hf, name, theirs, mine[name])
+            if said:
+                return said
             return (
                 f" The residual stream after {name} differs from HF's decoder layer's{before}: "
                 "look at LlamaBlock (each sublayer reads its own norm of the residual stream, "
@@ -1458,6 +1635,44 @@ def where_it_differs(model, hf, ids) -> str:
     return (
         " The residual stream and its final norm agree with HF's: the unembedding is what "
         "differs. Call self.unembed (this model's, tied or not)."
+    )
+
+
+def block_terms(hf, name, theirs, got) -> str | None:
+    """The learner's block output written as a x + b attention + c MLP, with HF's pieces on the
+    block's input x (the attention's output, and the MLP on ln2 of x + attention): where that
+    fits and (a, b, c) is not (1, 1, 1), which term is missing or counted twice."""
+    x, attn_out = theirs.get("input " + name), theirs.get("attn " + name)
+    if not isinstance(x, torch.Tensor) or not isinstance(attn_out, torch.Tensor):
+        return None
+    if not isinstance(got, torch.Tensor) or got.shape != x.shape:
+        return None
+    layer = hf.model.layers[int(name.split()[-1])]
+    with torch.no_grad():
+        mlp_out = layer.mlp(layer.post_attention_layernorm(x + attn_out))
+        terms = torch.stack([x, attn_out, mlp_out], dim=-1).reshape(-1, 3).double()
+        coef = torch.linalg.lstsq(terms, got.reshape(-1, 1).double()).solution[:, 0]
+    rounded = coef.round()
+    if (coef - rounded).abs().max() > 0.01 or rounded.tolist() == [1.0, 1.0, 1.0]:
+        return None
+    if not close_f32(got, (terms.float() @ rounded.float()).reshape(got.shape)):
+        return None
+    a, b, c = (int(v) for v in rounded.tolist())
+    said = (
+        f" Your {name} returns {a} x its input + {b} x the attention's output + {c} x the MLP's "
+        "output (HF's: 1, 1 and 1, the MLP reading ln2 of input + attention):"
+    )
+    parts = ("its input (resid_pre)", "the attention's output", "the MLP's output")
+    missing = [p for p, n in zip(parts, (a, b, c), strict=True) if n == 0]
+    extra = [p for p, n in zip(parts, (a, b, c), strict=True) if n not in (0, 1)]
+    if missing:
+        said += f" {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not in what you "
+        said += "return."
+    if extra:
+        said += f" {' and '.join(extra)} counted more than once."
+    return (
+        said + " resid_mid = resid_pre + attention output, and the block returns resid_mid + "
+        "the MLP's output: each sublayer's output is added to the stream once, and kept."
     )
 
 
@@ -1472,6 +1687,13 @@ def check_model(impl, hf, ids, tie):
     )
     if close_f32(got, expected):
         return
+    if got.min() >= 0 and torch.allclose(got.float().sum(-1), torch.ones(got.shape[:-1])):
+        pytest.fail(
+            "your forward returns probabilities, not logits: every number is >= 0 and each "
+            "position's row sums to 1 (a softmax). The model returns the unembedding's raw "
+            "scores, the logits; a sampler takes the softmax itself, after its temperature and "
+            "filters, and a loss its log-softmax."
+        )
     for mistake, message in MODEL_MESSAGES.items():
         if close_f32(got, hf_llama_mistake_logits(hf, ids, mistake)):
             pytest.fail(message)
@@ -1502,6 +1724,30 @@ def test_llama_matches_hf_untied_random(impl):
     hf = random_hf_llama(seed=10)
     ids = torch.tensor([[3, 17, 42, 8, 0, 25], [49, 1, 2, 30, 30, 11]])
     check_model(impl, hf, ids, tie=False)
+
+
+@pytest.mark.llama
+def test_llama_block_leaves_its_input_unchanged(impl, small):
+    """A LlamaBlock called on a residual stream the caller keeps (a copy taken first): the
+    model's own forward cannot see a block that writes into its input, since it hands each
+    stream on once, but a caller that keeps the stream (a hook, a probe, chapter 8's runner) can."""
+    from tests.graded._oracles import assert_untouched
+
+    cfg = course_config(small.config)
+    block = learner_module(impl.LlamaBlock, cfg, under(course_weights(small), "blocks.0."))
+    g = torch.Generator().manual_seed(16)
+    x = torch.randn(2, 5, cfg.d_model, generator=g)
+    before = x.clone()
+    with torch.no_grad():
+        block(x, torch.arange(5).expand(2, 5))
+    assert_untouched(
+        x,
+        before,
+        "your LlamaBlock",
+        "An in-place addition (resid_pre += ..., add_) writes the attention's or the MLP's "
+        "output into the residual stream the caller handed in; resid_pre + ... makes a new "
+        "tensor.",
+    )
 
 
 def run_in_bfloat16(model, ids):
@@ -1835,6 +2081,81 @@ def new_keys_only(hf, new, start, mask, logits) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def heads_handed_to_attend(model, what: str):
+    """Name keys handed to attend with another number of heads than n_kv_heads (expanded
+    before attend, which expands them itself), whether or not attend then fails."""
+    handed = []
+    blocks = list(model.blocks)
+    for block in blocks:
+        own = block.attn.attend
+
+        def spy(q, keys, *args, _own=own, **kwargs):
+            if isinstance(keys, torch.Tensor) and keys.ndim == 4:
+                handed.append(keys.shape[1])
+            return _own(q, keys, *args, **kwargs)
+
+        block.attn.attend = spy
+    n_kv = model.cfg.n_kv_heads
+    said = (
+        "{what}: your llama_forward_with_cache hands attend keys with {n} heads where the "
+        f"cache holds n_kv_heads = {n_kv} per layer, as rotated_qkv returns them. attend copies "
+        "each key/value head for its group of query heads itself (expand_kv): keys expanded "
+        "before it are expanded twice, and a cache of expanded keys is group_size times larger "
+        "than it needs to be. Cache and hand on the keys and values as rotated_qkv gives them."
+    )
+    try:
+        yield
+    except RuntimeError as err:
+        import re
+
+        wrong = [n for n in handed if n != n_kv]
+        if wrong:
+            pytest.fail(said.format(what=what, n=wrong[0]))
+        # the cache's keys joined with new ones of another number of heads (expanded first)
+        sizes = re.search(
+            r"except in dimension (?:2|-2)\. Expected size (\d+) but got size (\d+)", str(err)
+        )
+        if sizes and int(sizes.group(1)) == n_kv and int(sizes.group(2)) % n_kv == 0:
+            pytest.fail(
+                said.replace("hands attend", "joins the cache's keys with new").format(
+                    what=what, n=int(sizes.group(2))
+                )
+            )
+        raise
+    finally:
+        for block in blocks:
+            block.attn.__dict__.pop("attend", None)
+    wrong = [n for n in handed if n != n_kv]
+    if wrong:
+        pytest.fail(said.format(what=what, n=wrong[0]))
+
+
+def reads_later_new_tokens(impl, model, new, previous, mask, start) -> str | None:
+    """Whether a step's earlier new positions change when its last new token does: they must
+    not read it (causal among the new tokens), whatever the cache holds."""
+    if new.shape[1] < 2:
+        return None
+    other = new.clone()
+    other[:, -1] = (other[:, -1] + 1) % model.cfg.d_vocab
+    step_mask = None if mask.all() else mask[:, : start + new.shape[1]]
+    try:
+        with torch.no_grad():
+            a, _ = impl.llama_forward_with_cache(model, new, previous, step_mask)
+            b, _ = impl.llama_forward_with_cache(model, other, previous, step_mask)
+    except Exception:
+        return None
+    if close_f32(a[:, :-1], b[:, :-1]):
+        return None
+    return (
+        f"With {start} positions cached, the logits of the first {new.shape[1] - 1} new tokens "
+        "change when only the last new token does: the new tokens read the new keys after "
+        "them. A mask is needed at every step where more than one token is new (causal among "
+        "them) or where the cache holds padding: the given `allowed`; only one new token in an "
+        "unpadded batch may read every key (None)."
+    )
+
+
 def step_by_step(impl, model, hf, rows: list[list[int]], chunks: list[int]):
     """Feed each row's tokens in chunks, left-padded as one batch; compare each step's logits
     with HF's on each row alone, and the first layer's cached keys with HF's."""
@@ -1846,7 +2167,8 @@ def step_by_step(impl, model, hf, rows: list[list[int]], chunks: list[int]):
     for size in chunks:
         new, new_mask = tokens[:, start : start + size], mask[:, : start + size]
         what = f"after {start} cached positions, {size} new" if start else f"a prefill of {size}"
-        with joined_along_positions(what):
+        previous = cache
+        with joined_along_positions(what), heads_handed_to_attend(model, what):
             logits, cache = impl.llama_forward_with_cache(
                 model, new, cache, None if mask.all() else new_mask[:, start:]
             )
@@ -1899,6 +2221,7 @@ def step_by_step(impl, model, hf, rows: list[list[int]], chunks: list[int]):
                     or new_keys_only(hf, new, start, mask, logits)
                     or model_slip(hf, rows, [width - len(r) for r in rows], start, size, logits)
                     or padding_only
+                    or reads_later_new_tokens(impl, model, new, previous, mask, start)
                     or "The first layer's cached keys and values are right: check what the "
                     "attention reads and what comes after it."
                 )

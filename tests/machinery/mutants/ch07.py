@@ -1035,4 +1035,100 @@ MUTANTS = [
         name="cpu-mask",
         says=("without a device",),
     ),
+    # slips a held-out run found unnamed
+    Mutant(
+        "rmsnorm",
+        "x.pow(2).mean(dim=-1, keepdim=True)",
+        "x.mean(dim=-1, keepdim=True).pow(2)",
+        "the square of the mean where the mean of the squares belongs",
+        name="square-of-the-mean",
+        says=("root mean square", "square of the mean"),
+    ),
+    Mutant(
+        "swiglu",
+        "return (F.silu(x @ self.W_gate) * (x @ self.W_up)) @ self.W_down",
+        "g = x @ self.W_gate\n"
+        "        return (g / (1 + torch.exp(g)) * (x @ self.W_up)) @ self.W_down",
+        "a hand-written SiLU with exp(+g) where exp(-g) belongs",
+        name="silu-exp-plus",
+        says=("gate's activation is not silu",),
+    ),
+    Mutant(
+        "swiglu",
+        "return (F.silu(x @ self.W_gate) * (x @ self.W_up)) @ self.W_down",
+        "return (F.silu(x) @ self.W_gate * (x @ self.W_up)) @ self.W_down",
+        "SiLU applied to the input, before the gate's projection",
+        name="silu-before-projection",
+        says=("before", "projection"),
+    ),
+    Mutant(
+        "expand_kv",
+        "return kv.repeat_interleave(group_size, dim=1)",
+        "return kv.expand(kv.shape[0], kv.shape[1] * group_size, *kv.shape[2:])",
+        "expand used to copy the heads: works only with one key/value head",
+        name="expand",
+        says=("expand", "size 1"),
+    ),
+    Mutant(
+        "gqa",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
+        "scores = q @ keys.transpose(-1, -2) / q.shape[-1] ** 0.5\n"
+        '        scores = scores.masked_fill(~allowed, float("-inf"))\n'
+        "        z = scores.softmax(dim=-1) @ values",
+        "the mask inverted with ~ whatever it is: allowed=None (no mask) crashes",
+        name="none-mask-crashes",
+        says=("allowed=none",),
+    ),
+    Mutant(
+        "gqa",
+        "return (x.flatten(0, 1) @ W).unflatten(1, x.shape[:2]).transpose(0, 1)",
+        "return (x.flatten(0, 1) @ W).reshape(x.shape[0], W.shape[0], x.shape[1], -1)",
+        "the projections reshaped to [batch, heads, posn, d_head] where the axes must be moved",
+        name="projection-reshaped",
+        says=("reshape", "order"),
+    ),
+    Mutant(
+        "llama",
+        "resid_mid = resid_pre + self.attn(self.ln1(resid_pre), positions)",
+        "resid_pre += self.attn(self.ln1(resid_pre), positions)\n        resid_mid = resid_pre",
+        "the block adds the attention's output to its input in place",
+        name="block-in-place",
+        says=("in place",),
+    ),
+    Mutant(
+        "llama",
+        "return self.unembed(self.ln_final(residual))",
+        "return self.unembed(self.ln_final(residual)).softmax(-1)",
+        "probabilities returned where logits belong",
+        name="returns-probabilities",
+        says=("probabilities", "logits"),
+    ),
+    Mutant(
+        "llama",
+        "return resid_mid + self.mlp(self.ln2(resid_mid))",
+        "return resid_pre + self.mlp(self.ln2(resid_mid))",
+        "the attention's contribution dropped from what the block returns",
+        name="attention-dropped-from-output",
+        says=("attention's output is not in what",),
+    ),
+    Mutant(
+        "llama_cache",
+        "q, k, v = block.attn.rotated_qkv(x, positions)",
+        "q, k, v = block.attn.rotated_qkv(x, positions)\n"
+        "        k = expand_kv(k, model.cfg.group_size)\n"
+        "        v = expand_kv(v, model.cfg.group_size)",
+        "keys and values expanded before attend (which expands them again) and cached expanded",
+        name="expanded-before-attend",
+        says=("n_kv_heads", "attend"),
+    ),
+    Mutant(
+        "llama_cache",
+        "residual = residual + block.attn.attend(q, k, v, allowed)",
+        "residual = residual + block.attn.attend(\n"
+        "            q, k, v, allowed if past_k.shape[2] == 0 else None\n"
+        "        )",
+        "no mask once the cache holds anything",
+        name="no-mask-after-prefill",
+        says=("mask",),
+    ),
 ]
