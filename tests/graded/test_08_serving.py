@@ -1503,7 +1503,23 @@ def test_greedy_rows_take_their_argmax_in_their_own_place(impl):
             sampled_request(impl, [3], seed=5, temperature=0.8),
             sampled_request(impl, [4, 5], temperature=0.0),
             sampled_request(impl, [6], temperature=0.0)]  # fmt: skip
-    got = impl.sample_requests(reqs, logits)
+    with recording(impl.sample_requests, "sample_next_token") as calls:
+        try:
+            got = impl.sample_requests(reqs, logits)
+        except Exception:
+            problem = sampler_input_problem(reqs, logits, calls, crashed=True)
+            if problem:
+                pytest.fail(problem)
+            raise
+    problem = sampler_input_problem(reqs, logits, calls)
+    assert not problem, problem
+    assert isinstance(got, list) and len(got) == len(reqs), (
+        f"{len(reqs)} requests (3 greedy, 1 sampled), and sample_requests returned "
+        + (f"a list of {len(got)} tokens" if isinstance(got, list) else type(got).__name__)
+        + ": one token per request is expected, request i's at index i, each in its own "
+        "request's place. Does a list that already has one place per request get more tokens "
+        "appended, where each result belongs in its own place?"
+    )
     over_requests = logits[[0, 2, 3]].argmax(dim=0)[:3].tolist()  # argmax down the columns
     assert [got[i] for i in (0, 2, 3)] != over_requests, (
         f"requests 0, 2 and 3 are greedy: their tokens should be the argmax of their rows, "
@@ -1515,7 +1531,7 @@ def test_greedy_rows_take_their_argmax_in_their_own_place(impl):
         assert got[i] == int(logits[i].argmax()), (
             f"request {i} is greedy: its token is the argmax of ITS row "
             f"({int(logits[i].argmax())}), got {got[i]}. Are the greedy results written back "
-            "at their requests' indices?"
+            "at their requests' indices, each in its own request's place?"
         )
     assert len(got) == 4 and all(isinstance(t, int) for t in got), (
         "return one int per request, in the requests' order"
@@ -1539,8 +1555,11 @@ def test_a_greedy_request_with_a_penalty_counts_its_own_text(impl):
         req = sampled_request(impl, prompt, temperature=0.0, frequency_penalty=0.5)
         req.output_token_ids = list(output)
         reqs.append(req)
-    with spying(impl.sample_requests, "sample_next_token") as calls:
+    with recording(impl.sample_requests, "sample_next_token") as both:
         got = impl.sample_requests(reqs, logits)
+    problem = sampler_input_problem(reqs, logits, both)
+    assert not problem, problem
+    calls = [kwargs for _, kwargs in both]
     penalties = [kwargs.get("frequency_penalty", 0.0) for kwargs in calls]
 
     def each(text_of) -> list[int]:
@@ -1605,19 +1624,18 @@ def test_a_seeded_request_draws_the_same_alone_and_in_any_batch(impl):
         )  # fmt: skip
 
 
-class spying:
-    """`with spying(fn, name) as calls`: while inside, the global `name` that the learner's `fn`
-    calls records each call's keyword arguments in `calls` and passes it on."""
+class recording:
+    """`with recording(fn, name) as calls`: like `spying`, each call's (args, kwargs)."""
 
     def __init__(self, fn, name: str):
         self.globals, self.name, self.calls = getattr(fn, "__globals__", {}), name, []
 
-    def __enter__(self) -> list[dict]:
+    def __enter__(self) -> list[tuple[tuple, dict]]:
         self.real = self.globals.get(self.name)
         if self.real is not None:
 
             def record(*args, **kwargs):
-                self.calls.append(kwargs)
+                self.calls.append((args, kwargs))
                 return self.real(*args, **kwargs)
 
             self.globals[self.name] = record
@@ -1626,6 +1644,80 @@ class spying:
     def __exit__(self, *exc) -> None:
         if self.real is not None:
             self.globals[self.name] = self.real
+
+
+def sampler_input_problem(reqs, logits, calls, crashed: bool = False) -> str:
+    """What sample_requests handed chapter 3's sample_next_token that is not request k's own
+    text and row: the calls are matched to the requests that sample (in order), or to every
+    request where there is one call for each. The text is checked where the request has a
+    penalty (without one, any text gives the same draw), or where the sampler crashed."""
+    sampling = [k for k, r in enumerate(reqs)
+                if r.params.temperature != 0 or r.params.frequency_penalty != 0]  # fmt: skip
+    owners = list(range(len(reqs))) if len(calls) == len(reqs) else sampling
+    for (args, kwargs), k in zip(calls, owners, strict=False):
+        ids = args[0] if args else kwargs.get("input_ids")
+        row = args[1] if len(args) > 1 else kwargs.get("logits")
+        text = reqs[k].all_token_ids
+        counted = crashed or reqs[k].params.frequency_penalty != 0
+        if counted and isinstance(ids, torch.Tensor) and ids.flatten().tolist() != list(text):
+            given = [int(t) for t in ids.flatten().tolist()]
+            return (
+                f"request {k} samples (temperature {reqs[k].params.temperature}, frequency "
+                f"penalty {reqs[k].params.frequency_penalty}): sample_next_token was given the "
+                f"text {given}, and its whole text is {list(text)} (prompt "
+                f"{list(reqs[k].prompt_token_ids)}, output {list(reqs[k].output_token_ids)}). "
+                "The penalty must count the "
+                "request's whole text, prompt and output, every token of it."
+                + " ".join(
+                    [""]
+                    + [
+                        words
+                        for words, tokens in [
+                            ("That is its prompt alone.", list(reqs[k].prompt_token_ids)),
+                            (
+                                "That is its output alone"
+                                + (
+                                    ", or its text with its last token left out."
+                                    if list(reqs[k].output_token_ids) == list(text)[:-1]
+                                    else "."
+                                ),
+                                list(reqs[k].output_token_ids),
+                            ),
+                            ("That is its text with its last token left out.", list(text)[:-1]),
+                        ]
+                        if given == tokens
+                    ][:1]
+                )
+                + (
+                    " (An empty list makes a float tensor: that is where a complaint about a "
+                    "float dtype comes from.)"
+                    if not given
+                    else ""
+                )
+            )
+        if not isinstance(row, torch.Tensor) or row.numel() != logits[k].numel():
+            continue
+        row, own = row.detach().flatten().double(), logits[k].double()
+        t = reqs[k].params.temperature
+        if not row.isfinite().all():
+            return (
+                f"request {k} (temperature {t}): the row handed to sample_next_token holds "
+                f"{'NaN' if row.isnan().any() else 'inf'}, where its logits are finite"
+                + (
+                    ": divided by a temperature of 0? sample_next_token applies the temperature "
+                    "itself (0 means greedy there); the row goes to it as it came."
+                    if t == 0
+                    else "."
+                )
+            )
+        if t not in (0, 1) and torch.allclose(row, own / t) and not torch.allclose(row, own):
+            return (
+                f"request {k} (temperature {t}): the row handed to sample_next_token is its "
+                f"logits already divided by {t}, and sample_next_token divides by the "
+                "temperature itself: the temperature is applied twice (the draws follow "
+                f"temperature {t}**2 = {t * t:.3g}). Hand it the request's logits as they are."
+            )
+    return ""
 
 
 @pytest.mark.sample_requests
