@@ -804,8 +804,8 @@ def gate_branch(impl, cfg) -> str | None:
     W_up = torch.zeros(d, d)
     W_up[-1] = 1.0
 
-    def gate_out(c):
-        params = {"W_gate": c * torch.eye(d), "W_up": W_up, "W_down": torch.eye(d)}
+    def gate_out(W_gate, W_up):
+        params = {"W_gate": W_gate, "W_up": W_up, "W_down": torch.eye(d)}
         try:
             with torch.no_grad():
                 out = learner_module(impl.SwiGLU, probe, params)(x.clone())
@@ -813,7 +813,14 @@ def gate_branch(impl, cfg) -> str | None:
             return None
         return out[0, 0, :-1] if out.shape == x.shape else None
 
-    one, two = gate_out(1.0), gate_out(2.0)
+    # First the up branch, with a constant gate (W_gate reads the 1): the output must be the
+    # input times one number. Only then does the gate probe below speak of the gate alone.
+    linear_up = gate_out(W_up, torch.eye(d))
+    if linear_up is None or not close_f32(linear_up, linear_up[0] / g[0] * g):
+        return None
+    if linear_up[0].abs() < 1e-3:
+        return None
+    one, two = gate_out(torch.eye(d), W_up), gate_out(2 * torch.eye(d), W_up)
     if one is None or two is None:
         return None
     at = "; ".join(
@@ -2138,11 +2145,11 @@ def reads_later_new_tokens(impl, model, new, previous, mask, start) -> str | Non
         return None
     other = new.clone()
     other[:, -1] = (other[:, -1] + 1) % model.cfg.d_vocab
-    step_mask = None if mask.all() else mask[:, : start + new.shape[1]]
+    step_mask = None if mask.all() else mask[:, start : start + new.shape[1]]
     try:
         with torch.no_grad():
-            a, _ = impl.llama_forward_with_cache(model, new, previous, step_mask)
-            b, _ = impl.llama_forward_with_cache(model, other, previous, step_mask)
+            a, _ = impl.llama_forward_with_cache(model, new, copy.deepcopy(previous), step_mask)
+            b, _ = impl.llama_forward_with_cache(model, other, copy.deepcopy(previous), step_mask)
     except Exception:
         return None
     if close_f32(a[:, :-1], b[:, :-1]):
