@@ -93,6 +93,36 @@ def invariant_problems(engine) -> list[str]:
     return problems
 
 
+def scheduler_problems(scheduler) -> list[str]:
+    """What is wrong with a scheduler's requests and pool right after `schedule()` (empty when
+    nothing is): a request left waiting holds no blocks, and each block's count is its holders
+    (running and waiting requests alike), so that a block given to a request not admitted shows
+    twice."""
+    pool = scheduler.kv.pool
+    problems = []
+    holders = {block.block_id: 0 for block in pool.blocks}
+    for request in scheduler.running:
+        for block_id in request.block_ids:
+            holders[block_id] += 1
+    for request in scheduler.waiting:
+        if request.block_ids:
+            problems.append(
+                f"request {request.request_id!r} is left waiting (not admitted in this step) "
+                f"and holds blocks {list(request.block_ids)}: a request that stays in the queue "
+                "holds no blocks, or they are lost to every other request until it runs. Was it "
+                "given blocks before a check that then turned it away?"
+            )
+        for block_id in request.block_ids:
+            holders[block_id] += 1
+    for block in pool.blocks:
+        if block.ref_cnt != holders[block.block_id]:
+            problems.append(
+                f"block {block.block_id}: ref_cnt {block.ref_cnt}, held by "
+                f"{holders[block.block_id]} requests' tables"
+            )
+    return problems
+
+
 def run_to_end(engine, max_steps: int = 5000, check=None) -> dict:
     """Step until nothing is left; every output of each request, in order. `check(engine)` runs
     after every step."""

@@ -20,6 +20,7 @@ from tests.graded._serving import (
     greedy_difference,
     invariant_problems,
     run_to_end,
+    scheduler_problems,
     uneven_chunks,
 )
 from tests.graded._stats import assert_samples_follow
@@ -1275,6 +1276,8 @@ def test_seats_limit_admission_and_the_queue_is_first_come_first_served(impl):
     assert plan(out) == [("a", 4), ("b", 4)], (
         f"max_num_seqs=2: two requests run, the third waits; got {plan(out)}"
     )
+    problems = scheduler_problems(scheduler)
+    assert not problems, "max_num_seqs=2, three requests of 4 tokens: " + "; ".join(problems)
     kv2 = impl.KVCacheManager(num_blocks=4, block_size=4)
     allocate, asked = kv2.allocate_slots, []
 
@@ -1300,6 +1303,10 @@ def test_seats_limit_admission_and_the_queue_is_first_come_first_served(impl):
     assert plan(out) == [("small", 8)], (
         f"the head of the queue does not fit: nobody behind it may overtake it (first come, "
         f"first served; it would wait for ever behind smaller requests); got {plan(out)}"
+    )
+    problems = scheduler_problems(fcfs)
+    assert not problems, "a pool of 4 blocks of 4, the queue small, big, tiny: " + "; ".join(
+        problems
     )
 
 
