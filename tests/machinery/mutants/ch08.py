@@ -1337,4 +1337,89 @@ MUTANTS += [
         name="name-cleared-before-eviction",
         says=("raised in your", "del self.cached"),
     ),
+    # Held-out slips whose first message did not name them (each now does).
+    Mutant(
+        "slots_of",
+        "for p in positions]",
+        "for p in range(positions.start, positions.stop + 1)]",
+        "the positions' range run one past its end: one slot too many",
+        name="one-slot-too-many",
+        says=("one slot per position", "slots came back"),
+    ),
+    Mutant(
+        "attend",
+        "queries.transpose(1, 2), gather(keys), gather(values)",
+        "queries.float().transpose(1, 2), gather(keys).float(), gather(values).float()",
+        "attention computed in float32 and the result not cast back to the queries' dtype",
+        name="float32-not-cast-back",
+        says=("dtype", "cast"),
+    ),
+    Mutant(
+        "attend",
+        "queries.transpose(1, 2), gather(keys), gather(values)",
+        "queries.transpose(1, 2), gather(keys), gather(keys)",
+        "the values gathered from the keys' cache",
+        name="values-from-keys",
+        says=("keys as values",),
+    ),
+    Mutant(
+        "kv_cache_manager",
+        "math.ceil((num_computed + num_new_tokens) / self.block_size)",
+        "math.ceil(num_computed + num_new_tokens / self.block_size)",
+        "the blocks needed computed without the parentheses: only the new tokens divided",
+        name="ceil-parentheses-lost",
+        says=("blocks needed", "block boundar"),
+    ),
+    Mutant(
+        "kv_cache_manager",
+        "self.block_hashes(request, request.num_tokens - 1)",
+        "self.block_hashes(request, request.num_computed_tokens)",
+        "the hits looked up among the computed tokens only, not the request's tokens",
+        name="hits-among-computed",
+        says=("looked at", "tokens"),
+    ),
+    Mutant(
+        "schedule",
+        "            if len(self.running) >= self.max_num_seqs:\n"
+        "                break\n"
+        "            request = self.waiting[0]\n"
+        "            computed, num_cached = self.kv.get_computed_blocks(request)\n"
+        "            num_new = min(request.num_tokens - num_cached, budget)\n"
+        "            if self.kv.allocate_slots(request, num_new, computed) is None:\n"
+        "                break",
+        "            request = self.waiting[0]\n"
+        "            computed, num_cached = self.kv.get_computed_blocks(request)\n"
+        "            num_new = min(request.num_tokens - num_cached, budget)\n"
+        "            if self.kv.allocate_slots(request, num_new, computed) is None:\n"
+        "                break\n"
+        "            if len(self.running) >= self.max_num_seqs:\n"
+        "                break",
+        "the seat check made after allocate_slots: a request left waiting holds blocks",
+        name="seats-after-allocation",
+        says=("left waiting", "holds"),
+    ),
+    Mutant(
+        "sample_requests",
+        "            tokens[i] = token\n",
+        "            tokens.append(token)\n",
+        "the greedy tokens appended to the list, not written in each request's own place",
+        name="append-not-in-place",
+        says=("own place", "requests"),
+    ),
+    Mutant(
+        "sample_requests",
+        "torch.tensor([request.all_token_ids], device=logits.device)",
+        "torch.tensor([request.all_token_ids[:-1]], device=logits.device)",
+        "the penalty's text without its last token",
+        name="text-without-last",
+        says=("whole text", "prompt and output"),
+    ),
+    Mutant(
+        "sample_requests",
+        "ids, logits[i : i + 1], generator",
+        "ids, logits[i : i + 1] / request.params.temperature, generator",
+        "the logits divided by the temperature before the sampler divides them again",
+        name="temperature-twice",
+        says=("temperature", "twice"),
+    ),
 ]
