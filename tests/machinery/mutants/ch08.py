@@ -3,6 +3,19 @@ the scheduler and per-request sampling (see tests/machinery/mutants/__init__.py)
 
 from tests.machinery.mutants import Mutant
 
+# attend's attention call, and the first lines of a hand-written attention put in its place
+# (the slips that write their own attention share them)
+SDPA_CALL = (
+    "    z = F.scaled_dot_product_attention(\n"
+    "        queries.transpose(1, 2), gather(keys), "
+    "gather(values), attn_mask=allowed[:, None]\n"
+    "    )\n"
+)
+HAND_SCORES = (
+    "    q, k, v = queries.transpose(1, 2), gather(keys), gather(values)\n"
+    "    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5\n"
+)
+
 MUTANTS: list[Mutant] = [
     # slots_of
     Mutant(
@@ -461,9 +474,7 @@ MUTANTS += [
         "        queries.transpose(1, 2), gather(keys), gather(values), "
         "attn_mask=allowed[:, None]\n"
         "    )\n",
-        "    q, k, v = queries.transpose(1, 2), gather(keys), gather(values)\n"
-        "    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5\n"
-        "    z = scores.masked_fill(~allowed[:, None], 0.0).softmax(-1) @ v\n",
+        HAND_SCORES + "    z = scores.masked_fill(~allowed[:, None], 0.0).softmax(-1) @ v\n",
         "a hand-written softmax whose masked scores are 0, not minus infinity",
         says=("minus infinity",),
     ),
@@ -965,10 +976,7 @@ MUTANTS += [
     ),
     Mutant(
         "attend",
-        "    z = F.scaled_dot_product_attention(\n"
-        "        queries.transpose(1, 2), gather(keys), "
-        "gather(values), attn_mask=allowed[:, None]\n"
-        "    )\n",
+        SDPA_CALL,
         "    q, k, v = queries.transpose(1, 2), gather(keys), gather(values)\n"
         "    scores = q @ k.transpose(-1, -2)\n"
         "    z = scores.masked_fill(~allowed[:, None], float('-inf')).softmax(-1) @ v\n",
@@ -978,26 +986,17 @@ MUTANTS += [
     ),
     Mutant(
         "attend",
-        "    z = F.scaled_dot_product_attention(\n"
-        "        queries.transpose(1, 2), gather(keys), "
-        "gather(values), attn_mask=allowed[:, None]\n"
-        "    )\n",
-        "    q, k, v = queries.transpose(1, 2), gather(keys), gather(values)\n"
-        "    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5\n"
-        "    z = scores.softmax(-1).masked_fill(~allowed[:, None], 0.0) @ v\n",
+        SDPA_CALL,
+        HAND_SCORES + "    z = scores.softmax(-1).masked_fill(~allowed[:, None], 0.0) @ v\n",
         "the mask applied to the probabilities after the softmax, not to the scores before it",
         name="mask-after-softmax",
         says=("after the softmax",),
     ),
     Mutant(
         "attend",
-        "    z = F.scaled_dot_product_attention(\n"
-        "        queries.transpose(1, 2), gather(keys), "
-        "gather(values), attn_mask=allowed[:, None]\n"
-        "    )\n",
-        "    q, k, v = queries.transpose(1, 2), gather(keys), gather(values)\n"
-        "    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5\n"
-        "    z = scores.masked_fill(~allowed[:, None], float('-inf')).softmax(-2) @ v\n",
+        SDPA_CALL,
+        HAND_SCORES
+        + "    z = scores.masked_fill(~allowed[:, None], float('-inf')).softmax(-2) @ v\n",
         "the hand-written softmax over the queries axis, not the keys",
         name="softmax-axis",
         says=("keys' axis",),
