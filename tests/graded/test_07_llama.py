@@ -580,9 +580,9 @@ def test_rope_cos_sin_are_made_on_the_positions_device(impl):
     positions = torch.arange(4, device="meta")[None]
     try:
         cos, sin = impl.rope_cos_sin(positions, 8, 10000.0)
-    except NotImplementedError:
-        raise
-    except Exception as err:  # a CPU tensor meeting a meta one
+    except RuntimeError as err:  # a CPU tensor meeting a meta one, or not a device slip
+        if "device" not in str(err):
+            raise
         pytest.fail(
             "rope_cos_sin with positions on another device (PyTorch's meta device here, a GPU "
             f"for real) fails: {type(err).__name__}: {str(err).splitlines()[0][:120]}. A tensor "
@@ -1127,13 +1127,20 @@ def spying_on_rope(impl, attn, cfg, x):
                 "pairs itself."
             )
         for shape in handed.get("shapes", []):
-            if len(shape) == 4 and shape[2] != posn and posn in shape:
+            if len(shape) != 4 or shape[2] == posn or posn not in shape:
+                continue
+            wanted = f"apply_rope turns [batch {batch}, heads, posn {posn}, d_head {cfg.d_head}]"
+            if shape[:2] == (batch, posn):
                 pytest.fail(
                     f"your rotated_qkv hands apply_rope queries or keys of shape {shape} "
-                    f"({str(err).splitlines()[0][:90]}): apply_rope turns [batch {batch}, heads, "
-                    f"posn {posn}, d_head {cfg.d_head}], heads first. Put the heads axis in front "
-                    "of the positions before turning them."
+                    f"({str(err).splitlines()[0][:90]}): {wanted}, heads first. Put the heads "
+                    "axis in front of the positions before turning them."
                 )
+            pytest.fail(
+                f"your rotated_qkv hands apply_rope queries or keys of shape {shape} "
+                f"({str(err).splitlines()[0][:90]}): {wanted}. Which of your axes holds the "
+                f"batch ({batch}) and which the positions ({posn})?"
+            )
         raise
     finally:
         space.update(patched)

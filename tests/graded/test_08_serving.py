@@ -1606,13 +1606,6 @@ def test_a_seeded_request_draws_the_same_alone_and_in_any_batch(impl):
         return [sampled_request(impl, [i, 2 * i], seed=10 + i, **s) for i, s in enumerate(settings)]
 
     alone = [impl.sample_requests([r], logits[i : i + 1])[0] for i, r in enumerate(make())]
-    reqs = make()
-    order = [3, 0, 5, 2, 4, 1]
-    batch = impl.sample_requests([reqs[i] for i in order], logits[order])
-    assert [batch[order.index(i)] for i in range(6)] == alone, (
-        "each seeded request must draw with its own generator (request.generator): its token "
-        "must not depend on which requests share the step, nor on their order"
-    )
     for i, (req, s) in enumerate(zip(make(), settings, strict=True)):
         ids = torch.tensor([req.all_token_ids])
         generator = torch.Generator().manual_seed(10 + i)
@@ -1623,12 +1616,46 @@ def test_a_seeded_request_draws_the_same_alone_and_in_any_batch(impl):
         probs = logits[i : i + 1].softmax(-1)
         of_probs = int(impl.sample_next_token(ids, probs, generator=generator, **s)[0])
         assert alone[i] == want, (
-            f"request {i} ({s}): chapter 3's sample_next_token with its text, its row and its "
-            f"generator gives {want}, yours {alone[i]}"
+            f"request {i} ({s}, seeded {10 + i}) alone: chapter 3's sample_next_token with its "
+            f"text, its row and its own generator (request.generator) gives {want}, yours "
+            f"{alone[i]}"
             + (". That is what it gives when handed the row's softmax: it takes the logits "
                "(it applies the temperature, top-k and top-p to them and makes the "
                "probabilities itself), not probabilities." if alone[i] == of_probs else "")
         )  # fmt: skip
+    reqs = make()
+    order = [3, 0, 5, 2, 4, 1]
+    batch = impl.sample_requests([reqs[i] for i in order], logits[order])
+    in_batch = [batch[order.index(i)] for i in range(6)] if len(batch) == 6 else None
+    assert in_batch == alone, (
+        f"six requests, each seeded, in the order {order}: alone they draw {alone}, in the "
+        f"batch {in_batch if in_batch is not None else batch}."
+        + batch_mistake(alone, in_batch, settings)
+    )
+
+
+def batch_mistake(alone: list[int], in_batch: list[int] | None, settings: list[dict]) -> str:
+    """How the batch's tokens differ from each request's alone: the length, rows mixed up,
+    rows left at a starting value, or draws that depend on the neighbours."""
+    if in_batch is None:
+        return " Return one token per request, in the requests' order."
+    diff = [i for i in range(len(alone)) if in_batch[i] != alone[i]]
+    which = f" Requests {diff} ({[settings[i] for i in diff]}) differ."
+    borrowed = [i for i in diff if in_batch[i] in alone[:i] + alone[i + 1 :]]
+    if len(borrowed) == len(diff):
+        return which + (
+            " Each got a token another request draws alone: is request i's row of the logits "
+            "row i, and does each token go back to its own request's place?"
+        )
+    if len({in_batch[i] for i in diff}) == 1 and (len(diff) > 1 or in_batch[diff[0]] in (0, -1)):
+        return which + (
+            f" Each got token {in_batch[diff[0]]}: were their rows skipped, left at the "
+            "starting value of the list?"
+        )
+    return which + (
+        " Each request draws with its own generator (request.generator) and its own settings: "
+        "its token must not depend on which requests share the step, nor on their order."
+    )
 
 
 class recording:
