@@ -372,6 +372,8 @@ LLAMA_MISTAKES = (
     "block output added again",
     "tied unembedding",
     "no attention residual",
+    "attention added to its norm",
+    "mlp added to its norm",
 )
 """The model-level slips that hf_llama_mistake_logits computes with HF's modules."""
 
@@ -401,10 +403,12 @@ def hf_llama_mistake_logits(hf, ids: torch.Tensor, mistake: str) -> torch.Tensor
                 mid = ln1(x + a)
                 x = ln2(mid + layer.mlp(mid))
                 continue
-            mid = a if mistake == "no attention residual" else x + a
+            mid = {"no attention residual": a, "attention added to its norm": attn_in + a}.get(
+                mistake, x + a
+            )
             mlp_in = {"mlp reads resid_pre": ln2(x), "ln1 before the mlp": ln1(mid)}
             m = layer.mlp(mlp_in.get(mistake, ln2(mid)))
-            x = m if mistake == "no mlp residual" else mid + m
+            x = {"no mlp residual": m, "mlp added to its norm": ln2(mid) + m}.get(mistake, mid + m)
             x = before + x if mistake == "block output added again" else x
         if mistake != "no final norm":
             x = hf.model.norm(x)

@@ -1479,6 +1479,12 @@ MODEL_MESSAGES = {
     "sublayers add), so the model hands it on as it is.",
     "no attention residual": "the attention's output replaces the residual stream instead of "
     "being added to it: resid_mid is resid_pre plus the attention's output.",
+    "attention added to its norm": "the attention's output is added to its normalised input "
+    "ln1(resid_pre), not to the residual stream: the norm is what the sublayer reads, and its "
+    "output is added to the stream as it was, resid_mid = resid_pre + attention output.",
+    "mlp added to its norm": "the MLP's output is added to its normalised input ln2(resid_mid), "
+    "not to the residual stream: the norm is what the sublayer reads, and its output is added "
+    "to the stream as it was, resid_mid + MLP output.",
     "tied unembedding": "your logits come from the token embedding W_E, transposed, as a tied "
     "model's would: this model has an unembedding of its own (untied). Call the model's unembed "
     "(self.unembed in its forward, model.unembed in the cache's), tied or not as it was built.",
@@ -1994,15 +2000,22 @@ def diagnose_keys(cache, hf, tokens_so_far: torch.Tensor, mask: torch.Tensor) ->
             "started again at 0: the angles were restarted after the prefill. A new token's "
             "position is its place after the cached ones: use the given positions."
         )
-    for shift in (1, -1, 2, -2):
+    for shift in dict.fromkeys((1, -1, 2, -2, first_bad)):  # first_bad: the cached count
         moved = true_positions + shift * (torch.arange(mask.shape[1]) >= first_bad)
         shifted, _ = hf_layer0_keys(hf, tokens_so_far, moved.clamp(min=0))
         if close_f32(got[:, :, first_bad:][tail], shifted[:, :, first_bad:][tail]):
+            again = (
+                f" {shift} is the number of positions cached before them: the given positions "
+                "already count the cached tokens. Are they counted twice (the cache's length "
+                "added to them)?"
+                if shift == first_bad
+                else ""
+            )
             return (
                 f"the key at position {first_bad} is rotated by the angles of position "
                 f"{first_bad + shift}, {abs(shift)} too {'far' if shift > 0 else 'early'}: a "
                 "new token's position is the number of real tokens before it in its row (the "
-                "given positions)."
+                "given positions)." + again
             )
     return (
         f"the first layer's cached key at position {first_bad} differs from HF's key "

@@ -487,24 +487,25 @@ def test_the_stop_string_is_found_anywhere_in_a_steps_new_text(impl, tokenizer, 
 @pytest.mark.output_processor
 def test_requests_that_stop_in_one_step_leave_the_others_going(impl, tokenizer):
     """Three requests in every step: two meet their stop strings in the same step, the third
-    (listed after them) goes on."""
+    (listed after them) goes on. Their ids are the server's kind, several characters long."""
     ids, other = tokenizer.encode(TEXT), tokenizer.encode(SPLIT)
-    stops = {"a": ("soft",), "b": ("But soft",), "c": ()}
+    a, b, c = "cmpl-a", "cmpl-b", "cmpl-c"
+    stops = {a: ("soft",), b: ("But soft",), c: ()}
     k = next(k for k in range(len(ids)) if "soft" in decode(tokenizer, ids[:k]))
-    outs = {"a": engine_outputs(impl, "a", ids, one_by_one(len(ids))),
-            "b": engine_outputs(impl, "b", ids, one_by_one(len(ids))),
-            "c": engine_outputs(impl, "c", other, one_by_one(len(other)))}  # fmt: skip
+    outs = {a: engine_outputs(impl, a, ids, one_by_one(len(ids))),
+            b: engine_outputs(impl, b, ids, one_by_one(len(ids))),
+            c: engine_outputs(impl, c, other, one_by_one(len(other)))}  # fmt: skip
     steps = [[o[j] for o in outs.values() if j < len(o)] for j in range(len(other) + 1)]
     trace = run(impl, tokenizer, steps, stops)
-    assert not decode(tokenizer, other[:k]).endswith("\ufffd")  # 'c' has text to send at k
-    missing = [rid for rid in ("b", "c") if rid not in trace[k].deltas]
+    assert not decode(tokenizer, other[:k]).endswith("\ufffd")  # c has text to send at k
+    missing = [rid for rid in (b, c) if rid not in trace[k].deltas]
     assert not missing, (
-        f"after {k} tokens request 'a' met its stop string; the same step's outputs of "
-        f"{missing}, listed after it, got no delta ('b' met its own stop string, 'c' had new "
-        "text). Is the loop left (break, return) when a request meets a stop string, instead "
-        "of going on with the step's next output?"
+        f"after {k} tokens request {a!r} met its stop string; the same step's outputs of "
+        f"{missing}, listed after it, got no delta ({b!r} met its own stop string, {c!r} had "
+        "new text). Is the loop left (break, return) when a request meets a stop string, "
+        "instead of going on with the step's next output?"
     )
-    for rid in ("a", "b"):
+    for rid in (a, b):
         last, (s,) = trace[k].deltas.get(rid), stops[rid]
         assert last is not None and last[2] == "stop", (
             f"request {rid!r}'s stop string {s!r} is complete after {k} tokens "
@@ -514,11 +515,16 @@ def test_requests_that_stop_in_one_step_leave_the_others_going(impl, tokenizer):
                "text so far, not in the step's new text alone?"
                if s not in decode(tokenizer, ids[k - 1 : k]) else "")
         )  # fmt: skip
-    assert sorted(trace[k].to_abort) == ["a", "b"], (
-        f"requests 'a' and 'b' both met their stop strings in step {k}: to_abort must name both, "
-        f"got {trace[k].to_abort}. Is the list replaced rather than added to?"
-    )
-    for rid, want in (("a", "ROMEO. But "), ("b", "ROMEO. "), ("c", decode(tokenizer, other))):
+    got = trace[k].to_abort
+    assert sorted(got) == [a, b], (
+        f"requests {a!r} and {b!r} both met their stop strings in step {k}: to_abort must name "
+        f"both, got {got}."
+        + (" Those are the characters of the ids: list.extend adds each item of what it is "
+           "given, and a string's items are its characters; a list gains one id with append."
+           if got and all(isinstance(x, str) and len(x) == 1 for x in got)
+           else " Is the list replaced rather than added to?")
+    )  # fmt: skip
+    for rid, want in ((a, "ROMEO. But "), (b, "ROMEO. "), (c, decode(tokenizer, other))):
         assert sent(trace, rid)[-1] == want, (
             f"request {rid!r} should have {want!r} in all, got {sent(trace, rid)[-1]!r}: each "
             "request's text and stop strings are its own."

@@ -50,6 +50,13 @@ def slots_mistake(table, positions, block_size, got) -> str:
         )
     if got == list(positions):
         return " Those are the positions themselves: a position's slot goes through the table."
+    for end, entry in (("last", table[-1]), ("first", table[0])):
+        if got == [entry * block_size + p % block_size for p in positions]:
+            return (
+                f" Every position went to the table's {end} block ({entry}): a position's "
+                "block is the table's entry p // block_size, so positions that span several "
+                "blocks go to several."
+            )
     if positions.start and got == [slot_by_definition(table, p, block_size)
                                    for p in range(len(positions))]:  # fmt: skip
         return (

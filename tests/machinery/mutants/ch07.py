@@ -1131,4 +1131,99 @@ MUTANTS = [
         name="no-mask-after-prefill",
         says=("mask",),
     ),
+    # held out from the chapter's tests, named after one run (a learner's slips of our own)
+    Mutant(
+        "rmsnorm",
+        "return self.w * (x * inv_rms).to(residual.dtype)",
+        "return self.w * (residual * inv_rms.to(residual.dtype))",
+        "the scale cast to 16 bits and multiplied with the 16-bit input, instead of "
+        "normalising in float32 and casting the result",
+        name="scale-cast-before-product",
+        says=("normalisation in float32",),
+    ),
+    Mutant(
+        "rope",
+        "angles = positions.float()[..., None] * inv_freq",
+        "angles = positions.float()[:, None] * inv_freq",
+        "the frequencies' new axis put after the first axis ([:, None]), right for 1-D "
+        "positions only",
+        name="new-axis-after-the-first",
+        says=("number of axes",),
+    ),
+    Mutant(
+        "rope",
+        "sin[:, None].to(x.dtype)",
+        "sin[:, None]",
+        "apply_rope casts cos to the input's dtype but not sin",
+        name="sin-not-cast",
+        says=("promote",),
+    ),
+    Mutant(
+        "expand_kv",
+        "return kv.repeat_interleave(group_size, dim=1)",
+        "return kv.repeat_interleave(group_size, dim=-1)",
+        "the copies made along the last axis (d_head) instead of the heads axis",
+        name="copies-along-d_head",
+        says=("heads axis",),
+    ),
+    Mutant(
+        "expand_kv",
+        "return kv.repeat_interleave(group_size, dim=1)",
+        "return kv.repeat_interleave(group_size - 1, dim=1)",
+        "group_size - 1 copies of each key/value head",
+        name="one-copy-too-few",
+        says=("group_size times",),
+    ),
+    Mutant(
+        "expand_kv",
+        "return kv.repeat_interleave(group_size, dim=1)",
+        "return kv.expand(-1, kv.shape[1] * group_size, -1, -1)",
+        "Tensor.expand to n_kv_heads * group_size heads, which repeats axes of size 1 only",
+        name="tensor-expand",
+        says=("axes of size 1",),
+    ),
+    Mutant(
+        "gqa",
+        "attn_mask=allowed)",
+        "attn_mask=allowed if allowed is None else allowed.to(q.dtype))",
+        "the boolean mask cast to the queries' dtype, which SDPA adds to the scores",
+        name="mask-made-float",
+        says=("float mask", "boolean"),
+    ),
+    Mutant(
+        "gqa",
+        "cos, sin = rope_cos_sin(positions, self.cfg.d_head",
+        "cos, sin = rope_cos_sin(torch.arange(x.shape[1]).expand(x.shape[:2]), self.cfg.d_head",
+        "rotated_qkv turns by 0, 1, ... made afresh instead of the positions given",
+        name="positions-made-afresh",
+        says=("positions given",),
+    ),
+    Mutant(
+        "llama",
+        "resid_mid = resid_pre + self.attn(self.ln1(resid_pre), positions)",
+        "x = self.ln1(resid_pre)\n        resid_mid = x + self.attn(x, positions)",
+        "the attention's output added to ln1(resid_pre) instead of the residual stream",
+        name="attention-added-to-its-norm",
+        says=("normalised input",),
+    ),
+    Mutant(
+        "llama_cache",
+        "        k = torch.cat([past_k, k], dim=2)\n"
+        "        v = torch.cat([past_v, v], dim=2)\n"
+        "        residual = residual + block.attn.attend(q, k, v, allowed)",
+        "        all_k = torch.cat([past_k, k], dim=2)\n"
+        "        all_v = torch.cat([past_v, v], dim=2)\n"
+        "        residual = residual + block.attn.attend(q, all_k, all_v, allowed)",
+        "the whole keys read by the attention, but only the new keys and values cached",
+        name="only-new-keys-cached",
+        says=("already cached",),
+    ),
+    Mutant(
+        "llama_cache",
+        "positions = positions.expand(tokens.shape)",
+        "positions = positions.expand(tokens.shape) + cache.length",
+        "the cache's length added to positions that already count the cached tokens",
+        name="cache-length-added-again",
+        says=("counted twice",),
+    ),
 ]
