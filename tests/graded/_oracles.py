@@ -374,6 +374,7 @@ LLAMA_MISTAKES = (
     "no attention residual",
     "attention added to its norm",
     "mlp added to its norm",
+    "mlp output normed",
 )
 """The model-level slips that hf_llama_mistake_logits computes with HF's modules."""
 
@@ -408,6 +409,8 @@ def hf_llama_mistake_logits(hf, ids: torch.Tensor, mistake: str) -> torch.Tensor
             )
             mlp_in = {"mlp reads resid_pre": ln2(x), "ln1 before the mlp": ln1(mid)}
             m = layer.mlp(mlp_in.get(mistake, ln2(mid)))
+            if mistake == "mlp output normed":
+                m = ln2(layer.mlp(mid))
             x = {"no mlp residual": m, "mlp added to its norm": ln2(mid) + m}.get(mistake, mid + m)
             x = before + x if mistake == "block output added again" else x
         if mistake != "no final norm":

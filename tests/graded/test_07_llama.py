@@ -201,6 +201,14 @@ def test_rmsnorm_matches_hf_on_shipped_weights(impl, llama):
         said = rms_of_rows(impl, cfg, x, eps)
         if said:
             pytest.fail(said)
+        plain = run_norm(learner_module(impl.RMSNorm, cfg, {"w": torch.ones(cfg.d_model)}), x)
+        if close(plain, x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()):
+            pytest.fail(
+                "with the weight all ones your RMSNorm agrees with HF's, with the weight given it "
+                "does not: what does your weight multiply? It scales the normalised vector, after "
+                "the division, each coordinate by its own weight (it is not part of what is "
+                "normalised)."
+            )
         assert_close_f32(got.float(), expected, "RMSNorm differs from HF's LlamaRMSNorm")
 
 
@@ -237,7 +245,14 @@ def rms_of_rows(impl, cfg, x, eps) -> str | None:
         f" Your rows are each divided by one number, {some(d)}, ..., where sqrt(ms + eps) is "
         f"{some((ms + eps).sqrt())}, ..."
     )
-    if close(d, (x.mean(-1).pow(2) + eps).sqrt(), atol=1e-5, rtol=1e-4):
+    if close(d, (ms.sqrt() + eps).sqrt(), atol=1e-5, rtol=1e-4) or close(
+        d, (ms + eps).sqrt().sqrt(), atol=1e-5, rtol=1e-4
+    ):
+        said += (
+            ": yours is the FOURTH root of the mean square, the square root taken twice (rsqrt "
+            "is 1 / sqrt already)"
+        )
+    elif close(d, (x.mean(-1).pow(2) + eps).sqrt(), atol=1e-5, rtol=1e-4):
         said += (
             ": yours is the root of the square of the MEAN (the mean taken first, then "
             "squared), not of the mean of the squares. Square each coordinate first"
@@ -656,6 +671,15 @@ def test_apply_rope_matches_hf(impl):
             "your rotation turns the wrong way: a pair (a, b) turned by phi is "
             "(a cos phi - b sin phi, b cos phi + a sin phi). Check the sine's sign."
         )
+    half = x.shape[-1] // 2
+    swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)  # rotate_half without its sign
+    if close_f32(got, x * cos[:, None] + swapped * sin[:, None]):
+        pytest.fail(
+            "your second term pairs each coordinate with its partner in the other half, but "
+            "without the sign: a pair (a, b) turned by phi is (a cos phi - b sin phi, b cos phi "
+            "+ a sin phi), so the first half's partner enters with a minus (rotate_half gives "
+            "(-x2, x1); swapping the halves alone gives (x2, x1))."
+        )
     for fixed in (torch.float16, torch.bfloat16):
         if close_f32(got.float(), hf_rotate(x, cos.to(fixed).float(), sin.to(fixed).float())):
             pytest.fail(
@@ -784,10 +808,49 @@ def check_swiglu(impl, hf, layer):
     for mistake, candidate in wrong.items():
         if close_f32(got, candidate):
             pytest.fail(SWIGLU_MESSAGES[mistake])
-    said = gate_branch(impl, cfg)
+    said = weight_roles(impl, cfg, params, x, got) or gate_branch(impl, cfg)
     if said:
         pytest.fail(said)
     assert_close_f32(got, expected, "SwiGLU differs from HF's LlamaMLP on the same weights")
+
+
+def weight_roles(impl, cfg, params, x, got) -> str | None:
+    """What each weight does to the learner's output, read by doubling it alone: SwiGLU's
+    output doubles with W_up (the linear branch) and with W_down (applied once, last), and
+    changes with W_gate. A weight that changes nothing is never used; a factor other than 2 says
+    how often, or where, it is applied."""
+    factors = {}
+    for name in ("W_gate", "W_up", "W_down"):
+        doubled = {**params, name: 2 * params[name]}
+        try:
+            with torch.no_grad():
+                out = learner_module(impl.SwiGLU, cfg, doubled)(x.clone())
+        except Exception:
+            return None
+        if out.shape != got.shape:
+            return None
+        if close_f32(out, got):
+            factors[name] = 1.0
+        else:
+            ratio = (out * got).sum() / (got * got).sum()  # the best single factor
+            factors[name] = round(ratio.item(), 2) if close_f32(out, ratio * got) else None
+    for name in ("W_gate", "W_up", "W_down"):
+        if factors[name] == 1.0:
+            return (
+                f"your output does not change when {name} does: {name} is never used. SwiGLU "
+                "projects the input through W_gate (activated) and W_up (not), multiplies the "
+                "two, and projects the product through W_down."
+            )
+    for name, role in (("W_down", "applied once, last, to the gated product"),
+                       ("W_up", "the branch that is not activated")):  # fmt: skip
+        if factors[name] != 2.0:
+            how = (f"scaled it by {factors[name]:g}" if factors[name] is not None
+                   else "changed it by no single factor")  # fmt: skip
+            return (
+                f"doubling {name} alone should double SwiGLU's output ({name} is {role}); in "
+                f"yours it {how}. Where, and how many times, does {name} enter your product?"
+            )
+    return None
 
 
 def gate_branch(impl, cfg) -> str | None:
@@ -1482,6 +1545,9 @@ MODEL_MESSAGES = {
     "attention added to its norm": "the attention's output is added to its normalised input "
     "ln1(resid_pre), not to the residual stream: the norm is what the sublayer reads, and its "
     "output is added to the stream as it was, resid_mid = resid_pre + attention output.",
+    "mlp output normed": "the MLP reads the residual stream itself and its output goes through "
+    "ln2: the norm goes on the sublayer's input, ln2(resid_mid), and the MLP's output is added "
+    "to the stream as it is.",
     "mlp added to its norm": "the MLP's output is added to its normalised input ln2(resid_mid), "
     "not to the residual stream: the norm is what the sublayer reads, and its output is added "
     "to the stream as it was, resid_mid + MLP output.",
@@ -2043,6 +2109,15 @@ def diagnose_values(cache, hf, tokens_so_far: torch.Tensor, mask: torch.Tensor) 
                 f"the keys are right, but the cache's first {s} value(s) are the new positions': "
                 "the new values were put BEFORE the cached ones. They go after them, as the keys."
             )
+    keys = cache.keys[0]
+    wrong = ~torch.isclose(got, expected, atol=F32_ATOL, rtol=F32_RTOL) & real
+    if keys.shape == got.shape and wrong.any() and close_f32(got[wrong], keys[wrong]):
+        cols = sorted(set(wrong.nonzero()[:, 2].tolist()))
+        return (
+            f"the keys are right, but the first layer's cached values at positions {cols[0]} to "
+            f"{cols[-1]} are that layer's KEYS: the values the attention read there came from "
+            "the cache's keys. Each layer's cached values come from cache.values."
+        )
     return "the keys are right, but the first layer's cached values differ from HF's values"
 
 

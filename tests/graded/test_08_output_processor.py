@@ -241,12 +241,19 @@ def test_requests_in_one_step_each_get_their_own_text(impl, tokenizer):
     oa, ob = engine_outputs(impl, "a", a, ca), engine_outputs(impl, "b", b, cb)
     steps = [[*oa[k : k + 1], *ob[k : k + 1]] for k in range(max(len(oa), len(ob)))]
     trace = run(impl, tokenizer, steps, {"a": (), "b": ()})
+    right = {
+        rid: sent(trace, rid)[-1] == decode(tokenizer, ids) for rid, ids in (("a", a), ("b", b))
+    }
     for rid, ids in (("a", a), ("b", b)):
-        assert sent(trace, rid)[-1] == decode(tokenizer, ids), (
+        assert right[rid], (
             f"two requests advanced in the same steps; request {rid!r} got "
-            f"{sent(trace, rid)[-1]!r}, expected {decode(tokenizer, ids)!r}: each request's "
-            "text is its own (its own state, its own detokenizer)."
-        )
+            f"{sent(trace, rid)[-1]!r}, expected {decode(tokenizer, ids)!r}."
+            + (" Request 'b', one new token a step, got its text right; request 'a''s steps "
+               f"brought {sorted(set(ca))} new tokens each (the prefill step none): does each "
+               "step add all of its new tokens (output.new_token_ids), and none when it brings "
+               "none?" if rid == "a" and right["b"]
+               else " Each request's text is its own (its own state, its own detokenizer).")
+        )  # fmt: skip
 
 
 # -------------------------------------------------------------------------- stop strings

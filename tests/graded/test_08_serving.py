@@ -50,6 +50,20 @@ def slots_mistake(table, positions, block_size, got) -> str:
         )
     if got == list(positions):
         return " Those are the positions themselves: a position's slot goes through the table."
+    if got == [table[p // block_size] * block_size + p for p in positions]:
+        return (
+            " Each slot is its block's first slot plus the whole position: the offset within "
+            "the block is what is left of the position once its whole blocks are counted (its "
+            "remainder by block_size)."
+        )
+    if len(got) > len(positions) and got == [
+        slot_by_definition(table, p, block_size) for p in range(positions.stop)
+    ]:
+        return (
+            f" Those are the slots of positions 0 to {positions.stop - 1}: the positions before "
+            f"{positions.start} (computed already) were given slots too. Only the positions "
+            "asked for get slots."
+        )
     for end, entry in (("last", table[-1]), ("first", table[0])):
         if got == [entry * block_size + p % block_size for p in positions]:
             return (
@@ -383,6 +397,16 @@ def attend_mistake(queries, keys, values, tables, query_pos, got) -> str:
             " Each query read only the positions before its own position: is the mask `<` where "
             "it must be `<=`, or are the key positions counted from 1 rather than from 0?"
         )
+    B = max(map(len, tables))
+    padded = [t + [0] * (B - len(t)) for t in tables]  # as the block tables reach attend
+    if int(query_pos.max()) + 1 < B * keys.shape[1] and torch.allclose(
+        got.double(), attention_by_hand(queries, keys, values, padded, query_pos + 1), atol=1e-4
+    ):
+        return (
+            " Each query also read the position just after its own (a slot not written yet, or "
+            "the next token of its chunk): the mask lets a key through when its position is at "
+            "most the query's own, not one more."
+        )
     mistake = mask_mistake(queries, keys, values, tables, query_pos, got)
     if mistake:
         return mistake
@@ -637,6 +661,11 @@ def test_new_blocks_come_from_the_least_recently_freed(impl):
         "free queue read without being taken out of it? Each block handed out leaves the queue "
         "(popitem removes the entry it returns)."
     )
+    assert len(first) == 3, (
+        f"asked for 3 blocks, a fresh pool's get_new_blocks handed out {len(first)} ({first}): "
+        "one block for each asked for. Does the function return before its loop has run its "
+        "course?"
+    )
     assert first == [0, 1, 2], (
         f"a fresh pool hands out blocks 0, 1, 2 first (the front of the free queue), got "
         f"{first}. Which end of the OrderedDict does your pop take from? Called plainly, "
@@ -662,8 +691,9 @@ def test_new_blocks_come_from_the_least_recently_freed(impl):
     assert queue == [3, 4, 5, 2, 0], (
         f"blocks 2 then 0, each held once, were freed: they join the END of the free queue, in "
         f"the order freed: expected [3, 4, 5, 2, 0], got {queue}."
-        + (" Their counts reached 0, yet they are not in the queue at all: were they added to a "
-           "copy of the queue (a local one) rather than to self.free_queue?"
+        + (" Their counts reached 0, yet they are not in the queue at all. A block joins "
+           "self.free_queue (the pool's own, not a copy of the queue) when the holder letting go "
+           "brings its count to 0: is the count checked after it is lowered?"
            if queue == [3, 4, 5] and pool.blocks[0].ref_cnt == 0 else "")
         + (" They were freed in the reverse of the order given: free_blocks goes through its "
            "blocks in the order given (the caller decides which is evicted first)."
@@ -798,7 +828,28 @@ def blocks_counted(impl) -> str:
             return ""
         got.append(len(req.block_ids))
     need = [-(-(c + n) // 4) for c, n in cases]
-    if got != need and got == [c + -(-n // 4) for c, n in cases]:
+    if got == need:
+        return ""
+    again = [-(-c // 4) + -(-(c + n) // 4) for c, n in cases]  # held blocks not subtracted
+    if got == again:
+        return (
+            " At exact block boundaries, with a pool large enough: the request's table grew by "
+            "all the blocks its tokens need, on top of those it held ("
+            + "; ".join(
+                f"{c} computed and {n} new tokens need {w}, your table has {g}"
+                for (c, n), w, g in zip(cases, need, got, strict=True)
+            )  # fmt: skip
+            + "). The blocks it holds already count: only the difference is allocated."
+        )
+    twice = [max(-(-(2 * c + n) // 4), -(-(c + 2 * n) // 4)) for c, n in cases]
+    if got == twice:
+        return (
+            " At exact block boundaries, with a pool large enough, your allocate_slots takes "
+            f"{got} blocks where {need} are needed: the new tokens were counted twice. "
+            "num_tokens counts every token the request knows, the new ones included: the "
+            "tokens already in the cache are num_computed_tokens."
+        )
+    if got == [c + -(-n // 4) for c, n in cases]:
         counts = "; ".join(
             f"{c} tokens computed and {n} new ({c + n} tokens) need {w} blocks of 4, your "
             f"allocate_slots gave the request {g}"
@@ -1210,6 +1261,20 @@ def preempted_newest_first(out, running_before: list[str], step: str) -> None:
     )
 
 
+def negative_count(out) -> str:
+    """A request scheduled for fewer than 0 tokens: its computed count ran past its tokens."""
+    for req, n in out.scheduled:
+        if n < 0:
+            return (
+                f" {req.request_id} was scheduled for {n} tokens: its num_computed_tokens "
+                f"({req.num_computed_tokens}) is past its {req.num_tokens} tokens. Were its "
+                "tokens counted as computed twice, once when scheduled and again by the update "
+                "after the step? On admission it has computed its cache hits only; the update "
+                "adds what the step ran."
+            )
+    return ""
+
+
 @pytest.mark.schedule
 def test_running_requests_first_then_the_queue_within_the_budget(impl):
     kv = impl.KVCacheManager(num_blocks=32, block_size=4)
@@ -1250,8 +1315,8 @@ def test_running_requests_first_then_the_queue_within_the_budget(impl):
            "are computed: what a running request lacks is its known tokens less those computed "
            "(num_computed_tokens), not less its cache hits (num_cached_tokens, 0 here)."
            if whole_again else "")
-        + (over_budget(out, 10, ["a"]) or " Running requests go first; each gets min(tokens it "
-           "lacks, budget left).")
+        + (negative_count(out) or over_budget(out, 10, ["a"])
+           or " Running requests go first; each gets min(tokens it lacks, budget left).")
     )  # fmt: skip
     order = [r.request_id for r in scheduler.running]
     assert order == ["a", "b", "c"], (
@@ -1474,13 +1539,22 @@ def test_greedy_tokens_are_hfs_with_chunks_preemption_and_invariants(impl, shipp
     original = engine.scheduler.schedule
 
     def schedule_and_count():
+        running = {r.request_id for r in engine.scheduler.running}
         out = original()
-        budget.append(out.num_tokens)
+        plan = [(r.request_id, n, r.request_id in running) for r, n in out.scheduled]
+        budget.append((out.num_tokens, plan))
         return out
 
     engine.scheduler.schedule = schedule_and_count
     outputs = run_to_end(engine, max_steps=400, check=check)
-    assert max(budget) <= 12, f"a step scheduled {max(budget)} tokens, the budget is 12"
+    most, plan = max(budget, key=lambda b: b[0])
+    chunks = [(rid, n) for rid, n, was_running in plan if was_running and n > 1]
+    assert most <= 12, (
+        f"a step scheduled {most} tokens, the budget is 12: its plan {[p[:2] for p in plan]}."
+        + (f" Running requests with chunks of more than one token ({chunks}, prompts read in "
+           "chunks): does the budget go down by each running request's whole chunk, not by one "
+           "token for each?" if chunks else "")
+    )  # fmt: skip
     assert engine.stats.preemptions > 0, "(the test meant to preempt: 14 blocks for 5 requests)"
     for i, prompt in enumerate(PROMPTS):
         ids = tokenizer.encode(prompt)

@@ -1226,4 +1226,137 @@ MUTANTS = [
         name="cache-length-added-again",
         says=("counted twice",),
     ),
+    # held out from the chapter's tests (a fourth set, none a mutant before), named after one run
+    Mutant(
+        "rmsnorm",
+        "inv_rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.cfg.rms_norm_eps)",
+        "inv_rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True).sqrt() + self.cfg.rms_norm_eps)",
+        "the root taken twice: the RMS computed with .sqrt() and then rsqrt of it, so the "
+        "vector is divided by the fourth root of the mean square",
+        name="ho-the-root-taken-twice-the",
+        says=("fourth root",),
+    ),
+    Mutant(
+        "rmsnorm",
+        "x = residual.float()\n"
+        "        inv_rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + "
+        "self.cfg.rms_norm_eps)\n"
+        "        return self.w * (x * inv_rms).to(residual.dtype)",
+        "x = self.w * residual.float()\n"
+        "        inv_rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + "
+        "self.cfg.rms_norm_eps)\n"
+        "        return (x * inv_rms).to(residual.dtype)",
+        "the weight applied to the input before the mean square is taken, not to the "
+        "normalised vector: the norm divides the weight's scale back out",
+        name="ho-the-weight-applied-to-the",
+        says=("weight all ones",),
+    ),
+    Mutant(
+        "rope",
+        "exponents = torch.arange(0, d_head, 2, device=positions.device).float() / d_head",
+        "exponents = torch.linspace(0, 1, d_head // 2, device=positions.device)",
+        "exponents spaced evenly from 0 to 1 inclusive (linspace) instead of 0, 2/d, ..., "
+        "(d-2)/d: the last pair's frequency is 1/theta and every pair but the first turns "
+        "a little too slowly",
+        name="ho-exponents-spaced-evenly-from-0",
+        says=("0, 2, 4, 6",),
+    ),
+    Mutant(
+        "rope",
+        "return x * cos + rotate_half(x) * sin",
+        "return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin",
+        "the halves swapped with roll instead of rotate_half: (x2, x1) where (-x2, x1) "
+        "belongs, the minus sign lost",
+        name="ho-the-halves-swapped-with-roll",
+        says=("minus",),
+    ),
+    Mutant(
+        "swiglu",
+        "return (F.silu(x @ self.W_gate) * (x @ self.W_up)) @ self.W_down",
+        "return (F.silu(x @ self.W_gate) * (x @ self.W_gate)) @ self.W_down",
+        "copy-paste: the linear branch projected with W_gate again, W_up never used",
+        name="ho-copy-paste-the-linear-branch",
+        says=("W_up is never used",),
+    ),
+    Mutant(
+        "swiglu",
+        "return (F.silu(x @ self.W_gate) * (x @ self.W_up)) @ self.W_down",
+        "return (F.silu(x @ self.W_gate) @ self.W_down) * ((x @ self.W_up) @ self.W_down)",
+        "the down projection applied to each branch separately and the two products "
+        "multiplied, instead of projecting the gated product once",
+        name="ho-the-down-projection-applied-to",
+        says=("doubling W_down",),
+    ),
+    Mutant(
+        "expand_kv",
+        "return kv.repeat_interleave(group_size, dim=1)",
+        "b, n, p, d = kv.shape\n"
+        "    return kv[:, :, None].expand(b, n, group_size, p, d).flatten(2, 3)",
+        "HF's expand-then-flatten with the wrong axes flattened: the copies merged into "
+        "the positions axis ([b, n_kv, group*pos, d]) instead of the heads axis",
+        name="ho-hf-s-expand-then-flatten",
+        says=("positions axis changed size",),
+    ),
+    Mutant(
+        "expand_kv",
+        "return kv.repeat_interleave(group_size, dim=1)",
+        "return kv.repeat_interleave(group_size)",
+        "repeat_interleave without dim=: the tensor is flattened and every number "
+        "repeated, a 1-D result",
+        name="ho-repeat-interleave-without-dim-the",
+        says=("heads axis",),
+    ),
+    Mutant(
+        "gqa",
+        "        values = expand_kv(values, self.cfg.group_size)\n",
+        "",
+        "the keys expanded for their groups but the values forgotten: works only by "
+        "broadcasting with one key/value head (or groups of 1)",
+        name="ho-the-keys-expanded-for-their",
+        says=("expanded keys or values",),
+    ),
+    Mutant(
+        "gqa",
+        "q, k, v = project(self.W_Q), project(self.W_K), project(self.W_V)",
+        "q, k, v = project(self.W_Q), project(self.W_K), project(self.W_K)",
+        "copy-paste: the values projected with W_K, W_V never used",
+        name="ho-copy-paste-the-values-projected",
+        says=("W_V",),
+    ),
+    Mutant(
+        "llama",
+        "return resid_mid + self.mlp(self.ln2(resid_mid))",
+        "return resid_mid + self.ln2(self.mlp(resid_mid))",
+        "ln2 applied to the MLP's output instead of its input: the MLP reads the "
+        "un-normalised stream",
+        name="ho-ln2-applied-to-the-mlp",
+        says=("output goes through ln2",),
+    ),
+    Mutant(
+        "llama",
+        "residual = block(residual, positions)",
+        "residual = block(self.embed(tokens), positions)",
+        "every block handed the embeddings instead of the previous block's output: only "
+        "the last block's work survives (right only for a 1-layer model)",
+        name="ho-every-block-handed-the-embeddings",
+        says=("other than what block 0 returned",),
+    ),
+    Mutant(
+        "llama_cache",
+        "zip(model.blocks, cache.keys, cache.values, strict=True)",
+        "zip(model.blocks, cache.keys, cache.keys, strict=True)",
+        "copy-paste in the zip: the cached values read from cache.keys, so every step "
+        "after the prefill attends to old keys as values",
+        name="ho-copy-paste-in-the-zip",
+        says=("are that layer's keys",),
+    ),
+    Mutant(
+        "llama_cache",
+        "strict=True):\n        x = block.ln1(residual)",
+        "strict=True):\n        keys, values = [], []\n        x = block.ln1(residual)",
+        "the lists of new keys and values started afresh inside the layer loop: only the "
+        "last layer's are kept (right only for a 1-layer model)",
+        name="ho-the-lists-of-new-keys",
+        says=("one per layer",),
+    ),
 ]

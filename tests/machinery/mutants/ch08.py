@@ -1479,4 +1479,135 @@ MUTANTS += [
         name="extend-for-append",
         says=("characters of the ids",),
     ),
+    # held out from the chapter's tests (a fourth set, none a mutant before), named after one run
+    Mutant(
+        "slots_of",
+        "block_table[p // block_size] * block_size + p % block_size",
+        "block_table[p // block_size] * block_size + p",
+        "the offset within the block is the whole position p, not p % block_size: right in "
+        "the first block only",
+        name="ho-the-offset-within-the-block",
+        says=("whole position",),
+    ),
+    Mutant(
+        "slots_of",
+        "for p in positions]",
+        "for p in range(positions.stop)]",
+        "slots for every position up to the range's end, the already-computed ones too, "
+        "instead of only the positions given",
+        name="ho-slots-for-every-position-up",
+        says=("positions before",),
+    ),
+    Mutant(
+        "attend",
+        "attn_mask=allowed[:, None]",
+        "attn_mask=allowed[:, :, None]",
+        "the mask's heads axis inserted after the queries ([G, Q, 1, L]) instead of after "
+        "G: right for decodes (Q = 1), wrong for a prompt chunk",
+        name="ho-the-mask-s-heads-axis",
+        says=("broadcast over the heads",),
+    ),
+    Mutant(
+        "attend",
+        "key_pos[None, None, :] <= query_pos[:, :, None]",
+        "key_pos[None, None, :] <= query_pos[:, :, None] + 1",
+        "each query may read one key past its own position (an unwritten slot, or the next "
+        "token of its chunk)",
+        name="ho-each-query-may-read-one",
+        says=("just after its own",),
+    ),
+    Mutant(
+        "block_pool",
+        "block.ref_cnt -= 1\n"
+        "            if block.ref_cnt == 0:\n"
+        "                self.free_queue[block.block_id] = None",
+        "if block.ref_cnt == 0:\n"
+        "                self.free_queue[block.block_id] = None\n"
+        "            block.ref_cnt -= 1",
+        "free_blocks tests for 0 before decrementing: a block whose last holder lets go "
+        "never joins the free queue",
+        name="ho-free-blocks-tests-for-0",
+        says=("checked after it is lowered",),
+    ),
+    Mutant(
+        "block_pool",
+        "            blocks.append(block)\n        return blocks",
+        "            blocks.append(block)\n            return blocks",
+        "return indented into the loop of get_new_blocks: one block handed out whatever n is asked",
+        name="ho-return-indented-into-the-loop",
+        says=("one block for each asked for",),
+    ),
+    Mutant(
+        "kv_cache_manager",
+        "num_computed = request.num_computed_tokens + len(computed) * self.block_size",
+        "num_computed = request.num_tokens + len(computed) * self.block_size",
+        "the blocks counted from all the request's known tokens (num_tokens) instead of "
+        "its computed ones: the new tokens are counted twice and too many blocks are taken",
+        name="ho-the-blocks-counted-from-all",
+        says=("counted twice",),
+    ),
+    Mutant(
+        "kv_cache_manager",
+        "num_new_blocks = needed - len(blocks) - len(computed)",
+        "num_new_blocks = needed - len(computed)",
+        "the blocks the request already holds not subtracted: every step asks the pool for "
+        "the whole table again and the table grows",
+        name="ho-the-blocks-the-request-already",
+        says=("holds already count",),
+    ),
+    Mutant(
+        "sample_requests",
+        "        if is_greedy[i]:\n            continue",
+        "        if is_greedy[i]:\n            break",
+        "break for continue at a greedy request: every sampling request after the first "
+        "greedy one is never sampled (its token stays 0)",
+        name="ho-break-for-continue-at-a",
+        says=("rows skipped",),
+    ),
+    Mutant(
+        "sample_requests",
+        "**request.params.sampling_kwargs(),",
+        "**requests[0].params.sampling_kwargs(),",
+        "the first request's settings (temperature, top-k, top-p, penalty) used for every "
+        "sampled request",
+        name="ho-the-first-request-s-settings",
+        says=("its own settings",),
+    ),
+    Mutant(
+        "schedule",
+        "budget -= num_new\n                i += 1",
+        "budget -= 1\n                i += 1",
+        "a running request takes one token from the budget whatever its chunk: a chunked "
+        "prompt overruns max_num_batched_tokens",
+        name="ho-a-running-request-takes-one",
+        says=("whole chunk",),
+    ),
+    Mutant(
+        "schedule",
+        "request.num_computed_tokens = request.num_cached_tokens = num_cached",
+        "request.num_cached_tokens = num_cached\n"
+        "            request.num_computed_tokens = num_cached + num_new",
+        "an admitted request's computed tokens advanced past the chunk scheduled now "
+        "(update adds them again after the model ran)",
+        name="ho-an-admitted-request-s-computed",
+        says=("counted as computed twice",),
+    ),
+    Mutant(
+        "output_processor",
+        "if not output.finished:",
+        "if output.finished:",
+        "the test for aborting inverted: a request the engine already finished is put in "
+        "to_abort, one still running never is",
+        name="ho-the-test-for-aborting-inverted",
+        says=("to_abort must name it",),
+    ),
+    Mutant(
+        "output_processor",
+        "add(output.new_token_ids, last=output.finished)",
+        "add(output.output_token_ids[-1:], last=output.finished)",
+        "the newest output token taken as the step's new tokens: a step with no new token "
+        "(a prompt chunk after a preemption, an abort) adds the last token's text again",
+        name="ho-the-newest-output-token-taken",
+        says=("all of its new tokens",),
+    ),
 ]
