@@ -16,7 +16,32 @@ call those names, call the chapter's own functions instead (chapter 4's notebook
 import chapter 4's and 5's helpers, never the reverse; this module imports every pass, and no
 pass imports it: no circle.
 
-Adding a third architecture touches the registry and that architecture's own pass files.
+Converting to and from Hugging Face's classes is the registry's other half. It lives in
+utils/convert.py (`HF_CONVERSIONS`, keyed by `Architecture.hf_model_type`), because the
+HF <-> course tables have their home there and `solutions` imports nothing from `utils`.
+
+Adding a third architecture touches the registry and that architecture's own files, nothing
+else. For a Qwen-style block (Qwen3: Llama's block with an RMSNorm on each head's queries and
+keys before they are turned), in ../shared/DESIGN.md's terms:
+
+- solutions/qwen_config.py: its config (Llama's fields, and what it adds);
+- solutions/qwen.py: the model, one concept: an attention whose `rotated_qkv` normalises each
+  head's queries and keys before RoPE, the block and the model, built from chapter 7's parts;
+- its passes: chapter 7's cached, static and paged passes (llama_cache.py, llama_static.py,
+  llama_paged.py) reach attention only through `block.attn.rotated_qkv` and `block.attn.attend`,
+  so they run it as they are; a block that differs elsewhere brings its own pass files, as
+  Llama brings those three;
+- solutions/architectures.py: one `Architecture(...)` in `ARCHITECTURES`;
+- utils/convert.py: its HF tables (config fields, weight names: `q_norm`, `k_norm`) and one
+  `HF_CONVERSIONS` line (HF's `Qwen3ForCausalLM`);
+- tests/machinery/: its tests against HF's model on a saved random-weight stand-in; and, only
+  if a chapter teaches it, its chapter section, graded tests and mutants; only if the course
+  ships one, its recipe and model card in utils/recipe.py.
+
+Not the samplers and generators (solutions/cached_sampling.py ... fast_speculative.py), the
+engine, the server, utils/models.py (loading and saving) or utils/serving.py: they ask the
+registry. (benchmarks/serving.py's profile names the GPT-2 and Llama modules it times; a third
+architecture's profile would name its own.)
 """
 
 from collections.abc import Callable
