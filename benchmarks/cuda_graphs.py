@@ -43,8 +43,8 @@ from torch._dynamo.utils import counters
 
 from solutions.cached_sampling import CachedTransformerSampler
 from solutions.cuda_graphs import GraphedStep
-from solutions.fast_sampling import FastTransformerSampler
-from solutions.static_cache import StaticKeyValueCache, decode_step
+from solutions.fast_sampling import FastTransformerSampler, decode_step
+from solutions.static_cache import StaticKeyValueCache
 from utils.models import load_hf, load_model
 from utils.timing import goal, interleaved_runs, median_seconds, ratio_within_runs
 

@@ -37,8 +37,13 @@ from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 
 from solutions.cached_sampling import CachedTransformerSampler
-from solutions.fast_sampling import FastTransformerSampler, compiled_step, inductor_available
-from solutions.static_cache import StaticKeyValueCache, decode_step
+from solutions.fast_sampling import (
+    FastTransformerSampler,
+    compiled_step,
+    decode_step,
+    inductor_available,
+)
+from solutions.static_cache import StaticKeyValueCache
 from solutions.step_cost import (
     Rates,
     fit_step_cost,

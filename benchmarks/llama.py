@@ -40,12 +40,12 @@ import einops
 import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-from solutions.cached_model import forward_with_cache
+from solutions.architectures import forward_with_cache
 from solutions.cached_sampling import CachedTransformerSampler
-from solutions.fast_sampling import FastTransformerSampler, inductor_available
+from solutions.fast_sampling import FastTransformerSampler, decode_step, inductor_available
 from solutions.gqa import expand_kv
 from solutions.rope import apply_rope, rope_cos_sin
-from solutions.static_cache import StaticKeyValueCache, decode_step
+from solutions.static_cache import StaticKeyValueCache
 from solutions.step_cost import profile_ops
 from utils.models import load_model
 from utils.timing import goal, interleaved_runs, ratio_within_runs, sig

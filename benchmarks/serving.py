@@ -78,9 +78,10 @@ import time
 
 import torch
 
+from solutions.architectures import architecture_of
 from solutions.checks import positions_read
 from solutions.paged_attention import PagedKVCache, attend_strided, forward_paged
-from utils.models import is_llama, load_hf, load_model
+from utils.models import load_hf, load_model
 from utils.serving import (
     Served,
     all_at_once_trace,
@@ -304,7 +305,7 @@ def engine_profile(model, tokenizer, probe) -> dict:
     def total(name: str) -> float:
         return sum(v[2] for k, v in stats.items() if name in k[2])
 
-    llama = is_llama(model)
+    llama = architecture_of(model).hf_model_type == "llama"
     forward = cumulative("", "forward_paged_llama" if llama else "forward_paged")
     steps = cumulative("engine.py", "step")
     mlp, norm, unembed = ("swiglu.py", "rmsnorm.py", "train.py") if llama else MODULE_FILES
@@ -535,7 +536,7 @@ def main() -> None:
                                   args.seed, args.quick)  # fmt: skip
 
     beside = None
-    if is_llama(model):
+    if architecture_of(model).hf_model_type == "llama":
         beside = beside_gpt2(model, tokenizer, requests, 1 if args.quick else args.runs, args.seats)
 
     throughput = engine["tokens_per_s"] / static["tokens_per_s"]

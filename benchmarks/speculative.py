@@ -71,13 +71,14 @@ import time
 
 import torch
 
+from solutions.architectures import forward_static
 from solutions.batched import generate_batch
 from solutions.cached_sampling import CachedTransformerSampler
-from solutions.fast_sampling import FastTransformerSampler, inductor_available
+from solutions.fast_sampling import FastTransformerSampler, decode_step, inductor_available
 from solutions.fast_speculative import FastSpeculativeGenerator
 from solutions.lookahead import lookahead_generate
 from solutions.speculative_generation import SpeculativeStats, speculative_generate
-from solutions.static_cache import StaticKeyValueCache, decode_step, forward_static
+from solutions.static_cache import StaticKeyValueCache
 from utils import speed
 from utils.models import load_model
 from utils.timing import busy_processes, interleaved_runs, median_ratio, timed

@@ -642,7 +642,7 @@ check("forward_static")
 # **tensors**, not Python numbers, for a reason section 4 shows.
 
 # %% tags=["source"]
-# solution: solutions.static_cache.decode_step
+# solution: solutions.fast_sampling.decode_step
 
 # %% [markdown]
 # Your static cache against chapter 4's growing one: a prefill and a few steps, the same logits,

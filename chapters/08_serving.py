@@ -84,10 +84,10 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from solutions import checks
+from solutions.architectures import architecture_of, model_runner
 from solutions.attention import Attention
 from solutions.llama import LlamaTransformer
 from solutions.model import DemoTransformer
-from solutions.model_runner import model_runner
 from solutions.request import Request, RequestOutput, RequestStatus
 from solutions.sampling import sample_next_token
 from solutions.sampling_params import SamplingParams
@@ -1047,23 +1047,26 @@ assert 1 <= busy_ttft["median"] / busy_tpot["median"] < 2, "section 9: the media
 # So the engine asks `model_runner(model)` (given) for the forward pass of the model's
 # architecture, as vLLM looks up a checkpoint's architecture name in its `ModelRegistry`
 # (`vllm/model_executor/models/registry.py`) to find the model class whose forward pass reads
-# its paged cache. The Llama runner is this chapter's machinery (the step's inputs and groups,
-# `write_slots`, `attend_strided`) around chapter 7's `rotated_qkv`: each piece written once. It
-# does not call chapter 7's `attend`, whose `expand_kv` copies each key/value head for the query
-# heads of its group (HF's `repeat_kv` does the same). `attend_strided` gathers each request's
-# blocks once, as for GPT-2 (section 2's one copy), and hands the attention function the
-# gathered key/value heads with `enable_gqa=True` (`F.scaled_dot_product_attention`'s argument
-# for grouped-query attention): on PyTorch's CPU attention kernel, which this course measures,
-# each group of query heads reads its own key/value head there, with no second copy per group
-# (PyTorch's fallback path, `pre_process_group_query_attention_input` in
+# its paged cache. The course's registry (`solutions/architectures.py`, `architecture_of`) maps
+# each model class to all its passes: chapter 4's cached one, chapter 5's static one, and this
+# runner. The reference samplers and generators of chapters 4 to 6 (in `solutions`) ask it too,
+# which is how they run chapter 7's model unchanged. The Llama runner is this chapter's machinery
+# (the step's inputs and groups, `write_slots`, `attend_strided`) around chapter 7's `rotated_qkv`:
+# each piece written once. It does not call chapter 7's `attend`, whose `expand_kv` copies each
+# key/value head for the query heads of its group (HF's `repeat_kv` does the same). `attend_strided`
+# gathers each request's blocks once, as for GPT-2 (section 2's one copy), and hands the attention
+# function the gathered key/value heads with `enable_gqa=True` (`F.scaled_dot_product_attention`'s
+# argument for grouped-query attention): on PyTorch's CPU attention kernel, which this course
+# measures, each group of query heads reads its own key/value head there, with no second copy per
+# group (PyTorch's fallback path, `pre_process_group_query_attention_input` in
 # `aten/src/ATen/native/transformers/attention.cpp`, repeats the heads itself). The gather stays;
 # only the per-group copy goes.
 
 # %% tags=["source"]
 # solution: solutions.model_runner.GPT2ModelRunner
-# solution: solutions.model_runner.forward_paged_llama
-# solution: solutions.model_runner.LlamaModelRunner
-# solution: solutions.model_runner.model_runner
+# solution: solutions.llama_paged.forward_paged_llama
+# solution: solutions.llama_paged.LlamaModelRunner
+# solution: solutions.architectures.model_runner
 
 # %% [markdown]
 # Predict, then run: section 9's trace, served by your engine on each model with the same bytes

@@ -36,7 +36,8 @@ Chapter 5 takes out the fixed cost of a step:
 
     step_cost.py       what a decoding step costs: dispatches, arithmetic, bytes read
     static_cache.py    StaticKeyValueCache: allocated once for n_ctx, written in place
-    fast_sampling.py   FastTransformerSampler: a step of one shape, sampling on the device
+    fast_sampling.py   decode_step and FastTransformerSampler: a step of one shape, compiled,
+                       sampling on the device
     cuda_graphs.py     a decoding step recorded once as a CUDA graph and replayed
     int8.py            weight-only int8, one scale per output channel
 
@@ -60,13 +61,16 @@ Chapter 7 builds today's block (Llama, Mistral, SmolLM2) and checks it against H
     llama.py           LlamaBlock and LlamaTransformer
     llama_cache.py     llama_forward_with_cache: chapter 4's cache, keys stored after rotation
     llama_static.py    chapter 5's static cache for the same model
+    architectures.py   the registry: each model class to its passes (plain, chapter 4's cache,
+                       chapter 5's static cache, chapter 8's runner); what any-model code asks
 
 Chapter 8 serves many requests at once (vLLM's and nano-vllm's decomposition):
 
     sampling_params.py SamplingParams: one request's sampling settings
     request.py         Request: a request's record (its tokens, computed tokens, block table)
     paged_attention.py the model runner: one flattened step through block tables
-    model_runner.py    a runner per architecture: GPT-2's forward_paged, the Llama model's
+    model_runner.py    GPT-2's runner: forward_paged with each layer's fused projection
+    llama_paged.py     the Llama model's runner: keys rotated before they are written
     block_pool.py      BlockPool: reference counts, the free queue, prefix names
     kv_cache_manager.py KVCacheManager: prefix-cache hits and a request's blocks
     scheduler.py       Scheduler: continuous batching, chunked prefill, preemption; it alone
@@ -84,7 +88,7 @@ from solutions.batched import generate_batch, left_pad
 from solutions.beams import Beams, beam_search
 from solutions.block import TransformerBlock
 from solutions.cached_beams import CachedBeams
-from solutions.cached_model import forward_with_cache
+from solutions.architectures import forward_with_cache  # chapter 4's pass, for any model
 from solutions.cached_sampling import CachedTransformerSampler
 from solutions.config import Config
 from solutions.embed import Embed, PosEmbed

@@ -11,7 +11,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor, nn
 
 from solutions import checks
-from solutions.cached_model import forward_with_cache
+from solutions.architectures import forward_with_cache  # chapter 4's pass, for any model
 from solutions.kv_cache import KeyValueCache
 from solutions.sampling import check_sampling_args, sample_next_token
 

@@ -155,12 +155,6 @@ def forward_with_cache(
     rows of a batch hold prompts of different lengths. Chapter 6's lookahead decoding passes
     its own `positions` [new] and `allowed` [new, cached + new] (True where a new token may
     read a key) instead of the causal ones."""
-    from solutions.llama import LlamaTransformer  # here: a notebook holds its chapter's names
-
-    if isinstance(model, LlamaTransformer):  # chapter 7's model: the same contract, its own pass
-        from solutions.llama_cache import llama_forward_with_cache
-
-        return llama_forward_with_cache(model, tokens, cache, attention_mask, positions, allowed)
     cache, mask = start_forward(model, tokens, cache, attention_mask)
     n_new, n_all = tokens.shape[1], mask.shape[1]
     if positions is not None or allowed is not None:  # the caller's own layout

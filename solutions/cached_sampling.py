@@ -10,7 +10,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from solutions import checks
-from solutions.cached_model import forward_with_cache
+from solutions.architectures import forward_with_cache  # chapter 4's pass, for any model
 from solutions.kv_cache import KeyValueCache
 from solutions.sampling import TransformerSampler
 

@@ -14,8 +14,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from solutions.fast_sampling import decode_step
 from solutions.model import DemoTransformer
-from solutions.static_cache import StaticKeyValueCache, decode_step
+from solutions.static_cache import StaticKeyValueCache
 
 
 class GraphedStep:

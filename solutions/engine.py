@@ -10,7 +10,7 @@ the requests (computed tokens, new tokens, stops, finished ones freed).
             print(output.request_id, output.new_token_ids, output.finished)
 
 The engine serves chapter 1's GPT-2 model or chapter 7's Llama model alike: `model_runner` picks
-the forward pass of the model's architecture (solutions/model_runner.py), and nothing else in
+the forward pass of the model's architecture (solutions/architectures.py), and nothing else in
 the engine knows which it is.
 
 The engine is one process on one device, on purpose: what engines do past one machine
@@ -26,8 +26,8 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from solutions import checks
+from solutions.architectures import model_runner
 from solutions.kv_cache_manager import KVCacheManager
-from solutions.model_runner import model_runner
 from solutions.paged_attention import PagedKVCache, prepare_inputs
 from solutions.request import Request, RequestOutput
 from solutions.sampling import sample_next_token

@@ -18,13 +18,14 @@ generator: under the same seed this sampler gives chapter 3's tokens.
 import shutil
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from solutions import checks
+from solutions.architectures import forward_static  # chapter 5's pass, for any model
 from solutions.sampling import SamplerBase, sample_next_token
-from solutions.static_cache import StaticKeyValueCache, decode_step, forward_static
+from solutions.static_cache import StaticKeyValueCache
 
 
 def inductor_available() -> tuple[bool, str]:
@@ -43,6 +44,19 @@ def inductor_available() -> tuple[bool, str]:
         "Build Tools for Visual Studio), or pass compile=False, or compile='eager' to trace "
         "the step with dynamo without building anything"
     )
+
+
+def decode_step(
+    model: nn.Module,
+    cache: StaticKeyValueCache,
+    token: Int[Tensor, "batch 1"],
+    slot: Int[Tensor, "1"],
+    position: Int[Tensor, "batch 1"],
+) -> Float[Tensor, "batch d_vocab"]:
+    """One decoding step: the logits after `token`, which goes to `slot` at `position`. Slot and
+    position are tensors, not Python ints: a compiled step would otherwise be specialised to
+    each value and compiled again at every step."""
+    return forward_static(model, token, cache, slot, position)[:, -1]
 
 
 def compiled_step(compile: bool | str, step=decode_step):

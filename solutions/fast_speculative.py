@@ -25,12 +25,13 @@ from jaxtyping import Int
 from torch import Tensor, nn
 
 from solutions import checks
+from solutions.architectures import forward_static  # chapter 5's pass, for any model
 from solutions.drafters import sampling_probs
 from solutions.fast_sampling import compiled_step
 from solutions.sampling import check_sampling_args
 from solutions.speculative import rejection_sample
 from solutions.speculative_generation import SpeculativeStats
-from solutions.static_cache import StaticKeyValueCache, forward_static
+from solutions.static_cache import StaticKeyValueCache
 
 
 @functools.cache

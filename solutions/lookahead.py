@@ -25,7 +25,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from solutions import checks
-from solutions.cached_model import forward_with_cache
+from solutions.architectures import forward_with_cache  # chapter 4's pass, for any model
 from solutions.kv_cache import KeyValueCache
 from solutions.speculative_generation import SpeculativeStats
 

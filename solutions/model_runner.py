@@ -1,35 +1,29 @@
-"""A model runner per architecture: what the engine calls to run one step of a model over the
-paged cache (vLLM's model registry in miniature: vLLM maps each checkpoint's architecture name to
-a model class whose forward pass reads the paged cache; here the model's class picks a runner).
+"""The GPT-2 model's runner: what the engine calls to run one step of chapter 1's model over the
+paged cache.
 
-The engine does not know which model it serves. Everything around the forward pass is the same
-for every architecture: the scheduler, the block pool, the step's flattened inputs, the slots
-(`prepare_inputs`), the grouping of requests (`attention_groups`), the cache's writes
-(`write_slots`) and the gather of blocks (`gather_blocks`). What differs is inside the model:
-
-- chapter 1's GPT-2 model: learned positions added to the embeddings, one fused projection to
-  queries, keys and values, as many key/value heads as query heads (`forward_paged`);
-- chapter 7's Llama model: no position embedding; queries and keys turned by each token's own
-  position (RoPE) BEFORE the keys are written, so a block stores rotated keys and a key is never
-  turned again; n_kv_heads key/value heads, each read by a group of query heads. A block of its
-  cache holds n_kv_heads heads, not n_heads: the same bytes hold n_heads / n_kv_heads times the
-  tokens.
+A runner is built once per engine from the model (`Runner(model)`) and has one method,
+`forward(cache, inputs, logits_at)`: the logits at `logits_at` of one flattened step. The engine
+does not know which model it serves: the architecture registry (solutions/architectures.py, vLLM's
+model registry in miniature) picks the runner by the model's class. Everything around the forward
+pass is the same for every architecture: the scheduler, the block pool, the step's flattened
+inputs, the slots (`prepare_inputs`), the grouping of requests (`attention_groups`), the cache's
+writes (`write_slots`) and the gather of blocks (`gather_blocks`). What differs is inside the
+model: here, learned positions added to the embeddings, one fused projection to queries, keys
+and values, as many key/value heads as query heads (`forward_paged`). Chapter 7's model has its
+own runner (solutions/llama_paged.py).
 """
 
 import torch
 from jaxtyping import Float, Int
-from torch import Tensor, nn
+from torch import Tensor
 
-from solutions.llama import LlamaTransformer
 from solutions.model import DemoTransformer
 from solutions.paged_attention import (
     PagedKVCache,
     StepInputs,
     attend_strided,
-    attention_groups,
     forward_paged,
     fused_qkv,
-    write_slots,
 )
 
 
@@ -47,54 +41,3 @@ class GPT2ModelRunner:
         self, cache: PagedKVCache, inputs: StepInputs, logits_at: Int[Tensor, "S"]
     ) -> Float[Tensor, "S d_vocab"]:
         return forward_paged(self.model, cache, inputs, logits_at, attend_strided, self.qkv)
-
-
-def forward_paged_llama(
-    model: LlamaTransformer,
-    keys_values: PagedKVCache,
-    inputs: StepInputs,
-    logits_at: Int[Tensor, "S"],
-) -> Float[Tensor, "S d_vocab"]:
-    """`forward_paged` for chapter 7's model: the step's T tokens as one row of a batch of one,
-    each turned by its own position in its own request (chapter 7's `rotated_qkv`), with keys
-    and values read through the block tables by `attend_strided`, the GPT-2 runner's attention,
-    whose query heads read their group's key/value head in place."""
-    groups = attention_groups(inputs, keys_values.block_size)
-    positions = inputs.positions[None]  # [1, T]: a token's position in its request
-    residual = model.embed(inputs.token_ids[None])  # [1, T, d_model]; no position embedding
-    for block, keys, values in zip(model.blocks, keys_values.keys, keys_values.values, strict=True):
-        q, k, v = block.attn.rotated_qkv(block.ln1(residual), positions)  # [1, heads, T, d_head]
-        q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))  # [T, heads, d_head], as in a block
-        # The keys go into the cache rotated by their own positions: never turned again.
-        write_slots(keys, values, inputs.slot_mapping, k, v)
-        z = torch.empty_like(q)
-        for g in groups:
-            # Not chapter 7's `attend`: its `expand_kv` copies each key/value head for its group
-            # of query heads, a copy as large as the GPT-2 model's whole gathered context.
-            z[g.rows] = attend_strided(q[g.rows], keys, values, g.block_tables, g.query_pos)
-        residual = residual + (z.flatten(1) @ block.attn.W_O.flatten(0, 1))[None]  # heads summed
-        residual = residual + block.mlp(block.ln2(residual))
-    return model.unembed(model.ln_final(residual[0, logits_at]))
-
-
-class LlamaModelRunner:
-    """Chapter 7's model through `forward_paged_llama`."""
-
-    def __init__(self, model: LlamaTransformer):
-        self.model = model
-
-    def forward(
-        self, cache: PagedKVCache, inputs: StepInputs, logits_at: Int[Tensor, "S"]
-    ) -> Float[Tensor, "S d_vocab"]:
-        return forward_paged_llama(self.model, cache, inputs, logits_at)
-
-
-def model_runner(model: nn.Module):
-    """The runner for the model's architecture (the registry: architecture -> runner)."""
-    runners = {DemoTransformer: GPT2ModelRunner, LlamaTransformer: LlamaModelRunner}
-    for architecture, runner in runners.items():
-        if isinstance(model, architecture):
-            return runner(model)
-    known = ", ".join(cls.__name__ for cls in runners)
-    raise ValueError(f"model must be one of the architectures the engine runs ({known}), got "
-                     f"{type(model).__name__}")  # fmt: skip

@@ -130,12 +130,6 @@ def forward_static(
     where a new token is left padding (None: every token is real). No check, no `.item()`, no
     Python branch on a tensor: a decoding step compiles to one graph (`check_step` is the
     caller's, once)."""
-    from solutions.llama import LlamaTransformer  # here: a notebook holds its chapter's names
-
-    if isinstance(model, LlamaTransformer):  # chapter 7's model: the same contract, its own pass
-        from solutions.llama_static import llama_forward_static
-
-        return llama_forward_static(model, tokens, cache, slots, positions, real)
     # BEGIN SOLUTION
     if real is None:
         real = torch.ones_like(tokens, dtype=torch.bool)
@@ -151,16 +145,3 @@ def forward_static(
         residual = residual + block.mlp(block.ln2(residual))
     return model.unembed(model.ln_final(residual))
     # END SOLUTION
-
-
-def decode_step(
-    model: DemoTransformer,
-    cache: StaticKeyValueCache,
-    token: Int[Tensor, "batch 1"],
-    slot: Int[Tensor, "1"],
-    position: Int[Tensor, "batch 1"],
-) -> Float[Tensor, "batch d_vocab"]:
-    """One decoding step: the logits after `token`, which goes to `slot` at `position`. Slot and
-    position are tensors, not Python ints: a compiled step would otherwise be specialised to
-    each value and compiled again at every step."""
-    return forward_static(model, token, cache, slot, position)[:, -1]

@@ -1,4 +1,6 @@
-"""Weights between the course's DemoTransformer (transformer-lens naming) and HF GPT-2.
+"""Weights between the course's models and HF's: DemoTransformer (transformer-lens naming) and
+HF GPT-2, then chapter 7's LlamaTransformer and HF Llama, then the registry's HF half
+(`HF_CONVERSIONS`: `to_hf` and `from_hf` for any architecture the course builds).
 
 HF's GPT-2 stores each attention's Q, K and V in one `Conv1D` (`c_attn`, weight
 [d_model, 3 * d_model], applied as x @ W) with the heads side by side; the course keeps one
@@ -9,12 +11,15 @@ The configs map field by field too: CONFIG_FIELDS is the one table, read in both
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import einops
 import torch
 from torch import Tensor
 
+from solutions.architectures import architecture_named, architecture_of
 from solutions.config import Config
 
 if TYPE_CHECKING:
@@ -146,6 +151,16 @@ def to_hf_model(model, cfg: Config):
         raise ValueError(f"weights do not fit GPT-2: missing {missing}, unexpected {unexpected}")
     hf.tie_weights()
     return hf
+
+
+def demo_from_hf(hf):
+    """The course's DemoTransformer with the weights of an HF GPT2LMHeadModel."""
+    from solutions.model import DemoTransformer
+
+    cfg = config_from_hf(hf.config)
+    model = DemoTransformer(cfg)
+    model.load_state_dict(hf_to_demo(hf.state_dict(), cfg))
+    return model.eval()
 
 
 # ---- Llama (chapter 7): HF LlamaForCausalLM <-> the course's LlamaTransformer ----------------
@@ -298,3 +313,37 @@ def llama_from_hf(hf):
     model = LlamaTransformer(cfg, tie_embeddings="unembed.W_U" not in sd)
     model.load_state_dict(sd)
     return model.eval()
+
+
+# ---- The architecture registry's HF half -----------------------------------------------------
+# solutions/architectures.py picks each architecture's passes by the model's class; converting to
+# and from HF's classes is here (`solutions` imports nothing from `utils`), keyed by the HF
+# config's `model_type`, which the registry holds for each architecture (`hf_model_type`).
+
+
+@dataclass(frozen=True)
+class HFConversion:
+    hf_class: str  # the transformers class that loads such a checkpoint
+    to_hf: Callable  # the course's model -> an HF model with its weights
+    from_hf: Callable  # an HF model -> the course's model with its weights, in eval mode
+
+
+HF_CONVERSIONS = {
+    "gpt2": HFConversion("GPT2LMHeadModel", lambda m: to_hf_model(m, m.cfg), demo_from_hf),
+    "llama": HFConversion("LlamaForCausalLM", to_hf_llama, llama_from_hf),
+}
+
+
+def hf_conversion(model_type: str | None) -> HFConversion:
+    """The conversion for an HF config's `model_type`, or a ValueError naming the known ones."""
+    return HF_CONVERSIONS[architecture_named(model_type).hf_model_type]
+
+
+def to_hf(model):
+    """An HF model (GPT2LMHeadModel, LlamaForCausalLM, ...) holding a course model's weights."""
+    return HF_CONVERSIONS[architecture_of(model).hf_model_type].to_hf(model)
+
+
+def from_hf(hf):
+    """The course's model (of the architecture the HF config names) with an HF model's weights."""
+    return hf_conversion(getattr(hf.config, "model_type", None)).from_hf(hf)

@@ -55,7 +55,7 @@ def save_model(model, tokenizer, name_or_path: str | Path = "mine") -> Path:
     """Save a DemoTransformer (tied as in chapter 2, or not) and its tokenizer in HF GPT-2
     format: under `saved_models_dir()` for a name, or in the folder given. Returns the folder;
     `load_model(name_or_path)` loads it back, in any chapter."""
-    from utils.convert import to_hf_llama, to_hf_model
+    from utils.convert import to_hf
 
     if isinstance(name_or_path, str):
         if not name_or_path or name_or_path in (*SHIPPED, "gpt2") or "/" in name_or_path:
@@ -66,20 +66,12 @@ def save_model(model, tokenizer, name_or_path: str | Path = "mine") -> Path:
         out = saved_models_dir() / name_or_path
     else:
         out = Path(name_or_path)
-    hf = to_hf_llama(model) if is_llama(model) else to_hf_model(model, model.cfg)
+    hf = to_hf(model)  # the HF class of the model's architecture
     out.mkdir(parents=True, exist_ok=True)
     with quiet_loading():
         hf.save_pretrained(out)
         tokenizer.save_pretrained(out)
     return out
-
-
-def is_llama(model) -> bool:
-    """Whether `model` is the course's Llama-architecture model (chapter 7) or an HF one."""
-    from solutions.llama_config import LlamaConfig
-
-    config = getattr(model, "cfg", None) or getattr(model, "config", None)
-    return isinstance(config, LlamaConfig) or getattr(config, "model_type", None) == "llama"
 
 
 def hub_reachable(timeout_s: float = 3.0) -> bool:
@@ -124,14 +116,16 @@ def hf_class(path: Path):
 
 
 def hf_class_of(kind: str | None, where: str):
-    """The HF model class for a config's `model_type` (read from `where`), or a ValueError."""
-    from transformers import GPT2LMHeadModel, LlamaForCausalLM
+    """The HF model class for a config's `model_type` (read from `where`), or a ValueError: one
+    of the architectures the course builds (the registry, solutions/architectures.py)."""
+    import transformers
 
-    kinds = {"gpt2": GPT2LMHeadModel, "llama": LlamaForCausalLM}
-    if kind not in kinds:
-        raise ValueError(f"model_type in {where} must be one of {sorted(kinds)} (the "
-                         f"architectures the course builds), got {kind!r}")  # fmt: skip
-    return kinds[kind]
+    from utils.convert import hf_conversion
+
+    try:
+        return getattr(transformers, hf_conversion(kind).hf_class)
+    except ValueError as err:
+        raise ValueError(f"{err} (in {where})") from None
 
 
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # "owner/name", as the HF hub spells a model
@@ -203,16 +197,10 @@ def load_model(name: str | Path = "shakespeare"):
     checkpoint. A Llama whose config asks for what the course's model does not compute (RoPE
     scaling, biases, a sliding window, another activation) is refused with a ValueError.
     """
-    from solutions.model import DemoTransformer
-    from utils.convert import config_from_hf, hf_to_demo, llama_from_hf
+    from utils.convert import from_hf
 
     hf, tokenizer = load_hf(name)
-    if is_llama(hf):
-        return llama_from_hf(hf), tokenizer
-    cfg = config_from_hf(hf.config)
-    model = DemoTransformer(cfg)
-    model.load_state_dict(hf_to_demo(hf.state_dict(), cfg))
-    return model.eval(), tokenizer
+    return from_hf(hf), tokenizer  # the course's model of the checkpoint's architecture
 
 
 @dataclass

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.data import DataLoader, Subset
 
+from solutions.architectures import architecture_of
 from solutions.bigram import BigramLM
 from solutions.config import Config
 from solutions.dataset import TokenWindows
-from solutions.llama import LlamaTransformer
 from solutions.llama_config import LlamaConfig
 from solutions.model import DemoTransformer
 from solutions.train import (
@@ -29,7 +29,6 @@ from solutions.train import (
     TrainingArgs,
     evaluate,
     greedy_continuation,
-    tie_embeddings,
     train,
 )
 from utils.corpus import VALIDATION_PLAYS, load_plays, split_plays
@@ -195,14 +194,12 @@ def load_data(recipe: Recipe, tokenizer_dir: Path | None) -> Data:
 
 def train_model(
     recipe: Recipe, args: TrainingArgs, data: Data, progress: bool
-) -> tuple[DemoTransformer | LlamaTransformer, History]:
-    """A tied DemoTransformer (or LlamaTransformer, for a LlamaConfig), initialised from
-    `args.seed` and trained with chapter 2's loop."""
+) -> tuple[nn.Module, History]:
+    """A tied model of the config's architecture (a DemoTransformer for a Config, a
+    LlamaTransformer for a LlamaConfig), initialised from `args.seed` and trained with chapter
+    2's loop."""
     torch.manual_seed(args.seed)
-    if isinstance(recipe.cfg, LlamaConfig):
-        net = LlamaTransformer(recipe.cfg, tie_embeddings=True)
-    else:
-        net = tie_embeddings(DemoTransformer(recipe.cfg))
+    net = architecture_of(recipe.cfg).tied(recipe.cfg)  # the config's architecture
 
     def sample(m):
         return greedy_continuation(m, data.tokenizer, PROMPT, 40)

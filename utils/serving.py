@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import torch
 
 from solutions import checks
+from solutions.architectures import forward_with_cache  # chapter 4's pass, for any model
 from solutions.batched import left_pad
-from solutions.cached_model import forward_with_cache
 from solutions.engine import LLMEngine
 from solutions.sampling_params import SamplingParams
 from utils.corpus import load_plays

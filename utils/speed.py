@@ -25,7 +25,7 @@ from functools import partial
 import torch
 
 from solutions import drafters, lookahead, speculative_generation
-from solutions.cached_model import forward_with_cache
+from solutions.architectures import forward_with_cache  # chapter 4's pass, for any model
 from utils.timing import interleaved_medians
 
 WORKLOADS: dict[str, dict] = {

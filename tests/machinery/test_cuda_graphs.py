@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from solutions.cuda_graphs import GraphedStep
-from solutions.static_cache import StaticKeyValueCache, decode_step
+from solutions.fast_sampling import decode_step
+from solutions.static_cache import StaticKeyValueCache
 from utils.models import load_model
 
 

@@ -1,4 +1,4 @@
-"""Chapter 8's engine on chapter 7's Llama model (solutions/model_runner.py), checked from outside:
+"""Chapter 8's engine on chapter 7's Llama model (solutions/llama_paged.py), checked from outside:
 HF's LlamaForCausalLM on the same weights (its logits, its cached keys, its greedy `generate` on
 each prompt alone), the pool's invariants after every step, and the pool's bytes counted on the
 cache's own tensors."""
@@ -9,8 +9,10 @@ import random
 import pytest
 import torch
 
+from solutions.architectures import model_runner
 from solutions.engine import LLMEngine, generate
-from solutions.model_runner import GPT2ModelRunner, LlamaModelRunner, model_runner
+from solutions.llama_paged import LlamaModelRunner
+from solutions.model_runner import GPT2ModelRunner
 from solutions.paged_attention import PagedKVCache, attention_groups, prepare_inputs
 from solutions.sampling_params import SamplingParams
 from tests.graded._serving import (

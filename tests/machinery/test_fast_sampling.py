@@ -9,9 +9,9 @@ from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 
 from solutions.cached_model import forward_with_cache
-from solutions.fast_sampling import FastTransformerSampler
+from solutions.fast_sampling import FastTransformerSampler, decode_step
 from solutions.sampling import TransformerSampler
-from solutions.static_cache import StaticKeyValueCache, decode_step, forward_static
+from solutions.static_cache import StaticKeyValueCache, forward_static
 from tests.graded.test_05_fixed_cost import ReadCounter
 from utils.models import load_model
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
+from solutions.architectures import forward_static
 from solutions.fast_speculative import FastSpeculativeGenerator
 from solutions.speculative_generation import SpeculativeStats, speculative_generate
-from solutions.static_cache import forward_static
 from tests.graded._oracles import hf_static_greedy
 from utils.models import load_hf, load_model
 

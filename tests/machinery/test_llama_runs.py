@@ -10,17 +10,18 @@ import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 
+from solutions.architectures import forward_static
 from solutions.batched import generate_batch
 from solutions.beams import beam_search
 from solutions.cached_beams import CachedBeams
 from solutions.cached_sampling import CachedTransformerSampler
-from solutions.fast_sampling import FastTransformerSampler
+from solutions.fast_sampling import FastTransformerSampler, decode_step
 from solutions.fast_speculative import FastSpeculativeGenerator
 from solutions.llama import LlamaTransformer
 from solutions.lookahead import lookahead_generate
 from solutions.sampling import TransformerSampler
 from solutions.speculative_generation import SpeculativeStats, speculative_generate
-from solutions.static_cache import StaticKeyValueCache, decode_step, forward_static
+from solutions.static_cache import StaticKeyValueCache
 from utils.hf_oracles import hf_beam_search, hf_greedy
 from utils.models import load_hf, load_model
 
@@ -91,7 +92,7 @@ def test_a_left_padded_batch_equals_hf_generate_on_the_same_batch(llama):
 
 
 def test_the_static_forward_gives_the_cached_forwards_logits_on_a_padded_batch(llama):
-    from solutions.cached_model import forward_with_cache
+    from solutions.architectures import forward_with_cache
 
     model, tokenizer, _ = llama
     eos = tokenizer.eos_token_id
