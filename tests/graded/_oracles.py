@@ -375,6 +375,8 @@ LLAMA_MISTAKES = (
     "attention added to its norm",
     "mlp added to its norm",
     "mlp output normed",
+    "mlp reads resid_mid unnormed",
+    "no mlp",
 )
 """The model-level slips that hf_llama_mistake_logits computes with HF's modules."""
 
@@ -407,10 +409,13 @@ def hf_llama_mistake_logits(hf, ids: torch.Tensor, mistake: str) -> torch.Tensor
             mid = {"no attention residual": a, "attention added to its norm": attn_in + a}.get(
                 mistake, x + a
             )
-            mlp_in = {"mlp reads resid_pre": ln2(x), "ln1 before the mlp": ln1(mid)}
+            mlp_in = {"mlp reads resid_pre": ln2(x), "ln1 before the mlp": ln1(mid),
+                      "mlp reads resid_mid unnormed": mid}  # fmt: skip
             m = layer.mlp(mlp_in.get(mistake, ln2(mid)))
             if mistake == "mlp output normed":
                 m = ln2(layer.mlp(mid))
+            if mistake == "no mlp":
+                m = torch.zeros_like(mid)
             x = {"no mlp residual": m, "mlp added to its norm": ln2(mid) + m}.get(mistake, mid + m)
             x = before + x if mistake == "block output added again" else x
         if mistake != "no final norm":

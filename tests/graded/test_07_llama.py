@@ -245,7 +245,12 @@ def rms_of_rows(impl, cfg, x, eps) -> str | None:
         f" Your rows are each divided by one number, {some(d)}, ..., where sqrt(ms + eps) is "
         f"{some((ms + eps).sqrt())}, ..."
     )
-    if close(d, (ms.sqrt() + eps).sqrt(), atol=1e-5, rtol=1e-4) or close(
+    if close(d, ms + eps, atol=1e-5, rtol=1e-4):
+        said += (
+            ": yours is the mean square itself, not its root. The divisor is the ROOT of the "
+            "mean square (plus epsilon)"
+        )
+    elif close(d, (ms.sqrt() + eps).sqrt(), atol=1e-5, rtol=1e-4) or close(
         d, (ms + eps).sqrt().sqrt(), atol=1e-5, rtol=1e-4
     ):
         said += (
@@ -1272,6 +1277,8 @@ def check_attention(impl, hf, layer, positions, seed):
                 scale=cfg.d_model**-0.5,
             ),
             "scale d_head": attend(k_all, v_all, scale=cfg.d_head**-1.0),
+            "scale multiplied": attend(k_all, v_all, scale=cfg.d_head**0.5),
+            "no scale": attend(k_all, v_all, scale=1.0),
             "order": attend(k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)),
             "no mask": attend(k_all, v_all, mask=None),
             "heads first": attend(k_all, v_all, heads_first=True),
@@ -1308,6 +1315,17 @@ def check_attention(impl, hf, layer, positions, seed):
         pytest.fail(
             "your scores are divided by d_head: attention divides them by sqrt(d_head), the "
             "root of one head's width (F.scaled_dot_product_attention's default scale)."
+        )
+    if close_f32(got, wrong["scale multiplied"]):
+        pytest.fail(
+            "your scores are multiplied by sqrt(d_head): attention divides them by it (a scale "
+            "of 1/sqrt(d_head), F.scaled_dot_product_attention's default; its `scale` argument "
+            "is the factor the scores are multiplied by)."
+        )
+    if close_f32(got, wrong["no scale"]):
+        pytest.fail(
+            "your scores are not scaled: attention divides q . k by sqrt(d_head) before the "
+            "softmax (F.scaled_dot_product_attention's default scale)."
         )
     if group > 1 and close_f32(got, wrong["order"]):
         pytest.fail(
@@ -1548,6 +1566,10 @@ MODEL_MESSAGES = {
     "mlp output normed": "the MLP reads the residual stream itself and its output goes through "
     "ln2: the norm goes on the sublayer's input, ln2(resid_mid), and the MLP's output is added "
     "to the stream as it is.",
+    "mlp reads resid_mid unnormed": "the MLP reads the residual stream itself: each sublayer "
+    "reads its own norm of the stream, the MLP ln2(resid_mid).",
+    "no mlp": "each block adds its attention's output and nothing more: the MLP's output (of "
+    "ln2 of the stream) is added after the attention's, in every layer.",
     "mlp added to its norm": "the MLP's output is added to its normalised input ln2(resid_mid), "
     "not to the residual stream: the norm is what the sublayer reads, and its output is added "
     "to the stream as it was, resid_mid + MLP output.",
@@ -1567,6 +1589,7 @@ def run_model(model, ids):
     def keep(module, args, kwargs):
         found = args[1] if len(args) > 1 else kwargs.get("positions")
         seen["shape"] = tuple(found.shape) if isinstance(found, torch.Tensor) else found
+        seen["ids"] = isinstance(found, torch.Tensor) and torch.equal(found, ids)
 
     handle = model.blocks[0].register_forward_pre_hook(keep, with_kwargs=True)
     said = (
@@ -1601,6 +1624,12 @@ def run_model(model, ids):
         handle.remove()
     if seen and seen["shape"] != tuple(ids.shape):
         pytest.fail(said.format(got=seen["shape"], want=tuple(ids.shape)))
+    if seen.get("ids"):
+        pytest.fail(
+            "your forward hands the blocks the token ids as their positions: the queries and "
+            "keys then turn by each token's id, not by its place in the text. A block's "
+            "positions are 0, 1, ... along the text, [batch, posn] like the tokens."
+        )
     return got
 
 

@@ -1359,4 +1359,132 @@ MUTANTS = [
         name="ho-the-lists-of-new-keys",
         says=("one per layer",),
     ),
+    # held out from the chapter's tests (a fifth set, none a mutant before), named after one run
+    Mutant(
+        "rmsnorm",
+        "inv_rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.cfg.rms_norm_eps)",
+        "inv_rms = 1 / (x.pow(2).mean(dim=-1, keepdim=True) + self.cfg.rms_norm_eps)",
+        "the square root forgotten: the vector divided by its mean square (power -1) "
+        "instead of its root mean square (power -1/2)",
+        name="ho5-the-square-root-forgotten-the",
+        says=("not its root",),
+    ),
+    Mutant(
+        "rmsnorm",
+        "x.pow(2).mean(dim=-1, keepdim=True) + self.cfg.rms_norm_eps)",
+        "x.pow(2).mean(dim=-1, keepdim=True).clamp(min=self.cfg.rms_norm_eps))",
+        "epsilon used as a floor on the mean square (clamp, as F.normalize does) instead "
+        "of added to it: the same only when epsilon is tiny next to the mean square",
+        name="ho5-epsilon-used-as-a-floor",
+        says=("epsilon changes nothing",),
+    ),
+    Mutant(
+        "rope",
+        "exponents = torch.arange(0, d_head, 2, device=positions.device).float() / d_head",
+        "exponents = (torch.arange(0, d_head, 2, device=positions.device) // d_head).float()",
+        "the exponents 2i / d_head computed by integer floor division before the cast to "
+        "float: all 0, so every pair turns by one radian per position",
+        name="ho5-the-exponents-2i-d-head",
+        says=("0, 2, 4, 6",),
+    ),
+    Mutant(
+        "rope",
+        "return angles.cos(), angles.sin()",
+        "return angles.sin(), angles.cos()",
+        "rope_cos_sin returns (sin, cos) where the contract (and apply_rope's caller) "
+        "wants (cos, sin)",
+        name="ho5-rope-cos-sin-returns-sin",
+        says=("swapped",),
+    ),
+    Mutant(
+        "swiglu",
+        "return (F.silu(x @ self.W_gate) * (x @ self.W_up)) @ self.W_down",
+        "return (F.silu(x @ self.W_gate) * F.silu(x @ self.W_up)) @ self.W_down",
+        "SiLU applied to both branches: the up branch, which must stay linear, goes "
+        "through SiLU too",
+        name="ho5-silu-applied-to-both-branches",
+        says=("doubling W_up",),
+    ),
+    Mutant(
+        "swiglu",
+        "return (F.silu(x @ self.W_gate) * (x @ self.W_up)) @ self.W_down",
+        "return (F.silu(x @ self.W_gate) * x @ self.W_up) @ self.W_down",
+        "the parentheses around x @ W_up dropped: the gate [.., d_mlp] multiplies the "
+        "input x [.., d_model] before the up projection (shapes clash when d_mlp != "
+        "d_model)",
+        name="ho5-the-parentheses-around-x-w",
+        says=("it was raised in your",),
+    ),
+    Mutant(
+        "expand_kv",
+        "return kv.repeat_interleave(group_size, dim=1)",
+        "return kv[:, torch.arange(kv.shape[1] * group_size, device=kv.device) // kv.shape[1]]",
+        "heads picked by fancy indexing with query head h reading key/value head h // "
+        "n_kv_heads instead of h // group_size: right only when n_kv_heads == group_size",
+        name="ho5-heads-picked-by-fancy-indexing",
+        says=("it was raised in your",),
+    ),
+    Mutant(
+        "expand_kv",
+        "return kv.repeat_interleave(group_size, dim=1)",
+        "return kv[:, torch.arange(kv.shape[1] * group_size, device=kv.device) % group_size]",
+        "heads picked by fancy indexing with h % group_size (modulo) where h // group_size "
+        "(the group's index) belongs",
+        name="ho5-heads-picked-by-modulo",
+        says=("it was raised in your",),
+    ),
+    Mutant(
+        "gqa",
+        "return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v",
+        "return q, apply_rope(k, cos, sin), v",
+        "the queries never rotated, only the keys: scores then depend on the key's "
+        "absolute position, not the offset",
+        name="ho5-the-queries-never-rotated-only",
+        says=("queries are not rotated",),
+    ),
+    Mutant(
+        "gqa",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, "
+        "scale=self.cfg.d_head**0.5)",
+        "the scores multiplied by sqrt(d_head) (scale= given the root itself) instead of "
+        "divided by it",
+        name="ho5-the-scores-multiplied-by-sqrt",
+        says=("multiplied by sqrt(d_head)",),
+    ),
+    Mutant(
+        "llama",
+        "residual = block(residual, positions)",
+        "residual = block(residual, tokens)",
+        "the token ids handed to the blocks as their positions: queries and keys turned by "
+        "token id, not by place",
+        name="ho5-the-token-ids-handed-to",
+        says=("token ids",),
+    ),
+    Mutant(
+        "llama",
+        "return resid_mid + self.mlp(self.ln2(resid_mid))",
+        "return resid_mid + self.mlp(resid_mid)",
+        "ln2 forgotten: the MLP reads the un-normalised residual stream (ln2 is created "
+        "but never used)",
+        name="ho5-ln2-forgotten-the-mlp-reads",
+        says=("ln2(resid_mid)",),
+    ),
+    Mutant(
+        "llama_cache",
+        "        residual = residual + block.mlp(block.ln2(residual))\n",
+        "",
+        "the MLP sub-layer left out of the cached forward: each layer adds only its attention",
+        name="ho5-the-mlp-sub-layer-left",
+        says=("nothing more",),
+    ),
+    Mutant(
+        "llama_cache",
+        "positions = positions.expand(tokens.shape)",
+        "positions = positions[None].expand(tokens.shape)",
+        "a batch axis added in front of positions before expanding: works for chapter 6's "
+        "[new] positions, crashes for chapter 4's [batch, new]",
+        name="ho5-a-batch-axis-added-in",
+        says=("it was raised in your",),
+    ),
 ]

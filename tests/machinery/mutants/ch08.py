@@ -1610,4 +1610,109 @@ MUTANTS += [
         name="ho-the-newest-output-token-taken",
         says=("all of its new tokens",),
     ),
+    # held out from the chapter's tests (a fifth set, none a mutant before), named after one run
+    Mutant(
+        "slots_of",
+        "block_table[p // block_size] * block_size",
+        "block_table[round(p / block_size)] * block_size",
+        "the table entry rounded to the nearest (round(p / block_size)) instead of rounded "
+        "down: the second half of every block goes to the next block",
+        name="ho5-the-table-entry-rounded-to",
+        says=("rounded down",),
+    ),
+    Mutant(
+        "slots_of",
+        "return [block_table[p // block_size] * block_size + p % block_size for p in positions]",
+        "return (block_table[p // block_size] * block_size + p % block_size for p in positions)",
+        "round brackets for square ones: a one-shot generator returned, not the list of "
+        "ints the contract asks for (prepare_inputs's += hides it)",
+        name="ho5-round-brackets-for-square-ones",
+        says=("list of python ints",),
+    ),
+    Mutant(
+        "attend",
+        "rows = cache.index_select(0, blocks)",
+        "rows = cache.index_select(1, blocks)",
+        "the blocks picked along axis 1 (offsets within a block) instead of axis 0 (the blocks)",
+        name="ho5-the-blocks-picked-along-axis",
+        says=("it was raised in your",),
+    ),
+    Mutant(
+        "attend",
+        "G, B = block_tables.shape\n    blocks = block_tables.flatten()",
+        "B, G = block_tables.shape\n    blocks = block_tables.flatten()",
+        "the table's shape unpacked in the wrong order (B, G): right only when a table is "
+        "square, G == B",
+        name="ho5-the-table-s-shape-unpacked",
+        says=("[b, g]",),
+    ),
+    Mutant(
+        "block_pool",
+        "block = self.blocks[self.free_queue.popitem(last=False)[0]]",
+        "block = self.blocks[self.free_queue.popitem(last=False)[1]]",
+        "the popped (key, value) pair read at index 1: the value (None) used as the block "
+        "id, not the key",
+        name="ho5-the-popped-key-value-pair",
+        says=("it was raised in your",),
+    ),
+    Mutant(
+        "block_pool",
+        "                del self.free_queue[block.block_id]",
+        "                self.free_queue.popitem(last=False)",
+        "touch takes the oldest free block out of the queue (popitem) instead of the block "
+        "it touches: the touched block stays free and another is lost",
+        name="ho5-touch-takes-the-oldest-free",
+        says=("must leave the free queue",),
+    ),
+    Mutant(
+        "kv_cache_manager",
+        "evictable_hits = sum(1 for block in computed if block.ref_cnt == 0)",
+        "evictable_hits = sum(1 for block in computed if block.ref_cnt > 0)",
+        "the hits held by others counted as the ones taken from the free blocks, and the "
+        "free ones not: the condition inverted",
+        name="ho5-the-hits-held-by-others",
+        says=("ref_cnt is 0",),
+    ),
+    Mutant(
+        "kv_cache_manager",
+        "needed = math.ceil((num_computed + num_new_tokens) / self.block_size)",
+        "needed = (num_computed + num_new_tokens - 1) // self.block_size",
+        "a ceiling division misremembered as (n - 1) // size: always one block too few",
+        name="ho5-a-ceiling-division-misremembered-as",
+        says=("one too few",),
+    ),
+    Mutant(
+        "sample_requests",
+        "generator=request.generator,",
+        "generator=request.generator if request.params.seed else None,",
+        "the generator passed only when the seed is truthy: a request seeded with 0 draws "
+        "from the global generator",
+        name="ho5-the-generator-passed-only-when",
+        says=("seed of 0",),
+    ),
+    Mutant(
+        "sample_requests",
+        "logits[greedy].argmax(dim=-1)",
+        "logits[: len(greedy)].argmax(dim=-1)",
+        "the greedy tokens taken from the first len(greedy) rows instead of the greedy "
+        "requests' own rows",
+        name="ho5-the-greedy-tokens-taken-from",
+        says=("its own request's place",),
+    ),
+    Mutant(
+        "schedule",
+        "out.preempted.append(victim)",
+        "out.preempted.append(request)",
+        "the request being scheduled recorded as preempted instead of the victim",
+        name="ho5-the-request-being-scheduled-recorded",
+        says=("names the victim",),
+    ),
+    Mutant(
+        "output_processor",
+        "state.text.find(s)",
+        "state.text.index(s)",
+        "str.index for str.find: a stop string not (yet) in the text raises instead of giving -1",
+        name="ho5-str-index-for-str-find",
+        says=("it was raised in your",),
+    ),
 ]
