@@ -39,7 +39,7 @@ random (each of their requests closed after a uniform random number of its token
 checks, each leaver's request aborted in the engine. Then a shutdown under load: SIGTERM's
 handler called with every client's request in flight; each must end with `finish_reason`
 "abort" and the server must exit. Prints one JSON object, with the goal: the HTTP path costs at
-most 15 % of the engine's throughput (`utils/timing.goal`).
+most 15 % of the engine's throughput (`utils/records.goal`).
 """
 
 from __future__ import annotations
@@ -394,7 +394,7 @@ def main() -> None:
 
     from utils.models import load_model
     from utils.serving import poisson_trace
-    from utils.timing import goal
+    from utils.records import goal
 
     torch.set_num_threads(args.threads)
     allocator = "default" if args.default_allocator else serving_benchmark().keep_freed_memory()

@@ -89,7 +89,8 @@ from utils.serving import (
     serve_static,
     shared_prefix_trace,
 )
-from utils.timing import goal, sig
+from utils.records import goal
+from utils.timing import sig
 
 PREFIX = 128  # the shared prefix of the prefix trace, in tokens
 BLOCK_SIZE = 16  # serve_engine's default
