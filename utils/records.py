@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -88,7 +89,7 @@ def command() -> str:
     script = Path(sys.argv[0]).resolve()
     if script.is_relative_to(REPO_ROOT):
         script = script.relative_to(REPO_ROOT)
-    return " ".join(["python", str(script), *sys.argv[1:]])
+    return shlex.join(["python", str(script), *sys.argv[1:]])
 
 
 def code_version() -> str:
