@@ -32,9 +32,6 @@ Methods:
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import statistics
 import sys
 import time
 
@@ -46,7 +43,8 @@ from solutions.cuda_graphs import GraphedStep
 from solutions.fast_sampling import FastTransformerSampler, decode_step
 from solutions.static_cache import StaticKeyValueCache
 from utils.models import load_hf, load_model
-from utils.timing import goal, interleaved_runs, median_seconds, ratio_within_runs
+from utils.records import add_record_options, emit, goal, machine, rate, us_each
+from utils.timing import interleaved_runs, median_seconds, ratio_within_runs
 
 PROMPT = "\n"  # one token
 GOAL = ("fast_graphed_over_cached", "the CUDA-graph loop / chapter 4's eager cached loop", 3.0)
@@ -205,14 +203,11 @@ def bench(
     name, what, target = GOAL
     measured = ratio("fast_graphed", "cached")
     return {
-        "device": torch.cuda.get_device_name(),
-        "compute_capability": list(torch.cuda.get_device_capability()),
-        "host": platform.processor() or platform.machine(),
-        "torch": torch.__version__,
+        "machine": machine(gpu),
         "new_tokens": new,
         "runs": runs,
-        "tokens_per_s": {k: round(new / statistics.median(t), 1) for k, t in times.items()},
-        "us_per_token": {k: round(1e6 * statistics.median(t) / new, 1) for k, t in times.items()},
+        "tokens_per_s": {k: rate(new, t) for k, t in times.items()},
+        "us_per_token": {k: us_each(t, new) for k, t in times.items()},
         "ratios": {
             "cached_over_hf_dynamic": ratio("cached", "hf_dynamic"),
             "fast_eager_over_cached": ratio("fast_eager", "cached"),
@@ -244,6 +239,7 @@ def main() -> None:
     parser.add_argument(
         "--hf-mode", default="default", help="torch.compile mode of HF's forward (default)"
     )
+    add_record_options(parser)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/cuda_graphs.py needs a CUDA GPU; none is visible", file=sys.stderr)
@@ -251,7 +247,7 @@ def main() -> None:
     result = bench(
         args.model, args.runs, hf_compiled=not args.skip_hf_compiled, hf_mode=args.hf_mode
     )
-    print(json.dumps(result, indent=2))
+    emit(result, args)
 
 
 if __name__ == "__main__":

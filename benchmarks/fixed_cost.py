@@ -27,8 +27,6 @@ step's matrices take to read at it).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 
@@ -53,7 +51,8 @@ from solutions.step_cost import (
     step_flops,
 )
 from utils.models import load_hf, load_model
-from utils.timing import best_seconds, goal, interleaved_runs, median_seconds, ratio_within_runs
+from utils.records import add_record_options, emit, goal, machine, rate
+from utils.timing import best_seconds, interleaved_runs, median_seconds, ratio_within_runs
 
 PROMPT = "\n"  # one token
 
@@ -143,8 +142,6 @@ def bench(model_name: str, runs: int) -> dict:
     bytes_per_s = rates.bytes_per_second
     read_per_step = step_bytes(model)  # chapter 5's count of the bytes a step reads
 
-    tps = {name: new / statistics.median(t) for name, t in times.items()}
-
     def ratio(fast: str, slow: str) -> float | None:
         return ratio_within_runs(times, fast, slow)
 
@@ -170,11 +167,9 @@ def bench(model_name: str, runs: int) -> dict:
         for name, (what, target, at_least) in GOALS.items()
     }
     return {
-        "device": platform.processor() or "cpu",
-        "torch_threads": torch.get_num_threads(),
         "new_tokens": new,
         "runs": runs,
-        "tokens_per_s": {k: round(v, 1) for k, v in tps.items()},
+        "tokens_per_s": {k: rate(new, t) for k, t in times.items()},
         "ratios": ratios,
         "us_per_token": {k: round(1e6 * v, 1) for k, v in step.items()},
         "us_per_prefill_position": round(1e6 * per_position, 1),
@@ -321,6 +316,7 @@ def main() -> None:
     parser.add_argument("--model", default="shakespeare")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="PyTorch intra-op threads")
+    add_record_options(parser)
     args = parser.parse_args()
     if args.runs < 1 or (args.threads is not None and args.threads < 1):
         parser.error("--runs and --threads must be >= 1")
@@ -349,8 +345,8 @@ def main() -> None:
     }
     for name, (what, value, target, at_least) in more.items():
         cpu["goals"][name] = goal(what, value, target, at_least)
-    result = {"model": args.model, "torch": torch.__version__, "cpu": cpu}
-    print(json.dumps(result, indent=2))
+    result = {"model": args.model, "machine": machine(), "cpu": cpu}
+    emit(result, args)
 
 
 if __name__ == "__main__":

@@ -20,9 +20,6 @@ for the benchmark itself (default: PyTorch's choice, one per core).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import statistics
 
 import torch
 
@@ -30,7 +27,8 @@ from solutions.batched import generate_batch
 from solutions.cached_sampling import CachedTransformerSampler
 from solutions.sampling import TransformerSampler
 from utils.models import load_hf, load_model
-from utils.timing import busy_processes, timed
+from utils.records import add_record_options, emit, machine, rate
+from utils.timing import busy_processes, median_ratio, timed
 
 PROMPT_1 = "\n"  # one token
 PROMPTS_8 = [
@@ -115,16 +113,11 @@ def bench_device(model_name: str, device: torch.device, runs: int, uncached: boo
     ]
     same_b8 = outputs["batched_b8"] == hf_texts_8
 
-    tps = {name: methods[name][0] / statistics.median(t) for name, t in times.items()}
-
     def ratio(fast: str, slow: str) -> float:
         """Median over runs of the speed ratio within each run: both were timed minutes apart
         at most, so a busy spell of the machine hits both (a ratio of medians would mix runs)."""
-        per_run = [
-            methods[fast][0] / t_fast / (methods[slow][0] / t_slow)
-            for t_fast, t_slow in zip(times[fast], times[slow], strict=True)
-        ]
-        return round(statistics.median(per_run), 2)
+        per_token = methods[fast][0] / methods[slow][0]  # tokens of a fast call per slow one's
+        return round(per_token * median_ratio(times[slow], times[fast]), 2)
 
     pairs = {
         "cached_over_uncached_b1": ("cached_b1", "uncached_b1"),
@@ -133,14 +126,10 @@ def bench_device(model_name: str, device: torch.device, runs: int, uncached: boo
         "batched_b8_over_cached_b1": ("batched_b8", "cached_b1"),
     }
     return {
-        "device": torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else platform.processor() or "cpu",
-        "torch_threads": torch.get_num_threads(),
         "new_tokens_b1": new_1,
         "new_tokens_b8_per_row": new_8,
         "runs": runs,
-        "tokens_per_s": {k: round(v, 1) for k, v in tps.items()},
+        "tokens_per_s": {name: rate(methods[name][0], t) for name, t in times.items()},
         "ratios": {
             name: ratio(fast, slow)
             for name, (fast, slow) in pairs.items()
@@ -160,6 +149,7 @@ def main() -> None:
     parser.add_argument(
         "--skip-uncached", action="store_true", help="leave out the slow uncached sampler"
     )
+    add_record_options(parser)
     args = parser.parse_args()
     if args.load < 0 or (args.threads is not None and args.threads < 1):
         parser.error("--load must be >= 0 and --threads >= 1")
@@ -172,13 +162,13 @@ def main() -> None:
         devices.append(torch.device("cuda"))
     if args.device == "cuda" and not devices:
         raise SystemExit("--device cuda: no CUDA device here")
-    result = {"model": args.model, "torch": torch.__version__, "load": args.load}
+    result = {"model": args.model, "machine": machine(devices[-1]), "load": args.load}
     with busy_processes(args.load):
         for device in devices:
             result[device.type] = bench_device(
                 args.model, device, args.runs, not args.skip_uncached
             )
-    print(json.dumps(result, indent=2))
+    emit(result, args)
 
 
 if __name__ == "__main__":

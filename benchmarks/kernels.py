@@ -10,8 +10,9 @@ CPU (it needs `--device cpu`); `--quick` shrinks everything to V = 1000, B in {1
 (1000, 64) and 2 reps: a check that the script works (seconds), not a measurement.
 Interpreter timings say nothing about a GPU. Progress goes to stderr. Prints one JSON object:
 
-- `environment`: device, python, torch and triton versions, how kernels ran (`mode`: compiled
-  or interpreter), the fused runs' dtype, the seed every timed call uses (a runtime argument:
+- `machine`: the processor, python, torch and the device (utils/records.machine);
+- `environment`: the Triton and CUDA versions, how kernels ran (`mode`: compiled or
+  interpreter), the fused runs' dtype, the seed every timed call uses (a runtime argument:
   no kernel is compiled for it), and `read_GBps`: the bandwidth of the largest plain read.
 - `sampling`: for each data set and batch B, the median milliseconds of each kernel and of the
   PyTorch path doing the same job. Two data sets, both shaped like a language model's output
@@ -38,7 +39,7 @@ Interpreter timings say nothing about a GPU. Progress goes to stderr. Prints one
   `fused_matmul_sample` against the matmul alone (h @ W_U.T, same dtype) and
   against matmul + float32 softmax + multinomial. `speedup_vs_torch` = the latter's ms / the
   kernel's, `x_matmul` = kernel ms / matmul ms; the floor is a read of W_U.
-- `goals` (`passed`: true / false, or null with a `reason` where the configuration was not
+- `goals` (`met`: true / false, or null with a `reason` where the configuration was not
   run). Each is a target for V = 128256, B = 64, Zipf rows (fused: V = 128256, D = 4096,
   B = 64, bf16), derived from an H100 SXM's figures (3.35 TB/s; 132 SMs; 67 TFLOPS float32,
   which is 128 lanes per SM at 1.98 GHz; 4 warp schedulers per SM, each issuing one warp
@@ -90,13 +91,12 @@ included.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import time
 
+from utils.records import add_record_options, emit, machine, verdict
 from utils.timing import sig
 
 
@@ -123,6 +123,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=20, help="timed calls per measurement")
     parser.add_argument("--plot", default=None, help="save a latency-vs-batch plot here")
     parser.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
+    add_record_options(parser)
     args = parser.parse_args()
     if args.quick:
         args.vocab, args.batch, args.fused, args.reps = [1000], [1, 4], [(1000, 64)], 2
@@ -145,8 +146,7 @@ def main() -> None:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA GPU here (use --device cpu --interpret)")
-    result = run(args, torch)
-    print(json.dumps(result, indent=2))
+    emit(run(args, torch), args)
 
 
 SEED = 12_345  # every timed call's seed: a runtime argument (not 1, which Triton would fold)
@@ -257,9 +257,6 @@ def top_k_kept(torch, probs, k: int):
 def run(args, torch) -> dict:
     import triton
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if root not in sys.path:  # python benchmarks/kernels.py where the course is not installed
-        sys.path.insert(0, root)
     from solutions.kernels import runtime
     from solutions.kernels.fused_matmul import fused_matmul_sample
     from solutions.kernels.gumbel import gumbel_sample
@@ -393,11 +390,8 @@ def run(args, torch) -> dict:
             )
 
     result = {
+        "machine": machine("cuda" if cuda else None),
         "environment": {
-            "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
-            "compute_capability": list(torch.cuda.get_device_capability()) if cuda else None,
-            "python": platform.python_version(),
-            "torch": torch.__version__,
             "cuda": torch.version.cuda if cuda else None,
             "triton": triton.__version__,
             "mode": runtime.mode(),
@@ -436,24 +430,26 @@ def fused_ok(speedup_vs_torch: float, x_matmul: float) -> bool:
     return speedup_vs_torch >= 1.2 and x_matmul <= 1.1
 
 
+NOT_RUN = verdict(None, reason="V = 128256, B = 64 (Zipf) was not run")
+
+
 def goals(sampling: list[dict], fused: list[dict]) -> dict:
     at = next((s for s in sampling if s["data"] == "zipf" and s["vocab"] == 128256
                and s["batch"] == 64), None)  # fmt: skip
 
     def goal(kernel, key, bound, target, at_least):
         if at is None:
-            return {"passed": None, "reason": "V = 128256, B = 64 (Zipf) was not run"}
+            return NOT_RUN
         value = at[kernel][key]
-        passed = value >= bound if at_least else value <= bound
-        return {"passed": passed, "target": target, key: value}
+        return verdict(value >= bound if at_least else value <= bound, target=target,
+                       **{key: value})  # fmt: skip
 
     def per_round(kernel, most, target):
         if at is None:
-            return {"passed": None, "reason": "V = 128256, B = 64 (Zipf) was not run"}
+            return NOT_RUN
         rounds = at[kernel]["rounds"]["max"]
         value = sig(at[kernel]["x_floor"] / rounds)
-        return {"passed": value <= most, "target": target, "x_floor_per_round": value,
-                "rounds_max": rounds}  # fmt: skip
+        return verdict(value <= most, target=target, x_floor_per_round=value, rounds_max=rounds)
 
     out = {
         "from_probs_1_5x_floor": goal("sample_from_probs", "x_floor", 1.5,
@@ -467,14 +463,14 @@ def goals(sampling: list[dict], fused: list[dict]) -> dict:
     }  # fmt: skip
     shape = (128256, 4096, 64)
     big = next((f for f in fused if (f["vocab"], f["d_model"], f["batch"]) == shape), None)
-    out["fused"] = {"passed": None, "reason": "V = 128256, D = 4096, B = 64 was not run"}
+    out["fused"] = verdict(None, reason="V = 128256, D = 4096, B = 64 was not run")
     if big:
-        out["fused"] = {
-            "passed": big["meets_goal"],
-            "target": "<= 1.1x the matmul alone and >= 1.2x matmul + softmax + multinomial",
-            "x_matmul": big["x_matmul"],
-            "speedup_vs_torch": big["speedup_vs_torch"],
-        }
+        out["fused"] = verdict(
+            big["meets_goal"],
+            target="<= 1.1x the matmul alone and >= 1.2x matmul + softmax + multinomial",
+            x_matmul=big["x_matmul"],
+            speedup_vs_torch=big["speedup_vs_torch"],
+        )
     if fused:
         out["fused"]["failing"] = [
             [f["vocab"], f["d_model"], f["batch"]] for f in fused if not f["meets_goal"]

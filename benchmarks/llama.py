@@ -31,8 +31,6 @@ dynamo's "eager" backend instead of Inductor (nothing is built).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 
@@ -48,7 +46,8 @@ from solutions.rope import apply_rope, rope_cos_sin
 from solutions.static_cache import StaticKeyValueCache
 from solutions.step_cost import profile_ops
 from utils.models import load_model
-from utils.timing import goal, interleaved_runs, ratio_within_runs, sig
+from utils.records import add_record_options, emit, goal, machine, rate
+from utils.timing import interleaved_runs, ratio_within_runs, sig
 
 PROMPT = "\n"  # one token
 MODELS = ("gpt2", "llama")
@@ -190,7 +189,7 @@ def fast_sampler(models: dict, runs: int, new_tokens: int | None, backend) -> di
     for method, seconds in times.items():
         name = method.split("_")[0]
         out["new_tokens"][name] = len(expected[name]) - 1
-        out["tokens_per_s"][method] = round(out["new_tokens"][name] / statistics.median(seconds), 1)
+        out["tokens_per_s"][method] = rate(out["new_tokens"][name], seconds)
         out["same_tokens_as_cached"][method] = torch.equal(methods[method](), expected[name])
     if backend is not None:
         # One entry in dynamo's cache per compilation of the decoding step: one per model (its
@@ -283,8 +282,6 @@ def bench(args) -> dict:
     )
     goals["llama_step_at_most_1_2x_gpt2"]["why"] = why
     return {
-        "device": platform.processor() or "cpu",
-        "torch_threads": torch.get_num_threads(),
         "runs": args.runs,
         "parameters": {name: parameters(m) for name, (m, _) in models.items()},
         "models": {"gpt2": str(args.gpt2), "llama": str(args.llama)},
@@ -309,14 +306,14 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=None, help="default: n_ctx - 1")
     parser.add_argument("--threads", type=int, default=1, help="PyTorch intra-op threads")
     parser.add_argument("--quick", action="store_true", help="tiny settings: the smoke test")
+    add_record_options(parser)
     args = parser.parse_args()
     if args.quick:
         args.runs, args.calls, args.new_tokens, args.position = 3, 5, 12, 16
     if min(args.runs, args.calls, args.position, args.threads) < 1:
         parser.error("--runs, --calls, --position and --threads must be >= 1")
     torch.set_num_threads(args.threads)
-    result = {"torch": torch.__version__, "cpu": bench(args)}
-    print(json.dumps(result, indent=2))
+    emit({"machine": machine(), "cpu": bench(args)}, args)
 
 
 if __name__ == "__main__":

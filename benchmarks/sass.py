@@ -7,7 +7,7 @@
 
 Compiled, not timed: what the GPU would run, read from Triton's own toolchain (the cubin it
 builds, disassembled by the `cuobjdump` it ships). Each kernel is compiled as a real launch
-compiles it: the launches of tests/graded/_compile.py (the GPU wrappers' block sizes, one row
+compiles it: the launches of utils/kernel_compile.py (the GPU wrappers' block sizes, one row
 per program, the 16-byte divisibility hints Triton's launcher gives, each constexpr branch).
 Prints one JSON object, per kernel and branch:
 
@@ -35,22 +35,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from collections import Counter
+
+from utils.records import add_record_options, emit
 
 # Compile for a GPU although there is none: before anything imports Triton (solutions would
 # otherwise choose the interpreter).
 os.environ["TRITON_INTERPRET"] = "0"
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
 
@@ -135,15 +131,15 @@ def compile_launch(launch, branch: dict, module_prefix: str = "solutions.kernels
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
 
-    from tests.graded import _compile
+    from utils import kernel_compile
 
-    kind, _, warp = _compile.TARGET
+    kind, _, warp = kernel_compile.TARGET
     target = GPUTarget(kind, arch, warp)
     backend = make_backend(target)
     module = importlib.import_module(f"{module_prefix}.{launch.module}")
-    fn = _compile._jit_function(getattr(module, launch.kernel))
+    fn = kernel_compile.jit_function(getattr(module, launch.kernel))
     job = {"args": list(launch.args), "options": launch.options}
-    options, signature, values, attrs = _compile._as_launched(fn, job, branch, backend)
+    options, signature, values, attrs = kernel_compile.as_launched(fn, job, branch, backend)
     source = ASTSource(fn=fn, signature=signature, constexprs=values, attrs=attrs)
     return triton.compile(source, target=target, options=options.__dict__)
 
@@ -152,10 +148,10 @@ NAMES = {75: "T4", 80: "A100", 86: "RTX 30", 89: "L4", 90: "H100"}
 
 
 def report(names: list[str] | None = None, arch: int = 90) -> dict:
-    from tests.graded import _compile
+    from utils import kernel_compile
 
     out = {"target": f"sm_{arch} ({NAMES.get(arch, 'a GPU')})", "kernels": {}}
-    for name, launches in _compile.LAUNCHES.items():
+    for name, launches in kernel_compile.LAUNCHES.items():
         if names and name not in names:
             continue
         rows = []
@@ -179,8 +175,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", action="append", help="a key of LAUNCHES (default: all)")
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 75 or 80")
+    add_record_options(parser)
     args = parser.parse_args()
-    print(json.dumps(report(args.kernel, args.arch), indent=2))
+    emit(report(args.kernel, args.arch), args)
 
 
 if __name__ == "__main__":

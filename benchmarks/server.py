@@ -39,7 +39,7 @@ random (each of their requests closed after a uniform random number of its token
 checks, each leaver's request aborted in the engine. Then a shutdown under load: SIGTERM's
 handler called with every client's request in flight; each must end with `finish_reason`
 "abort" and the server must exit. Prints one JSON object, with the goal: the HTTP path costs at
-most 15 % of the engine's throughput (`utils/timing.goal`).
+most 15 % of the engine's throughput (`utils/records.goal`).
 """
 
 from __future__ import annotations
@@ -54,6 +54,9 @@ import subprocess
 import sys
 import threading
 import time
+
+from utils import REPO_ROOT
+from utils.records import add_record_options, emit, goal, machine, verdict
 
 MODEL = "shakespeare"
 BLOCK_SIZE = 16
@@ -150,7 +153,7 @@ class Clients:
         self.process, self.raw = None, raw
         if not in_process:
             self.process = subprocess.Popen(
-                [sys.executable, __file__, "--clients-worker"],
+                [sys.executable, "-m", "benchmarks.server", "--clients-worker"], cwd=REPO_ROOT,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             )  # fmt: skip
 
@@ -189,37 +192,23 @@ def pool_blocks(requests) -> tuple[int, int]:
 
 
 def new_engine(model, tokenizer, num_blocks: int, clients: int):
-    """A fresh engine (an empty prefix cache), whose pool counts its blocks handed out again."""
+    """A fresh engine (an empty prefix cache)."""
     from solutions.engine import LLMEngine
 
-    engine = LLMEngine(model, tokenizer, num_blocks=num_blocks, block_size=BLOCK_SIZE,
-                       max_num_batched_tokens=BUDGET, max_num_seqs=clients)  # fmt: skip
-    pool, handed = engine.kv.pool, set()
-    engine.blocks_reused = 0
-    get_new_blocks = pool.get_new_blocks
-
-    def counted(n):
-        blocks = get_new_blocks(n)
-        engine.blocks_reused += sum(b.block_id in handed for b in blocks)
-        handed.update(b.block_id for b in blocks)
-        return blocks
-
-    pool.get_new_blocks = counted
-    return engine
+    return LLMEngine(model, tokenizer, num_blocks=num_blocks, block_size=BLOCK_SIZE,
+                     max_num_batched_tokens=BUDGET, max_num_seqs=clients)  # fmt: skip
 
 
 def pool_report(engine) -> dict:
-    """After a run, nothing runs: every block must be free (in the free queue, held by no one)
-    and no request may hold one. Blocks still held are leaked; `blocks_reused` counts the
-    blocks handed out again after being freed, `preemptions` the requests that gave theirs
-    back to make room."""
-    pool = engine.kv.pool
-    held = sum(1 for b in pool.blocks if b.ref_cnt > 0 or b.block_id not in pool.free_queue)
+    """After a run, from the engine's report (`engine.stats`): nothing runs, so every block
+    must be free and no request may hold one. Blocks still in use are leaked; `blocks_reused`
+    counts the blocks handed out again after being freed, `preemptions` the requests that gave
+    theirs back to make room."""
+    stats = engine.stats
     holders = sum(1 for r in engine.requests.values() if r.block_ids)
-    unfinished = len(engine.scheduler.running) + len(engine.scheduler.waiting)
-    return {"blocks_leaked": held, "requests_holding_blocks": holders,
-            "requests_unfinished": unfinished, "blocks_reused": engine.blocks_reused,
-            "preemptions": engine.stats.preemptions}  # fmt: skip
+    return {"blocks_leaked": stats.blocks_in_use, "requests_holding_blocks": holders,
+            "requests_unfinished": stats.running + stats.waiting,
+            "blocks_reused": stats.blocks_reused, "preemptions": stats.preemptions}  # fmt: skip
 
 
 def drive_engine(model, tokenizer, requests, clients: int, num_blocks: int):
@@ -342,21 +331,7 @@ def shutdown_under_load(model, tokenizer, requests, clients: int, num_blocks: in
 # ---------------------------------------------------------------------------------- main
 
 
-def serving_benchmark():
-    """benchmarks/serving.py, beside this file (benchmarks/ is not a package): its glibc
-    setting is the one every serving measurement makes."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(
-        "serving_benchmark", Path(__file__).with_name("serving.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--requests", type=int, default=256)
@@ -379,35 +354,47 @@ def main() -> None:
         help="also serve on uvicorn's pure-Python HTTP parser and loop, in the same runs",
     )  # fmt: skip
     parser.add_argument("--clients-worker", action="store_true", help=argparse.SUPPRESS)
+    add_record_options(parser)
     args = parser.parse_args()
-    if args.clients_worker:
-        return clients_worker()
-    answer_lens = (16, 160)
+    args.answer_lens = (16, 160)
     if args.quick:
-        args.clients, args.requests, args.runs, answer_lens = 8, 16, 1, (8, 24)
+        args.clients, args.requests, args.runs, args.answer_lens = 8, 16, 1, (8, 24)
     if args.clients < 4 or args.requests < args.clients or args.runs < 1:
         parser.error("--clients >= 4, --requests >= --clients, --runs >= 1")
+    return args
 
-    import platform
 
-    import torch
+def engine_run(model, tokenizer, requests, clients: int, num_blocks: int) -> dict:
+    """The engine driven directly: its summary and pool report, and each request's text."""
+    served, sent, engine = drive_engine(model, tokenizer, requests, clients, num_blocks)
+    return {
+        "engine": {**summary(requests, served, sent), **pool_report(engine)},
+        "engine_texts": {k: tokenizer.decode(v, skip_special_tokens=True)
+                         for k, v in served.tokens.items()},
+    }  # fmt: skip
 
-    from utils.models import load_model
-    from utils.serving import poisson_trace
-    from utils.timing import goal
 
-    torch.set_num_threads(args.threads)
-    allocator = "default" if args.default_allocator else serving_benchmark().keep_freed_memory()
-    load = Clients(args.clients_in_process, args.raw_clients)
-    model, tokenizer = load_model(MODEL)
-    model.eval()
-    requests = poisson_trace(tokenizer, args.requests, 40.0, args.seed, answer_lens=answer_lens)
-    written, num_blocks = pool_blocks(requests)
-    answer_tokens = sum(r.max_tokens for r in requests)
-    warm = requests[: args.clients // 2]
-    drive_engine(model, tokenizer, warm, args.clients, num_blocks)  # first calls allocate
-    serve_over_http(model, tokenizer, warm, args.clients, num_blocks, load)  # and import
+def server_run(model, tokenizer, requests, clients: int, num_blocks: int, load: Clients,
+               method: str) -> dict:  # fmt: skip
+    """The server (`method` "server_pure_python": on uvicorn's pure-Python HTTP): its summary,
+    pool report and complete requests (and, for "server", each request's text)."""
+    served, sent, results, report, _ = serve_over_http(
+        model, tokenizer, requests, clients, num_blocks, load,
+        uvicorn_config=PURE_PYTHON if method != "server" else None,
+    )  # fmt: skip
+    complete = sum(1 for r in requests
+                   if results.get(r.request_id, {}).get("tokens") == r.max_tokens
+                   and results[r.request_id]["reason"] == "length")  # fmt: skip
+    row = {method: {**summary(requests, served, sent), **report, "requests_complete": complete}}
+    if method == "server":
+        row["server_texts"] = {k: r["text"] for k, r in results.items()}
+    return row
 
+
+def alternate(model, tokenizer, requests, args, num_blocks: int, load: Clients) -> list[dict]:
+    """The engine and the server (and the pure-Python server, in an order that rotates),
+    `--runs` times, alternating: each run's reports and the server's tokens/s over the
+    engine's."""
     runs = []
     for run in range(args.runs):
         order = ["engine", "server"] if run % 2 == 0 else ["server", "engine"]
@@ -416,23 +403,10 @@ def main() -> None:
         row = {}
         for method in order:
             if method == "engine":
-                served, sent, engine = drive_engine(model, tokenizer, requests, args.clients,
-                                                    num_blocks)  # fmt: skip
-                row["engine"] = {**summary(requests, served, sent), **pool_report(engine)}
-                row["engine_texts"] = {k: tokenizer.decode(v, skip_special_tokens=True)
-                                       for k, v in served.tokens.items()}  # fmt: skip
+                row.update(engine_run(model, tokenizer, requests, args.clients, num_blocks))
             else:
-                served, sent, results, report, ends = serve_over_http(
-                    model, tokenizer, requests, args.clients, num_blocks, load,
-                    uvicorn_config=PURE_PYTHON if method != "server" else None,
-                )  # fmt: skip
-                complete = sum(1 for r in requests
-                               if results.get(r.request_id, {}).get("tokens") == r.max_tokens
-                               and results[r.request_id]["reason"] == "length")  # fmt: skip
-                row[method] = {**summary(requests, served, sent), **report,
-                               "requests_complete": complete}  # fmt: skip
-                if method == "server":
-                    row["server_texts"] = {k: r["text"] for k, r in results.items()}
+                row.update(server_run(model, tokenizer, requests, args.clients, num_blocks, load,
+                                      method))  # fmt: skip
         row["ratio"] = row["server"]["tokens_per_s"] / row["engine"]["tokens_per_s"]
         if args.pure_python_http:
             row["pure_python_ratio"] = round(
@@ -442,20 +416,20 @@ def main() -> None:
         print(f"run {run + 1} of {args.runs}: server / engine {row['ratio']:.3f}"
               + (f", pure-Python HTTP {row['pure_python_ratio']}" if args.pure_python_http
                  else ""), flush=True, file=sys.stderr)  # fmt: skip
-    ratios = [r["ratio"] for r in runs]
-    median_run = sorted(runs, key=lambda r: r["ratio"])[len(runs) // 2]
-    same_text = sum(
-        r["engine_texts"].get(k) == v for r in runs for k, v in r["server_texts"].items()
-    )
+    return runs
 
-    # A quarter of the clients leave at random.
+
+def with_leavers(model, tokenizer, requests, args, num_blocks: int, load: Clients) -> dict:
+    """One more server run, a quarter of the clients leaving at random: what became of the
+    leavers' requests and of the others, and the pool's report."""
     leavers = args.clients // 4
     served, sent, results, report, ends = serve_over_http(
-        model, tokenizer, requests, args.clients, num_blocks, load, leavers=leavers, seed=args.seed
-    )
+        model, tokenizer, requests, args.clients, num_blocks, load, leavers=leavers,
+        seed=args.seed,
+    )  # fmt: skip
     left = [r["id"] for r in results.values() if r["reason"] == "left"]
     stayed = [r for r in requests if results[r.request_id]["reason"] != "left"]
-    disconnects = {
+    return {
         "clients_leaving": leavers,
         "requests_left": len(left),
         "left_requests_aborted_in_the_engine": sum(ends[k] == "abort" for k in left),
@@ -468,55 +442,90 @@ def main() -> None:
         "requests_answered": len(results),
         **report,
     }  # fmt: skip
-    load.close()
-    shutdown = shutdown_under_load(model, tokenizer, requests, args.clients, num_blocks)
 
-    server, engine = median_run["server"], median_run["engine"]
-    ratio = round(statistics.median(ratios), 3)
-    all_server_runs = [r["server"] for r in runs]
-    goals = {
+
+def server_goals(runs: list[dict], ratio: float, requests, disconnects: dict,
+                 shutdown: dict) -> dict:  # fmt: skip
+    """The goal of speed and the verdicts of survival."""
+    servers = [r["server"] for r in runs]
+    pools = [*servers, disconnects]  # every server run's pool report
+    left = disconnects["requests_left"]
+    return {
         "http_costs_at_most_15_percent_of_throughput": goal(
             "the server's tokens/s / the engine's, driven directly (median of the runs' ratios)",
             ratio, 0.85, at_least=True,
         ),
-        "every_request_completes": {
-            "measured": [r["requests_complete"] for r in all_server_runs],
-            "expected": len(requests),
-            "met": all(r["requests_complete"] == len(requests) for r in all_server_runs),
-        },
-        "no_block_leaked": {
-            "measured": [r["blocks_leaked"] for r in all_server_runs] + [report["blocks_leaked"]],
-            "met": all(not r["blocks_leaked"] and not r["requests_holding_blocks"]
-                       and not r["requests_unfinished"] for r in [*all_server_runs, report]),
-        },
-        "freed_blocks_reused": {
-            "measured": [r["blocks_reused"] for r in all_server_runs] + [report["blocks_reused"]],
-            "met": all(r["blocks_reused"] > 0 for r in [*all_server_runs, report]),
-        },
-        "disconnects_aborted_and_others_complete": {
-            "measured": disconnects,
-            "met": disconnects["left_requests_aborted_in_the_engine"]
-            + disconnects["left_requests_finished_first"] == len(left)
-            and disconnects["other_requests_complete"] == len(stayed)
+        "every_request_completes": verdict(
+            all(r["requests_complete"] == len(requests) for r in servers),
+            measured=[r["requests_complete"] for r in servers], expected=len(requests),
+        ),
+        "no_block_leaked": verdict(
+            all(not r["blocks_leaked"] and not r["requests_holding_blocks"]
+                and not r["requests_unfinished"] for r in pools),
+            measured=[r["blocks_leaked"] for r in pools],
+        ),
+        "freed_blocks_reused": verdict(
+            all(r["blocks_reused"] > 0 for r in pools),
+            measured=[r["blocks_reused"] for r in pools],
+        ),
+        "disconnects_aborted_and_others_complete": verdict(
+            disconnects["left_requests_aborted_in_the_engine"]
+            + disconnects["left_requests_finished_first"] == left
+            and disconnects["other_requests_complete"] == disconnects["other_requests"]
             and disconnects["requests_answered"] == len(requests)
-            and not report["blocks_leaked"] and not report["requests_holding_blocks"],
-        },
-        "shutdown_aborts_every_request_and_exits": {
-            "measured": shutdown,
-            "met": shutdown["ended_with_abort"] == shutdown["in_flight"]
-            and shutdown["server_exited"],
-        },
+            and not disconnects["blocks_leaked"] and not disconnects["requests_holding_blocks"],
+            measured=disconnects,
+        ),
+        "shutdown_aborts_every_request_and_exits": verdict(
+            shutdown["ended_with_abort"] == shutdown["in_flight"] and shutdown["server_exited"],
+            measured=shutdown,
+        ),
     }  # fmt: skip
+
+
+def main() -> None:
+    args = parse_args()
+    if args.clients_worker:
+        return clients_worker()
+
+    import torch
+
+    from benchmarks.serving import keep_freed_memory
+    from utils.models import load_model
+    from utils.serving import poisson_trace
+
+    torch.set_num_threads(args.threads)
+    allocator = "default" if args.default_allocator else keep_freed_memory()
+    load = Clients(args.clients_in_process, args.raw_clients)
+    model, tokenizer = load_model(MODEL)
+    model.eval()
+    requests = poisson_trace(tokenizer, args.requests, 40.0, args.seed,
+                             answer_lens=args.answer_lens)  # fmt: skip
+    written, num_blocks = pool_blocks(requests)
+    warm = requests[: args.clients // 2]
+    drive_engine(model, tokenizer, warm, args.clients, num_blocks)  # first calls allocate
+    serve_over_http(model, tokenizer, warm, args.clients, num_blocks, load)  # and import
+
+    runs = alternate(model, tokenizer, requests, args, num_blocks, load)
+    ratios = [r["ratio"] for r in runs]
+    median_run = sorted(runs, key=lambda r: r["ratio"])[len(runs) // 2]
+    same_text = sum(
+        r["engine_texts"].get(k) == v for r in runs for k, v in r["server_texts"].items()
+    )
+    disconnects = with_leavers(model, tokenizer, requests, args, num_blocks, load)
+    load.close()
+    shutdown = shutdown_under_load(model, tokenizer, requests, args.clients, num_blocks)
+    ratio = round(statistics.median(ratios), 3)
+    goals = server_goals(runs, ratio, requests, disconnects, shutdown)
     for r in runs:
         del r["engine_texts"], r["server_texts"]
         r["ratio"] = round(r["ratio"], 3)
-    print(json.dumps({
-        "machine": {"processor": platform.processor() or platform.machine(),
-                    "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-                    "allocator": allocator},
+    emit({
+        "machine": {**machine(), "allocator": allocator},
         "workload": {"clients": args.clients, "requests": args.requests, "seed": args.seed,
                      "prompt_tokens": "4-60, cut from the plays",
-                     "answer_tokens": answer_tokens, "answer_lens": list(answer_lens),
+                     "answer_tokens": sum(r.max_tokens for r in requests),
+                     "answer_lens": list(args.answer_lens),
                      "kv_positions_written": written, "num_blocks": num_blocks,
                      "block_size": BLOCK_SIZE, "pool_fraction_of_written":
                      round(num_blocks * BLOCK_SIZE / written, 3),
@@ -532,13 +541,13 @@ def main() -> None:
             "throughput_ratio_per_run": [r["pure_python_ratio"] for r in runs],
             "median": statistics.median(r["pure_python_ratio"] for r in runs),
         }} if args.pure_python_http else {}),
-        "engine": engine, "server": server,
+        "engine": median_run["engine"], "server": median_run["server"],
         "runs": runs,
         "same_text_as_the_engine": {"requests": same_text, "of": len(requests) * len(runs)},
         "disconnects": disconnects,
         "shutdown": shutdown,
         "goals": goals,
-    }, indent=2))  # fmt: skip
+    }, args)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -71,8 +71,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import dataclasses
-import json
-import platform
 import statistics
 import time
 
@@ -82,6 +80,7 @@ from solutions.architectures import architecture_of
 from solutions.checks import positions_read
 from solutions.paged_attention import PagedKVCache, attend_strided, forward_paged
 from utils.models import load_hf, load_model
+from utils.records import add_record_options, emit, goal, machine, verdict
 from utils.serving import (
     Served,
     all_at_once_trace,
@@ -90,7 +89,7 @@ from utils.serving import (
     serve_static,
     shared_prefix_trace,
 )
-from utils.timing import goal, sig
+from utils.timing import sig
 
 PREFIX = 128  # the shared prefix of the prefix trace, in tokens
 BLOCK_SIZE = 16  # serve_engine's default
@@ -280,22 +279,8 @@ def engine_profile(model, tokenizer, probe) -> dict:
     import cProfile
     import pstats
 
-    from solutions.engine import LLMEngine
-
-    profile, original = cProfile.Profile(), LLMEngine.step
-
-    def profiled_step(self):
-        profile.enable()
-        try:
-            return original(self)
-        finally:
-            profile.disable()
-
-    LLMEngine.step = profiled_step
-    try:
-        serve_engine(model, tokenizer, probe, **PROBE)
-    finally:
-        LLMEngine.step = original
+    profile = cProfile.Profile()  # the whole run; the steps' share is read from their calls
+    profile.runcall(serve_engine, model, tokenizer, probe, **PROBE)
     stats = pstats.Stats(profile).stats  # (file, line, name) -> (calls, ..., tottime, cumtime)
 
     def cumulative(file: str, name: str) -> float:
@@ -389,13 +374,13 @@ def beside_gpt2(model, tokenizer, requests, runs: int, seats: int) -> dict:
             "bytes (a pool that holds the whole trace for GPT-2)",
             result["whole_trace"]["median_ratio"], 1.0, at_least=True,
         ),
-        "llama_pool_tokens_for_the_same_bytes": {
-            "what": "the Llama pool's tokens / the GPT-2 pool's, same bytes (expected: the GPT-2 "
+        "llama_pool_tokens_for_the_same_bytes": verdict(
+            capacity == gpt2.cfg.n_kv_heads / cfg.n_kv_heads,
+            what="the Llama pool's tokens / the GPT-2 pool's, same bytes (expected: the GPT-2 "
             "model's key/value heads per layer over the Llama model's)",
-            "measured": round(capacity, 3),
-            "expected": gpt2.cfg.n_kv_heads / cfg.n_kv_heads,
-            "met": capacity == gpt2.cfg.n_kv_heads / cfg.n_kv_heads,
-        },
+            measured=round(capacity, 3),
+            expected=gpt2.cfg.n_kv_heads / cfg.n_kv_heads,
+        ),
     }  # fmt: skip
     return result
 
@@ -405,12 +390,21 @@ def qkv_made_once(model, tokenizer, requests, runs: int, seed: int, quick: bool)
     against the same runner making them in every layer of every step (as `forward_paged` does
     when it is given none), alternately in this process: the engine's tokens/s over static
     batching's on the main trace, and over the full forward's positions/s on the probe."""
+    from solutions.engine import LLMEngine
     from solutions.model_runner import GPT2ModelRunner
 
-    made_once = GPT2ModelRunner.forward
+    class EveryStepRunner(GPT2ModelRunner):
+        """The runner that makes each layer's fused QKV in every step."""
 
-    def every_step(self, cache, inputs, logits_at):
-        return forward_paged(self.model, cache, inputs, logits_at, attend_strided)
+        def forward(self, cache, inputs, logits_at):
+            return forward_paged(self.model, cache, inputs, logits_at, attend_strided)
+
+    class EveryStepEngine(LLMEngine):
+        """The engine on that runner (a variant of its own: nothing is patched)."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.runner = EveryStepRunner(self.model)
 
     n, longest = (8, 32) if quick else (64, 160)
     probe = all_at_once_trace(n, seed, answer_lens=(16, longest))
@@ -418,15 +412,14 @@ def qkv_made_once(model, tokenizer, requests, runs: int, seed: int, quick: bool)
     for _ in range(runs):
         static = serve_static(model, tokenizer, requests, 8).summary(requests)["tokens_per_s"]
         row = {}
-        for name, forward in (("made_once", made_once), ("every_step", every_step)):
-            GPT2ModelRunner.forward = forward
-            try:
-                engine = serve_engine(model, tokenizer, requests)[0].summary(requests)
-                before = prefill_positions_per_s(model)
-                on_probe = serve_engine(model, tokenizer, probe, **PROBE)[0].summary(probe)
-                after = prefill_positions_per_s(model)
-            finally:
-                GPT2ModelRunner.forward = made_once
+        for name, engine_cls in (("made_once", LLMEngine), ("every_step", EveryStepEngine)):
+            engine = serve_engine(model, tokenizer, requests, engine_cls=engine_cls)[0].summary(
+                requests
+            )
+            before = prefill_positions_per_s(model)
+            on_probe = serve_engine(model, tokenizer, probe, engine_cls=engine_cls,
+                                    **PROBE)[0].summary(probe)  # fmt: skip
+            after = prefill_positions_per_s(model)
             row[name] = {
                 "engine_over_static": round(engine["tokens_per_s"] / static, 3),
                 "prefill_rate": round(on_probe["tokens_per_s"] / ((before + after) / 2), 3),
@@ -444,7 +437,7 @@ def qkv_made_once(model, tokenizer, requests, runs: int, seed: int, quick: bool)
     }  # fmt: skip
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--model", default="shakespeare", help="the model served: a shipped name or a folder"
@@ -473,48 +466,51 @@ def main() -> None:
         action="store_true",
         help="only: GPT-2's fused QKV made once against made every step, alternately",
     )
+    add_record_options(parser)
     args = parser.parse_args()
     if args.quick:
         args.requests, args.runs = 8, 1
     if args.requests < 2 or args.rate <= 0 or min(args.batch, args.seats, args.runs) < 1:
         parser.error("--requests >= 2, --rate > 0, --batch, --seats and --runs >= 1")
-    torch.set_num_threads(args.threads)
-    allocator = "default" if args.default_allocator else keep_freed_memory()
-    model, tokenizer = load_model(args.model)
-    model.eval()
-    longest = 32 if args.quick else 160
-    requests = poisson_trace(tokenizer, args.requests, args.rate, args.seed,
-                             answer_lens=(16, longest))  # fmt: skip
-    warm = [dataclasses.replace(r, arrival=0.0) for r in requests[:4]]
-    serve_engine(model, tokenizer, warm, max_num_seqs=args.seats)  # warm-up: first calls allocate
-    if args.qkv_made_once:
-        runs = 1 if args.quick else max(args.runs, 3)
-        print(json.dumps(qkv_made_once(model, tokenizer, requests, runs, args.seed, args.quick),
-                         indent=2))  # fmt: skip
-        return
-    # Both servers, --runs times, alternating; the run with the median throughput ratio is
-    # reported (a shared machine's speed drifts within minutes: a ratio within one run is fair).
+    return args
+
+
+def static_against_engine(model, tokenizer, requests, args) -> dict:
+    """Both servers, `--runs` times, alternating; the run with the median throughput ratio is
+    reported (a shared machine's speed drifts within minutes: a ratio within one run is fair)."""
     pairs = []
     for _ in range(args.runs):
         static_run = serve_static(model, tokenizer, requests, args.batch)
         engine_run, _ = serve_engine(model, tokenizer, requests, max_num_seqs=args.seats)
         static, engine = static_run.summary(requests), engine_run.summary(requests)
         pairs.append((engine["tokens_per_s"] / static["tokens_per_s"], static_run, engine_run))
-    ratios = [round(p[0], 2) for p in pairs]
     _, static_run, engine_run = sorted(pairs, key=lambda p: p[0])[len(pairs) // 2]
     static = static_run.summary(requests)
     static["kv_positions"] = {"reserved": static_run.kv_reserved, "used": static_run.kv_used}
     engine = engine_run.summary(requests)
     engine["kv_positions"] = {"reserved": engine_run.kv_reserved, "used": engine_run.kv_used,
                               "one_block_each": BLOCK_SIZE * engine_run.kv_requests}  # fmt: skip
-    same = all(p[1].tokens == p[2].tokens for p in pairs)
-    hf = None
-    if args.hf:
-        hf, hf_tokens = serve_hf(tokenizer, requests, model=args.model)
-        hf["same_tokens"] = hf_tokens == engine_run.tokens
-        profiled = serve_hf(tokenizer, requests, profiled=True, model=args.model)[0]
-        hf["where_step_time_goes"] = profiled["where_step_time_goes"]
+    return {
+        "throughput_ratio_per_run": [round(p[0], 2) for p in pairs],
+        "static": static, "engine": engine,
+        "same_tokens": all(p[1].tokens == p[2].tokens for p in pairs),
+        "engine_tokens": engine_run.tokens,
+    }  # fmt: skip
 
+
+def hf_continuous_batching(tokenizer, requests, model_name, engine_tokens) -> dict:
+    """HF's continuous batching on the main trace, then again under cProfile."""
+    hf, hf_tokens = serve_hf(tokenizer, requests, model=model_name)
+    hf["same_tokens"] = hf_tokens == engine_tokens
+    profiled = serve_hf(tokenizer, requests, profiled=True, model=model_name)[0]
+    hf["where_step_time_goes"] = profiled["where_step_time_goes"]
+    return hf
+
+
+def prefix_trace(model, tokenizer, args, longest: int) -> tuple[dict, int]:
+    """The prefix trace served with and without prefix caching, and the prompt positions that
+    caching must compute: the first request the prefix's full blocks, every later one only what
+    is not in them (its own tokens, and the prefix's partial last block if any)."""
     shared = shared_prefix_trace(tokenizer, max(args.requests // 2, 4), args.seed, PREFIX,
                                  answer_lens=(16, min(longest, 64)))  # fmt: skip
     runs = {}
@@ -525,24 +521,19 @@ def main() -> None:
         result["prompt_tokens_computed"] = run.stats.prompt_tokens_computed
         result["prompt_tokens_cached"] = run.stats.prompt_tokens_cached
         runs["caching" if caching else "no_caching"] = result
-    # With caching, the first request computes the prefix's full blocks; every later one, only
-    # what is not in them (its own tokens, and the prefix's partial last block if any).
     full = (PREFIX // BLOCK_SIZE) * BLOCK_SIZE
     expected = sum(len(r.prompt) for r in shared) - full * (len(shared) - 1)
+    return {"requests": len(shared), "shared_prefix": PREFIX, **runs}, expected
 
-    near_limit = None
-    if not args.no_prefill_rate:
-        near_limit = prefill_rate(model, tokenizer, 1 if args.quick else max(args.runs, 3),
-                                  args.seed, args.quick)  # fmt: skip
 
-    beside = None
-    if architecture_of(model).hf_model_type == "llama":
-        beside = beside_gpt2(model, tokenizer, requests, 1 if args.quick else args.runs, args.seats)
-
+def serving_goals(main: dict, prefix: dict, expected: int, near_limit: dict | None) -> dict:
+    """Chapter 8's goals, from the main trace's median run, the prefix trace and the probe."""
+    static, engine = main["static"], main["engine"]
     throughput = engine["tokens_per_s"] / static["tokens_per_s"]
     ttft = engine["ttft_ms"]["median"] / static["ttft_ms"]["median"]
     kv = engine["kv_positions"]
-    prefix_ttft = runs["no_caching"]["ttft_ms"]["median"] / runs["caching"]["ttft_ms"]["median"]
+    caching = prefix["caching"]
+    prefix_ttft = prefix["no_caching"]["ttft_ms"]["median"] / caching["ttft_ms"]["median"]
     goals = {
         "throughput_1_5x_static": goal(
             "the engine's tokens/s / static batching's", round(throughput, 2), 1.5, at_least=True
@@ -554,13 +545,13 @@ def main() -> None:
             "the engine's median time to first token / static batching's", round(ttft, 3), 0.5,
             at_least=False,
         ),
-        "kv_reserved_at_most_used_plus_a_block_each": {
-            "measured": kv, "met": kv["reserved"] <= kv["used"] + kv["one_block_each"]
-        },
-        "prefix_positions_computed_exactly_the_uncached": {
-            "measured": runs["caching"]["prompt_tokens_computed"], "expected": expected,
-            "met": runs["caching"]["prompt_tokens_computed"] == expected,
-        },
+        "kv_reserved_at_most_used_plus_a_block_each": verdict(
+            kv["reserved"] <= kv["used"] + kv["one_block_each"], measured=kv
+        ),
+        "prefix_positions_computed_exactly_the_uncached": verdict(
+            caching["prompt_tokens_computed"] == expected,
+            measured=caching["prompt_tokens_computed"], expected=expected,
+        ),
         "prefix_median_ttft_2x_better": goal(
             "median time to first token without prefix caching / with it", round(prefix_ttft, 2),
             2.0, at_least=True,
@@ -571,22 +562,52 @@ def main() -> None:
             "the engine's answer tokens/s, all requests at once / the [8, 256] forward's "
             "positions/s", near_limit["median_ratio"], 0.6, at_least=True,
         )  # fmt: skip
+    return goals
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    allocator = "default" if args.default_allocator else keep_freed_memory()
+    model, tokenizer = load_model(args.model)
+    model.eval()
+    longest = 32 if args.quick else 160
+    requests = poisson_trace(tokenizer, args.requests, args.rate, args.seed,
+                             answer_lens=(16, longest))  # fmt: skip
+    warm = [dataclasses.replace(r, arrival=0.0) for r in requests[:4]]
+    serve_engine(model, tokenizer, warm, max_num_seqs=args.seats)  # warm-up: first calls allocate
+    if args.qkv_made_once:
+        runs = 1 if args.quick else max(args.runs, 3)
+        emit(qkv_made_once(model, tokenizer, requests, runs, args.seed, args.quick), args)
+        return
+    main_trace = static_against_engine(model, tokenizer, requests, args)
+    engine_tokens = main_trace.pop("engine_tokens")
+    hf = None
+    if args.hf:
+        hf = hf_continuous_batching(tokenizer, requests, args.model, engine_tokens)
+    prefix, expected = prefix_trace(model, tokenizer, args, longest)
+    near_limit = None
+    if not args.no_prefill_rate:
+        near_limit = prefill_rate(model, tokenizer, 1 if args.quick else max(args.runs, 3),
+                                  args.seed, args.quick)  # fmt: skip
+    beside = None
+    if architecture_of(model).hf_model_type == "llama":
+        beside = beside_gpt2(model, tokenizer, requests, 1 if args.quick else args.runs, args.seats)
+    goals = serving_goals(main_trace, prefix, expected, near_limit)
     if beside is not None:
         goals.update(beside.pop("goals"))
-    print(json.dumps({
+    emit({
         "model": {"name": str(args.model), "architecture": type(model).__name__},
-        "machine": {"processor": platform.processor() or platform.machine(),
-                    "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-                    "allocator": allocator},
+        "machine": {**machine(), "allocator": allocator},
         "trace": {"requests": args.requests, "rate_per_s": args.rate, "seed": args.seed,
                   "answer_tokens": sum(r.max_tokens for r in requests)},
-        "throughput_ratio_per_run": ratios,
-        "static": static, "engine": engine, "same_tokens": same, "hf_continuous_batching": hf,
-        "prefix_trace": {"requests": len(shared), "shared_prefix": PREFIX, **runs},
+        **main_trace,
+        "hf_continuous_batching": hf,
+        "prefix_trace": prefix,
         "prefill_rate": near_limit,
         "beside_gpt2": beside,
         "goals": goals,
-    }, indent=2))  # fmt: skip
+    }, args)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -62,9 +62,6 @@ busy the other core is).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -81,6 +78,7 @@ from solutions.speculative_generation import SpeculativeStats, speculative_gener
 from solutions.static_cache import StaticKeyValueCache
 from utils import speed
 from utils.models import load_model
+from utils.records import add_record_options, emit, machine, rate, verdict
 from utils.timing import busy_processes, interleaved_runs, median_ratio, timed
 
 DRAFTERS = ("model", "ngram")
@@ -216,7 +214,7 @@ def report_workloads(results, calibrated, costs, configs, workloads, tokenizer, 
         base = result["seconds"]["baseline"]
         b = statistics.median(base) / n_tokens / s1  # the baseline's token, in main steps
         cache_len = statistics.mean(len(tokenizer.encode(p)) for p in prompts) + tokens / 2
-        part = {"baseline_tokens_per_s": round(n_tokens / statistics.median(base), 1),
+        part = {"baseline_tokens_per_s": rate(n_tokens, base),
                 "baseline_steps_per_token": round(b, 3)}  # fmt: skip
         for config in configs:
             method, setting = config
@@ -227,7 +225,7 @@ def report_workloads(results, calibrated, costs, configs, workloads, tokenizer, 
             predicted = speed.predicted_speedup(b, stats.tokens_per_pass, cost)
             speedup = median_ratio(base, seconds)
             row = {
-                "tokens_per_s": round(n_tokens / statistics.median(seconds), 1),
+                "tokens_per_s": rate(n_tokens, seconds),
                 "speedup": round(speedup, 3),
                 "passes_per_token": round(stats.passes_per_token, 3),
                 "tokens_per_pass": round(stats.tokens_per_pass, 3),
@@ -288,28 +286,28 @@ def check_goals(report: dict) -> dict:
     goals = {}
     if greedy:
         best = max(greedy, key=lambda r: r["speedup"])
-        goals["goal1"] = {
-            "passed": best["speedup"] >= 1.5 and best["identical"],
-            "target": ">= 1.5x the cached greedy sampler, same tokens",
-            "best": f"{best['method']} {best['config']} on {best['workload']} text",
-            "speedup": best["speedup"],
-        }
+        goals["goal1"] = verdict(
+            best["speedup"] >= 1.5 and best["identical"],
+            target=">= 1.5x the cached greedy sampler, same tokens",
+            best=f"{best['method']} {best['config']} on {best['workload']} text",
+            speedup=best["speedup"],
+        )
         model = [r for r in greedy if r["method"] == "model"]
         if model:
             best = max(model, key=lambda r: r["speedup"])
-            goals["goal2"] = {
-                "passed": best["passes_per_token"] <= 0.5,
-                "target": "<= 0.5 main passes per token at the model drafter's best k",
-                "at": f"{best['config']} on {best['workload']} text",
-                "passes_per_token": best["passes_per_token"],
-            }
+            goals["goal2"] = verdict(
+                best["passes_per_token"] <= 0.5,
+                target="<= 0.5 main passes per token at the model drafter's best k",
+                at=f"{best['config']} on {best['workload']} text",
+                passes_per_token=best["passes_per_token"],
+            )
     errors = [abs(r["measured_over_predicted"] - 1) for r in rows]
-    goals["goal3"] = {
-        "passed": statistics.median(errors) <= 0.10,
-        "target": "measured speed-up within 10 % of predicted (median over configurations)",
-        "median_relative_error": round(statistics.median(errors), 3),
-        "within_10pct": f"{sum(e <= 0.10 for e in errors)} of {len(errors)}",
-        "by_method": {
+    goals["goal3"] = verdict(
+        statistics.median(errors) <= 0.10,
+        target="measured speed-up within 10 % of predicted (median over configurations)",
+        median_relative_error=round(statistics.median(errors), 3),
+        within_10pct=f"{sum(e <= 0.10 for e in errors)} of {len(errors)}",
+        by_method={
             m: round(
                 statistics.median(
                     abs(r["measured_over_predicted"] - 1) for r in rows if r["method"] == m
@@ -318,23 +316,23 @@ def check_goals(report: dict) -> dict:
             )  # fmt: skip
             for m in sorted({r["method"] for r in rows})
         },
-    }
+    )
     open_greedy = [r for r in greedy if r["workload"] == "open-ended"]
     look = [r["passes_per_token"] for r in open_greedy if r["method"] == "lookahead"]
     ngram = [r["passes_per_token"] for r in open_greedy if r["method"] == "ngram"]
     if look and ngram:
-        goals["goal4"] = {
-            "passed": min(look) < min(ngram),
-            "target": "lookahead at T = 0 needs fewer main passes per token than the n-gram "
+        goals["goal4"] = verdict(
+            min(look) < min(ngram),
+            target="lookahead at T = 0 needs fewer main passes per token than the n-gram "
             "drafter on open-ended text (each at its best setting)",
-            "lookahead": min(look),
-            "ngram": min(ngram),
-        }
-    goals["goal5"] = {
-        "passed": all(r["identical"] for r in greedy),
-        "target": "every T = 0 run gives the baseline's tokens",
-        "identical": f"{sum(r['identical'] for r in greedy)} of {len(greedy)}",
-    }
+            lookahead=min(look),
+            ngram=min(ngram),
+        )
+    goals["goal5"] = verdict(
+        all(r["identical"] for r in greedy),
+        target="every T = 0 run gives the baseline's tokens",
+        identical=f"{sum(r['identical'] for r in greedy)} of {len(greedy)}",
+    )
     return goals
 
 
@@ -377,11 +375,11 @@ def report_batch4(seconds: dict, stats: dict, identical: dict, drafters, ks, n_t
     """Tokens/s and speed-ups over `generate_batch`, with the statistics (alpha pooled over the
     rows, passes per token per row)."""
     base = seconds["generate_batch"]
-    batch4 = {"generate_batch_tokens_per_s": round(n_tokens / statistics.median(base), 1)}
+    batch4 = {"generate_batch_tokens_per_s": rate(n_tokens, base)}
     for drafter in drafters:
         batch4[drafter] = {
             f"k={k}": {
-                "tokens_per_s": round(n_tokens / statistics.median(seconds[(drafter, k)]), 1),
+                "tokens_per_s": rate(n_tokens, seconds[(drafter, k)]),
                 "speedup": round(median_ratio(base, seconds[(drafter, k)]), 3),
                 "passes_per_token": round(stats[(drafter, k)].passes_per_token, 3),
                 "alpha": round(stats[(drafter, k)].acceptance, 3),
@@ -604,12 +602,12 @@ def bench_compiled(args, main, draft, tokenizer) -> dict:
     ]:
         if greedy:
             workload, k, best = max(greedy, key=lambda g, key=key: g[2][key])
-            goals[goal] = {
-                "passed": best[key] >= 1.5 and best["identical"],
-                "target": f">= 1.5x {against}, same tokens",
-                "best": f"model k={k} on {workload} text",
-                "speedup": best[key],
-            }
+            goals[goal] = verdict(
+                best[key] >= 1.5 and best["identical"],
+                target=f">= 1.5x {against}, same tokens",
+                best=f"model k={k} on {workload} text",
+                speedup=best[key],
+            )
     return {
         "compiled": {
             "compile": "inductor" if compile is True else "dynamo traced, run eagerly",
@@ -695,6 +693,7 @@ def main() -> None:
     parser.add_argument(
         "--compiled", action="store_true", help="only the model drafter on compiled steps"
     )
+    add_record_options(parser)
     args = parser.parse_args()
     if args.quick:
         args.ks, args.temperatures, args.tokens, args.prompts = [1, 3], [0.0], 30, 1
@@ -717,23 +716,14 @@ def main() -> None:
 
     start = time.perf_counter()
     result = {
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(),
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
-            "load": args.load,
-        },
+        "machine": {**machine(device), "load": args.load},
         "runs": args.runs,
     }
     with busy_processes(args.load), torch.inference_mode():
         run = bench_compiled if args.compiled else benchmark
         result.update(run(args, main_model, draft_model, tokenizer))
     result["wall_s"] = round(time.perf_counter() - start, 1)
-    print(json.dumps(result, indent=2))
+    emit(result, args)
 
 
 if __name__ == "__main__":

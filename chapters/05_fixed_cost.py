@@ -1080,7 +1080,8 @@ else:
 
     record = json.loads((REPO_ROOT / "benchmarks/results/cuda_graphs.json").read_text())
     run = record["result"]
-    print(f"no CUDA GPU here. On a lent {run['device']} ({record['date']}), this cell printed:")
+    print(f"no CUDA GPU here. On a lent {run['machine']['device']} ({record['date']}), this cell "
+          "printed:")  # fmt: skip
     print("   " + record["also_seen"]["chapter_5_cuda_graph_cell"].split(": ", 1)[1])
     step, kernels, tps = run["step_alone_us"], run["kernels_per_step"], run["tokens_per_s"]
     print(

@@ -493,8 +493,11 @@ assert gap < 1e-6, "the cell says the two paths give the same result"
 # `num_cached_tokens` (how many of those the prefix cache gave when it was admitted), its block
 # table `block_ids` (the only one: the cache manager reads and writes it; vLLM keeps block
 # tables in its KV-cache manager instead, by request id), its `status`
-# (`WAITING`, `RUNNING`, `FINISHED`) and its `params`. The engine's statistics read each step's
-# plan, which names the requests it admitted and preempted.
+# (`WAITING`, `RUNNING`, `FINISHED`) and its `params`. The engine's report, `engine.stats`
+# (vLLM's `SchedulerStats`), counts what each step's plan did (it names the requests it admitted
+# and preempted) and says what the engine holds after each change: requests running and waiting,
+# blocks in use and free, blocks handed out again after being freed. Whoever watches the engine
+# (a benchmark, the server's `/health`) reads the report, never the scheduler or the pool.
 #
 # Read `step` below, then build what it calls, by their names in this notebook: `Scheduler`
 # (section 7), which asks a `KVCacheManager` (section 5) built on a `BlockPool` (section 4) for
@@ -1211,6 +1214,10 @@ assert "expand_kv took 0.2 s of the Llama engine's 1.47 s of forward" in _before
 #   `len(longest stop string) - 1` characters until it is known that no stop string begins in them.
 #   A request that meets one must also end in the engine; the processor does not touch the engine:
 #   it returns the ids to abort (vLLM's `reqs_to_abort`), and the loop aborts them.
+#
+# The processor's `states` are the server's only record of a request outside the engine: a
+# request's state also holds its `stream`, where the server's loop puts each delta for the
+# request's handler (vLLM's output processor keeps each request's queue the same way).
 
 # %%
 for word in ("soft", "caf\u00e9", "\U0001f642"):

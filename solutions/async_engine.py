@@ -3,14 +3,18 @@
 
 The engine is not thread-safe and need not be: one asyncio task, on the web server's event
 loop, owns it and steps it while requests are unfinished. The handlers of the web requests run
-on the same loop and never touch the engine. They talk to the loop through two kinds of queue:
+on the same loop and never change the engine: they read its fixed limits
+(`LLMEngine.check_request`, which reads nothing a step changes) and its report
+(`LLMEngine.stats`, set between steps), and talk to the loop through two kinds of queue:
 
 - the **inbox**, one for the whole engine: a handler puts a new request or an abort in it and
   goes on. The loop empties it between two steps, never during one, so a step always sees an
   engine that no one else changes. (A signal handler, which Python may run in the middle of a
   step, puts its abort there too.)
 - a **stream** per request: after each step the loop turns the step's outputs into text and
-  puts each request's new text in its stream, where its handler waits for it.
+  puts each request's new text in its stream, where its handler waits for it. The
+  `OutputProcessor` keeps each unfinished request's stream with the rest of its state (one
+  record per request outside the engine, as vLLM's output processor keeps its queue).
 
 A step blocks the event loop while it runs; after it, the loop lets the handlers run (they write
 the step's text to their clients and queue what has arrived), then steps again. A thread of its
@@ -49,6 +53,7 @@ from dataclasses import dataclass, field
 
 from solutions.engine import LLMEngine
 from solutions.output_processor import Delta, OutputProcessor
+from solutions.request import RequestStatus
 from solutions.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -90,8 +95,8 @@ class AsyncEngine:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.streams: dict[str, RequestStream] = {}  # the unfinished ones: the loop's own
-        # Their text, the loop's own too (chapter 8 hands it the learner's processor).
+        # Each unfinished request's text and stream, the loop's own (chapter 8 hands it the
+        # learner's processor).
         self.processor = processor if processor is not None else OutputProcessor(self.tokenizer)
         self.closing = False  # after abort_all, every new request is aborted at once
         # The traceback of a failure that `_recover` could not repair: no more steps.
@@ -187,21 +192,18 @@ class AsyncEngine:
         log.error("an engine step failed; the requests it ran end with an error\n%s", trace)
         why = trace.strip().splitlines()[-1]
         message = f"the engine failed in a step that ran this request ({why}); see the server's log"
-        engine = self.engine
+        engine, states = self.engine, self.processor.states
         try:
-            held = [
-                r for r in (*engine.scheduler.running, *engine.scheduler.waiting) if r.block_ids
-            ]
+            # Every request of the engine's came through here: those of `states` it still has.
+            ours = [engine.requests[i] for i in states if i in engine.requests]
+            held = [r for r in ours if not r.is_finished and r.block_ids]
             for request in held:  # the engine records an abort; their clients get the error
                 engine.abort_request(request.request_id)
-            if not engine.kv.pool.reset_prefix_cache():
+            if not engine.reset_prefix_cache():
                 raise RuntimeError("blocks are still held after every holder ended")
-            queued = {r.request_id for r in engine.scheduler.waiting}
-            ended = [s for request_id, s in self.streams.items() if request_id not in queued]
-            for stream in ended:
-                del self.streams[stream.request_id]
-                self.processor.states.pop(stream.request_id, None)
-            self._deliver([(s, Delta("", 0, "error", message)) for s in ended])
+            queued = {r.request_id for r in ours if r.status == RequestStatus.WAITING}
+            ended = [i for i in states if i not in queued]
+            self._deliver([(states.pop(i).stream, Delta("", 0, "error", message)) for i in ended])
             # Ends the failed step had taken from `pending` to report are lost: forget them here.
             if not engine.keep_finished:
                 reported = {output.request_id for output in engine.pending}
@@ -213,9 +215,8 @@ class AsyncEngine:
         except Exception:
             self.failed = traceback.format_exc()
             log.error("the engine could not recover: it stops\n%s", self.failed)
-            self._deliver([(s, self._error_delta()) for s in self.streams.values()])
-            self.streams.clear()
-            self.processor.states.clear()
+            self._deliver([(state.stream, self._error_delta()) for state in states.values()])
+            states.clear()
 
     def _error_delta(self) -> Delta:
         return Delta("", 0, "error", f"the engine failed: {self.failed.strip().splitlines()[-1]}")
@@ -229,14 +230,13 @@ class AsyncEngine:
                 failed = self._error_delta() if self.failed else Delta("", 0, "abort")
                 self._deliver([(stream, failed)])
                 return
-            self.streams[stream.request_id] = stream
-            self.processor.add_request(stream.request_id, stream.stop)
+            self.processor.add_request(stream.request_id, stream.stop, stream)
             self.engine.add_request(stream.request_id, stream.prompt_ids, stream.params)
         elif kind == "abort" and self.failed is None:
             self.engine.abort_request(command[1])  # reported by the next step
         elif kind == "abort_all":
             self.closing = True
-            for request_id in self.streams:
+            for request_id in self.processor.states:
                 self.engine.abort_request(request_id)
         elif kind == "call":
             fn, future = command[1], command[2]
@@ -258,16 +258,15 @@ class AsyncEngine:
                 break
         if not self._busy():
             return
-        processed = self.processor.process_outputs(self.engine.step())
+        outputs, states = self.engine.step(), self.processor.states
+        # Each stream, before the processor forgets the requests that finish in this step.
+        streams = {
+            o.request_id: states[o.request_id].stream for o in outputs if o.request_id in states
+        }
+        processed = self.processor.process_outputs(outputs)
         for request_id in processed.to_abort:
             self.engine.abort_request(request_id)  # reported by the next step, then ignored
-        deltas = []
-        for request_id, delta in processed.deltas.items():
-            stream = self.streams[request_id]
-            if delta.finish_reason is not None:  # its last delta
-                del self.streams[request_id]
-            deltas.append((stream, delta))
-        self._deliver(deltas)
+        self._deliver([(streams[i], delta) for i, delta in processed.deltas.items()])
 
     @staticmethod
     def _deliver(deltas: list[tuple[RequestStream, Delta]]) -> None:

@@ -37,24 +37,38 @@ from solutions.scheduler import Scheduler, SchedulerOutput
 
 @dataclass
 class EngineStats:
-    """Counts over every step, read from each step's plan (vLLM's `SchedulerStats`), and what
-    the last step did, for a timeline: request id -> ("prefill", tokens of its prompt or of a
-    recompute), ("decode", 1) or ("preempted", 0)."""
+    """The engine's report (vLLM's `SchedulerStats`), what anyone watching the engine reads
+    (a benchmark, a server's health check) instead of its scheduler and pool: counts over every
+    step, read from each step's plan; the engine's state after its last change (a step, a
+    request added or aborted), set by the engine; and what the last step did, for a timeline:
+    request id -> ("prefill", tokens of its prompt or of a recompute), ("decode", 1) or
+    ("preempted", 0)."""
 
+    # Counts over every step.
     steps: int = 0
     tokens_computed: int = 0  # prompt and output tokens the model read (a recompute counts)
     prompt_tokens_computed: int = 0
-    prompt_tokens_cached: int = 0  # prompt tokens found in the prefix cache instead
+    prompt_tokens_queried: int = 0  # looked up in the prefix cache at admission (its queries)
+    prompt_tokens_cached: int = 0  # found there, not computed (its hits)
     preemptions: int = 0
+    blocks_reused: int = 0  # blocks handed out again after being freed
+    # The state now.
+    running: int = 0
+    waiting: int = 0
+    blocks_in_use: int = 0  # held by some request
+    blocks_free: int = 0  # in the free queue (cached ones too: they can be evicted)
+    running_table_blocks: int = 0  # in the running requests' tables (shared: once per holder)
+    running_computed_tokens: int = 0  # the running requests' tokens with keys and values
     last_step: dict[str, tuple[str, int]] = field(default_factory=dict)
 
-    def record(self, plan: "SchedulerOutput") -> None:
+    def record(self, plan: "SchedulerOutput", prefix_caching: bool = True) -> None:
         """Count a step's plan, before it runs (a request's computed tokens are where the step
         starts)."""
         self.preemptions += len(plan.preempted)
         self.last_step = {r.request_id: ("preempted", 0) for r in plan.preempted}
         self.steps += bool(plan.scheduled)
         for request in plan.admitted:
+            self.prompt_tokens_queried += request.num_tokens if prefix_caching else 0
             self.prompt_tokens_cached += request.num_cached_tokens
         for request, num_new in plan.scheduled:
             start, prompt = request.num_computed_tokens, len(request.prompt_token_ids)
@@ -62,6 +76,16 @@ class EngineStats:
             self.prompt_tokens_computed += max(0, min(num_new, prompt - start))
             decode = num_new == 1 and start >= prompt
             self.last_step[request.request_id] = ("decode", 1) if decode else ("prefill", num_new)
+
+    def observe(self, scheduler: "Scheduler", kv: "KVCacheManager") -> None:
+        """Set the state now from the scheduler and the pool (the engine calls it after each
+        change; whoever reads the report changes nothing)."""
+        self.running, self.waiting = len(scheduler.running), len(scheduler.waiting)
+        self.blocks_free = kv.pool.num_free_blocks
+        self.blocks_in_use = len(kv.pool.blocks) - self.blocks_free
+        self.blocks_reused = kv.blocks_reused
+        self.running_table_blocks = sum(len(r.block_ids) for r in scheduler.running)
+        self.running_computed_tokens = sum(r.num_computed_tokens for r in scheduler.running)
 
 
 def sample_requests(requests: list[Request], logits: Float[Tensor, "R d_vocab"]) -> list[int]:
@@ -117,7 +141,7 @@ class LLMEngine:
         self.keep_finished = keep_finished
         self.model, self.tokenizer = model.eval(), tokenizer
         self.n_ctx = model.cfg.n_ctx
-        self.block_size = block_size
+        self.block_size, self.num_blocks = block_size, num_blocks
         self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(
             self.kv, max_num_batched_tokens, max_num_seqs, tokenizer.eos_token_id
@@ -126,7 +150,8 @@ class LLMEngine:
         self.cache = PagedKVCache.allocate(model, num_blocks, block_size)
         self.requests: dict[str, Request] = {}
         self.pending: list[RequestOutput] = []  # errors and aborts, reported by the next step
-        self.stats = EngineStats()
+        self.stats = EngineStats()  # the engine's report: read it, change nothing
+        self.stats.observe(self.scheduler, self.kv)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams):
         """Queue a request. One the engine cannot serve is not queued: it ends with an error
@@ -150,11 +175,13 @@ class LLMEngine:
             self.pending.append(self._output(request, []))
             return
         self.scheduler.add_request(request)
+        self.stats.observe(self.scheduler, self.kv)
 
     def check_request(self, ids: list[int], params: SamplingParams) -> str | None:
         """Why this engine could never serve a request (its context or its pool is too small,
         a token id is out of range), or None. `add_request` ends such a request with an error;
-        a server asks first, to answer a bad request before it reaches the engine."""
+        a server asks first, to answer a bad request before it reaches the engine. It reads only
+        what is fixed when the engine is made: any thread may ask while the engine steps."""
         d_vocab = self.model.cfg.d_vocab
         if not ids:
             return "the prompt is empty: the model needs at least one token"
@@ -164,7 +191,7 @@ class LLMEngine:
         if too_long is not None:
             return too_long
         longest = checks.positions_read(len(ids), params.max_tokens)
-        num_blocks = len(self.kv.pool.blocks)
+        num_blocks = self.num_blocks
         if math.ceil(longest / self.block_size) > num_blocks:
             return (
                 f"the prompt ({len(ids)} tokens) and max_tokens={params.max_tokens} need "
@@ -180,6 +207,12 @@ class LLMEngine:
             return
         self.scheduler.finish(request, "abort")
         self.pending.append(self._output(request, []))
+        self.stats.observe(self.scheduler, self.kv)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache's names (vLLM's `reset_prefix_cache`), only while no request
+        holds a block; whether it did."""
+        return self.kv.pool.reset_prefix_cache()
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.scheduler.waiting or self.scheduler.running or self.pending)
@@ -190,12 +223,13 @@ class LLMEngine:
         request that advanced or ended."""
         outputs, self.pending = self.pending, []
         plan = self.scheduler.schedule()
-        self.stats.record(plan)
+        self.stats.record(plan, self.kv.enable_prefix_caching)
         if plan.scheduled:
             sampling, logits = self._run(plan)
             tokens = sample_requests(sampling, logits)
             for request, new in self.scheduler.update(plan, tokens):
                 outputs.append(self._output(request, new))
+        self.stats.observe(self.scheduler, self.kv)
         if not self.keep_finished:
             for output in outputs:
                 if output.finished:

@@ -26,6 +26,10 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         # Per request: the names of its full blocks so far (computed once each).
         self.req_hashes: dict[str, list[bytes]] = {}
+        # For the engine's report: every block ever handed out, and how many times a block
+        # was handed out again after being freed.
+        self.handed_out: set[int] = set()
+        self.blocks_reused = 0
 
     def blocks_of(self, request: Request) -> list[KVCacheBlock]:
         """The request's blocks, in its table's order."""
@@ -78,7 +82,10 @@ class KVCacheManager:
         self.pool.touch(computed)
         blocks.extend(computed)
         if num_new_blocks > 0:
-            blocks.extend(self.pool.get_new_blocks(num_new_blocks))
+            new_blocks = self.pool.get_new_blocks(num_new_blocks)
+            self.blocks_reused += sum(b.block_id in self.handed_out for b in new_blocks)
+            self.handed_out.update(b.block_id for b in new_blocks)
+            blocks.extend(new_blocks)
         request.block_ids = [block.block_id for block in blocks]
         # Named now, as soon as the tokens that fill them are scheduled (see cache_blocks).
         scheduled = request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens

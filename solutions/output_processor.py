@@ -68,13 +68,15 @@ class Detokenizer:
 @dataclass
 class RequestState:
     """The processor's record of one request: its stop strings, its text so far (up to a stop
-    string, if one came) and how many of its characters have been sent."""
+    string, if one came), how many of its characters have been sent, and, in a server, where its
+    deltas go (`stream`: its handler's queue; vLLM's `RequestState.queue`)."""
 
     request_id: str
     stop: tuple[str, ...]
     detokenizer: Detokenizer
     text: str = ""
     sent: int = 0
+    stream: object = None
 
 
 @dataclass
@@ -88,14 +90,17 @@ class ProcessedOutputs:
 
 class OutputProcessor:
     """Text for the requests a server has added, from the outputs of each engine step. A
-    request's state lives here from `add_request` until its last delta."""
+    request's state lives here from `add_request` until its last delta: the one record of it
+    outside the engine (a server keeps its stream here too)."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.states: dict[str, RequestState] = {}
 
-    def add_request(self, request_id: str, stop: tuple[str, ...] = ()) -> None:
-        self.states[request_id] = RequestState(request_id, tuple(stop), Detokenizer(self.tokenizer))
+    def add_request(self, request_id: str, stop: tuple[str, ...] = (), stream=None) -> None:
+        self.states[request_id] = RequestState(
+            request_id, tuple(stop), Detokenizer(self.tokenizer), stream=stream
+        )
 
     def process_outputs(self, outputs: list[RequestOutput]) -> ProcessedOutputs:
         """The deltas that one step's `outputs` make. For each output whose request is known:

@@ -16,7 +16,8 @@ What this module does is the web's side: read a request's JSON, check every fiel
 engine sees it (a bad request is answered with OpenAI's error JSON, naming the field, and never
 reaches the engine, so it can disturb no other request), hand the request to the loop
 (`solutions/async_engine.py`: one task steps the engine; handlers only queue requests and
-aborts) and write its deltas back in OpenAI's shapes. A client that disconnects is aborted at
+aborts, and read what no step changes: the engine's limits, `check_request`, and its report,
+`stats`) and write its deltas back in OpenAI's shapes. A client that disconnects is aborted at
 the next step boundary; a shutdown (SIGINT, SIGTERM) ends every request in flight with
 `finish_reason` "abort" (vLLM's word) before the server exits.
 
@@ -46,9 +47,11 @@ No one request may stop the server or starve the others:
   engine goes on (solutions/async_engine.py);
 - every error, a malformed body's too, is OpenAI's error JSON, with a 4xx for the client's.
 
-`GET /health`: 200 and `{"status": "ok", "requests": N, "max_concurrent_requests": M}` while a
-new request would be taken; 503 with `"status": "saturated"` (M requests in flight) or
-`"engine failed"` otherwise, so that a load balancer's readiness check sends no more.
+`GET /health`: 200 and `{"status": "ok", "requests": N, "max_concurrent_requests": M, "engine":
+{...}}` while a new request would be taken; 503 with `"status": "saturated"` (M requests in
+flight) or `"engine failed"` otherwise, so that a load balancer's readiness check sends no more.
+`engine` is the engine's report as its last step left it (`LLMEngine.stats`): requests running
+and waiting, blocks in use and free, preemptions.
 """
 
 from __future__ import annotations
@@ -66,7 +69,6 @@ from dataclasses import dataclass
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
@@ -442,12 +444,6 @@ def create_app(async_engine: AsyncEngine, model_name: str, api_key: str | None =
             message += f": this server serves {SERVED}"
         return APIError(err.status_code, message).response()
 
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request, err: RequestValidationError):
-        first = err.errors()[0] if err.errors() else {}
-        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return APIError(400, str(first.get("msg")), param).response()
-
     @app.exception_handler(Exception)
     async def server_error(request, err: Exception):  # a bug: logged, and answered in JSON
         log.error("%s %s failed", request.method, request.url.path, exc_info=err)
@@ -468,8 +464,12 @@ def create_app(async_engine: AsyncEngine, model_name: str, api_key: str | None =
     async def health():
         status = ("engine failed" if not async_engine.running else
                   "saturated" if admission.saturated else "ok")  # fmt: skip
+        stats = engine.stats  # the engine's report, set by the loop between two steps
         body = {"status": status, "requests": admission.in_flight,
-                "max_concurrent_requests": admission.limit}  # fmt: skip
+                "max_concurrent_requests": admission.limit,
+                "engine": {"running": stats.running, "waiting": stats.waiting,
+                           "blocks_in_use": stats.blocks_in_use, "blocks_free": stats.blocks_free,
+                           "preemptions": stats.preemptions}}  # fmt: skip
         return Response(json.dumps(body), 200 if status == "ok" else 503,
                         media_type="application/json")  # fmt: skip
 

@@ -218,14 +218,14 @@ def serve_engine(
             time.sleep(0.0005)
             continue
         served.record(engine.step(), time.perf_counter() - start)
-        served.timeline.append(dict(engine.stats.last_step))  # the step's plan, as counted
-        running = engine.scheduler.running
-        served.running.append(len(running))
-        served.waiting.append(len(engine.scheduler.waiting))
-        served.blocks_in_use.append(sum(len(r.block_ids) for r in running))
-        reserved = block_size * sum(len(r.block_ids) for r in running)
+        stats = engine.stats  # the engine's report, after the step
+        served.timeline.append(dict(stats.last_step))  # the step's plan, as counted
+        served.running.append(stats.running)
+        served.waiting.append(stats.waiting)
+        served.blocks_in_use.append(stats.running_table_blocks)
+        reserved = block_size * stats.running_table_blocks
         if reserved > served.kv_reserved:
             served.kv_reserved = reserved
-            served.kv_used = sum(r.num_computed_tokens for r in running)
-            served.kv_requests = len(running)
+            served.kv_used = stats.running_computed_tokens
+            served.kv_requests = stats.running
     return served, engine

@@ -5,7 +5,8 @@ On a busy machine, a parallel operation waits for its slowest thread, and one no
 more about the neighbours than about the code: the minimum of a few runs is the closest to what
 the code costs. Chapters 4 and 6 time their demos with these. The benchmarks' helpers live here
 too (a call timed on a GPU, the median of many short calls, methods timed in interleaved runs,
-ratios within runs, goals as the JSON records them, busy processes): one home for each.
+ratios within runs, busy processes): one home for each. What a record says of its figures (the
+machine, rates, goals' verdicts) and the writing of it are utils/records.py's.
 
 A time limit in a test is there to catch a hang, not to measure speed. Every limit the tests
 set (pytest-timeout's, a subprocess's, the grader's per-test budget, an elapsed-time assertion)
@@ -153,13 +154,6 @@ def sig(x: float, digits: int = 4) -> float:
     """x to `digits` significant digits: a time or a ratio of 0.0004 must not be recorded as 0.0
     (a figure rounded to fixed decimals reads 0 on a machine fast enough)."""
     return float(f"{x:.{digits}g}")
-
-
-def goal(what: str, measured: float | None, target: float, at_least: bool) -> dict:
-    """A benchmark's goal as its JSON records it: what is measured, the value, the target, and
-    whether it is met (None when it could not be measured here)."""
-    met = None if measured is None else (measured >= target if at_least else measured <= target)
-    return {"what": what, "measured": measured, "target": target, "met": met}
 
 
 def _busy(stop) -> None:

@@ -17,7 +17,7 @@ without its mask all fail.
 
 The interpreter runs Python that a GPU compiler refuses (a `break`, a global that is not a
 constexpr). So each exercise's last test compiles the learner's kernel for an H100 (sm_90), as a
-GPU launch compiles it, in a child process (tests/graded/_compile.py): no GPU needed. It comes
+GPU launch compiles it, in a child process (utils/kernel_compile.py): no GPU needed. It comes
 last: a kernel that computes the wrong thing is told so first, by the tests that say what is
 wrong, and the mutant runner stops at the first test a mutant fails.
 """
@@ -43,7 +43,6 @@ from solutions.kernels import runtime  # noqa: E402  (sets the mode first)
 from solutions.kernels.runtime import DEVICE, INTERPRET  # noqa: E402
 from solutions.kernels.top_k_top_p import MAX_ROUNDS  # noqa: E402  (given: the notebook's too)
 from tests.graded import _rejection as rejection  # noqa: E402
-from tests.graded._compile import COMPILE_BUDGET_S, assert_compiles_for_a_gpu  # noqa: E402
 from tests.graded._explain import explain_difference  # noqa: E402
 from tests.graded._gumbel import (  # noqa: E402
     TEMPERATURE_AFTER_NOISE,
@@ -64,6 +63,7 @@ from tests.graded._stats import (  # noqa: E402
     assert_rows_independent,
     assert_samples_follow,
 )
+from utils.kernel_compile import COMPILE_BUDGET_S, assert_compiles_for_a_gpu  # noqa: E402
 
 CHAPTER = "09_kernels"
 

@@ -1,21 +1,15 @@
 """benchmarks/cuda_graphs.py needs CUDA: without it, it says so and exits with status 2 (CI has
 no GPU; the recorded run, checked by test_readme, came from a lent one)."""
 
-import importlib.util
+import importlib
 import sys
 
 import pytest
 import torch
 
-from utils import REPO_ROOT
-
 
 def test_without_cuda_it_says_so_and_exits_2(monkeypatch, capsys):
-    spec = importlib.util.spec_from_file_location(
-        "cuda_graphs_benchmark", REPO_ROOT / "benchmarks" / "cuda_graphs.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("benchmarks.cuda_graphs")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(sys, "argv", ["cuda_graphs.py", "--runs", "1"])
     with pytest.raises(SystemExit) as exit:

@@ -411,3 +411,49 @@ def test_invariants_hold_after_every_step_of_random_traces(
         if output.finish_reason == "length":
             assert len(output.output_token_ids) == params[request_id].max_tokens
     assert engine.kv.pool.num_free_blocks == num_blocks, "blocks leaked"
+
+
+def test_the_report_is_what_the_scheduler_and_the_pool_hold_after_every_change(
+    shipped, monkeypatch
+):
+    """`engine.stats`, what a benchmark or a server reads instead of the engine's insides: after
+    an add, an abort and every step it says what the scheduler and the pool hold; it counts the
+    blocks handed out again after being freed (counted here by a spy on the pool) and the prefix
+    cache's queries, which bound its hits. A pool of 12 blocks of 4 for five requests preempts."""
+    model, tokenizer = shipped
+    engine = LLMEngine(model, tokenizer, num_blocks=12, block_size=4, max_num_batched_tokens=12,
+                       max_num_seqs=4)  # fmt: skip
+    scheduler, pool = engine.scheduler, engine.kv.pool
+    handed, reused = set(), [0]
+    get_new_blocks = pool.get_new_blocks
+
+    def spy(n):
+        blocks = get_new_blocks(n)
+        reused[0] += sum(b.block_id in handed for b in blocks)
+        handed.update(b.block_id for b in blocks)
+        return blocks
+
+    monkeypatch.setattr(pool, "get_new_blocks", spy)
+
+    def agrees(engine: LLMEngine) -> None:
+        s = engine.stats
+        assert (s.running, s.waiting) == (len(scheduler.running), len(scheduler.waiting))
+        assert s.blocks_free == pool.num_free_blocks
+        assert s.blocks_in_use == sum(b.ref_cnt > 0 for b in pool.blocks) == 12 - s.blocks_free
+        assert s.running_table_blocks == sum(len(r.block_ids) for r in scheduler.running)
+        assert s.running_computed_tokens == sum(r.num_computed_tokens for r in scheduler.running)
+        assert s.blocks_reused == reused[0]
+
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(str(i), prompt, params)
+        agrees(engine)
+    engine.add_request("gone", PROMPTS[0], params)
+    engine.abort_request("gone")
+    agrees(engine)
+    run_steps(engine, 5000, check=agrees)
+    stats = engine.stats
+    assert stats.preemptions > 0 and stats.blocks_reused > 0, "the test meant to reuse blocks"
+    assert stats.running == stats.waiting == stats.blocks_in_use == 0
+    assert stats.blocks_free == 12
+    assert 0 < stats.prompt_tokens_cached <= stats.prompt_tokens_queried

@@ -49,10 +49,14 @@ def test_the_kernel_benchmark_runs_on_a_cpu(tmp_path):
     done = benchmark("--device", "cpu", "--interpret", "--quick", "--plot", str(plot))
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
-    assert {"environment", "sampling", "rejection", "fused", "goals", "plot"} <= set(result)
+    assert {"machine", "environment", "sampling", "rejection", "fused", "goals", "plot"} <= set(
+        result
+    )
 
     environment = result["environment"]
-    for key in ("device", "torch", "triton", "mode", "fused_dtype"):
+    for key in ("device", "torch"):
+        assert isinstance(result["machine"][key], str) and result["machine"][key], key
+    for key in ("triton", "mode", "fused_dtype"):
         assert isinstance(environment[key], str) and environment[key], key
     assert "interpreter" in environment["mode"]
     positive(environment, ["read_GBps"])
@@ -91,7 +95,7 @@ def test_the_kernel_benchmark_runs_on_a_cpu(tmp_path):
         "fused",
     }  # fmt: skip
     for goal in goals.values():
-        assert goal["passed"] is None and goal["reason"]  # V = 128256, B = 64 was not run
+        assert goal["met"] is None and goal["reason"]  # V = 128256, B = 64 was not run
     assert goals["fused"]["failing"] is not None
     assert plot.exists() and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot.stat().st_size > 1000

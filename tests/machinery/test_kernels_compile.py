@@ -7,7 +7,7 @@ pass the interpreter's tests are also kernels a GPU can run. Each is compiled as
 GPU runs compile it, with the same specialisation (16-byte divisibility of the pointers and of
 the sizes that are multiples of 16) and each constexpr branch, in a child process where
 TRITON_INTERPRET is 0: the launches and the machinery are the graded compile tests' own
-(tests/graded/_compile.py); here the kernels are imported from `solutions.kernels`, as the
+(utils/kernel_compile.py); here the kernels are imported from `solutions.kernels`, as the
 package ships them.
 """
 
@@ -15,7 +15,7 @@ import importlib.util
 
 import pytest
 
-from tests.graded._compile import LAUNCHES, Job, Launch, explain, run_compiler
+from utils.kernel_compile import LAUNCHES, Job, Launch, explain, run_compiler
 from utils.timing import patient
 
 pytestmark = pytest.mark.skipif(
@@ -81,14 +81,14 @@ def test_an_accumulator_rounded_to_16_bits_fails_here(tmp_path):
 
 
 def test_the_compiled_launches_are_the_wrappers_own(monkeypatch):
-    # tests/graded/_compile.py repeats runtime.row_block's GPU choice (it cannot import the
+    # utils/kernel_compile.py repeats runtime.row_block's GPU choice (it cannot import the
     # runtime in its compiler child): the blocks and warps it compiles must be the ones each
     # wrapper asks row_block for, which the wrappers are called here to find out.
     import torch
 
     import solutions.kernels as k
     from solutions.kernels import runtime
-    from tests.graded._compile import V
+    from utils.kernel_compile import V
 
     asked = {}
 

@@ -3,21 +3,16 @@ cached step of both models with the operations each dispatches, the fast sampler
 compiled on both with chapter 4's tokens and no recompilation, the KV-cache bytes per token
 measured from the caches, and both goals."""
 
-import importlib.util
+import importlib
 import json
 import sys
 
 from tests.machinery.test_llama_runs import LLAMA
-from utils import REPO_ROOT
 
 
 def test_quick_benchmark_reports_both_models_the_kv_bytes_and_both_goals(monkeypatch, capsys):
     # In this process: the models and transformers are imported already.
-    spec = importlib.util.spec_from_file_location(
-        "llama_benchmark", REPO_ROOT / "benchmarks" / "llama.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("benchmarks.llama")
     monkeypatch.setattr(sys, "argv", ["llama.py", "--quick", "--llama", LLAMA])
     module.main()
     result = json.loads(capsys.readouterr().out)["cpu"]

@@ -104,7 +104,7 @@ def test_speculative_figures_are_the_recorded_run():
     assert says(f"step cost c = {run['cost_model']['c_model']} of a main step")
     for n in "1234":  # "- Goal N (...) is met" or "is not met", as the record says
         sentence = next(part for part in README.split("- Goal ") if part.startswith(n))
-        assert ("is not met" in sentence) == (not g[f"goal{n}"]["passed"]), f"goal {n}"
+        assert ("is not met" in sentence) == (not g[f"goal{n}"]["met"]), f"goal {n}"
 
 
 def test_fixed_cost_figures_are_the_recorded_run():
@@ -167,7 +167,7 @@ def test_compiled_speculative_figures_are_the_recorded_run():
         f"text, {t.replace('=', ' = ')})",
     ]
     assert_says_all(said, "compiled speculative figures")
-    assert not g["goal1"]["passed"] and not g["goal1_compiled"]["passed"]
+    assert not g["goal1"]["met"] and not g["goal1_compiled"]["met"]
     assert all(
         part[key].get("identical", True) and part.get("fast_identical", True)
         for by_t in run["workloads"].values()
@@ -183,7 +183,7 @@ def test_cuda_graph_figures_are_the_recorded_run():
     step, kernels = run["step_alone_us"], run["kernels_per_step"]
     met = {True: "is met", False: "is not met"}
     said = [
-        f"one run on a lent {run['device']}",
+        f"one run on a lent {run['machine']['device']}",
         f"the fast sampler made {run['tokens_per_s']['fast_graphed']} tokens/s, "
         f"{goal['measured']} times chapter 4's eager cached loop: the goal of 3 {met[goal['met']]}",
         f"Eager, the same loop is {r['fast_eager_over_cached']} times chapter 4's",
@@ -288,7 +288,7 @@ def test_kernel_figures_are_the_recorded_run():
         f"{g['fused']['speedup_vs_torch']} times faster",
     ]
     assert_says_all(said, "kernel figures")
-    assert says(f"one run on a lent {run['environment']['device']}")
+    assert says(f"one run on a lent {run['machine']['device']}")
     met = {True: "met", False: "not met"}
     for goal, words in [
         ("from_probs_1_5x_floor", "one read of them: "),
@@ -297,7 +297,7 @@ def test_kernel_figures_are_the_recorded_run():
         ("top_k_3x_floor_per_round", "rounds: "),
         ("fused", "matmul + softmax + multinomial: "),
     ]:
-        assert says(words + met[g[goal]["passed"]] + " (goal"), goal
+        assert says(words + met[g[goal]["met"]] + " (goal"), goal
 
 
 def test_llama_figures_are_the_recorded_runs():

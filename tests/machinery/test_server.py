@@ -85,7 +85,12 @@ def settle(async_engine: AsyncEngine) -> list[str]:
         pool = engine.kv.pool
         held = [b.block_id for b in pool.blocks if b.ref_cnt]
         found = invariant_problems(engine)
-        return found + ([f"blocks {held} are still held by no request"] if held else [])
+        kept = list(async_engine.processor.states)  # the one record of a request, its stream's
+        return (
+            found
+            + ([f"blocks {held} are still held by no request"] if held else [])
+            + ([f"the server still keeps the ended requests {kept}"] if kept else [])
+        )
 
     return async_engine.call(problems).result(patient(10))
 
@@ -348,6 +353,9 @@ def test_bad_requests_are_answered_with_openais_error_and_disturb_nothing(served
     assert settle(async_engine) == []
     health = httpx.get(running.url.removesuffix("/v1") + "/health")
     assert health.status_code == 200 and health.json()["status"] == "ok", health.text
+    idle = health.json()["engine"]  # nothing runs: every block is free
+    assert idle["running"] == idle["waiting"] == idle["blocks_in_use"] == 0, idle
+    assert idle["blocks_free"] == async_engine.engine.num_blocks, idle
 
 
 def test_models_health_and_the_api_key(shipped):
@@ -413,8 +421,12 @@ def test_a_full_server_answers_429_and_its_health_says_so(one_seat):
                 assert error["code"] == "server_saturated" and "max_concurrent" in error["message"]
                 health = http.get(base + "/health")
                 assert health.status_code == 503, health.text
-                assert health.json() == {"status": "saturated", "requests": 2,
-                                         "max_concurrent_requests": 2}  # fmt: skip
+                body = health.json()
+                report = body.pop("engine")  # the engine's report: both run or wait
+                assert report["running"] + report["waiting"] == 2, report
+                assert report["blocks_in_use"] > 0 and report["blocks_free"] >= 0, report
+                assert body == {"status": "saturated", "requests": 2,
+                                "max_concurrent_requests": 2}  # fmt: skip
                 with pytest.raises(openai.RateLimitError):
                     client(running.url).completions.create(**GOOD)
         deadline = time.monotonic() + patient(10)  # both went away: their seats free up

@@ -3,13 +3,12 @@ path, its clients in a process of their own) and reports what it says it reports
 latency percentiles on the same text, every request complete, no block leaked and freed blocks
 reused, the leavers aborted, the shutdown's aborts, and every goal."""
 
-import importlib.util
+import importlib
 import json
 import sys
 
 import pytest
 
-from utils import REPO_ROOT
 from utils.timing import patient
 
 
@@ -18,11 +17,7 @@ def test_quick_benchmark_reports_both_paths_disconnects_shutdown_and_every_goal(
     monkeypatch, capsys
 ):
     # In this process: torch and the model's code are imported already.
-    spec = importlib.util.spec_from_file_location(
-        "server_benchmark", REPO_ROOT / "benchmarks" / "server.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("benchmarks.server")
     # (glibc left as it is: the rest of this process should not inherit the benchmark's setting)
     monkeypatch.setattr(sys, "argv", ["server.py", "--quick", "--default-allocator"])
     module.main()

@@ -3,21 +3,15 @@ reports: both ways of serving the trace with the same tokens, latency percentile
 figures, the prefix trace's exact count, the engine against the machine's prefill rate with
 where its steps' time goes, and every goal."""
 
-import importlib.util
+import importlib
 import json
 import sys
-
-from utils import REPO_ROOT
 
 
 def test_quick_benchmark_reports_both_servers_the_prefix_trace_and_every_goal(monkeypatch, capsys):
     # In this process: the model and transformers are imported already (a subprocess would
     # spend most of its time importing them again).
-    spec = importlib.util.spec_from_file_location(
-        "serving_benchmark", REPO_ROOT / "benchmarks" / "serving.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("benchmarks.serving")
     # (glibc left as it is: the rest of this process should not inherit the benchmark's setting)
     monkeypatch.setattr(sys, "argv", ["serving.py", "--quick", "--default-allocator"])
     module.main()
@@ -72,11 +66,7 @@ def test_quick_benchmark_on_a_llama_model_sets_it_beside_the_gpt2_model(
                       n_heads=6, n_kv_heads=2, n_layers=4, rope_theta=1e4)  # fmt: skip
     torch.manual_seed(0)
     folder = save_model(LlamaTransformer(cfg), tokenizer, tmp_path / "llama")
-    spec = importlib.util.spec_from_file_location(
-        "serving_benchmark", REPO_ROOT / "benchmarks" / "serving.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("benchmarks.serving")
     argv = ["serving.py", "--quick", "--default-allocator", "--no-prefill-rate"]
     monkeypatch.setattr(sys, "argv", [*argv, "--model", str(folder)])
     module.main()

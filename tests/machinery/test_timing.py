@@ -68,7 +68,8 @@ def test_interleaved_runs_rotate_the_order_and_compare_every_output():
 
 
 def test_ratios_are_medians_within_runs_and_goals_say_met():
-    from utils.timing import goal, median_ratio, ratio_within_runs
+    from utils.records import goal
+    from utils.timing import median_ratio, ratio_within_runs
 
     times = {"fast": [1.0, 2.0, 1.0], "slow": [3.0, 2.0, 5.0]}  # within runs: 3, 1, 5
     assert median_ratio(times["slow"], times["fast"]) == 3

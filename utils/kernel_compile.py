@@ -18,7 +18,7 @@ compiler refuses; `BIG = tl.constexpr(2**30)` stays a constexpr, which it accept
 `LAUNCHES` holds, for each exercise, what its wrapper passes on a GPU for a batch of 64 rows of
 Llama 3's vocabulary: the arguments, and the constexpr branches the wrapper can take (each is a
 separate compilation). The child specialises on them with Triton's own launcher code
-(`_as_launched`): pointers (torch's allocations are aligned) and integers divisible by 16 get
+(`as_launched`): pointers (torch's allocations are aligned) and integers divisible by 16 get
 `tt.divisibility` 16, an integer equal to 1 becomes a constant. The solutions' compile test
 (tests/machinery/test_kernels_compile.py) compiles the same launches.
 """
@@ -217,7 +217,7 @@ class _Tensor:
         return 1 << 40
 
 
-def _as_launched(fn, launch: dict, constexprs: dict, backend):
+def as_launched(fn, launch: dict, constexprs: dict, backend):
     """(options, signature, constexprs, attrs) for compiling `fn` exactly as Triton's launcher
     does for a launch with these arguments (JITFunction.run: its binder specialises on the
     values, then _pack_args): pointers and integers divisible by 16 get `tt.divisibility` 16,
@@ -252,7 +252,7 @@ class _SignatureError(Exception):
     pass
 
 
-def _jit_function(obj):
+def jit_function(obj):
     """The JITFunction under decorators such as @triton.autotune (each keeps it as `.fn`)."""
     from triton.runtime.jit import JITFunction
 
@@ -299,7 +299,7 @@ def _child() -> None:
         where = {"kernel": job["kernel"], "branch": None}
         try:
             module = importlib.import_module(job["module"])
-            fn = _jit_function(getattr(module, job["kernel"]))
+            fn = jit_function(getattr(module, job["kernel"]))
             if fn is None:
                 raise _SignatureError("it is not a @triton.jit function")
         except Exception as err:  # noqa: BLE001 - reported, as every failure below
@@ -309,13 +309,13 @@ def _child() -> None:
             f
             for name, m in list(sys.modules.items())
             if name == job["module"] or name.startswith(GENERATED)
-            for f in [_jit_function(v) for v in list(vars(m).values())]
+            for f in [jit_function(v) for v in list(vars(m).values())]
             if f is not None
         ]
         for constexprs in job["branches"]:
             where = {"kernel": job["kernel"], "branch": constexprs}
             try:
-                options, signature, values, attrs = _as_launched(fn, job, constexprs, backend)
+                options, signature, values, attrs = as_launched(fn, job, constexprs, backend)
                 compiled = triton.compile(
                     ASTSource(fn=fn, signature=signature, constexprs=values, attrs=attrs),
                     target=target,
@@ -528,7 +528,7 @@ class KernelFiles:
         source = textwrap.dedent(_source(fn))
         names = cell_names(source)
         header = [
-            "# Written by tests/graded/_compile.py: a kernel of a notebook's, to compile.",
+            "# Written by utils/kernel_compile.py: a kernel of a notebook's, to compile.",
             "import collections as _course_collections",
             "import types as _course_types",
             "",
