@@ -245,7 +245,13 @@ def rms_of_rows(impl, cfg, x, eps) -> str | None:
         f" Your rows are each divided by one number, {some(d)}, ..., where sqrt(ms + eps) is "
         f"{some((ms + eps).sqrt())}, ..."
     )
-    if close(d, ms + eps, atol=1e-5, rtol=1e-4):
+    n = x.shape[-1]
+    if close(d, (ms * n / (n - 1) + eps).sqrt(), atol=1e-6, rtol=1e-5):
+        said += (
+            f": yours is the root of the sum of squares divided by d_model - 1 = {n - 1}, "
+            "where the mean divides by d_model (no correction: nothing is estimated here)"
+        )
+    elif close(d, ms + eps, atol=1e-5, rtol=1e-4):
         said += (
             ": yours is the mean square itself, not its root. The divisor is the ROOT of the "
             "mean square (plus epsilon)"
@@ -676,6 +682,13 @@ def test_apply_rope_matches_hf(impl):
             "your rotation turns the wrong way: a pair (a, b) turned by phi is "
             "(a cos phi - b sin phi, b cos phi + a sin phi). Check the sine's sign."
         )
+    for name, args in (("sin", (cos, 2 * sin)), ("cos", (2 * cos, sin))):
+        if torch.equal(impl.apply_rope(x.clone(), *args), got):
+            pytest.fail(
+                f"your apply_rope gives the same output whatever {name} holds: {name} is never "
+                "used. A pair turned by phi mixes cos phi and sin phi: x times the cosines, "
+                "plus rotate_half(x) times the sines."
+            )
     half = x.shape[-1] // 2
     swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)  # rotate_half without its sign
     if close_f32(got, x * cos[:, None] + swapped * sin[:, None]):
@@ -1032,7 +1045,14 @@ def test_expand_kv_matches_hf_repeat_kv(impl, n_kv_heads, group):
                 f"{n_kv_heads * group} heads must be one of the {n_kv_heads} input heads, "
                 "unchanged. Did a reshape mix the heads axis with another one?"
             )
-    pytest.fail("expand_kv differs from HF's repeat_kv: each key/value head, repeated in place")
+    copies = [next(j for j in range(n_kv_heads) if torch.equal(got[:, h], kv[:, j]))
+              for h in range(got.shape[1])]  # fmt: skip
+    want = [h // group for h in range(got.shape[1])]
+    pytest.fail(
+        f"expand_kv differs from HF's repeat_kv: your heads are copies of the key/value heads "
+        f"{copies}, HF's of {want}: each key/value head j is copied group_size times, in "
+        "place, and every key/value head is used."
+    )
 
 
 # --------------------------------------------------------------------------- GQA
@@ -1256,6 +1276,15 @@ def check_attention(impl, hf, layer, positions, seed):
     )
     if close_f32(got, expected):
         return
+    with torch.no_grad():
+        again = run_attention(attn, cfg, x, positions)
+    if not torch.equal(again, got):
+        pytest.fail(
+            "your attention gives two different outputs for the same input, twice in a row: "
+            "something random runs at inference (dropout_p in scaled_dot_product_attention "
+            "drops weights whether or not the module is in eval mode). A model's forward is "
+            "deterministic."
+        )
     with torch.no_grad():
         q, k, v = hf_qkv(hf_attn, x, positions, hf.config)
         n = x.shape[1]
@@ -2304,6 +2333,11 @@ def step_by_step(impl, model, hf, rows: list[list[int]], chunks: list[int]):
                 model, new, cache, None if mask.all() else new_mask[:, start:]
             )
         n_layers = model.cfg.n_layers
+        assert not all(k is v for k, v in zip(cache.keys, cache.values, strict=False)), (
+            f"{what}: the new cache's keys and values are one list under two names (a = b = [] "
+            "makes one list, not two): each layer's keys and its values both went into it. "
+            "Keys and values each need a list of their own."
+        )
         assert len(cache.keys) == n_layers and len(cache.values) == n_layers, (
             f"{what}: the new cache holds {len(cache.keys)} key tensors and "
             f"{len(cache.values)} value tensors for {n_layers} layers: one per layer, each the "

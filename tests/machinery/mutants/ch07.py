@@ -1487,4 +1487,138 @@ MUTANTS = [
         name="ho5-a-batch-axis-added-in",
         says=("it was raised in your",),
     ),
+    # held out from the chapter's tests (a sixth set, none a mutant before), named after one run
+    Mutant(
+        "rmsnorm",
+        "x.pow(2).mean(dim=-1, keepdim=True)",
+        "x.pow(2).sum(dim=-1, keepdim=True) / (x.shape[-1] - 1)",
+        "the sum of squares divided by d_model - 1 (Bessel's correction, as for an "
+        "unbiased variance) instead of d_model: the mean square a little too large",
+        name="ho6-the-sum-of-squares-divided",
+        says=("d_model - 1",),
+    ),
+    Mutant(
+        "rmsnorm",
+        "x = residual.float()",
+        "x = residual.float().flatten(0, -2)",
+        "the input flattened to rows [batch*posn, d_model] (as chapter 8's runner feeds "
+        "them) and never reshaped back: 3-D input comes out 2-D",
+        name="ho6-the-input-flattened-to-rows",
+        says=("expected shape",),
+    ),
+    Mutant(
+        "rope",
+        "angles = torch.cat([angles, angles], dim=-1)",
+        "angles = angles.repeat(1, 2)",
+        "the two copies of the angles made with angles.repeat(1, 2), which names two axes: "
+        "right for 1-D positions [posn], raises for batched positions [batch, posn]",
+        name="ho6-the-two-copies-of-the",
+        says=("number of axes",),
+    ),
+    Mutant(
+        "rope",
+        "return x * cos + rotate_half(x) * sin",
+        "return x * cos + rotate_half(x) * cos",
+        "copy-paste in apply_rope: the cosines multiply rotate_half(x) too, the sines never used",
+        name="ho6-copy-paste-in-apply-rope",
+        says=("sin is never used",),
+    ),
+    Mutant(
+        "swiglu",
+        "return (F.silu(x @ self.W_gate) * (x @ self.W_up)) @ self.W_down",
+        "g = x @ self.W_gate\n"
+        "        silu = g / 1 + torch.exp(-g)\n"
+        "        return (silu * (x @ self.W_up)) @ self.W_down",
+        "a hand-written SiLU with the parentheses lost: g / 1 + exp(-g) where g / (1 + "
+        "exp(-g)) belongs",
+        name="ho6-a-hand-written-silu-with",
+        says=("not silu",),
+    ),
+    Mutant(
+        "swiglu",
+        "(x @ self.W_up)) @ self.W_down",
+        "(x @ self.W_up)) @ self.W_up.T",
+        "the down projection written as W_up transposed (as if tied to the up projection): "
+        "W_down never used",
+        name="ho6-the-down-projection-written-as",
+        says=("W_down is never used",),
+    ),
+    Mutant(
+        "expand_kv",
+        "return kv.repeat_interleave(group_size, dim=1)",
+        "return kv[:, :1].expand(-1, kv.shape[1] * group_size, -1, -1)",
+        "multi-query attention assumed: key/value head 0 expanded to n_kv_heads * "
+        "group_size heads, every query head reads it and the other key/value heads are "
+        "dropped (right only with one key/value head)",
+        name="ho6-multi-query-attention-assumed-key",
+        says=("copies of the key/value heads",),
+    ),
+    Mutant(
+        "expand_kv",
+        "return kv.repeat_interleave(group_size, dim=1)",
+        "b, n, p, d = kv.shape\n"
+        "    return kv[:, :, None].expand(b, n, group_size, p, d).view(b, n * group_size, "
+        "p, d)",
+        "HF's expand-then-reshape written with .view: the expanded copies (stride 0) "
+        "cannot be merged with the heads axis by a view, so it raises whenever group_size "
+        "> 1",
+        name="ho6-hf-s-expand-then-reshape",
+        says=("it was raised in your",),
+    ),
+    Mutant(
+        "gqa",
+        "cos, sin = rope_cos_sin(positions, self.cfg.d_head, self.cfg.rope_theta)",
+        "cos, sin = rope_cos_sin(positions, self.cfg.d_model, self.cfg.rope_theta)",
+        "rope_cos_sin handed d_model instead of d_head: one angle column per coordinate of "
+        "the residual stream, not of a head",
+        name="ho6-rope-cos-sin-handed-d",
+        says=("d_head",),
+    ),
+    Mutant(
+        "gqa",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, dropout_p=0.1)",
+        "attention dropout (dropout_p=0.1) passed to scaled_dot_product_attention: the "
+        "function drops whatever the module's mode, so attention is random at inference",
+        name="ho6-attention-dropout-dropout-p-0",
+        says=("two different outputs",),
+    ),
+    Mutant(
+        "llama",
+        "positions = torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape)",
+        "positions = torch.arange(tokens.shape[1], device=tokens.device).repeat(tokens.shape[0])",
+        "positions made with .repeat(batch) instead of expanded: a flat [batch*posn] "
+        "vector where [batch, posn] belongs",
+        name="ho6-positions-made-with-repeat-batch",
+        says=("positions your forward hands",),
+    ),
+    Mutant(
+        "llama",
+        "residual = self.embed(tokens)",
+        "residual = self.ln_final(self.embed(tokens))",
+        "ln_final also applied to the embeddings (an embedding norm): the stream is "
+        "normalised before the first block as well as before the unembedding",
+        name="ho6-ln-final-also-applied-to",
+        says=("other than what the embeddings returned",),
+    ),
+    Mutant(
+        "llama_cache",
+        "keys, values = [], []",
+        "keys = values = []",
+        "keys = values = []: one list under two names, so each layer's keys and values "
+        "both go into it and the new cache holds 2 * n_layers tensors, keys and values "
+        "interleaved, as both its keys and its values",
+        name="ho6-keys-values-one-list-under",
+        says=("one list under two names",),
+    ),
+    Mutant(
+        "llama_cache",
+        "residual = residual + block.attn.attend(q, k, v, allowed)",
+        "residual = residual + block.attn.attend(q, k, v, mask)",
+        "the padding mask of all positions (start_forward's [batch, all]) passed to attend "
+        "where the causal `allowed` belongs: at batch 1 it hides nothing (a prefill reads "
+        "later tokens), at batch > 1 it does not broadcast",
+        name="ho6-the-padding-mask-of-all",
+        says=("given `allowed`",),
+    ),
 ]

@@ -1715,4 +1715,118 @@ MUTANTS += [
         name="ho5-str-index-for-str-find",
         says=("it was raised in your",),
     ),
+    # held out from the chapter's tests (a sixth set, none a mutant before), named after one run
+    Mutant(
+        "slots_of",
+        "block_table[p // block_size] * block_size + p % block_size",
+        "block_table[p // block_size] * block_size + (p - positions.start) % block_size",
+        "the offset within the block counted from the chunk's first position, (p - start) "
+        "% block_size, not p % block_size: right only when the chunk starts at a block "
+        "boundary (a prefill from 0), wrong for decodes",
+        name="ho6-the-offset-within-the-block",
+        says=("offsets within the block",),
+    ),
+    Mutant(
+        "slots_of",
+        "block_table[p // block_size] * block_size + p % block_size",
+        "block_table[p // block_size] * block_size + p // block_size",
+        "copy-paste: the offset within the block written p // block_size (the block's "
+        "index) instead of p % block_size",
+        name="ho6-copy-paste-the-offset-within",
+        says=("offsets within the block",),
+    ),
+    Mutant(
+        "attend",
+        "return z.transpose(1, 2)",
+        "return z.transpose(1, 2).flatten(2)",
+        "the heads' outputs concatenated (flatten(2), chapter 1's habit): attend returns "
+        "[G, Q, n_heads * d_head] where its contract and paged_attention want [G, Q, "
+        "n_heads, d_head]",
+        name="ho6-the-heads-outputs-concatenated-flatten",
+        says=("wrong shape",),
+    ),
+    Mutant(
+        "block_pool",
+        "for _ in range(n):",
+        "for _ in range(1, n):",
+        "get_new_blocks loops over range(1, n): one block fewer than asked (none when one "
+        "is asked)",
+        name="ho6-get-new-blocks-loops-over",
+        says=("one block for each asked for",),
+    ),
+    Mutant(
+        "block_pool",
+        "block.ref_cnt -= 1",
+        "block.ref_cnt = 0",
+        "free_blocks sets a block's count to 0 instead of one less: a block shared by two "
+        "requests becomes free (and can be handed out) when the first lets go",
+        name="ho6-free-blocks-sets-a-block",
+        says=("ref_cnt should be 1",),
+    ),
+    Mutant(
+        "kv_cache_manager",
+        "return blocks, len(blocks) * self.block_size",
+        "return blocks, max(0, len(blocks) * self.block_size - 1)",
+        "the rule 'the last token must be computed' applied to the hits' count: one token "
+        "fewer than the hit blocks hold is reported cached (the lookup already leaves the "
+        "last token out)",
+        name="ho6-the-rule-the-last-token",
+        says=("the count is not",),
+    ),
+    Mutant(
+        "kv_cache_manager",
+        "self.pool.num_free_blocks - evictable_hits:\n            return None",
+        "self.pool.num_free_blocks - evictable_hits:\n            return []",
+        "an empty list returned when the pool cannot give the blocks, where the contract "
+        "says None: the scheduler takes [] for success and schedules the request without "
+        "its blocks",
+        name="ho6-an-empty-list-returned-when",
+        says=("return none",),
+    ),
+    Mutant(
+        "sample_requests",
+        "ids, logits[i : i + 1], generator=request.generator,",
+        "ids, logits[-1:], generator=request.generator,",
+        "every sampled request drawn from the last row of the logits (logits[-1:], the "
+        "generate loop's habit of taking the last position) instead of its own row i",
+        name="ho6-every-sampled-request-drawn-from",
+        says=("last row",),
+    ),
+    Mutant(
+        "sample_requests",
+        "logits[greedy].argmax(dim=-1).tolist()",
+        "logits[greedy].argmax(dim=-1, keepdim=True).tolist()",
+        "argmax with keepdim=True: .tolist() gives one-element lists, so each greedy "
+        "request gets [token] where an int belongs",
+        name="ho6-argmax-with-keepdim-true-tolist",
+        says=("python int",),
+    ),
+    Mutant(
+        "schedule",
+        "victim = self.running.pop()",
+        "victim = self.running.pop(i)",
+        "the running request that needs a block preempts itself (running.pop(i)) instead "
+        "of the newest running request: an older request is sent back while newer ones "
+        "keep their blocks",
+        name="ho6-the-running-request-that-needs",
+        says=("newest",),
+    ),
+    Mutant(
+        "output_processor",
+        "text, len(output.output_token_ids), reason, output.error",
+        "text, len(output.output_token_ids) + len(output.new_token_ids), reason, output.error",
+        "num_output_tokens adds the step's new tokens to output_token_ids, which already "
+        "holds them: each step's tokens counted twice",
+        name="ho6-num-output-tokens-adds-the",
+        says=("every token so far",),
+    ),
+    Mutant(
+        "output_processor",
+        "reason = output.finish_reason if output.finished else None",
+        'reason = "stop" if output.finished else None',
+        "every request the engine finished reported with reason 'stop': the engine's own "
+        "reason ('length', 'abort', 'error') replaced",
+        name="ho6-every-request-the-engine-finished",
+        says=("engine's reason",),
+    ),
 ]
