@@ -7,9 +7,11 @@ parses them instead, every import statement, those inside a function too."""
 from __future__ import annotations
 
 import ast
+import re
 
 import pytest
 
+import utils
 from utils import CHAPTERS_DIR, REPO_ROOT
 
 ALLOWED = {"solutions", "utils"}
@@ -72,3 +74,11 @@ def test_the_check_sees_a_wrong_import_anywhere():
         "line 7: from . import sibling",
     ]
 
+
+def test_the_map_of_utils_names_every_module_in_it():
+    """utils/__init__.py's docstring says whom each module serves: a module added, removed or
+    renamed is added, removed or renamed there too."""
+    here = {p.name for p in (REPO_ROOT / "utils").iterdir() if p.suffix in (".py", ".json")}
+    named = set(re.findall(r"\b[a-z_-]+\.(?:py|json)\b", utils.__doc__))
+    assert here - {"__init__.py"} <= named, f"not in the map: {sorted(here - named)}"
+    assert named <= here, f"in the map, not in utils/: {sorted(named - here)}"
