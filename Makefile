@@ -54,6 +54,8 @@ lab-settings:
 test: export COURSE_TIME_SCALE = $(TIME_SCALE)
 test: $(STAMP)
 	$(BIN)/ruff check .
+# The layers (pyproject.toml's import-linter contracts): no arrow back up, no circle.
+	$(BIN)/lint-imports --no-logo
 	$(BIN)/course corpus
 	@echo "Three lanes at once. Two offline, on one torch thread each: every chapter's notebook in"
 	@echo "a kernel started from a learner's environment (teacher builds: every check passes; blank"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from tests.graded._oracles import crafted_logits
-from tests.graded._stats import assert_samples_follow
-from tests.graded._stats import follows as _follows
+from tests.support import assert_samples_follow
+from tests.support import follows as _follows
 
 TEMPERATURE_AFTER_NOISE = (
     "Your samples follow softmax(logits), the distribution at temperature 1, whatever the "

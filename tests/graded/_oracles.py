@@ -3,7 +3,9 @@
 Test files import every oracle, prompt and closeness bound from here. The HF oracles that a
 chapter also runs in front of the learner (greedy `generate`, beam search, the tokens a logits
 warper keeps) are defined in `utils/hf_oracles.py`, because a notebook can import `utils` but
-not `tests`, and are re-exported here; the ones only tests need are defined below.
+not `tests`, and are re-exported here; so are the few that the machinery's and the peers' tests
+share (`tests/support.py`: this module is private to `tests/graded`); the ones only graded tests
+need are defined below.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from tests.graded._explain import explain_difference, sentences
+from tests.support import IN_PLACE, N_SAMPLES, assert_untouched, hf_static_greedy
 from utils.hf_oracles import hf_beam_search, hf_greedy, hf_kept
 
 __all__ = [
@@ -145,21 +148,6 @@ def hf_window_greedy(
 
 # --------------------------------------------------------------------------- sampling checks
 
-N_SAMPLES = 20_000  # per distribution: enough to expose a temperature off by 20%
-
-
-def hf_static_greedy(hf, ids: list[int], n: int, stop_at_eos: bool) -> list[int]:
-    """HF's greedy `generate` on ITS static cache (transformers' StaticCache)."""
-    eos = hf.generation_config.eos_token_id
-    with torch.no_grad():
-        out = hf.generate(
-            torch.tensor([ids]), max_new_tokens=n, do_sample=False, top_k=None,
-            cache_implementation="static", pad_token_id=eos,
-            eos_token_id=eos if stop_at_eos else None,
-        )  # fmt: skip
-    return out[0].tolist()
-
-
 def first_difference(got, expected) -> int:
     """Where two sequences (token ids, texts) first differ; the shorter one's length when it is a
     prefix of the other."""
@@ -173,22 +161,6 @@ def crafted_logits(seed: int = 0, d_vocab: int = 24) -> torch.Tensor:
     """A logit vector with a spread of probabilities, from near 0.3 to near 0."""
     g = torch.Generator().manual_seed(seed)
     return torch.randn(d_vocab, generator=g) * 1.5
-
-
-def assert_untouched(tensor: torch.Tensor, before: torch.Tensor, who: str, hint: str) -> None:
-    """`tensor`, which the test handed to `who`, still equals `before` (a copy taken first)."""
-    assert torch.equal(tensor, before), (
-        f"{who} changed its input in place: the tensor the caller passed in is no longer what "
-        f"it was. {hint} Return a new tensor and leave the argument alone: the caller may still "
-        "need it (samplers chain these functions and reuse their inputs)."
-    )
-
-
-IN_PLACE = (
-    "`logits /= ...`, `logits -= ...`, `masked_fill_` (with the underscore) and "
-    "`logits[mask] = ...` write into the caller's tensor; `logits / ...`, `logits - ...` and "
-    "`masked_fill` (no underscore) return a new one."
-)
 
 
 def draw(fn, logits: torch.Tensor, n: int = N_SAMPLES, seed: int = 0, who: str = "", **kwargs):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.graded._oracles import assert_untouched
-from tests.graded._stats import ALPHA, assert_rows_independent, assert_samples_follow, follows
+from tests.support import ALPHA, assert_rows_independent, assert_samples_follow, follows
 
 V = 6
 # Pairs (p, q) on a 6-token vocabulary: q is 0 where p is not (token 0 of OVERLAP) and p is 0

@@ -2,7 +2,7 @@
 logits processors) and exact probabilities.
 
 Statistical tests draw many samples in one batched call and compare their frequencies with the
-exact probabilities by a chi-square test (tests/graded/_stats.py); each states the probability
+exact probabilities by a chi-square test (tests/support.py); each states the probability
 that a correct implementation fails it, and each runs under a fixed seed.
 
 Every exercise gets the caller's own tensors, never a copy, and each test checks afterwards
@@ -40,7 +40,7 @@ from tests.graded._oracles import (
     hf_window_greedy,
     rounded_top_p_cases_here,
 )
-from tests.graded._stats import assert_samples_follow
+from tests.support import assert_samples_follow
 from utils import grading
 
 CHAPTER = "03_sampling"

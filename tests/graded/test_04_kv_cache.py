@@ -32,7 +32,7 @@ from tests.graded._oracles import (
     hf_greedy,
     hf_window_greedy,
 )
-from tests.graded._stats import ALPHA, assert_samples_follow
+from tests.support import ALPHA, assert_samples_follow
 
 CHAPTER = "04_kv_cache"
 

@@ -1,7 +1,7 @@
 """Chapter 6: the Gumbel-max trick and the three couplings, graded against exact probabilities.
 
 - `gumbel_sample`: frequencies against softmax(logits / T) by a chi-square test
-  (tests/graded/_stats.py, false failure ALPHA per comparison); T -> 0 and T = 0 against the
+  (tests/support.py, false failure ALPHA per comparison); T -> 0 and T = 0 against the
   argmax; the generator, masked tokens, a batch of one row.
 - `coupling`: the three probabilities against the test's own simulation (shared Gumbel noise,
   independent draws, a rejection sampler written here with torch), against the Gumbel integral
@@ -21,7 +21,7 @@ import torch
 from tests.graded._explain import explain_difference
 from tests.graded._gumbel import assert_follows_the_tempered_softmax, greedy_rows, gumbel_logits
 from tests.graded._oracles import IN_PLACE, assert_untouched, draw
-from tests.graded._stats import ALPHA
+from tests.support import ALPHA
 
 CHAPTER = "06_speculative"
 

@@ -16,7 +16,7 @@ from tests.graded._device import assert_made_on_the_inputs_device
 from tests.graded._explain import explain_difference
 from tests.graded._gumbel import TEMPERATURE_AFTER_NOISE
 from tests.graded._oracles import BATCH_PROMPTS, first_difference, hf_greedy
-from tests.graded._stats import assert_samples_follow, follows
+from tests.support import assert_samples_follow, follows
 
 CHAPTER = "06_speculative"
 

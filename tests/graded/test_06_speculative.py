@@ -29,7 +29,7 @@ from tests.graded._rejection import (
     residual_of,
     tensors,
 )
-from tests.graded._stats import assert_samples_follow
+from tests.support import assert_samples_follow
 
 CHAPTER = "06_speculative"
 

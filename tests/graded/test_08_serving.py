@@ -15,15 +15,15 @@ from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWa
 from tests.graded._device import assert_made_on_the_inputs_device
 from tests.graded._explain import explain_difference
 from tests.graded._oracles import N_SAMPLES
-from tests.graded._serving import (
+from tests.support import (
     PROMPTS,
+    assert_samples_follow,
     greedy_difference,
     invariant_problems,
     run_to_end,
     scheduler_problems,
     uneven_chunks,
 )
-from tests.graded._stats import assert_samples_follow
 
 CHAPTER = "08_serving"
 

@@ -57,7 +57,7 @@ from tests.graded._oracles import (  # noqa: E402
     hf_kept,
     rounded_top_p_cases_here,
 )
-from tests.graded._stats import (  # noqa: E402
+from tests.support import (  # noqa: E402
     ALPHA,
     PAIR_SHIFTS,
     assert_rows_independent,

@@ -23,9 +23,8 @@ from solutions.paged_attention import (
 )
 from solutions.sampling import TransformerSampler
 from solutions.sampling_params import SamplingParams
-from tests.graded._oracles import hf_static_greedy
-from tests.graded._serving import PROMPTS, invariant_problems, uneven_chunks
-from tests.graded._serving import run_to_end as run_steps
+from tests.support import PROMPTS, hf_static_greedy, invariant_problems, uneven_chunks
+from tests.support import run_to_end as run_steps
 from utils.models import load_hf, load_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)

@@ -15,7 +15,7 @@ from solutions.llama_paged import LlamaModelRunner
 from solutions.model_runner import GPT2ModelRunner
 from solutions.paged_attention import PagedKVCache, attention_groups, prepare_inputs
 from solutions.sampling_params import SamplingParams
-from tests.graded._serving import (
+from tests.support import (
     PROMPTS,
     greedy_difference,
     invariant_problems,

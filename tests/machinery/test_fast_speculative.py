@@ -12,7 +12,7 @@ from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from solutions.architectures import forward_static
 from solutions.fast_speculative import FastSpeculativeGenerator
 from solutions.speculative_generation import SpeculativeStats, speculative_generate
-from tests.graded._oracles import hf_static_greedy
+from tests.support import hf_static_greedy
 from utils.models import load_hf, load_model
 
 PROMPTS = ["ROMEO.\nBut soft, what light through yonder window breaks?", "\n"]

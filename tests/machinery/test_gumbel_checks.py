@@ -17,8 +17,7 @@ import torch
 
 import solutions.gumbel as gumbel_mod
 from tests.graded import test_06_gumbel as graded
-from tests.graded._oracles import N_SAMPLES
-from tests.graded._stats import ALPHA, assert_samples_follow
+from tests.support import ALPHA, N_SAMPLES, assert_samples_follow
 
 # --------------------------------------------------------------------------- bad arguments
 

@@ -11,7 +11,7 @@ import torch
 
 import solutions.cached_model as cached_model
 from solutions.lookahead import NgramPool, jacobi_decode, lookahead_generate
-from tests.graded._oracles import hf_greedy
+from utils.hf_oracles import hf_greedy
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,7 @@ import torch
 import solutions.beams as beams_mod
 import solutions.sampling as sampling
 from tests.graded import test_03_sampling as graded
-from tests.graded._oracles import N_SAMPLES
-from tests.graded._stats import assert_samples_follow
+from tests.support import N_SAMPLES, assert_samples_follow
 
 # --------------------------------------------------------------------------- bad arguments
 

@@ -6,7 +6,7 @@ The truth is the engine driven directly: chapter 8's `generate` on each prompt a
 the tokenizer. The server must give the same text, streamed or not, whatever else it serves at
 the time; answer every malformed request with its status and the field named, before the engine
 and without disturbing it; abort a client that goes away at the next step boundary and leave no
-block of it in the pool (tests/graded/_serving.py's invariants, read in the loop between two
+block of it in the pool (tests/support.py's invariants, read in the loop between two
 steps); end every request in flight with "abort" at a shutdown. No request may stop the server
 or starve the others: malformed bodies (a lone surrogate, NaN, too deep, too big, not JSON's
 content type), a step that raises, a full server (429) each get OpenAI's error JSON, and after
@@ -31,7 +31,7 @@ import pytest
 from solutions.async_engine import AsyncEngine
 from solutions.engine import LLMEngine, generate
 from solutions.sampling_params import SamplingParams
-from tests.graded._serving import PROMPTS, invariant_problems
+from tests.support import PROMPTS, invariant_problems
 from utils import REPO_ROOT, cli
 from utils import server as server_module
 from utils.server import make_engine, running_server

@@ -58,7 +58,7 @@ from solutions.paged_attention import attend, prepare_inputs
 from solutions.request import Request, RequestStatus
 from solutions.sampling_params import SamplingParams
 from solutions.scheduler import Scheduler
-from tests.graded._serving import run_to_end
+from tests.support import run_to_end
 from utils.models import load_hf, load_model
 
 # Five prompts of different lengths (19, 1, 17, 18 and 12 tokens). HF's parity tests use three

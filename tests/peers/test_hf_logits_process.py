@@ -34,7 +34,7 @@ from solutions.sampling import (
     filter_top_p,
     sample_next_token,
 )
-from tests.graded._oracles import IN_PLACE, assert_untouched
+from tests.support import IN_PLACE, assert_untouched
 
 
 def uniform_scores(batch: int, length: int) -> torch.Tensor:

@@ -46,7 +46,7 @@ import torch
 
 import solutions  # noqa: F401  (first: it sets TRITON_INTERPRET=1 before Triton is imported)
 from solutions.speculative import rejection_sample as pytorch_rejection_sample
-from tests.graded._stats import ALPHA, assert_samples_follow
+from tests.support import ALPHA, assert_samples_follow
 
 # ---------------------------------------------------------------------------------------------
 # The two implementations
