@@ -57,22 +57,23 @@ test: $(STAMP)
 # The layers (pyproject.toml's import-linter contracts): no arrow back up, no circle.
 	$(BIN)/lint-imports --no-logo
 	$(BIN)/course corpus
-	@echo "Three lanes at once. Two offline, on one torch thread each: every chapter's notebook in"
+	@echo "Three lanes at once, on one torch thread each. One, offline: every chapter's notebook in"
 	@echo "a kernel started from a learner's environment (teacher builds: every check passes; blank"
-	@echo "builds: every check fails), the grading of broken notebooks, the course command and"
-	@echo "chapter 9's kernels compiled for a GPU (no GPU needed); beside them the rest of the"
-	@echo "machinery's own tests, the graded tests on the solutions, then on the blank stubs, where"
-	@echo "every graded test must FAIL (inverted: a pass there means it does not), the learner-style"
-	@echo "mutants (tests/machinery/mutants/), each of which must fail a test of its exercise, and"
-	@echo "the peers' own tests (tests/peers/: HF, vLLM, FlashInfer) on the solutions. The third lane"
-	@echo "installs the course from a notebook's Colab cell into a fresh virtual environment (online:"
-	@echo "pip needs the package registry), then drives chapter 1 in JupyterLab in a headless"
-	@echo "Chromium, offline (skipped, saying why, without one), then smoke-runs two benchmarks."
+	@echo "builds: every check fails), then the grading of broken notebooks and the course command."
+	@echo "Two, offline: the kernels compiled for a GPU (no GPU needed), the rest of the machinery's"
+	@echo "own tests with the peers' (tests/peers/: HF, vLLM, FlashInfer) on the solutions, then the"
+	@echo "learner-style mutants (tests/machinery/mutants/), each of which must fail a test of its"
+	@echo "exercise. Three: the course installed from a notebook's Colab cell into a fresh virtual"
+	@echo "environment (online: pip needs the package registry), chapter 1 driven in JupyterLab in a"
+	@echo "headless Chromium, offline (skipped, saying why, without one), two benchmarks smoke-run,"
+	@echo "then the graded tests on the solutions and on the blank stubs, where every graded test"
+	@echo "must FAIL (inverted: a pass there means it does not)."
 	$(LANES) "$(OFFLINE) $(PYTEST) -rs tests/machinery/test_notebooks_run.py && \
-		 $(OFFLINE) $(PYTEST) tests/machinery/test_grading.py \
-		 tests/machinery/test_kernels_compile.py tests/machinery/test_cli.py \
-		 tests/machinery/test_triton_mode.py tests/machinery/test_sass_report.py" \
-		"$(OFFLINE) $(PYTEST) tests/machinery \
+		 $(OFFLINE) $(PYTEST) tests/machinery/test_grading.py tests/machinery/test_cli.py \
+		 tests/machinery/test_triton_mode.py" \
+		"$(OFFLINE) $(PYTEST) tests/machinery/test_kernels_compile.py \
+		 tests/machinery/test_sass_report.py && \
+		 $(OFFLINE) $(PYTEST) tests/machinery \
 		 --ignore=tests/machinery/test_notebooks_run.py --ignore=tests/machinery/test_grading.py \
 		 --ignore=tests/machinery/test_kernels_compile.py --ignore=tests/machinery/test_browser.py \
 		 --ignore=tests/machinery/test_colab_setup.py --ignore=tests/machinery/test_cli.py \
@@ -80,13 +81,13 @@ test: $(STAMP)
 		 --ignore=tests/machinery/test_speculative_benchmark.py \
 		 --ignore=tests/machinery/test_sass_report.py \
 		 --ignore=tests/machinery/test_kernel_benchmark.py tests/peers && \
-		 $(OFFLINE) $(PYTEST) tests/graded --impl solutions && \
-		 COURSE_NO_FORK=1 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail && \
 		 COURSE_NO_FORK=1 $(OFFLINE) $(PYTEST) tests/graded --mutants -q" \
 		"$(PYTEST) tests/machinery/test_colab_setup.py && \
 		 $(OFFLINE) $(PYTEST) -rs tests/machinery/test_browser.py && \
 		 $(OFFLINE) $(PYTEST) tests/machinery/test_speculative_benchmark.py \
-		 tests/machinery/test_kernel_benchmark.py"
+		 tests/machinery/test_kernel_benchmark.py && \
+		 $(OFFLINE) $(PYTEST) tests/graded --impl solutions && \
+		 COURSE_NO_FORK=1 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail"
 
 # Everything `make test` runs, then the tests marked slow (larger sizes of the peers' tests,
 # statistical tests repeated over many seeds).
