@@ -148,6 +148,7 @@ def hf_window_greedy(
 
 # --------------------------------------------------------------------------- sampling checks
 
+
 def first_difference(got, expected) -> int:
     """Where two sequences (token ids, texts) first differ; the shorter one's length when it is a
     prefix of the other."""

@@ -1330,6 +1330,11 @@ def check_attention(impl, hf, layer, positions, seed):
         "summed over the heads.",
         "softmax over queries": "your softmax normalises over the queries axis: for each query, "
         "its weights over the keys sum to 1, so the softmax runs over the last axis (the keys).",
+        "scale multiplied": "your scores are multiplied by sqrt(d_head): attention divides them "
+        "by it (a scale of 1/sqrt(d_head), F.scaled_dot_product_attention's default; its "
+        "`scale` argument is the factor the scores are multiplied by).",
+        "no scale": "your scores are not scaled: attention divides q . k by sqrt(d_head) before "
+        "the softmax (F.scaled_dot_product_attention's default scale).",
     }
     for mistake, message in named.items():
         if torch.allclose(got, wrong[mistake], atol=F32_ATOL, rtol=F32_RTOL, equal_nan=True):
@@ -1344,17 +1349,6 @@ def check_attention(impl, hf, layer, positions, seed):
         pytest.fail(
             "your scores are divided by d_head: attention divides them by sqrt(d_head), the "
             "root of one head's width (F.scaled_dot_product_attention's default scale)."
-        )
-    if close_f32(got, wrong["scale multiplied"]):
-        pytest.fail(
-            "your scores are multiplied by sqrt(d_head): attention divides them by it (a scale "
-            "of 1/sqrt(d_head), F.scaled_dot_product_attention's default; its `scale` argument "
-            "is the factor the scores are multiplied by)."
-        )
-    if close_f32(got, wrong["no scale"]):
-        pytest.fail(
-            "your scores are not scaled: attention divides q . k by sqrt(d_head) before the "
-            "softmax (F.scaled_dot_product_attention's default scale)."
         )
     if group > 1 and close_f32(got, wrong["order"]):
         pytest.fail(
