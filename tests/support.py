@@ -264,9 +264,17 @@ def invariant_problems(engine) -> list[str]:
         problems.append(
             f"{len(running)} requests run, max_num_seqs is {engine.scheduler.max_num_seqs}"
         )
+    queued = {id(request) for request in running + waiting}
     for request in engine.requests.values():
         if request.is_finished and request.block_ids:
             problems.append(f"finished request {request.request_id} still holds blocks")
+        if not request.is_finished and id(request) not in queued:
+            problems.append(
+                f"request {request.request_id} is not finished, yet neither waiting nor running "
+                f"(status {request.status.name}): it left the queue without being admitted, and "
+                "no step will ever serve it. Is the head of the queue taken off (popleft) "
+                "before allocate_slots has said yes?"
+            )
     return problems
 
 

@@ -468,6 +468,47 @@ def attend_mistake(queries, keys, values, tables, query_pos, got) -> str:
     return ""
 
 
+def where_it_goes_wrong(impl, queries, keys, values, tables, query_pos) -> str:
+    """Two general probes when no known mistake fits: `attend` on each request alone, with its
+    own table, then with its blocks moved to slots 0, 1, 2, ... of a cache of their own. Right
+    alone and wrong together: the requests mix. Right only once moved: the answer depends on
+    where the blocks lie, which only the table should say."""
+    G, B = queries.shape[0], max(map(len, tables))
+
+    def alone(g: int, moved: bool) -> bool:
+        table = list(range(len(tables[g]))) if moved else tables[g]
+        k, v = keys, values
+        if moved:  # the same blocks, in the table's order, from slot 0; the rest as it was
+            k, v = keys.clone(), values.clone()
+            k[: len(table)], v[: len(table)] = keys[tables[g]], values[tables[g]]
+        # padded with the cache's last block: a pad reads as the latest positions, if at all
+        padded = torch.tensor([table + [keys.shape[0] - 1] * (B - len(table))])
+        try:
+            got = impl.attend(queries[g : g + 1], k, v, padded, query_pos[g : g + 1])
+        except Exception:  # noqa: BLE001 - a probe: a refusal only means "not this"
+            return False
+        want = attention_by_hand(queries[g : g + 1], k, v, [table], query_pos[g : g + 1])
+        return got.shape == want.shape and torch.allclose(got.double(), want, atol=1e-4)
+
+    if G > 1 and all(alone(g, moved=False) for g in range(G)):
+        return (
+            " Each request alone, with its own table, gets the right answer; together they do "
+            "not: something mixes the requests (a table, a position or a mask read from "
+            "another request's row, or an axis of G requests taken for another)."
+        )
+    if all(alone(g, moved=True) for g in range(G)) and not all(
+        alone(g, moved=False) for g in range(G)
+    ):
+        return (
+            " The answer is right when a request's blocks lie at slots 0, 1, 2, ... of the "
+            "cache (its table is 0, 1, 2, ...) and wrong when the same blocks lie elsewhere: "
+            "something uses where a block lies (its number in the cache) as if it were a "
+            "position in the request. A key's position is its block's place IN THE TABLE "
+            "times block_size, plus its offset in the block."
+        )
+    return ""
+
+
 def attend_error(error: str) -> str:
     """What PyTorch's refusal inside `attend` points to."""
     if "attn_mask dtype" in error:
@@ -521,7 +562,10 @@ def test_attention_reads_each_requests_own_positions_up_to_its_own(impl, G, Q):
         "from attention over each request's own positions, up to each query's own, read "
         "through its table. "
         + explain_difference(got.double(), want, ("request", "query", "head", "d_head"))
-        + attend_mistake(queries, keys, values, tables, query_pos, got)
+        + (
+            attend_mistake(queries, keys, values, tables, query_pos, got)
+            or where_it_goes_wrong(impl, queries, keys_before, values_before, tables, query_pos)
+        )
     )
 
 
@@ -1515,6 +1559,16 @@ def test_an_admitted_request_starts_at_its_cache_hits(impl):
         f"plan {plan(out)}, num_computed_tokens {b.num_computed_tokens}, num_cached_tokens "
         f"{b.num_cached_tokens}"
     )
+    shared, table = a.block_ids[:2], list(b.block_ids)
+    hits_missing = len(table) == 1 and not set(table) & set(shared)
+    assert table[:2] == shared and len(table) == 3, (
+        f"b's block table must be a's 2 shared blocks {shared}, then 1 new block for its 3 "
+        f"other tokens; it is {table}."
+        + (" It holds only the new block: the cache hits are not in it, so b's attention "
+           "would never read them and the pool does not count b as their holder. Were the "
+           "hits found by get_computed_blocks given to allocate_slots (its `computed` "
+           "argument), which makes the request hold them?" if hits_missing else "")
+    )  # fmt: skip
 
 
 @pytest.mark.schedule

@@ -1829,4 +1829,56 @@ MUTANTS += [
         name="ho6-every-request-the-engine-finished",
         says=("engine's reason",),
     ),
+    Mutant(
+        "schedule",
+        "if self.kv.allocate_slots(request, num_new, computed) is None:",
+        "if self.kv.allocate_slots(request, num_new) is None:",
+        "the cache hits not passed to allocate_slots: they are never held, and the table "
+        "does not cover the cached positions",
+        name="ho5-cache-hits-not-passed",
+        says=("computed` argument",),
+    ),
+    Mutant(
+        "output_processor",
+        "if reason is None:  # a stop string",
+        "if not output.finished:  # a stop string",
+        "the hold-or-finish test reads the engine's finished flag instead of the reason: "
+        "a request that meets a stop string is held back and never forgotten",
+        name="ho5-hold-or-finish-reads-finished",
+        says=("not by the engine's finished flag",),
+    ),
+    Mutant(
+        "attend",
+        "    key_pos = torch.arange(B * keys.shape[1], device=queries.device)\n"
+        '    allowed: Bool[Tensor, "G Q L"] = key_pos[None, None, :] <= query_pos[:, :, None]',
+        "    offsets = torch.arange(keys.shape[1], device=queries.device)\n"
+        "    key_pos = (blocks[:, None] * keys.shape[1] + offsets).view(G, -1)\n"
+        '    allowed: Bool[Tensor, "G Q L"] = key_pos[:, None, :] <= query_pos[:, :, None]',
+        "the keys' slots (where they lie in the cache) compared with the queries' "
+        "positions in the mask, instead of the keys' positions in their request: right "
+        "only when a table is 0, 1, 2, ...",
+        name="ho6-key-positions-from-slots",
+        says=("IN THE TABLE",),
+    ),
+    Mutant(
+        "schedule",
+        "            request = self.waiting[0]\n"
+        "            computed, num_cached = self.kv.get_computed_blocks(request)\n"
+        "            num_new = min(request.num_tokens - num_cached, budget)\n"
+        "            if self.kv.allocate_slots(request, num_new, computed) is None:\n"
+        "                break  # first come, first served: "
+        "nobody overtakes the head of the queue\n"
+        "            self.waiting.popleft()\n",
+        "            request = self.waiting.popleft()\n"
+        "            computed, num_cached = self.kv.get_computed_blocks(request)\n"
+        "            num_new = min(request.num_tokens - num_cached, budget)\n"
+        "            if self.kv.allocate_slots(request, num_new, computed) is None:\n"
+        "                break  # first come, first served: "
+        "nobody overtakes the head of the queue\n",
+        "the head of the queue popped before allocate_slots answers: a request the pool "
+        "cannot take yet is dropped from the queue, neither waiting nor running, and "
+        "never served",
+        name="ho6-queue-head-popped-early",
+        says=("neither waiting nor running",),
+    ),
 ]
