@@ -569,6 +569,13 @@ META_READ = (
 )
 
 
+NONE_USED = (
+    "A value your code handed back is None where a tensor or a number was expected: does a "
+    "function of yours end without returning its result (assigned to a local, or changed in "
+    "place and not returned)?"
+)
+
+
 def _raised_here(err: BaseException, here: Place | None) -> str:
     """For an exception that is not a test's own sentence: where in the learner's code it was
     raised, their own line quoted (not a fix), and what a meta tensor's refusal means."""
@@ -576,6 +583,8 @@ def _raised_here(err: BaseException, here: Place | None) -> str:
     words = []
     if "meta tensor" in first or "'Meta' backend" in first:
         words.append(META_READ)
+    if "'NoneType' object" in first:
+        words.append(NONE_USED)
     if here is not None and not here.given and here.text:
         words.append(f"It was raised in your {here.describe()}: `{here.text}`.")
     return " ".join(words)

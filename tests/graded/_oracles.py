@@ -311,14 +311,18 @@ def hf_attention(
     return out
 
 
-def hf_layer0_keys(hf, tokens: torch.Tensor, positions: torch.Tensor, norm: bool = True):
+def hf_layer0_keys(hf, tokens: torch.Tensor, positions: torch.Tensor, norm: str = "ln1"):
     """(rotated, unrotated) keys of layer 0 [batch, n_kv_heads, posn, d_head] by HF's modules:
     layer 0 reads the embeddings alone, so its keys at any position follow from the tokens.
-    `norm=False` leaves out the layer's input RMSNorm (to name that mistake)."""
+    `norm` is the norm the attention reads through: "ln1" (HF's), or, to name a mistake,
+    "none" (the stream itself) or "ln2" (the MLP's norm)."""
+    if norm not in ("ln1", "none", "ln2"):
+        raise ValueError(f"norm must be 'ln1', 'none' or 'ln2', got {norm!r}")
     layer = hf.model.layers[0]
     with torch.no_grad():
         x = hf.model.embed_tokens(tokens)
-        x = layer.input_layernorm(x) if norm else x
+        norms = {"ln1": layer.input_layernorm, "ln2": layer.post_attention_layernorm}
+        x = norms[norm](x) if norm in norms else x
         k = layer.self_attn.k_proj(x).unflatten(-1, (-1, layer.self_attn.head_dim)).transpose(1, 2)
         cos, sin = hf_cos_sin(hf.config, positions)
     return hf_rotate(k, cos, sin), k
@@ -350,6 +354,8 @@ LLAMA_MISTAKES = (
     "mlp output normed",
     "mlp reads resid_mid unnormed",
     "no mlp",
+    "attention reads resid_pre unnormed",
+    "ln2 before the attention",
 )
 """The model-level slips that hf_llama_mistake_logits computes with HF's modules."""
 
@@ -371,7 +377,8 @@ def hf_llama_mistake_logits(hf, ids: torch.Tensor, mistake: str) -> torch.Tensor
             if mistake == "norms swapped":
                 ln1, ln2 = ln2, ln1
             before = x
-            attn_in = x if mistake == "post-norm" else ln1(x)
+            attn_in = {"post-norm": x, "attention reads resid_pre unnormed": x,
+                       "ln2 before the attention": ln2(x)}.get(mistake, ln1(x))  # fmt: skip
             a = hf_attention(
                 layer.self_attn, attn_in, positions, hf.config, mistake != "no causal mask"
             )

@@ -354,6 +354,46 @@ def test_rmsnorm_in_half_precision(impl, llama, dtype):
 
 
 @pytest.mark.rmsnorm
+@pytest.mark.parametrize(
+    "x_dtype, w_dtype", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)]
+)
+def test_rmsnorm_with_its_weight_in_another_dtype(impl, llama, x_dtype, w_dtype):
+    """Mixed precision keeps some weights in another dtype than the residual stream (a norm's
+    weight in float32 beside a bfloat16 stream, say). HF casts the normalised vector back to
+    the INPUT's dtype, then the weight multiplies it, and PyTorch's type promotion gives the
+    product's dtype: float32 either way here, with the bfloat16 input's rounding in it."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    hf, _ = llama
+    cfg = course_config(hf.config)
+    oracle = LlamaRMSNorm(cfg.d_model, eps=cfg.rms_norm_eps)
+    with torch.no_grad():
+        oracle.weight.copy_(hf.model.layers[1].input_layernorm.weight)
+    oracle = oracle.to(w_dtype)
+    x = (3 * torch.randn(2, 3, cfg.d_model, generator=torch.Generator().manual_seed(5))).to(x_dtype)
+    norm = learner_module(impl.RMSNorm, cfg, {"w": oracle.weight.detach().float()}).to(w_dtype)
+    with torch.no_grad():
+        got, want = run_norm(norm, x), oracle(x)
+    assert got.dtype == want.dtype, (
+        f"with a {x_dtype} input and a {w_dtype} weight, HF's LlamaRMSNorm returns {want.dtype}, "
+        f"yours {got.dtype}: the normalised vector goes back to the INPUT's dtype (the one it "
+        "came in), and then the weight multiplies it; PyTorch's promotion gives the product's "
+        "dtype."
+        + (f" Yours was cast to the weight's dtype ({w_dtype}) instead." if got.dtype == w_dtype
+           else "")
+    )  # fmt: skip
+    assert close(got, want, atol=1e-6, rtol=1e-5), (
+        f"with a {x_dtype} input and a {w_dtype} weight your RMSNorm differs from HF's by "
+        f"{(got.float() - want.float()).abs().max().item():.3g}: "
+        + (f"HF's numbers carry {x_dtype}'s rounding, yours do not. The normalised vector is "
+           f"cast back to the input's dtype ({x_dtype}) before the weight multiplies it, not "
+           "to the weight's." if x_dtype != torch.float32 else
+           "the normalisation in float32, the cast back to the input's dtype, then the product "
+           "with the weight, in that order.")
+    )  # fmt: skip
+
+
+@pytest.mark.rmsnorm
 def test_rmsnorm_on_2d_input(impl, llama):
     """Chapter 8's model runner hands ln_final the tokens of a step as [tokens, d_model], with
     no batch axis: a norm over the last axis works on any number of axes before it."""
@@ -1591,6 +1631,11 @@ MODEL_MESSAGES = {
     "to the stream as it is.",
     "mlp reads resid_mid unnormed": "the MLP reads the residual stream itself: each sublayer "
     "reads its own norm of the stream, the MLP ln2(resid_mid).",
+    "attention reads resid_pre unnormed": "the attention reads the residual stream itself: "
+    "each sublayer reads its own norm of the stream, the attention ln1(resid_pre).",
+    "ln2 before the attention": "the attention reads ln2 of the stream, the MLP's norm: each "
+    "sublayer has its own, ln1 before the attention and ln2 before the MLP (trained with those "
+    "weights).",
     "no mlp": "each block adds its attention's output and nothing more: the MLP's output (of "
     "ln2 of the stream) is added after the attention's, in every layer.",
     "mlp added to its norm": "the MLP's output is added to its normalised input ln2(resid_mid), "
@@ -1753,8 +1798,20 @@ def where_it_differs(model, hf, ids) -> str:
         if not close_f32(mine[name], theirs[name]):
             before = f" ({', '.join(agree)} agree)" if agree else ""
             if name == "the embeddings":
-                return (
-                    " The embeddings already differ: the residual stream starts with W_E[tokens]."
+                extra = (
+                    mine[name] - theirs[name] if mine[name].shape == theirs[name].shape else None
+                )
+                by_position = (
+                    extra is not None
+                    and extra.shape[0] > 1
+                    and torch.allclose(extra, extra[:1].expand_as(extra), atol=F32_ATOL)
+                )
+                return " The embeddings already differ: the residual stream starts with " + (
+                    "W_E[tokens] plus something that depends on the position alone (the same "
+                    "at each position in every row): a position embedding? Llama has none; "
+                    "positions enter through the rotation of the queries and keys (RoPE)."
+                    if by_position
+                    else "W_E[tokens]."
                 )
             if name == "the final norm":
                 return (
@@ -2070,11 +2127,17 @@ def diagnose_keys(cache, hf, tokens_so_far: torch.Tensor, mask: torch.Tensor) ->
             "the cache holds the keys BEFORE rotation: cache the keys rotated by their own "
             "positions (what rotated_qkv returns), so that they never need turning again."
         )
-    unnormed, _ = hf_layer0_keys(hf, tokens_so_far, true_positions, norm=False)
+    unnormed, _ = hf_layer0_keys(hf, tokens_so_far, true_positions, norm="none")
     if close_f32(got[real], unnormed[real]):
         return (
             "the keys are computed from the residual stream itself: the attention reads the "
             "block's ln1 of it (block.ln1), as in LlamaBlock."
+        )
+    through_ln2, _ = hf_layer0_keys(hf, tokens_so_far, true_positions, norm="ln2")
+    if close_f32(got[real], through_ln2[real]):
+        return (
+            "the keys are computed from ln2 of the residual stream, the MLP's norm: the "
+            "attention reads its own, the block's ln1 (block.ln1), as in LlamaBlock."
         )
     n = mask.shape[1]
     if not mask.all():  # each row's positions counted over its padding, or another row's

@@ -396,6 +396,13 @@ def test_nothing_is_sent_past_a_stop_string_and_the_request_is_aborted(impl, tok
     assert last is not None and last[2] == "stop", (
         f"the stop string is complete after {k} tokens: that step's delta ends the request with "
         f"reason 'stop' (the engine has not finished it); its delta was {last}."
+        + (
+            " Your processor found the stop string (it cut the text and asked for the abort), "
+            "yet the delta says None: that is the engine's finish_reason, None while the "
+            "engine runs the request. The delta carries the reason the processor decided."
+            if last is not None and last[2] is None and "a" in trace[k].to_abort
+            else ""
+        )
     )
     forgotten_at_engines_end = False
     if "a" in trace[k].known:  # kept: is a request the engine finishes forgotten?

@@ -172,6 +172,14 @@ def slots_by_position(table, positions, block_size, got) -> str:
             "block's first slot is block id times block_size, and the offset within the block "
             "counts from 0 (position p's offset is its remainder by block_size)."
         )
+    if got == [table[0] * block_size + p for p in positions]:
+        return (
+            f" Wrong at positions {[p for p, _ in wrong]}: each slot is the first block's "
+            "first slot plus the position, as if the request's blocks lay one after another "
+            "in the cache from its first. They lie anywhere: a position's block is the table's "
+            "entry at the position's block index (position // block_size), and its offset in "
+            "that block is the remainder."
+        )
     offsets_right = all(s % block_size == p % block_size for p, s in wrong)
     entries = [table.index(s // block_size) if s // block_size in table else None
                for _, s in wrong]  # fmt: skip
@@ -425,6 +433,16 @@ def attend_mistake(queries, keys, values, tables, query_pos, got) -> str:
             "the positions after it. The mask compares each key's position with each query's "
             "own (query_pos[g, q] for query q)."
         )
+    B = max(map(len, tables))
+    padded = [t + [0] * (B - len(t)) for t in tables]  # as the block tables reach attend
+    from_first = query_pos[:1].expand_as(query_pos)
+    first_mask = attention_by_hand(queries, keys, values, padded, from_first)
+    if G > 1 and torch.allclose(got.double(), first_mask, atol=1e-4):
+        return (
+            " Every request read the positions the FIRST request's queries may read: the mask "
+            "was made from query_pos[0] and used for all. Each request's mask compares its "
+            "keys' positions with its own queries' positions, query_pos[g]."
+        )
     last = query_pos[:, -1:].expand_as(query_pos)
     if torch.allclose(got.double(), attention_by_hand(queries, keys, values, tables, last),
                       atol=1e-4):  # fmt: skip
@@ -451,6 +469,23 @@ def attend_mistake(queries, keys, values, tables, query_pos, got) -> str:
     if torch.allclose(got.double(), attention_by_hand(queries, keys, values, sorted_tables,
                                                       query_pos), atol=1e-4):  # fmt: skip
         return " The blocks were read in sorted order: read them in the table's order."
+    L = B * keys.shape[1]
+    allowed = torch.arange(L)[None, :] <= query_pos[:, :, None]  # [G, Q, L]
+    offsets_first = torch.zeros(G, Q, H, D, dtype=torch.float64)
+    for g in range(G):  # the gathered [B, block_size] axes merged offsets first
+        table = tables[g] + [0] * (B - len(tables[g]))
+        k, v = (c[table].transpose(0, 1).reshape(L, H, D).double() for c in (keys, values))
+        scores = torch.einsum("qhd,phd->hqp", queries[g].double(), k) / D**0.5
+        weights = scores.masked_fill(~allowed[g][None], float("-inf")).softmax(-1)
+        offsets_first[g] = torch.einsum("hqp,phd->qhd", weights, v)
+    if B > 1 and torch.allclose(got.double(), offsets_first, atol=1e-4):
+        return (
+            " The gathered keys and values run offsets first: every block's first slot, then "
+            "every block's second, and so on, where a request's text runs through its first "
+            "block, then its second. The blocks' axis and the offsets' axis were swapped (a "
+            "permute or transpose) before the two were merged into one axis of positions: "
+            "blocks outer, offsets inner."
+        )
     padded = torch.tensor([t + [0] * (B - len(t)) for t in tables])
     if G > 1 and torch.allclose(got.double(), attention_by_hand(
             queries, keys, values, [padded[0].tolist()] * G, query_pos), atol=1e-4):  # fmt: skip
@@ -911,6 +946,18 @@ def blocks_counted(impl) -> str:
             "num_tokens counts every token the request knows, the new ones included: the "
             "tokens already in the cache are num_computed_tokens."
         )
+    if got == [-(-c // 4) + -(-n // 4) for c, n in cases]:
+        return (
+            " At exact block boundaries, with a pool large enough: "
+            + "; ".join(
+                f"{c} computed and {n} new tokens need {w}, your table has {g}"
+                for (c, n), w, g in zip(cases, need, got, strict=True)
+            )  # fmt: skip
+            + ". The new tokens' blocks were counted from the new tokens alone (rounded up) "
+            "and added to those held: the room left in the request's last block went unused "
+            "(5 computed tokens leave 3 free slots in their second block, enough for 2 more). "
+            "Count the blocks ALL its tokens need, then take away those it holds."
+        )
     if got == [c + -(-n // 4) for c, n in cases]:
         counts = "; ".join(
             f"{c} tokens computed and {n} new ({c + n} tokens) need {w} blocks of 4, your "
@@ -1042,6 +1089,16 @@ def test_prefix_hits_are_the_longest_run_of_named_leading_blocks(impl):
                 f" The blocks found are right ({len(blocks)}), the count is not: the cached "
                 f"tokens are the blocks found times block_size, {len(blocks) * 4}. (The last "
                 "token is left out by which blocks are looked up, not by the count.)"
+            )
+        elif (
+            n == 0
+            and want
+            and manager.get_computed_blocks(request(impl, "no miss", list(range(100, 112))))[1] == 8
+        ):  # the same named blocks, with no miss after them: found
+            hint = (
+                " No hits at all, though the leading blocks are named: were the hits found "
+                "before the first miss thrown away at the miss? The lookup stops at the first "
+                "miss and keeps the run of hits found up to it."
             )
         elif n < want:
             hint = (
@@ -1330,8 +1387,17 @@ def preempted_newest_first(out, running_before: list[str], step: str) -> None:
 
 
 def negative_count(out) -> str:
-    """A request scheduled for fewer than 0 tokens: its computed count ran past its tokens."""
+    """A request scheduled for fewer than 1 token: its computed count ran past its tokens, or
+    what it lacks was counted against its prompt alone."""
     for req, n in out.scheduled:
+        if n == 0 and req.output_token_ids and req.num_computed_tokens == len(req.prompt_token_ids):
+            return (
+                f" {req.request_id} was scheduled for 0 tokens: it has computed its "
+                f"{req.num_computed_tokens}-token prompt and has {len(req.output_token_ids)} "
+                "output token(s) to compute. Are the tokens it lacks counted against its "
+                "prompt alone? They are all its tokens, prompt and output (num_tokens), less "
+                "those computed."
+            )
         if n < 0:
             return (
                 f" {req.request_id} was scheduled for {n} tokens: its num_computed_tokens "
@@ -1572,6 +1638,29 @@ def test_an_admitted_request_starts_at_its_cache_hits(impl):
 
 
 @pytest.mark.schedule
+def test_an_admitted_requests_cache_hits_cost_no_budget(impl):
+    """The budget counts the tokens a step computes: a request's cache hits are not computed
+    again, so an admission after a prefix hit leaves the rest of the budget to the queue."""
+    kv = impl.KVCacheManager(num_blocks=16, block_size=4)
+    scheduler = impl.Scheduler(kv, max_num_batched_tokens=10, max_num_seqs=8)
+    a = request(impl, "a", range(100, 110))
+    scheduler.add_request(a)
+    step_done(scheduler.schedule().scheduled)  # a computed its 10 tokens: 2 full blocks named
+    scheduler.add_request(request(impl, "b", list(range(100, 108)) + [1, 2, 3]))
+    scheduler.add_request(request(impl, "c", range(300, 320)))
+    out = scheduler.schedule()
+    want = [("a", 1), ("b", 3), ("c", 6)]
+    charged_whole = plan(out) == [("a", 1), ("b", 3)]
+    assert plan(out) == want, (
+        f"budget 10: a decodes (1 token), b's 11-token prompt finds 8 cached and computes 3, "
+        f"and c gets the 6 left: expected {want}, got {plan(out)}."
+        + (" c got nothing, as if b had cost its whole prompt (11 tokens, over what was left): "
+           "is an admitted request charged for all its tokens, its cache hits included? It "
+           "costs the tokens scheduled for it, num_new." if charged_whole else "")
+    )  # fmt: skip
+
+
+@pytest.mark.schedule
 def test_the_engine_computes_exactly_the_prompt_positions_not_cached(impl, shipped):
     model, tokenizer = shipped
     shared = tokenizer.encode(PROMPTS[4])[:18]  # 4 full blocks of 4 and 2 tokens
@@ -1694,8 +1783,14 @@ def test_greedy_rows_take_their_argmax_in_their_own_place(impl):
     odd = [(i, t) for i, t in enumerate(got) if type(t) is not int]
     assert not odd, (
         f"return one int per request (a Python int); request {odd[0][0]}'s is {odd[0][1]!r} "
-        f"({type(odd[0][1]).__name__}): an extra axis (keepdim) or a tensor not turned into "
-        "an int?"
+        f"({type(odd[0][1]).__name__}): "
+        + (
+            f"that is the largest LOGIT of request {odd[0][0]}'s row, not its index: max gives "
+            "(values, indices), and the token is the index (argmax)."
+            if isinstance(odd[0][1], float)
+            and abs(odd[0][1] - float(logits[odd[0][0]].max())) < 1e-6
+            else "an extra axis (keepdim) or a tensor not turned into an int?"
+        )
     )
     over_requests = logits[[0, 2, 3]].argmax(dim=0)[:3].tolist()  # argmax down the columns
     assert [got[i] for i in (0, 2, 3)] != over_requests, (
