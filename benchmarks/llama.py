@@ -24,8 +24,8 @@ ratio the median over runs of the ratio within a run. Prints one JSON object:
 - `goals`: the Llama step at most 1.2x GPT-2's (rotary embeddings add work that GPT-2's learned
   positions do not), and the KV cache n_heads / n_kv_heads = 3x smaller, each met or not.
 
-`--quick` is the smoke test of tests/machinery/test_llama_benchmark.py: tiny settings, and
-dynamo's "eager" backend instead of Inductor (nothing is built).
+`--quick` is the smoke test of tests/machinery/benchmarks/test_llama_benchmark.py: tiny settings,
+and dynamo's "eager" backend instead of Inductor (nothing is built).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import importlib
 import json
 import sys
 
-from tests.machinery.test_llama_runs import LLAMA
+from tests.machinery.models.test_llama_runs import LLAMA
 
 
 def test_quick_benchmark_reports_both_models_the_kv_bytes_and_both_goals(monkeypatch, capsys):
