@@ -60,32 +60,27 @@ test: $(STAMP)
 	@echo "Three lanes at once, on one torch thread each. One, offline: every chapter's notebook in"
 	@echo "a kernel started from a learner's environment (teacher builds: every check passes; blank"
 	@echo "builds: every check fails), then the grading of broken notebooks and the course command."
-	@echo "Two, offline: the kernels compiled for a GPU (no GPU needed), the rest of the machinery's"
-	@echo "own tests with the peers' (tests/peers/: HF, vLLM, FlashInfer) on the solutions, then the"
-	@echo "learner-style mutants (tests/machinery/mutants/), each of which must fail a test of its"
-	@echo "exercise. Three: the course installed from a notebook's Colab cell into a fresh virtual"
-	@echo "environment (online: pip needs the package registry), chapter 1 driven in JupyterLab in a"
-	@echo "headless Chromium, offline (skipped, saying why, without one), two benchmarks smoke-run,"
-	@echo "then the graded tests on the solutions and on the blank stubs, where every graded test"
-	@echo "must FAIL (inverted: a pass there means it does not)."
-	$(LANES) "$(OFFLINE) $(PYTEST) -rs tests/machinery/test_notebooks_run.py && \
-		 $(OFFLINE) $(PYTEST) tests/machinery/test_grading.py tests/machinery/test_cli.py \
-		 tests/machinery/test_triton_mode.py" \
-		"$(OFFLINE) $(PYTEST) tests/machinery/test_kernels_compile.py \
-		 tests/machinery/test_sass_report.py && \
-		 $(OFFLINE) $(PYTEST) tests/machinery \
-		 --ignore=tests/machinery/test_notebooks_run.py --ignore=tests/machinery/test_grading.py \
-		 --ignore=tests/machinery/test_kernels_compile.py --ignore=tests/machinery/test_browser.py \
-		 --ignore=tests/machinery/test_colab_setup.py --ignore=tests/machinery/test_cli.py \
-		 --ignore=tests/machinery/test_triton_mode.py \
-		 --ignore=tests/machinery/test_speculative_benchmark.py \
-		 --ignore=tests/machinery/test_sass_report.py \
-		 --ignore=tests/machinery/test_kernel_benchmark.py tests/peers && \
+	@echo "Two, offline: the kernels compiled for a GPU (no GPU needed), the machinery's own checks,"
+	@echo "engine, models and tools tests with the peers' (tests/peers/: HF, vLLM, FlashInfer) on the"
+	@echo "solutions, then the learner-style mutants (tests/machinery/mutants/), each of which must"
+	@echo "fail a test of its exercise. Three: the course installed from a notebook's Colab cell into a"
+	@echo "fresh virtual environment (online: pip needs the package registry), chapter 1 driven in"
+	@echo "JupyterLab in a headless Chromium, offline (skipped, saying why, without one), the"
+	@echo "benchmarks smoke-run, then the graded tests on the solutions and on the blank stubs, where"
+	@echo "every graded test must FAIL (inverted: a pass there means it does not)."
+# tests/machinery/ holds one folder per kind of test (tests/machinery/__init__.py says which); the
+# lanes name the folders. learner/'s tests are named by file, each in the command it needs: the
+# notebooks first, beside the heaviest work; the Colab install online; the browser on its own.
+	$(LANES) "$(OFFLINE) $(PYTEST) -rs tests/machinery/learner/test_notebooks_run.py && \
+		 $(OFFLINE) $(PYTEST) tests/machinery/learner/test_grading.py \
+		 tests/machinery/learner/test_cli.py tests/machinery/learner/test_triton_mode.py" \
+		"$(OFFLINE) $(PYTEST) tests/machinery/compile && \
+		 $(OFFLINE) $(PYTEST) tests/machinery/checks tests/machinery/engine tests/machinery/models \
+		 tests/machinery/tools tests/peers && \
 		 COURSE_NO_FORK=1 $(OFFLINE) $(PYTEST) tests/graded --mutants -q" \
-		"$(PYTEST) tests/machinery/test_colab_setup.py && \
-		 $(OFFLINE) $(PYTEST) -rs tests/machinery/test_browser.py && \
-		 $(OFFLINE) $(PYTEST) tests/machinery/test_speculative_benchmark.py \
-		 tests/machinery/test_kernel_benchmark.py && \
+		"$(PYTEST) tests/machinery/learner/test_colab_setup.py && \
+		 $(OFFLINE) $(PYTEST) -rs tests/machinery/learner/test_browser.py && \
+		 $(OFFLINE) $(PYTEST) tests/machinery/benchmarks && \
 		 $(OFFLINE) $(PYTEST) tests/graded --impl solutions && \
 		 COURSE_NO_FORK=1 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail"
 

@@ -27,7 +27,6 @@ step's matrices take to read at it).
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
@@ -51,7 +50,7 @@ from solutions.step_cost import (
     step_flops,
 )
 from utils.models import load_hf, load_model
-from utils.records import add_record_options, emit, goal, machine, rate
+from utils.records import add_record_options, emit, goal, machine, rate, us_each
 from utils.timing import best_seconds, interleaved_runs, median_seconds, ratio_within_runs
 
 PROMPT = "\n"  # one token
@@ -152,12 +151,12 @@ def bench(model_name: str, runs: int) -> dict:
         "hf_static_compiled_over_hf_dynamic": ratio("hf_static_compiled", "hf_dynamic"),
         "fast_compiled_over_hf_static_compiled": ratio("fast_compiled", "hf_static_compiled"),
     }
-    step = {name: statistics.median(t) / new for name, t in times.items()}
-    best = "fast_compiled" if "fast_compiled" in step else "fast_eager"
+    step_us = {name: us_each(t, new, digits=None) for name, t in times.items()}
+    best = "fast_compiled" if "fast_compiled" in step_us else "fast_eager"
     measured = {
         "fast_compiled_over_cached": ratios["fast_compiled_over_cached"],
         "fast_compiled_over_hf_static_compiled": ratios["fast_compiled_over_hf_static_compiled"],
-        "step_over_prefill_position": round(step[best] / per_position, 2),
+        "step_over_prefill_position": round(step_us[best] / (1e6 * per_position), 2),
         "compile_seconds": compiled.get("compile_seconds"),
         "recompilations": compiled.get("recompilations"),
         "graph_breaks": compiled.get("graph_breaks"),
@@ -171,7 +170,7 @@ def bench(model_name: str, runs: int) -> dict:
         "runs": runs,
         "tokens_per_s": {k: rate(new, t) for k, t in times.items()},
         "ratios": ratios,
-        "us_per_token": {k: round(1e6 * v, 1) for k, v in step.items()},
+        "us_per_token": {k: round(v, 1) for k, v in step_us.items()},
         "us_per_prefill_position": round(1e6 * per_position, 1),
         "weight_reads": {
             "one_row_matmul_gb_per_s": round(bytes_per_s / 1e9, 1),

@@ -24,14 +24,13 @@ ratio the median over runs of the ratio within a run. Prints one JSON object:
 - `goals`: the Llama step at most 1.2x GPT-2's (rotary embeddings add work that GPT-2's learned
   positions do not), and the KV cache n_heads / n_kv_heads = 3x smaller, each met or not.
 
-`--quick` is the smoke test of tests/machinery/test_llama_benchmark.py: tiny settings, and
-dynamo's "eager" backend instead of Inductor (nothing is built).
+`--quick` is the smoke test of tests/machinery/benchmarks/test_llama_benchmark.py: tiny settings,
+and dynamo's "eager" backend instead of Inductor (nothing is built).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import einops
@@ -46,7 +45,7 @@ from solutions.rope import apply_rope, rope_cos_sin
 from solutions.static_cache import StaticKeyValueCache
 from solutions.step_cost import profile_ops
 from utils.models import load_model
-from utils.records import add_record_options, emit, goal, machine, rate
+from utils.records import add_record_options, emit, goal, machine, rate, us_each
 from utils.timing import interleaved_runs, ratio_within_runs, sig
 
 PROMPT = "\n"  # one token
@@ -94,7 +93,7 @@ def cached_step(models: dict, position: int, runs: int, calls: int) -> dict:
     names = set(by_name["gpt2"]) | set(by_name["llama"])
     more = {op: by_name["llama"].get(op, 0) - by_name["gpt2"].get(op, 0) for op in names}
     largest = sorted(more, key=lambda op: (-abs(more[op]), op))[:12]
-    us = {name: sig(1e6 * statistics.median(t) / calls, 4) for name, t in times.items()}
+    us = {name: sig(us_each(t, calls, digits=None), 4) for name, t in times.items()}
     return {
         "position": position,
         "calls_per_run": calls,

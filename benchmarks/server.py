@@ -56,7 +56,7 @@ import threading
 import time
 
 from utils import REPO_ROOT
-from utils.records import add_record_options, emit, goal, machine, verdict
+from utils.records import add_record_options, emit, goal, machine, median_run, verdict
 
 MODEL = "shakespeare"
 BLOCK_SIZE = 16
@@ -508,7 +508,7 @@ def main() -> None:
 
     runs = alternate(model, tokenizer, requests, args, num_blocks, load)
     ratios = [r["ratio"] for r in runs]
-    median_run = sorted(runs, key=lambda r: r["ratio"])[len(runs) // 2]
+    reported = median_run(runs, key=lambda r: r["ratio"])
     same_text = sum(
         r["engine_texts"].get(k) == v for r in runs for k, v in r["server_texts"].items()
     )
@@ -541,7 +541,7 @@ def main() -> None:
             "throughput_ratio_per_run": [r["pure_python_ratio"] for r in runs],
             "median": statistics.median(r["pure_python_ratio"] for r in runs),
         }} if args.pure_python_http else {}),
-        "engine": median_run["engine"], "server": median_run["server"],
+        "engine": reported["engine"], "server": reported["server"],
         "runs": runs,
         "same_text_as_the_engine": {"requests": same_text, "of": len(requests) * len(runs)},
         "disconnects": disconnects,

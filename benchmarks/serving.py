@@ -80,7 +80,7 @@ from solutions.architectures import architecture_of
 from solutions.checks import positions_read
 from solutions.paged_attention import PagedKVCache, attend_strided, forward_paged
 from utils.models import load_hf, load_model
-from utils.records import add_record_options, emit, goal, machine, verdict
+from utils.records import add_record_options, emit, goal, machine, median_run, verdict
 from utils.serving import (
     Served,
     all_at_once_trace,
@@ -484,7 +484,7 @@ def static_against_engine(model, tokenizer, requests, args) -> dict:
         engine_run, _ = serve_engine(model, tokenizer, requests, max_num_seqs=args.seats)
         static, engine = static_run.summary(requests), engine_run.summary(requests)
         pairs.append((engine["tokens_per_s"] / static["tokens_per_s"], static_run, engine_run))
-    _, static_run, engine_run = sorted(pairs, key=lambda p: p[0])[len(pairs) // 2]
+    _, static_run, engine_run = median_run(pairs, key=lambda p: p[0])
     static = static_run.summary(requests)
     static["kv_positions"] = {"reserved": static_run.kv_reserved, "used": static_run.kv_used}
     engine = engine_run.summary(requests)

@@ -10,15 +10,22 @@ what a test outside it needs lives here, public, and the graded tests import it 
 - tensors handed over: `assert_untouched`, `IN_PLACE`, and `N_SAMPLES` per distribution;
 - HF's greedy `generate` on its static cache (`hf_static_greedy`);
 - chapter 8's engine: the pool's invariants after a step, running an engine to its end, and
-  greedy tokens against HF's with near-ties counted rather than hidden.
+  greedy tokens against HF's with near-ties counted rather than hidden;
+- the shipped models: the Llama model's name (`LLAMA_MODEL`) and what training recorded of a
+  model (`model_metrics`); the mark of a test that needs Triton (`needs_triton`).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
 import warnings
 
+import pytest
 import torch
+
+from utils.paths import MODELS_DIR
 
 # --------------------------------------------------------------------------- sampling statistics
 
@@ -308,6 +315,12 @@ def scheduler_problems(scheduler) -> list[str]:
     return problems
 
 
+def check_invariants(engine) -> None:
+    """Fail, naming every problem, unless the engine's pool holds its invariants now."""
+    problems = invariant_problems(engine)
+    assert not problems, "; ".join(problems)
+
+
 def run_to_end(engine, max_steps: int = 5000, check=None) -> dict:
     """Step until nothing is left; every output of each request, in order. `check(engine)` runs
     after every step."""
@@ -344,3 +357,20 @@ def greedy_difference(hf, ids: list[int], got: list[int], n: int) -> tuple[list[
         )
         return want, None
     return want, f"token {step} is {got[step]} where HF's greedy token is {want[step]}"
+
+
+# --------------------------------------------------------------------------- the shipped models
+
+LLAMA_MODEL = "shakespeare-llama"
+"""The shipped Llama-architecture model (chapter 7; HF LlamaForCausalLM format)."""
+
+
+def model_metrics(name: str) -> dict:
+    """What training recorded of a shipped model (models/NAME/metrics.json)."""
+    return json.loads((MODELS_DIR / name / "metrics.json").read_text())
+
+
+# Chapter 9's kernels, their compiler and their benchmark need Triton, a Linux-only dependency.
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="chapter 9 needs Triton (Linux)"
+)

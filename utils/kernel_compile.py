@@ -20,7 +20,7 @@ Llama 3's vocabulary: the arguments, and the constexpr branches the wrapper can 
 separate compilation). The child specialises on them with Triton's own launcher code
 (`as_launched`): pointers (torch's allocations are aligned) and integers divisible by 16 get
 `tt.divisibility` 16, an integer equal to 1 becomes a constant. The solutions' compile test
-(tests/machinery/test_kernels_compile.py) compiles the same launches.
+(tests/machinery/compile/test_kernels_compile.py) compiles the same launches.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def _fused(dtype: str, n_rows: int, greedy: tuple[bool, ...]) -> Launch:
 # the interpreter (solutions/kernels/runtime.py: rows_per_program, row_block): up to 16,384
 # columns (8,192 for top-k / top-p), 32 per thread; the rejection kernel 4,096 with 4 warps.
 # (runtime imports Triton in a mode of its own, so its formula is repeated here;
-# tests/machinery/test_kernels_compile.py checks that the two agree.)
+# tests/machinery/compile/test_kernels_compile.py checks that the two agree.)
 def _rows(block_cap: int) -> tuple[dict, dict]:
     """(constexprs, options) of a one-row launch whose blocks hold up to `block_cap` columns."""
     block = min(1 << (V - 1).bit_length(), block_cap)

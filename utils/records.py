@@ -1,5 +1,6 @@
 """The one writer of benchmark records (`benchmarks/results/*.json`), and what every record says
-the same way: the machine it ran on, a rate from the median of timed runs, a goal's verdict.
+the same way: the machine it ran on, a rate from the median of timed runs (and the run whose
+figure is the median), a goal's verdict.
 
 Each benchmark prints one JSON object, its result (`emit`); with `--record PATH` it also writes
 the record a reader quotes (`record`): the command that ran, the machine (described by
@@ -20,6 +21,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from utils import REPO_ROOT
@@ -53,9 +55,17 @@ def rate(count: float, seconds: list[float], digits: int | None = 1) -> float:
     return per_s if digits is None else round(per_s, digits)
 
 
-def us_each(seconds: list[float], count: float, digits: int = 1) -> float:
-    """Microseconds per thing (a token, a step) of the median of timed runs' `seconds`."""
-    return round(1e6 * statistics.median(seconds) / count, digits)
+def us_each(seconds: list[float], count: float, digits: int | None = 1) -> float:
+    """Microseconds per thing (a token, a step) of the median of timed runs' `seconds`, to
+    `digits` decimals (None: unrounded)."""
+    us = 1e6 * statistics.median(seconds) / count
+    return us if digits is None else round(us, digits)
+
+
+def median_run(runs: list, key: Callable):
+    """The run whose `key` is the median of the runs' (of an even count, the upper of the two
+    in the middle): the run a record reports in full."""
+    return sorted(runs, key=key)[len(runs) // 2]
 
 
 def verdict(met: bool | None, **measured) -> dict:

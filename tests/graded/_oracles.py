@@ -17,7 +17,7 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from tests.graded._explain import explain_difference, sentences
-from tests.support import IN_PLACE, N_SAMPLES, assert_untouched, hf_static_greedy
+from tests.support import IN_PLACE, LLAMA_MODEL, N_SAMPLES, assert_untouched, hf_static_greedy
 from utils.hf_oracles import hf_beam_search, hf_greedy, hf_kept
 
 __all__ = [
@@ -223,9 +223,6 @@ def exact_top_p_count(logits: torch.Tensor, top_p: float) -> int:
 
 
 # --------------------------------------------------------------------------- Llama (chapter 7)
-
-LLAMA_MODEL = "shakespeare-llama"
-"""The shipped Llama-architecture model that chapter 7's tests load (HF LlamaForCausalLM format)."""
 
 SMALL_LLAMA = dict(
     d_model=42, d_vocab=50, n_ctx=64, d_head=8, d_mlp=72, n_heads=6, n_kv_heads=2, n_layers=2,

@@ -23,7 +23,13 @@ from solutions.paged_attention import (
 )
 from solutions.sampling import TransformerSampler
 from solutions.sampling_params import SamplingParams
-from tests.support import PROMPTS, hf_static_greedy, invariant_problems, uneven_chunks
+from tests.support import (
+    PROMPTS,
+    check_invariants,
+    hf_static_greedy,
+    invariant_problems,
+    uneven_chunks,
+)
 from tests.support import run_to_end as run_steps
 from utils.models import load_hf, load_model
 
@@ -38,11 +44,6 @@ def shipped():
 @pytest.fixture(scope="module")
 def draft():
     return load_model("shakespeare-draft")
-
-
-def check_invariants(engine: LLMEngine) -> None:
-    problems = invariant_problems(engine)
-    assert not problems, "; ".join(problems)
 
 
 def run_to_end(engine: LLMEngine, max_steps: int = 5000) -> dict:

@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from tests.support import model_metrics
 from utils import CHAPTERS_DIR, REPO_ROOT
 from utils.chapters import chapter_names
 
@@ -24,12 +25,8 @@ def assert_says_all(said: list[str], what: str) -> None:
     assert not missing, f"the README's {what} should include: {missing}"
 
 
-def _metrics(model: str) -> dict:
-    return json.loads((REPO_ROOT / "models" / model / "metrics.json").read_text())
-
-
 def test_model_losses_are_the_model_cards():
-    main, draft = _metrics("shakespeare"), _metrics("shakespeare-draft")
+    main, draft = model_metrics("shakespeare"), model_metrics("shakespeare-draft")
     said = (
         f"the main model reaches {main['val_loss_nats_per_char']:.2f} nats per "
         f"character ({main['val_bits_per_char']:.2f} bits), the draft "
@@ -37,7 +34,7 @@ def test_model_losses_are_the_model_cards():
         f"{main['bigram_val_loss_nats_per_char']:.2f}."
     )
     assert says(said), f"the README's model losses should read: {said!r}"
-    llama = _metrics("shakespeare-llama")
+    llama = model_metrics("shakespeare-llama")
     said = (
         f"The Llama model, with {llama['n_parameters']:,} parameters against the main model's "
         f"{main['n_parameters']:,}, reaches {llama['val_loss_nats_per_char']:.2f} "

@@ -25,7 +25,7 @@ from utils.chapters import chapter_names
 from utils.timing import patient, time_scale
 
 HARNESS = """\
-# Added by tests/machinery/test_notebooks_run.py, after the setup cell: a short run.
+# Added by tests/machinery/learner/test_notebooks_run.py, after the setup cell: a short run.
 import os as _os
 import utils.check as _check
 _os.environ["COURSE_QUICK"] = "1"

@@ -6,13 +6,26 @@ import argparse
 import json
 import sys
 
-from utils.records import add_record_options, emit, goal, machine, rate, us_each, verdict
+from utils.records import (
+    add_record_options,
+    emit,
+    goal,
+    machine,
+    median_run,
+    rate,
+    us_each,
+    verdict,
+)
 
 
 def test_a_rate_is_a_count_over_the_median_of_the_runs():
     assert rate(100, [2.0, 1.0, 4.0]) == 50.0  # median 2 s, not the mean (7/3 s)
     assert rate(1, [3.0], digits=None) == 1 / 3
     assert us_each([0.002, 0.001, 0.003], 1000) == 2.0
+    assert us_each([0.003], 7, digits=None) == 1e6 * 0.003 / 7
+    # The run reported in full: the median's, the upper middle one of an even count.
+    runs = [{"ratio": r} for r in (0.9, 0.7, 1.1, 0.8)]
+    assert median_run(runs, key=lambda r: r["ratio"]) == {"ratio": 0.9}
 
 
 def test_verdicts_keep_their_fields_and_end_with_met():

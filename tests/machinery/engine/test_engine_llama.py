@@ -17,27 +17,14 @@ from solutions.paged_attention import PagedKVCache, attention_groups, prepare_in
 from solutions.sampling_params import SamplingParams
 from tests.support import (
     PROMPTS,
+    check_invariants,
     greedy_difference,
-    invariant_problems,
     run_to_end,
     uneven_chunks,
 )
-from utils.models import load_hf, load_model
+from utils.models import load_model
 
-LLAMA = "shakespeare-llama"  # chapter 7's shipped model
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def llama():
-    """(model, tokenizer, HF's LlamaForCausalLM on the same weights): the shipped Llama model."""
-    model, tokenizer = load_model(LLAMA)
-    return model, tokenizer, load_hf(LLAMA)[0]
-
-
-def check_invariants(engine):
-    problems = invariant_problems(engine)
-    assert not problems, "; ".join(problems)
 
 
 def test_the_engine_picks_the_runner_of_the_models_architecture(llama):

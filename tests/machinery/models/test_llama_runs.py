@@ -17,26 +17,15 @@ from solutions.cached_beams import CachedBeams
 from solutions.cached_sampling import CachedTransformerSampler
 from solutions.fast_sampling import FastTransformerSampler, decode_step
 from solutions.fast_speculative import FastSpeculativeGenerator
-from solutions.llama import LlamaTransformer
 from solutions.lookahead import lookahead_generate
 from solutions.sampling import TransformerSampler
 from solutions.speculative_generation import SpeculativeStats, speculative_generate
 from solutions.static_cache import StaticKeyValueCache
 from utils.hf_oracles import hf_beam_search, hf_greedy
-from utils.models import load_hf, load_model
-
-LLAMA = "shakespeare-llama"  # the shipped Llama model (chapter 7)
+from utils.models import load_model
 
 PROMPT = "ROMEO.\nBut soft, what light through yonder window breaks?"
 PROMPTS = [PROMPT, "KING.\nWhat", "JULIET.\nO Romeo, Romeo, wherefore art thou Romeo?\nDeny"]
-
-
-@pytest.fixture(scope="module")
-def llama():
-    model, tokenizer = load_model(LLAMA)
-    assert isinstance(model, LlamaTransformer)
-    hf = load_hf(LLAMA)[0]
-    return model, tokenizer, hf
 
 
 def test_greedy_sampling_and_the_cached_sampler_equal_hf_generate(llama):

@@ -10,6 +10,7 @@ import traceback
 import pytest
 import torch
 
+from tests.support import model_metrics
 from utils.convert import demo_to_hf, hf_config
 from utils.models import GPT2_MODELS, SHIPPED, hub_reachable, load_hf, load_model, load_reference
 from utils.paths import MODELS_DIR
@@ -70,19 +71,15 @@ def test_shipped_models_share_a_tokenizer():
     assert all(other.read_bytes() == first.read_bytes() for other in others)
 
 
-def _metrics(name: str) -> dict:
-    return json.loads((MODELS_DIR / name / "metrics.json").read_text())
-
-
 def test_main_model_beats_draft_and_bigram():
-    main, draft = _metrics("shakespeare"), _metrics("shakespeare-draft")
+    main, draft = model_metrics("shakespeare"), model_metrics("shakespeare-draft")
     assert main["val_loss_nats_per_token"] < draft["val_loss_nats_per_token"]
     assert main["val_loss_nats_per_token"] < main["bigram_val_loss_nats_per_token"]
 
 
 def test_llama_model_is_the_main_models_size_on_the_same_data():
     """The Llama model's loss compares architectures only if size, data and schedule match."""
-    main, llama = _metrics("shakespeare"), _metrics("shakespeare-llama")
+    main, llama = model_metrics("shakespeare"), model_metrics("shakespeare-llama")
     assert abs(llama["n_parameters"] / main["n_parameters"] - 1) < 0.005
     for same in ("training", "train_tokens", "val_tokens", "validation_plays", "train_stride"):
         assert llama[same] == main[same], same

@@ -11,16 +11,14 @@ TRITON_INTERPRET is 0: the launches and the machinery are the graded compile tes
 package ships them.
 """
 
-import importlib.util
 
 import pytest
 
+from tests.support import needs_triton
 from utils.kernel_compile import LAUNCHES, Job, Launch, explain, run_compiler
 from utils.timing import patient
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None, reason="chapter 9 needs Triton (Linux)"
-)
+pytestmark = needs_triton
 
 
 @pytest.mark.timeout(660)  # longer than its subprocess's own limit, at every COURSE_TIME_SCALE

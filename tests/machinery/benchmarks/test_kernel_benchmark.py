@@ -3,7 +3,6 @@ works the first time it meets a GPU; its JSON has every field the notebook and R
 (Triton is looked up, not imported: this process must not import it before TRITON_INTERPRET is
 set, and the benchmark runs in a child anyway.)"""
 
-import importlib.util
 import json
 import math
 import os
@@ -13,12 +12,11 @@ import sys
 import pytest
 import torch
 
+from tests.support import needs_triton
 from utils import REPO_ROOT
 from utils.timing import patient
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None, reason="chapter 9 needs Triton (Linux)"
-)
+pytestmark = needs_triton
 
 KERNELS = ("sample_from_probs", "gumbel", "top_p", "top_k", "softmax")
 TIMED = ("kernel_ms", "torch_ms", "speedup", "floor_ms", "x_floor")

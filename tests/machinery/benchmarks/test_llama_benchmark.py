@@ -7,13 +7,13 @@ import importlib
 import json
 import sys
 
-from tests.machinery.test_llama_runs import LLAMA
+from tests.support import LLAMA_MODEL
 
 
 def test_quick_benchmark_reports_both_models_the_kv_bytes_and_both_goals(monkeypatch, capsys):
     # In this process: the models and transformers are imported already.
     module = importlib.import_module("benchmarks.llama")
-    monkeypatch.setattr(sys, "argv", ["llama.py", "--quick", "--llama", LLAMA])
+    monkeypatch.setattr(sys, "argv", ["llama.py", "--quick", "--llama", LLAMA_MODEL])
     module.main()
     result = json.loads(capsys.readouterr().out)["cpu"]
     sizes = result["parameters"]

@@ -3,7 +3,6 @@ code: it must run without a GPU, and what it reads must be what the chapter quot
 vector loads under a real launch's specialisation, a summed block far cheaper than a scanned
 one in the inverse-transform kernel)."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,12 +10,11 @@ import sys
 
 import pytest
 
+from tests.support import needs_triton
 from utils import REPO_ROOT
 from utils.timing import patient
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None, reason="chapter 9 needs Triton (Linux)"
-)
+pytestmark = needs_triton
 
 
 @pytest.mark.timeout(360)  # longer than its subprocess's own limit, at every COURSE_TIME_SCALE
