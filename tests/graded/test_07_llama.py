@@ -1721,6 +1721,11 @@ def where_it_differs(model, hf, ids) -> str:
 
         return hook
 
+    embed_inputs = []  # what the learner's forward hands self.embed, call by call
+
+    def embedded(module, args):
+        embed_inputs.append(args[0] if args else None)
+
     parts = [("the embeddings", model.embed, hf.model.embed_tokens)]
     parts += [
         (f"block {i}", b, h)
@@ -1740,6 +1745,7 @@ def where_it_differs(model, hf, ids) -> str:
         if before is not None and not changed and not torch.equal(args[0], before):
             changed.append(module)
 
+    handles.append(model.embed.register_forward_pre_hook(embedded))
     for sub in model.modules():
         handles.append(sub.register_forward_pre_hook(snapshot))
         handles.append(sub.register_forward_hook(compare))
@@ -1797,6 +1803,19 @@ def where_it_differs(model, hf, ids) -> str:
             )
         if not close_f32(mine[name], theirs[name]):
             before = f" ({', '.join(agree)} agree)" if agree else ""
+            if name == "the embeddings" and len(embed_inputs) > 1:
+                again = embed_inputs[1]
+                positional = isinstance(again, torch.Tensor) and torch.equal(
+                    again, torch.arange(ids.shape[1]).expand_as(again)
+                )
+                return (
+                    f" Your forward calls self.embed {len(embed_inputs)} times, where it embeds "
+                    "the tokens once"
+                    + (", and the second call embeds the positions 0, 1, 2, ...: a position "
+                       "embedding made from the token table? Llama has none; positions enter "
+                       "through the rotation of the queries and keys (RoPE)."
+                       if positional else ".")
+                )  # fmt: skip
             if name == "the embeddings":
                 extra = (
                     mine[name] - theirs[name] if mine[name].shape == theirs[name].shape else None

@@ -1621,4 +1621,132 @@ MUTANTS = [
         name="ho6-the-padding-mask-of-all",
         says=("given `allowed`",),
     ),
+    Mutant(
+        "rmsnorm",
+        "x.pow(2).mean(dim=-1, keepdim=True) + self.cfg.rms_norm_eps)",
+        "x.pow(2).mean(dim=-1, keepdim=True))",
+        "epsilon forgotten altogether: rsqrt of the bare mean square, right only while the "
+        "mean square is large next to rms_norm_eps (infinite for an all-zero vector)",
+        name="ho7-epsilon-forgotten-altogether-rsqrt-of",
+        says=("your epsilon changes nothing",),
+    ),
+    Mutant(
+        "rmsnorm",
+        "return self.w * (x * inv_rms).to(residual.dtype)",
+        "return self.w * (x * inv_rms).to(self.w.dtype)",
+        "the normalised vector cast back to the weight's dtype (self.w.dtype) instead of the "
+        "input's: a 16-bit input with a float32 weight comes out float32, a float32 input with "
+        "a 16-bit weight is rounded to 16 bits",
+        name="ho7-the-normalised-vector-cast-back",
+        says=("cast to the weight's dtype",),
+    ),
+    Mutant(
+        "rope",
+        "    angles = torch.cat([angles, angles], dim=-1)\n",
+        "",
+        "the half-split copy of the angles forgotten: cos and sin come out [*batch, posn, "
+        "d_head/2], one column per pair instead of each angle in column i and i + d_head/2",
+        name="ho7-the-half-split-copy-of",
+        says=("writes those angles twice",),
+    ),
+    Mutant(
+        "rope",
+        "cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)",
+        "cos, sin = cos[None].to(x.dtype), sin[None].to(x.dtype)",
+        "the heads axis of cos and sin added in front ([1, batch, posn, d_head]) instead of "
+        "after the batch: right at batch 1, fails (or pairs batch rows with heads) for a batch",
+        name="ho7-the-heads-axis-of-cos",
+        says=("an axis of size 1 for the heads",),
+    ),
+    Mutant(
+        "swiglu",
+        "return (F.silu(x @ self.W_gate) * (x @ self.W_up)) @ self.W_down",
+        "return ((x @ self.W_gate).softmax(dim=-1) * (x @ self.W_up)) @ self.W_down",
+        "the gate made a softmax over the hidden units (a mixture-of-experts router's habit) "
+        "instead of SiLU of each unit: gate values that sum to 1 across d_mlp",
+        name="ho7-the-gate-made-a-softmax",
+        says=("not SiLU",),
+    ),
+    Mutant(
+        "swiglu",
+        "return (F.silu(x @ self.W_gate) * (x @ self.W_up)) @ self.W_down",
+        "return F.silu(x @ self.W_gate) @ self.W_down",
+        "the up branch forgotten (chapter 1's one-projection MLP): SiLU(x W_gate) W_down, W_up "
+        "never used, nothing gated",
+        name="ho7-the-up-branch-forgotten-chapter",
+        says=("W_up is never used",),
+    ),
+    Mutant(
+        "expand_kv",
+        "return kv.repeat_interleave(group_size, dim=1)",
+        "return kv.repeat_interleave(kv.shape[1], dim=1)",
+        "each head repeated n_kv_heads times (the size of the heads axis, kv.shape[1]) instead "
+        "of group_size times: right only when n_kv_heads == group_size",
+        name="ho7-each-head-repeated-n-kv",
+        says=("copied group_size times",),
+    ),
+    Mutant(
+        "expand_kv",
+        "return kv.repeat_interleave(group_size, dim=1)",
+        "kv = kv.repeat_interleave(group_size, dim=1)",
+        "the expanded tensor assigned to the local kv and never returned: expand_kv returns None",
+        name="ho7-the-expanded-tensor-assigned-to",
+        says=("without returning its result",),
+    ),
+    Mutant(
+        "gqa",
+        "keys = expand_kv(keys, self.cfg.group_size)\n"
+        "        values = expand_kv(values, self.cfg.group_size)",
+        "keys = expand_kv(keys, self.cfg.n_heads)\n"
+        "        values = expand_kv(values, self.cfg.n_heads)",
+        "expand_kv handed n_heads (the number of heads wanted) instead of group_size (copies "
+        "per key/value head): right only for multi-query attention, n_kv_heads == 1",
+        name="ho7-expand-kv-handed-n-heads",
+        says=("self.cfg.group_size",),
+    ),
+    Mutant(
+        "gqa",
+        '"b h p e, h e d -> b p d"',
+        '"b h p e, h d e -> b p d"',
+        "W_O's axes named in the wrong order in the output einsum (h d e for [n_heads, d_head, "
+        "d_model]): W_O read transposed, right only if d_head == d_model",
+        name="ho7-w-o-s-axes-named",
+        says=("it was raised in your",),
+    ),
+    Mutant(
+        "llama",
+        "resid_mid = resid_pre + self.attn(self.ln1(resid_pre), positions)",
+        "resid_mid = resid_pre + self.attn(resid_pre, positions)",
+        "ln1 forgotten: the attention reads the raw residual stream (ln1 is created but never "
+        "used)",
+        name="ho7-ln1-forgotten-the-attention-reads",
+        says=("the attention reads the residual stream itself",),
+    ),
+    Mutant(
+        "llama",
+        "residual = self.embed(tokens)",
+        "residual = self.embed(tokens) + self.embed(positions)",
+        "chapter 1's habit of adding a position embedding, made from the token embedding of "
+        "the position numbers: the stream starts as embed(tokens) + embed(positions)",
+        name="ho7-chapter-1-s-habit-of",
+        says=("a position embedding",),
+    ),
+    Mutant(
+        "llama_cache",
+        "x = block.ln1(residual)",
+        "x = block.ln2(residual)",
+        "copy-paste: the attention of the cached forward reads the stream through the MLP's "
+        "norm ln2 instead of ln1",
+        name="ho7-copy-paste-the-attention-of",
+        says=("ln2 of the residual stream",),
+    ),
+    Mutant(
+        "llama_cache",
+        "residual = residual + block.attn.attend(q, k, v, allowed)",
+        "residual = block.attn.attend(q, k, v, allowed)",
+        "the attention's residual connection forgotten in the cached forward: the attention "
+        "output replaces the stream instead of being added to it",
+        name="ho7-the-attention-s-residual-connection",
+        says=("replaces the residual stream",),
+    ),
 ]

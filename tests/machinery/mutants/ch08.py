@@ -1881,4 +1881,138 @@ MUTANTS += [
         name="ho6-queue-head-popped-early",
         says=("neither waiting nor running",),
     ),
+    Mutant(
+        "slots_of",
+        "block_table[p // block_size] * block_size + p % block_size",
+        "block_table[0] * block_size + p",
+        "the request's blocks taken as one contiguous run from its first block (block_table[0] "
+        "* block_size + p): right only when the table is consecutive ids",
+        name="ho7-the-request-s-blocks-taken",
+        says=("one after another in the cache",),
+    ),
+    Mutant(
+        "slots_of",
+        "block_table[p // block_size] * block_size",
+        "block_table[(p + 1) // block_size] * block_size",
+        "the table entry from (p + 1) // block_size (a count of tokens, not a position): the "
+        "last position of every block goes into the next block (out of the table at its end)",
+        name="ho7-the-table-entry-from-p",
+        says=("rounded DOWN",),
+    ),
+    Mutant(
+        "attend",
+        "        rows = cache.index_select(0, blocks).view(G, B * cache.shape[1], "
+        "*cache.shape[2:])\n"
+        "        return rows.transpose(1, 2).contiguous()",
+        "        rows = cache.index_select(0, blocks).view(G, B, *cache.shape[1:])\n"
+        "        return rows.permute(0, 3, 2, 1, 4).reshape(G, cache.shape[2], B * "
+        "cache.shape[1], cache.shape[3])",
+        "heads moved first with permute(0, 3, 2, 1, 4), which also swaps blocks and offsets "
+        "before they are merged: key index offset * B + block instead of block * block_size + "
+        "offset (right only with one block)",
+        name="ho7-heads-moved-first-with-permute",
+        says=("offsets first",),
+    ),
+    Mutant(
+        "attend",
+        "key_pos[None, None, :] <= query_pos[:, :, None]",
+        "key_pos[None, None, :] <= query_pos[0][None, :, None]",
+        "one mask for every request, from the first request's positions (query_pos[0]): right "
+        "for a prompt chunk alone (G = 1), wrong for a group of decodes at different positions",
+        name="ho7-one-mask-for-every-request",
+        says=("query_pos[0]",),
+    ),
+    Mutant(
+        "block_pool",
+        "block.ref_cnt -= 1\n            if block.ref_cnt == 0:",
+        "block.ref_cnt -= 1\n            if block.ref_cnt == 1:",
+        "free_blocks tests for the last holder (== 1) after the decrement: a block still held "
+        "once joins the free queue, a block nobody holds never does",
+        name="ho7-free-blocks-tests-for-the",
+        says=("checked after it is lowered",),
+    ),
+    Mutant(
+        "block_pool",
+        "del self.cached[block.block_hash]",
+        "del self.cached[block.block_id]",
+        "an evicted block's entry removed from self.cached by its id instead of its hash: "
+        "KeyError whenever a named block is handed out again",
+        name="ho7-an-evicted-block-s-entry",
+        says=("it was raised in your",),
+    ),
+    Mutant(
+        "kv_cache_manager",
+        "num_new_blocks = needed - len(blocks) - len(computed)",
+        "num_new_blocks = math.ceil(num_new_tokens / self.block_size)",
+        "the new blocks counted from the new tokens alone, rounded up, ignoring the room left "
+        "in the request's last block: every decode step takes a fresh block",
+        name="ho7-the-new-blocks-counted-from",
+        says=("room left in the request's last block",),
+    ),
+    Mutant(
+        "kv_cache_manager",
+        "            if block is None:\n                break",
+        "            if block is None:\n                return [], 0",
+        "get_computed_blocks gives up at the first miss with no hits at all, throwing away the "
+        "leading blocks already found: hits only when every full block is cached",
+        name="ho7-get-computed-blocks-gives-up",
+        says=("thrown away at the miss",),
+    ),
+    Mutant(
+        "sample_requests",
+        "ids, logits[i : i + 1], generator=request.generator,",
+        "ids, logits[i:], generator=request.generator,",
+        "the slice's end forgotten (logits[i:]): every row from i on handed to "
+        "sample_next_token, right only when the sampled request is the last row",
+        name="ho7-the-slice-s-end-forgotten",
+        says=("it was raised in your",),
+    ),
+    Mutant(
+        "sample_requests",
+        "logits[greedy].argmax(dim=-1).tolist()",
+        "logits[greedy].max(dim=-1).values.tolist()",
+        "the greedy rows' largest logit (max(...).values) taken instead of its index: greedy "
+        "requests get a float logit where a token id belongs",
+        name="ho7-the-greedy-rows-largest-logit",
+        says=("largest LOGIT",),
+    ),
+    Mutant(
+        "schedule",
+        "num_new = min(request.num_tokens - request.num_computed_tokens, budget)",
+        "num_new = min(len(request.prompt_token_ids) - request.num_computed_tokens, budget)",
+        "a running request's missing tokens counted against its prompt only, not prompt and "
+        "output: a decoding request is given 0 or fewer tokens",
+        name="ho7-a-running-request-s-missing",
+        says=("against its prompt alone",),
+    ),
+    Mutant(
+        "schedule",
+        "            out.admitted.append(request)\n            budget -= num_new",
+        "            out.admitted.append(request)\n            budget -= request.num_tokens",
+        "an admitted request charged its whole prompt against the budget, its cache hits "
+        "included, instead of the tokens scheduled: fewer requests admitted after a prefix hit",
+        name="ho7-an-admitted-request-charged-its",
+        says=("cache hits included",),
+    ),
+    Mutant(
+        "output_processor",
+        "text, len(output.output_token_ids), reason, output.error",
+        "text, len(output.output_token_ids), output.finish_reason, output.error",
+        "the delta carries the engine's finish_reason instead of the processor's reason: a "
+        "request ended by a stop string while running gets a last delta with reason None (and "
+        "'length' where it should say 'stop')",
+        name="ho7-the-delta-carries-the-engine",
+        says=("the engine's finish_reason",),
+    ),
+    Mutant(
+        "output_processor",
+        "                end = len(state.text)\n                del self.states[output.request_id]",
+        "                end = len(state.text)\n"
+        "                if output.finished:\n"
+        "                    del self.states[output.request_id]",
+        "a request is forgotten only when the engine finished it: one ended by a stop string "
+        "stays in states, and the abort the engine reports next makes a second last delta",
+        name="ho7-a-request-is-forgotten-only",
+        says=("not by the engine's finished flag",),
+    ),
 ]
