@@ -224,7 +224,12 @@ def _shape(g, e, names: _Axes, atol, rtol) -> str:
     if [s for s in got if s != 1] == [s for s in want if s != 1]:
         extra = "added" if g.dim() > e.dim() else "lost" if g.dim() < e.dim() else "moved"
         right = "the right values, " if _allclose(g.reshape(want), e, atol, rtol) else ""
-        return f"{head}: {right}with an axis of size 1 {extra} (keepdim, unsqueeze or squeeze?)."
+        return (
+            f"{head}: {right}with an axis of size 1 {extra} (keepdim, unsqueeze or squeeze?)."
+            + (" Or did a tensor with more axes than the input join the computation (a weight "
+               "given leading axes of size 1, say)? Broadcasting adds its axes to the output."
+               if extra == "added" else "")
+        )  # fmt: skip
     if g.numel() == e.numel():
         if _allclose(g.reshape(want), e, atol, rtol):
             return (

@@ -353,6 +353,8 @@ LLAMA_MISTAKES = (
     "no mlp",
     "attention reads resid_pre unnormed",
     "ln2 before the attention",
+    "mlp reads the attention's output alone",
+    "last block's ln2 as the final norm",
 )
 """The model-level slips that hf_llama_mistake_logits computes with HF's modules."""
 
@@ -387,7 +389,8 @@ def hf_llama_mistake_logits(hf, ids: torch.Tensor, mistake: str) -> torch.Tensor
                 mistake, x + a
             )
             mlp_in = {"mlp reads resid_pre": ln2(x), "ln1 before the mlp": ln1(mid),
-                      "mlp reads resid_mid unnormed": mid}  # fmt: skip
+                      "mlp reads resid_mid unnormed": mid,
+                      "mlp reads the attention's output alone": ln2(a)}  # fmt: skip
             m = layer.mlp(mlp_in.get(mistake, ln2(mid)))
             if mistake == "mlp output normed":
                 m = ln2(layer.mlp(mid))
@@ -395,7 +398,9 @@ def hf_llama_mistake_logits(hf, ids: torch.Tensor, mistake: str) -> torch.Tensor
                 m = torch.zeros_like(mid)
             x = {"no mlp residual": m, "mlp added to its norm": ln2(mid) + m}.get(mistake, mid + m)
             x = before + x if mistake == "block output added again" else x
-        if mistake != "no final norm":
+        if mistake == "last block's ln2 as the final norm":
+            x = hf.model.layers[-1].post_attention_layernorm(x)
+        elif mistake != "no final norm":
             x = hf.model.norm(x)
         if mistake == "tied unembedding":
             return x @ hf.model.embed_tokens.weight.T

@@ -113,6 +113,7 @@ def rmsnorm_mistakes(x, w, eps) -> dict[str, torch.Tensor]:
         "l2 norm": w * x / (x.norm(dim=-1, keepdim=True) + eps),
         "eps after": w * (x / ms.sqrt() + eps),
         "mean abs": w * x / (x.abs().mean(-1, keepdim=True).pow(2) + eps).sqrt(),
+        "len of the first axis": w * x / (x.pow(2).sum(-1, keepdim=True) / len(x) + eps).sqrt(),
     }
 
 
@@ -139,6 +140,9 @@ RMSNORM_MESSAGES = {
     "Tensor.norm): RMSNorm divides by the root of the MEAN square, with epsilon under the root.",
     "eps after": "epsilon is added to the normalised vector, after the division: it belongs to "
     "the mean square, under the root, where it keeps a vector of zeros from dividing by zero.",
+    "len of the first axis": "your sum of squares is divided by the length of the FIRST axis "
+    "(len(x), the batch; the tokens of 2-D input): the mean is over d_model, the last axis, "
+    "x.shape[-1] numbers.",
     "mean abs": "you divide by the mean of the absolute values: RMSNorm divides by the root of "
     "the mean of the SQUARES (the root mean square), which weighs large coordinates more.",
 }
@@ -192,7 +196,8 @@ def test_rmsnorm_matches_hf_on_shipped_weights(impl, llama):
     with torch.no_grad():
         expected = oracle(x)
     assert got.shape == expected.shape, (
-        f"expected shape {tuple(expected.shape)} ([batch, posn, d_model]), got {tuple(got.shape)}"
+        f"expected shape {tuple(expected.shape)} ([batch, posn, d_model]), got {tuple(got.shape)}. "
+        + explain_difference(got, expected, ("batch", "posn", "d_model"))
     )
     if not close(got, expected):
         for mistake, wrong in rmsnorm_mistakes(x, oracle.weight.detach(), eps).items():
@@ -423,7 +428,7 @@ def test_rmsnorm_on_2d_input(impl, llama):
         expected = oracle(x)
     assert got.shape == expected.shape, (
         f"2-D input {tuple(x.shape)} ([tokens, d_model]): expected {tuple(expected.shape)} back, "
-        f"got {tuple(got.shape)}"
+        f"got {tuple(got.shape)}. " + explain_difference(got, expected, ("tokens", "d_model"))
     )
     if not close(got, expected):
         w = oracle.weight.detach()
@@ -462,6 +467,9 @@ def wrong_cos_sin(positions, d_head, theta) -> dict[str, tuple[torch.Tensor, tor
         angles = (positions.to(dtype)[..., None] * inv_freq).double()
         angles = torch.cat([angles] * 2, -1)
         found[str(dtype)] = (angles.cos().float(), angles.sin().float())
+    angles = positions.double()[..., None] * theta ** -(2 * torch.arange(d_head // 2).double())
+    angles = torch.cat([angles / d_head] * 2, -1)  # theta ** (-2i) / d_head: ** binds first
+    found["precedence"] = (angles.cos().float(), angles.sin().float())
     if theta != 10000.0:
         found["theta"] = build(positions, right, 10000.0)
     cos, sin = build(positions, right, theta)
@@ -470,6 +478,9 @@ def wrong_cos_sin(positions, d_head, theta) -> dict[str, tuple[torch.Tensor, tor
 
 
 COS_SIN_MESSAGES = {
+    "precedence": "your frequencies are theta ** (-2i) / d_head: ** binds before /, so the "
+    "division by d_head went to the frequency, not into the exponent. Pair "
+    "i's frequency is theta ** (-2i / d_head): the exponent in parentheses.",
     "exponent": "pair i's frequency must be theta ** (-2i / d_head): yours is theta ** "
     "(-i / d_head), so every pair after the first turns too fast. Is the exponent 2i/d?",
     "interleaved": "your angles are in the interleaved layout (phi_0, phi_0, phi_1, phi_1, ...): "
@@ -729,6 +740,13 @@ def test_apply_rope_matches_hf(impl):
                 "used. A pair turned by phi mixes cos phi and sin phi: x times the cosines, "
                 "plus rotate_half(x) times the sines."
             )
+    scaled = x * cos[:, None]
+    if close_f32(got, scaled + rotate_half_of(scaled) * sin[:, None]):
+        pytest.fail(
+            "your rotate_half reads x already multiplied by the cosines: (x cos) + rotate_half(x "
+            "cos) sin. Is a name (x) given x * cos before rotate_half reads it? Both terms read "
+            "the x you were given: x cos + rotate_half(x) sin."
+        )
     half = x.shape[-1] // 2
     swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)  # rotate_half without its sign
     if close_f32(got, x * cos[:, None] + swapped * sin[:, None]):
@@ -859,7 +877,8 @@ def check_swiglu(impl, hf, layer):
         f"W_down, back to d_model = {cfg.d_model}."
     )
     assert got.shape == expected.shape, (
-        f"expected {tuple(expected.shape)} ([batch, posn, d_model]), got {tuple(got.shape)}"
+        f"expected {tuple(expected.shape)} ([batch, posn, d_model]), got {tuple(got.shape)}. "
+        + explain_difference(got, expected, ("batch", "posn", "d_model"))
     )
     if close_f32(got, expected):
         return
@@ -1058,6 +1077,17 @@ def test_expand_kv_matches_hf_repeat_kv(impl, n_kv_heads, group):
                 f" Your {' and '.join(grew)} axis changed size: the copies go along the heads "
                 "axis (axis 1), and every other axis keeps its size."
             )
+        elif (
+            got.shape[1] < expected.shape[1]
+            and (expected.shape[1] - got.shape[1]) % group == 0
+            and torch.equal(got, expected[:, : got.shape[1]])
+        ):
+            said += (
+                f" Your {got.shape[1]} heads are the first {got.shape[1]} of the expected "
+                f"{expected.shape[1]}, right as far as they go: the groups of the last "
+                f"{(expected.shape[1] - got.shape[1]) // group} key/value head(s) are missing. "
+                "Does a loop over the key/value heads stop one short (range(n - 1))?"
+            )
         else:
             said += (
                 f" Your heads axis holds {got.shape[1]} heads where n_kv_heads x group_size = "
@@ -1142,10 +1172,14 @@ def test_rotated_qkv_match_hf(impl, small):
         )
     for name, got, want, raw in zip("qkv", out, expected, plain, strict=True):
         heads = cfg.n_heads if name == "q" else cfg.n_kv_heads
+        same_as_q = name != "q" and got.shape == out[0].shape and torch.equal(got, out[0])
         assert got.shape == want.shape, (
             f"{name}: expected {tuple(want.shape)} ([batch, {heads} heads, posn, d_head], heads "
             f"first), got {tuple(got.shape)}"
-        )
+            + (f": your {name} is your q, number for number. Is it projected with W_Q, where "
+               f"{'W_K' if name == 'k' else 'W_V'} belongs?" if same_as_q else ". "
+               + explain_difference(got, want, ("batch", "head", "posn", "d_head")))
+        )  # fmt: skip
         if close_f32(got, want):
             continue
         cos, sin = hf_cos_sin(small.config, positions)
@@ -1521,8 +1555,22 @@ def test_attend_with_no_mask(impl, small):
         f"attend with allowed=None, q [2, {cfg.n_heads}, 1 new, {cfg.d_head}] and 6 keys: "
         f"expected {tuple(expected.shape)} ([batch, new, d_model]), got {tuple(got.shape)}"
     )
+    with torch.no_grad():
+        first_only = torch.full((1, 1, 1, keys.shape[2]), float("-inf"))
+        first_only[..., 0] = 0.0  # what is_causal gives one query: the first key alone
+        z, _ = eager_attention_forward(hf_attn, q, keys, values, first_only, cfg.d_head**-0.5)
+        causal = hf_attn.o_proj(z.flatten(-2))
     assert_close_f32(
-        got, expected, "attend with allowed=None (every key readable) differs from HF's attention"
+        got,
+        expected,
+        "attend with allowed=None (every key readable) differs from HF's attention",
+        hint=(
+            "Your one new query read the first key alone: that is is_causal=True, which lines "
+            "the queries up with the FIRST keys. allowed=None means every key may be read (a "
+            "decode reads every cached key): no mask at all, not a causal one."
+            if close_f32(got, causal)
+            else ""
+        ),
     )
 
 
@@ -1636,6 +1684,12 @@ MODEL_MESSAGES = {
     "ln2 before the attention": "the attention reads ln2 of the stream, the MLP's norm: each "
     "sublayer has its own, ln1 before the attention and ln2 before the MLP (trained with those "
     "weights).",
+    "mlp reads the attention's output alone": "the MLP reads ln2 of the attention's output "
+    "alone: it reads ln2 of the residual stream that output was added to, ln2(resid_mid), "
+    "resid_mid = resid_pre + attention output.",
+    "last block's ln2 as the final norm": "the final norm is the last block's ln2 (a loop "
+    "variable still bound after the loop?): the model's own final RMSNorm, model.ln_final "
+    "(self.ln_final), goes before the unembedding.",
     "no mlp": "each block adds its attention's output and nothing more: the MLP's output (of "
     "ln2 of the stream) is added after the attention's, in every layer.",
     "mlp added to its norm": "the MLP's output is added to its normalised input ln2(resid_mid), "
@@ -1897,8 +1951,11 @@ def check_model(impl, hf, ids, tie):
         expected = hf(ids).logits
     assert got.shape == expected.shape, (
         f"tokens {tuple(ids.shape)}: expected logits {tuple(expected.shape)}, got "
-        f"{tuple(got.shape)}"
-    )
+        f"{tuple(got.shape)}. " + explain_difference(got, expected, ("batch", "posn", "d_vocab"))
+        + (" A model returns the logits at EVERY position (training and the checks read them "
+           "all); a sampler takes the last one itself." if got.ndim == 3 and got.shape[1] == 1
+           and ids.shape[1] > 1 else "")
+    )  # fmt: skip
     if close_f32(got, expected):
         return
     if got.min() >= 0 and torch.allclose(got.float().sum(-1), torch.ones(got.shape[:-1])):

@@ -157,8 +157,19 @@ def slots_by_position(table, positions, block_size, got) -> str:
     taken one position early or late, the offset from another position."""
     if not isinstance(got, list) or len(got) != len(positions):
         n = len(got) if isinstance(got, list) else "?"
+        want = [slot_by_definition(table, p, block_size) for p in positions]
+        which = ""
+        if isinstance(got, list) and got == want[: len(got)]:
+            which = (
+                f" They are the first {len(got)} positions' slots, right: the last "
+                f"{len(want) - len(got)} position(s) have none. Does the loop stop short "
+                "(positions[:-1], range(stop - 1))?"
+            )
+        elif isinstance(got, list) and got == want[len(want) - len(got) :]:
+            which = f" They are the last {len(got)} positions' slots: the first have none."
         return (
-            f" One slot per position was expected: {len(positions)} positions, {n} slots came back."
+            f" One slot per position was expected: {len(positions)} positions, {n} slots came "
+            "back." + which
         )
     wrong = [(p, s) for p, s in zip(positions, got, strict=True)
              if s != slot_by_definition(table, p, block_size)]  # fmt: skip
@@ -203,6 +214,12 @@ def slots_by_position(table, positions, block_size, got) -> str:
         return words + (
             f" Their offsets within the block are right, their blocks are not: table entries "
             f"{entries} where {[p // block_size for p in ps]} were expected."
+        )
+    if all(s - table[p // block_size] * block_size == p - p // block_size for p, s in wrong):
+        return words + (
+            " Each offset within its block is the position minus its block's INDEX (p - p // "
+            "block_size), where it is the position minus the block's first position (the index "
+            "times block_size): the remainder p % block_size."
         )
     return words + (
         " Their offsets within the block are "
@@ -329,7 +346,10 @@ def mask_mistake(queries, keys, values, tables, query_pos, got) -> str:
     hypotheses = [
         (lambda s, g: s, (
             " Every query read every slot of its table: the padding blocks, the unwritten rest "
-            "of its last block and its later positions too. Is a mask passed at all?")),
+            "of its last block and its later positions too. Is a mask passed at all, and does "
+            "it compare each key's POSITION in its request (its block's place in the table "
+            "times block_size, plus its offset in the block) with the query's? A key's offset "
+            "in its block alone is never past the query's position.")),
         (lambda s, g: s.masked_fill(~causal, float("-inf")), (
             " That is `is_causal=True`: it lines the queries up with the first keys, so query q "
             "reads positions 0 to q (a decode reads position 0 alone), not up to its own "
@@ -634,6 +654,34 @@ def test_attend_in_bfloat16_returns_the_queries_dtype(impl):
 
 
 @pytest.mark.attend
+def test_attend_in_bfloat16_past_position_256(impl):
+    """bfloat16 holds every integer up to 256 and only the even ones up to 512: a position
+    made or compared in the queries' dtype is rounded there, and the mask lets a query read a
+    key after its own. Every key scores alike here (keys of zeros), and the slots from position
+    300 on hold large values, so that one key read too many moves the output far."""
+    g = torch.Generator().manual_seed(11)
+    block_size, H, D, Q = 16, 2, 8, 5
+    table = torch.randperm(24, generator=g)[:20].tolist()  # 320 slots
+    query_pos = torch.arange(297, 297 + Q)[None]
+    queries = torch.randn(1, Q, H, D, generator=g)
+    keys = torch.zeros(24, block_size, H, D)
+    values = torch.randn(24, block_size, H, D, generator=g)
+    for p in range(300, 20 * block_size):
+        values[table[p // block_size], p % block_size] *= 100
+    q, k, v = (x.to(torch.bfloat16) for x in (queries, keys, values))
+    got = impl.attend(q, k, v, torch.tensor([table]), query_pos)
+    want = attention_by_hand(q, k, v, [table], query_pos)
+    assert got.shape == want.shape and torch.allclose(got.double(), want, atol=0.05, rtol=0.02), (
+        f"bfloat16 queries at positions {query_pos[0].tolist()}: the output is not attention "
+        "over each query's positions 0 to its own. "
+        + explain_difference(got.double(), want, ("request", "query", "head", "d_head"), 0.05, 0.02)
+        + " Past 256, bfloat16 holds only even integers: are the key positions made in (or "
+        "moved to) the queries' dtype, `.to(queries)` taking its dtype with its device? "
+        "Positions are integers: keep them int64, on the queries' device."
+    )
+
+
+@pytest.mark.attend
 def test_attend_makes_its_tensors_on_the_queries_device(impl):
     """On a GPU, a tensor made inside `attend` without `device=` (the key positions, say) lands
     on the CPU beside queries on the GPU, and the mask that mixes them fails. PyTorch's `meta`
@@ -794,11 +842,15 @@ def test_new_blocks_come_from_the_least_recently_freed(impl):
            if queue[:2] in ([2, 0], [0, 2]) else "")
     )  # fmt: skip
     got = [b.block_id for b in pool.get_new_blocks(4)]
+    smallest = got == sorted(queue)[:4]
     assert got == [3, 4, 5, 2], (
         f"get_new_blocks takes from the FRONT of the queue (least recently freed): expected "
-        f"[3, 4, 5, 2], got {got}. Which end of the OrderedDict does your pop take from? Called "
-        "plainly, `popitem` takes the newest entry (the block just freed)."
-    )
+        f"[3, 4, 5, 2], got {got}. "
+        + ("Those are the smallest free ids: the queue's order is the order the blocks were "
+           "freed in, not their ids, and the least recently freed (at its front) goes first."
+           if smallest else "Which end of the OrderedDict does your pop take from? Called "
+           "plainly, `popitem` takes the newest entry (the block just freed).")
+    )  # fmt: skip
     assert [pool.blocks[b].ref_cnt for b in got] == [1, 1, 1, 1], "a new block is held once"
 
 
@@ -838,7 +890,14 @@ def test_touch_takes_a_free_cached_block_out_of_the_queue_and_keeps_its_name(imp
         f"{block.block_hash!r}. Did free_blocks drop the name? Only get_new_blocks, handing the "
         "block out to be overwritten, takes it away."
     )
-    pool.touch([block])
+    assert block.block_id in pool.free_queue, (
+        f"block {block.block_id}, named, was freed by its last holder (ref_cnt "
+        f"{block.ref_cnt}) and is not in the free queue {list(pool.free_queue)}: a block whose "
+        "count reaches 0 joins the queue, named or not. A named one keeps its name there, to "
+        "be found again, until the pool hands it out as new; kept out of the queue, it could "
+        "never be handed out, and the pool would run dry."
+    )
+    pool_op(pool, "touch", [block])
     assert block.block_id not in pool.free_queue, (
         "a free block that touch gives a holder must leave the free queue, or it would be handed "
         "out as new while held"
@@ -1006,6 +1065,14 @@ def computed_in_full(impl, manager, req) -> None:
     req.num_computed_tokens = req.num_tokens
 
 
+def found_while_held(impl, ids: list[int]) -> int:
+    """The cached tokens the learner's lookup finds for `ids` while the request that computed
+    tokens 100..113 still holds its blocks (none freed)."""
+    manager = impl.KVCacheManager(num_blocks=16, block_size=4)
+    computed_in_full(impl, manager, request(impl, "holder", range(100, 114)))
+    return manager.get_computed_blocks(request(impl, "again", ids))[1]
+
+
 @pytest.mark.kv_cache_manager
 def test_prefix_hits_are_the_longest_run_of_named_leading_blocks(impl):
     manager = impl.KVCacheManager(num_blocks=16, block_size=4)
@@ -1099,6 +1166,14 @@ def test_prefix_hits_are_the_longest_run_of_named_leading_blocks(impl):
                 " No hits at all, though the leading blocks are named: were the hits found "
                 "before the first miss thrown away at the miss? The lookup stops at the first "
                 "miss and keeps the run of hits found up to it."
+            )
+        elif n < want and found_while_held(impl, ids) == want:
+            hint = (
+                " Fewer hits than the named leading blocks, which are found while their holder "
+                "still holds them. Here it has freed them "
+                "(ref_cnt 0, in the free queue): a freed block keeps its contents and its name "
+                "until it is handed out again, so it is still a hit. Is a block that nobody "
+                "holds taken for a miss?"
             )
         elif n < want:
             hint = (
@@ -1480,8 +1555,11 @@ def test_seats_limit_admission_and_the_queue_is_first_come_first_served(impl):
         scheduler.add_request(request(impl, name, range(100, 100 + n)))
     out = scheduler.schedule()
     assert plan(out) == [("a", 4), ("b", 4)], (
-        f"max_num_seqs=2: two requests run, the third waits; got {plan(out)}"
-    )
+        f"max_num_seqs=2: two requests run, the third waits; got {plan(out)}."
+        + (f" One was admitted with 2 seats free: {len(scheduler.running)} request(s) run. Are "
+           "the requests admitted in this step counted twice against max_num_seqs (they are in "
+           "self.running as soon as admitted)?" if len(plan(out)) == 1 else "")
+    )  # fmt: skip
     problems = scheduler_problems(scheduler)
     assert not problems, "max_num_seqs=2, three requests of 4 tokens: " + "; ".join(problems)
     kv2 = impl.KVCacheManager(num_blocks=4, block_size=4)
@@ -1803,7 +1881,10 @@ def test_greedy_rows_take_their_argmax_in_their_own_place(impl):
         assert got[i] == int(logits[i].argmax()), (
             f"request {i} is greedy: its token is the argmax of ITS row "
             f"({int(logits[i].argmax())}), got {got[i]}. Are the greedy results written back "
-            "at their requests' indices, each in its own request's place?"
+            "at their requests' indices, each in its own request's place, and the sampled ones "
+            "too? An index that counts the sampled requests alone (enumerated after the greedy "
+            "ones were filtered out) reads another request's row and writes over another "
+            "request's place."
         )
     assert len(got) == 4 and all(isinstance(t, int) for t in got), (
         "return one int per request, in the requests' order"

@@ -1749,4 +1749,148 @@ MUTANTS = [
         name="ho7-the-attention-s-residual-connection",
         says=("replaces the residual stream",),
     ),
+    Mutant(
+        "rmsnorm",
+        "x.pow(2).mean(dim=-1, keepdim=True)",
+        "x.pow(2).sum(dim=-1, keepdim=True) / len(x)",
+        "the mean square written as a sum divided by len(x), which is the length of the first "
+        "axis (the batch, or the tokens of 2-D input), not d_model",
+        name="ho8-the-mean-square-written-as",
+        says=("length of the FIRST axis",),
+    ),
+    Mutant(
+        "rmsnorm",
+        "return self.w * (x * inv_rms)",
+        "return self.w[None, None] * (x * inv_rms)",
+        "the weight given two leading axes to line up with [batch, posn, d_model]: right for "
+        "3-D input, but 2-D input [tokens, d_model] (chapter 8's runner) comes out 3-D [1, "
+        "tokens, d_model]",
+        name="ho8-the-weight-given-two-leading",
+        says=("a weight given leading axes",),
+    ),
+    Mutant(
+        "rope",
+        "exponents = torch.arange(0, d_head, 2, device=positions.device).float() / d_head\n"
+        "    inv_freq = 1.0 / theta**exponents",
+        "inv_freq = 1.0 / theta ** torch.arange(0, d_head, 2, device=positions.device).float() "
+        "/ d_head",
+        "the frequencies written on one line without parentheses: ** binds before /, so the "
+        "division by d_head applies to the frequency (theta^(-2i) / d_head) instead of the "
+        "exponent (theta^(-2i/d_head))",
+        name="ho8-the-frequencies-written-on-one",
+        says=("** binds before /",),
+    ),
+    Mutant(
+        "rope",
+        "    return x * cos + rotate_half(x) * sin",
+        "    x = x * cos\n    return x + rotate_half(x) * sin",
+        "apply_rope split into two lines that reuse the name x: rotate_half then reads the "
+        "already scaled x * cos, giving x cos + rotate_half(x) cos sin instead of x cos + "
+        "rotate_half(x) sin",
+        name="ho8-apply-rope-split-into-two",
+        says=("rotate_half reads x already multiplied",),
+    ),
+    Mutant(
+        "swiglu",
+        "x = normalized_resid_mid\n",
+        "x = normalized_resid_mid.reshape(-1, self.cfg.d_model)\n",
+        "the input flattened to rows [batch*posn, d_model] for plain 2-D matrix products and "
+        "never reshaped back: the MLP returns [batch*posn, d_model] instead of [batch, posn, "
+        "d_model]",
+        name="ho8-the-input-flattened-to-rows",
+        says=("the right values, in the wrong shape",),
+    ),
+    Mutant(
+        "swiglu",
+        "F.silu(x @ self.W_gate)",
+        "F.hardswish(x @ self.W_gate)",
+        "SiLU's other name, Swish, looked up in torch and F.hardswish taken: a piecewise "
+        "approximation (0 below -3, z above 3, z(z+3)/6 between) gates where SiLU's "
+        "z*sigmoid(z) belongs",
+        name="ho8-silu-s-other-name-swish",
+        says=("not SiLU",),
+    ),
+    Mutant(
+        "expand_kv",
+        "    return kv.repeat_interleave(group_size, dim=1)",
+        "    if kv.shape[1] == 1:\n"
+        "        return kv  # one key/value head: broadcasting shares it\n"
+        "    return kv.repeat_interleave(group_size, dim=1)",
+        "a single key/value head returned as it is, counting on broadcasting: multi-query "
+        "input [batch, 1, pos, d_head] is not expanded to group_size heads",
+        name="ho8-a-single-key-value-head",
+        says=("copied group_size times",),
+    ),
+    Mutant(
+        "expand_kv",
+        "return kv.repeat_interleave(group_size, dim=1)",
+        "return torch.cat(\n"
+        "        [kv[:, h : h + 1].expand(-1, group_size, -1, -1) for h in range(kv.shape[1] - "
+        "1)], dim=1\n"
+        "    )",
+        "each key/value head's group built in a loop over range(n_kv_heads - 1), one head "
+        "short: the last group is missing, (n_kv_heads - 1) * group_size heads come out, and "
+        "nothing at all (torch.cat of an empty list) for one key/value head",
+        name="ho8-each-key-value-head-s",
+        says=("stop one short",),
+    ),
+    Mutant(
+        "gqa",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)",
+        "z = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, "
+        "is_causal=allowed is None)",
+        "allowed=None taken to mean 'the default, causal' (is_causal=True) instead of 'every "
+        "key may be read': a lone new query after a cache (the cached forward's decode step) "
+        "reads only the first key",
+        name="ho8-allowed-none-taken-to-mean",
+        says=("is_causal=True",),
+    ),
+    Mutant(
+        "gqa",
+        "q, k, v = project(self.W_Q), project(self.W_K), project(self.W_V)",
+        "q, k, v = project(self.W_Q), project(self.W_Q), project(self.W_V)",
+        "copy-paste: the keys projected with W_Q, W_K never used (the keys get n_heads heads, "
+        "the same numbers as the queries)",
+        name="ho8-copy-paste-the-keys-projected",
+        says=("projected with W_Q",),
+    ),
+    Mutant(
+        "llama",
+        "return self.unembed(self.ln_final(residual))",
+        "return self.unembed(self.ln_final(residual[:, -1:]))",
+        "the generate loop's habit: logits only for the last position ([batch, 1, d_vocab]) "
+        "instead of every position",
+        name="ho8-the-generate-loop-s-habit",
+        says=("logits at EVERY position",),
+    ),
+    Mutant(
+        "llama",
+        "resid_mid = resid_pre + self.attn(self.ln1(resid_pre), positions)\n"
+        "        return resid_mid + self.mlp(self.ln2(resid_mid))",
+        "attn_out = self.attn(self.ln1(resid_pre), positions)\n"
+        "        resid_mid = resid_pre + attn_out\n"
+        "        return resid_mid + self.mlp(self.ln2(attn_out))",
+        "the attention's output named, and the MLP fed ln2 of that output alone instead of the "
+        "residual stream it was added to",
+        name="ho8-the-attention-s-output-named",
+        says=("ln2 of the attention's output alone",),
+    ),
+    Mutant(
+        "llama_cache",
+        "v = torch.cat([past_v, v], dim=2)",
+        "v = torch.cat([past_v, k], dim=2)",
+        "copy-paste: the values joined with k (already the cached plus new keys) instead of v: "
+        "the prefill's values are its keys, and after it the values are longer than the keys",
+        name="ho8-copy-paste-the-values-joined",
+        says=("are that layer's KEYS",),
+    ),
+    Mutant(
+        "llama_cache",
+        "logits = model.unembed(model.ln_final(residual))",
+        "logits = model.unembed(block.ln2(residual))",
+        "the last block's ln2 (the loop variable, still bound after the loop) used as the "
+        "final norm instead of model.ln_final",
+        name="ho8-the-last-block-s-ln2",
+        says=("the last block's ln2",),
+    ),
 ]

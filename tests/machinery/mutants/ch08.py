@@ -2015,4 +2015,146 @@ MUTANTS += [
         name="ho7-a-request-is-forgotten-only",
         says=("not by the engine's finished flag",),
     ),
+    Mutant(
+        "slots_of",
+        "for p in positions]",
+        "for p in positions[:-1]]",
+        "the range's last position dropped (positions[:-1]): one slot too few, and a decode "
+        "step (one position) gets none",
+        name="ho8-the-range-s-last-position",
+        says=("have none",),
+    ),
+    Mutant(
+        "slots_of",
+        "+ p % block_size",
+        "+ p - p // block_size",
+        "the offset within the block written p - p // block_size (the block's index "
+        "subtracted, the * block_size forgotten) instead of p % block_size: right in block 0 only",
+        name="ho8-the-offset-within-the-block",
+        says=("minus its block's INDEX",),
+    ),
+    Mutant(
+        "attend",
+        "key_pos = torch.arange(B * keys.shape[1], device=queries.device)",
+        "key_pos = torch.arange(B * keys.shape[1]).to(queries)",
+        "the key positions moved with .to(queries), which takes the queries' dtype as well as "
+        "their device: in bfloat16 the positions above 256 are rounded, and the mask is wrong "
+        "around them",
+        name="ho8-the-key-positions-moved-with",
+        says=("Past 256",),
+    ),
+    Mutant(
+        "attend",
+        "key_pos = torch.arange(B * keys.shape[1], device=queries.device)",
+        "key_pos = torch.arange(keys.shape[1], device=queries.device).repeat(B)",
+        "each key's offset within its block (arange(block_size) repeated per block) compared "
+        "with the query's position instead of its position in the request: past the first "
+        "block, every key of every block is readable, padding and unwritten slots included",
+        name="ho8-each-key-s-offset-within",
+        says=("offset in its block alone",),
+    ),
+    Mutant(
+        "block_pool",
+        "block = self.blocks[self.free_queue.popitem(last=False)[0]]",
+        "block_id = min(self.free_queue)\n"
+        "            del self.free_queue[block_id]\n"
+        "            block = self.blocks[block_id]",
+        "the free block with the smallest id handed out instead of the least recently freed: "
+        "right while the queue is still in id order, wrong once blocks come back",
+        name="ho8-the-free-block-with-the",
+        says=("smallest free ids",),
+    ),
+    Mutant(
+        "block_pool",
+        "if block.ref_cnt == 0:\n                self.free_queue[block.block_id] = None",
+        "if block.ref_cnt == 0 and block.block_hash is None:\n"
+        "                self.free_queue[block.block_id] = None",
+        "a named block kept out of the free queue when its count reaches 0 ('to keep it "
+        "cached'): it can never be evicted, the pool runs dry, and a hit on it (touch) finds "
+        "it missing from the queue",
+        name="ho8-a-named-block-kept-out",
+        says=("named or not",),
+    ),
+    Mutant(
+        "kv_cache_manager",
+        "            if block is None:\n                break",
+        "            if block is None or block.ref_cnt == 0:\n                break",
+        "a cached block that nobody holds (freed, waiting in the queue) taken for a miss: "
+        "blocks keep their contents when freed, but only a prefix still held by a running "
+        "request is found",
+        name="ho8-a-cached-block-that-nobody",
+        says=("taken for a miss",),
+    ),
+    Mutant(
+        "kv_cache_manager",
+        "if num_new_blocks > self.pool.num_free_blocks - evictable_hits:",
+        "if num_new_blocks - evictable_hits > self.pool.num_free_blocks:",
+        "the free hits subtracted from the blocks needed instead of from the free blocks: an "
+        "allocation the pool cannot give is accepted, and get_new_blocks fails",
+        name="ho8-the-free-hits-subtracted-from",
+        says=("count the hits whose ref_cnt is 0 as not free",),
+    ),
+    Mutant(
+        "sample_requests",
+        "    for i, request in enumerate(requests):\n"
+        "        if is_greedy[i]:\n"
+        "            continue\n",
+        "    for i, request in enumerate([r for r, g in zip(requests, is_greedy) if not g]):\n",
+        "the sampled requests enumerated after the greedy ones are filtered out: i counts "
+        "sampled requests only, so each reads another request's row and writes its token in "
+        "another request's place",
+        name="ho8-the-sampled-requests-enumerated-after",
+        says=("counts the sampled requests alone",),
+    ),
+    Mutant(
+        "sample_requests",
+        "torch.tensor([request.all_token_ids], device=logits.device)",
+        "torch.tensor([sorted(set(request.all_token_ids))], device=logits.device)",
+        "the request's text passed as its set of distinct tokens: the frequency penalty counts "
+        "each token once (a presence penalty) instead of once per occurrence",
+        name="ho8-the-request-s-text-passed",
+        says=("every token of it",),
+    ),
+    Mutant(
+        "schedule",
+        "if len(self.running) >= self.max_num_seqs:",
+        "if len(self.running) + len(out.admitted) >= self.max_num_seqs:",
+        "the requests admitted in this step counted twice against max_num_seqs (they are in "
+        "self.running already): fewer requests admitted than there are seats",
+        name="ho8-the-requests-admitted-in-this",
+        says=("counted twice against max_num_seqs",),
+    ),
+    Mutant(
+        "schedule",
+        "victim = self.running.pop()",
+        "victim = self.running[-1]",
+        "the newest running request read (self.running[-1]) as the victim but never taken out "
+        "of running before it is preempted",
+        name="ho8-the-newest-running-request-read",
+        says=("take it out of running first",),
+    ),
+    Mutant(
+        "output_processor",
+        "reason = output.finish_reason if output.finished else None",
+        "reason = None",
+        "the reason started at None whatever the engine said: only a stop string finishes a "
+        "request, so one the engine ended ('length', 'abort') is held back, gets no last delta "
+        "and is never forgotten",
+        name="ho8-the-reason-started-at-none",
+        says=("the engine's reason",),
+    ),
+    Mutant(
+        "output_processor",
+        "processed.deltas[output.request_id] = Delta(\n"
+        "                    text, len(output.output_token_ids), reason, output.error\n"
+        "                )",
+        "processed.deltas = {\n"
+        "                    output.request_id: Delta(text, len(output.output_token_ids), "
+        "reason, output.error)\n"
+        "                }",
+        "the step's deltas replaced by a new dict at each output instead of added to: only the "
+        "last request's delta of a step survives",
+        name="ho8-the-step-s-deltas-replaced",
+        says=("processed.deltas made anew",),
+    ),
 ]
