@@ -59,7 +59,7 @@ class ByteDFA:
 
 # UTF-8: how many bytes a character has, read from its first byte (None: never a first byte;
 # C0 and C1 would only start overlong encodings, F5-FF code points past U+10FFFF).
-def _utf8_length(lead: int) -> int | None:
+def utf8_length(lead: int) -> int | None:
     if lead < 0x80:
         return 1
     if 0xC2 <= lead <= 0xDF:
@@ -73,22 +73,22 @@ def _utf8_length(lead: int) -> int | None:
 
 # The second byte is narrower after four first bytes: E0 and F0 would otherwise start overlong
 # encodings, ED a surrogate (U+D800-DFFF, not a character), F4 a code point past U+10FFFF.
-_SECOND_BYTE = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
-_CONTINUATION = (0x80, 0xBF)
+SECOND_BYTE = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
+CONTINUATION = (0x80, 0xBF)
 
 
-def _next_byte_range(prefix: bytes) -> tuple[int, int]:
-    return _SECOND_BYTE.get(prefix[0], _CONTINUATION) if len(prefix) == 1 else _CONTINUATION
+def next_byte_range(prefix: bytes) -> tuple[int, int]:
+    return SECOND_BYTE.get(prefix[0], CONTINUATION) if len(prefix) == 1 else CONTINUATION
 
 
-def _code_point_range(prefix: bytes) -> tuple[int, int] | None:
+def code_point_range(prefix: bytes) -> tuple[int, int] | None:
     """The code points whose UTF-8 encoding starts with `prefix`, an incomplete character, as
     (lowest, highest); None if no character starts so. UTF-8 keeps the order of code points, so
     they are the range between the smallest and the largest completion."""
-    n = _utf8_length(prefix[0])
+    n = utf8_length(prefix[0])
     if n is None or len(prefix) >= n:
         return None
-    second = _next_byte_range(prefix[:1])
+    second = next_byte_range(prefix[:1])
     low = bytes(second[0] if i == 1 else 0x80 for i in range(len(prefix), n))
     high = bytes(second[1] if i == 1 else 0xBF for i in range(len(prefix), n))
     try:
@@ -97,7 +97,7 @@ def _code_point_range(prefix: bytes) -> tuple[int, int] | None:
         return None
 
 
-class _CharDFA:
+class CharDFA:
     """interegular's character DFA, reduced to the states that can still reach a final one."""
 
     def __init__(self, regex: str):
@@ -146,7 +146,7 @@ class _CharDFA:
 
 def regex_to_byte_dfa(regex: str) -> ByteDFA:
     """The byte-level DFA of `regex` (fullmatch semantics), every state live."""
-    chars = _CharDFA(regex)
+    chars = CharDFA(regex)
     if chars.initial not in chars.live:
         raise ValueError(f"the regex {regex!r} matches no text at all")
 
@@ -161,9 +161,9 @@ def regex_to_byte_dfa(regex: str) -> ByteDFA:
             _, k, low, high = pending
             if not low <= byte <= high:
                 return None
-            return (state, b"") if k == 1 else (state, ("rest", k - 1, *_CONTINUATION))
+            return (state, b"") if k == 1 else (state, ("rest", k - 1, *CONTINUATION))
         prefix = pending + bytes([byte])
-        n = _utf8_length(prefix[0])
+        n = utf8_length(prefix[0])
         if n is None:
             return None
         if len(prefix) == n:  # a whole character: step the character DFA on it
@@ -173,14 +173,14 @@ def regex_to_byte_dfa(regex: str) -> ByteDFA:
                 return None
             target = chars.step(state, char)
             return None if target is None else (target, b"")
-        span = _code_point_range(prefix)
+        span = code_point_range(prefix)
         if span is None:
             return None
         if not chars.named_in(*span):  # whatever character this becomes, the regex sees "other"
             target = chars.step_other(state)
             if target is None:
                 return None
-            return (target, ("rest", n - len(prefix), *_next_byte_range(prefix)))
+            return (target, ("rest", n - len(prefix), *next_byte_range(prefix)))
         return (state, prefix) if chars.any_live(state, *span) else None
 
     # Breadth first from the start, numbering states as they are found.
