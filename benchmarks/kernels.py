@@ -1,4 +1,4 @@
-"""Chapter 9's kernels against the PyTorch path and against the memory limit, on a GPU.
+"""Chapter 10's kernels against the PyTorch path and against the memory limit, on a GPU.
 
     python benchmarks/kernels.py [--device cuda|cpu] [--interpret] [--vocab 50257,128256]
                                  [--batch 1,16,64,256] [--fused 50257x768,128256x4096]
@@ -61,7 +61,7 @@ Interpreter timings say nothing about a GPU. Progress goes to stderr. Prints one
   Zipf rows takes 2 or 3 rounds (a simulation of these rows: 2 in 69 % of batches, 3 in 29 %),
   so 5 to 8 reads. The sort-based path (torch_top_p below) moves at least 22 reads' worth:
   sort 4 (values and int64 indices), cumsum 2, cumsum - sorted and the mask about 6, sum and
-  divide 3, torch.multinomial 7 (chapter 9, section 1, counts the same way), and more in the
+  divide 3, torch.multinomial 7 (chapter 10, section 1, counts the same way), and more in the
   sort's passes: 22 / 6.5 is more than 3.
   `top_k_3x_floor_per_round`: top-k (50) within 3 reads per round of its slowest row
   (x_floor / rounds max). A round is 2.4 reads (a draw of 822 instructions per thread per

@@ -1,4 +1,4 @@
-"""Chapter 9's kernels compiled for an H100 (sm_90) here, without a GPU: their machine code.
+"""Chapter 10's kernels compiled for an H100 (sm_90) here, without a GPU: their machine code.
 
     python benchmarks/sass.py [--kernel inverse_transform ...] [--arch 90]
 
@@ -26,7 +26,7 @@ Prints one JSON object, per kernel and branch:
   over the row's blocks, the draw and the count).
 
 Fewer instructions and barriers per block, and wider loads, are what a kernel bound by memory
-needs to keep enough bytes in flight; this script is the evidence for chapter 9's kernel
+needs to keep enough bytes in flight; this script is the evidence for chapter 10's kernel
 changes when no GPU is at hand. It runs in about 15 seconds on a 2-core machine (a few with
 Triton's cache of compiled kernels warm).
 """

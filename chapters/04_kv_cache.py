@@ -1516,7 +1516,7 @@ print(
 # give each kernel launch and each byte read more work to do. **Batching** does (the same
 # weights serve many rows); **CUDA graphs** record a step's kernels once and replay them with
 # one launch; **fused kernels** do several operations in one launch without writing the
-# intermediate results to memory. Chapter 9 writes fused sampling kernels in Triton.
+# intermediate results to memory. Chapter 10 writes fused sampling kernels in Triton.
 
 # %% [markdown]
 # ## Check your understanding

@@ -741,7 +741,7 @@ with torch.inference_mode():
 # $i$ beats every other works out to $e^{z_i/T} / \sum_j e^{z_j/T}$ (the same calculation shows
 # that exponential races, "who arrives first", pick $i$ with probability proportional to its
 # rate). No softmax, no cumulative sum, no sort: one pass over the logits with an argmax. That
-# is why chapter 9 has a Gumbel-max kernel, and a kernel that samples inside the matrix product
+# is why chapter 10 has a Gumbel-max kernel, and a kernel that samples inside the matrix product
 # that makes the logits, without ever holding a whole row of probabilities.
 #
 # **Temperature goes on the logits, not on the noise.** The classic bug is
@@ -2032,7 +2032,7 @@ with one_thread(), torch.inference_mode():
 # ## What's next
 #
 # Chapter 8 serves many requests at once: a paged cache, continuous batching and prefix caching,
-# the core of a serving engine such as vLLM. Chapter 9 writes the sampling steps of chapters 3
+# the core of a serving engine such as vLLM. Chapter 10 writes the sampling steps of chapters 3
 # and 6 as GPU kernels in Triton: Gumbel-max sampling fused into the unembedding's matrix product
 # (no row of probabilities ever stored), top-k and top-p without sorting, and this chapter's
 # rejection sampler, each checked against exact probabilities and against the PyTorch versions

@@ -77,7 +77,7 @@ Chapter 8 serves many requests at once (vLLM's and nano-vllm's decomposition):
                        advances, stops and finishes a request
     engine.py          LLMEngine: add_request, step (schedule, run, sample, update), abort
 
-Chapter 9's kernels live in solutions/kernels/; importing this package first decides how they
+Chapter 10's kernels live in solutions/kernels/; importing this package first decides how they
 run (triton_mode.py), before anything else can import Triton.
 """
 

@@ -1,4 +1,4 @@
-"""How chapter 9's Triton kernels run here, decided once, before anything imports Triton.
+"""How chapter 10's Triton kernels run here, decided once, before anything imports Triton.
 
 With a CUDA GPU, Triton compiles each kernel for it. Without one, Triton's interpreter runs the
 same kernel source on the CPU. The interpreter is chosen by the environment variable

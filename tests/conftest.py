@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-# Chapter 9: without a GPU, Triton's interpreter runs the kernels; the choice is made when
+# Chapter 10: without a GPU, Triton's interpreter runs the kernels; the choice is made when
 # `solutions` is imported, before anything here can import triton.
 import solutions  # noqa: F401
 from utils.chapters import all_exercises

@@ -370,7 +370,7 @@ def model_metrics(name: str) -> dict:
     return json.loads((MODELS_DIR / name / "metrics.json").read_text())
 
 
-# Chapter 9's kernels, their compiler and their benchmark need Triton, a Linux-only dependency.
+# Chapter 10's kernels, their compiler and their benchmark need Triton, a Linux-only dependency.
 needs_triton = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None, reason="chapter 9 needs Triton (Linux)"
+    importlib.util.find_spec("triton") is None, reason="chapter 10 needs Triton (Linux)"
 )

@@ -20,7 +20,7 @@ Grading (pytest, `course grade`, a notebook's `check(...)`)
     display.py         what the learner reads: verdicts and solutions, in a notebook or a terminal
     hf_oracles.py      HF ground truths shared by the graded tests and chapter 3's cells
     pytest_options.py  the grader's options (--impl, --must-fail, --mutants, --runslow), a plugin
-    kernel_compile.py  chapter 9's kernels compiled for a GPU, without one (tests, benchmarks/sass)
+    kernel_compile.py  chapter 10's kernels compiled for a GPU, without one (tests, benchmarks/sass)
 The notebook build (`course build`)
     chapters.py        a chapter source (chapters/NN_name.py) read into its cells
     build.py           learner (stub) and teacher notebooks from chapters/ and solutions/

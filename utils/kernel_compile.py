@@ -1,4 +1,4 @@
-"""Chapter 9's kernels compiled for a GPU (an H100: sm_90), here, without one.
+"""Chapter 10's kernels compiled for a GPU (an H100: sm_90), here, without one.
 
 Triton's interpreter, which runs the kernels wherever there is no GPU (CI included), runs a
 kernel as Python: a `break` or `continue`, a `return` inside a loop, a global that is not a

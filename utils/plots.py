@@ -948,7 +948,7 @@ def dual_pivot_rounds(
     probs: Float[Tensor, "d_vocab"], top_p: float, generator: torch.Generator
 ) -> list[dict]:
     """The rounds of dual-pivot top-p sampling on one row, written plainly in PyTorch for the
-    figure (chapter 9's kernel does the same with one pass per step): each round's interval
+    figure (chapter 10's kernel does the same with one pass per step): each round's interval
     (low, high], the drawn token, its two pivots, and whether the token was kept."""
     probs = probs.double() / probs.sum()
     low, high, rounds = 0.0, 1.0, []

@@ -12,10 +12,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-# When the Llama chapter became chapter 7, the two chapters after it moved up one.
+# When the Llama chapter became chapter 7, the two chapters after it moved up one; when chapter
+# 9 was kept for constrained decoding, the kernels moved to 10 (08_kernels follows both).
 RENAMES: dict[str, str] = {
     "07_serving": "08_serving",
     "08_kernels": "09_kernels",
+    "09_kernels": "10_kernels",
 }
 
 

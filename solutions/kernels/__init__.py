@@ -1,4 +1,4 @@
-"""Chapter 9: GPU sampling kernels in Triton, each the same contract as a PyTorch reference of
+"""Chapter 10: GPU sampling kernels in Triton, each the same contract as a PyTorch reference of
 an earlier chapter. Importing this package chooses how kernels run (runtime.py): compiled on a
 CUDA GPU, else through Triton's interpreter on the CPU.
 

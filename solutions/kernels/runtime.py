@@ -1,4 +1,4 @@
-"""Where chapter 9's kernels run, and what every kernel's wrapper shares.
+"""Where chapter 10's kernels run, and what every kernel's wrapper shares.
 
 With a CUDA GPU, Triton compiles each kernel for it. Without one, Triton's interpreter runs the
 same kernel source on the CPU, one program after another, with numpy standing in for the GPU's
@@ -23,7 +23,7 @@ try:
     import triton.language  # noqa: F401
 except ImportError as error:  # pragma: no cover - Triton is a Linux-only dependency
     raise ImportError(
-        "chapter 9 needs Triton, which is installed with the course on Linux only "
+        "chapter 10 needs Triton, which is installed with the course on Linux only "
         "(pip install triton). On macOS and Windows the chapter cannot run its kernels."
     ) from error
 
@@ -48,7 +48,7 @@ def next_power_of_2(n: int) -> int:
 
 
 # The most columns a block may hold on a GPU, or None for the wrappers' own choice. The graded
-# tests set it to the interpreter's 1,024 (tests/graded/test_09_kernels.py), so that their rows
+# tests set it to the interpreter's 1,024 (tests/graded/test_10_kernels.py), so that their rows
 # of a few thousand columns span several blocks on a GPU too, as they do under the interpreter.
 GPU_BLOCK_CAP: int | None = None
 

@@ -1,5 +1,5 @@
 """Gumbel-max sampling, graded against exact probabilities: the checks that chapter 6's
-`gumbel_sample` and chapter 9's kernels (Gumbel-max from logits, fused with the matmul) share.
+`gumbel_sample` and chapter 10's kernels (Gumbel-max from logits, fused with the matmul) share.
 The failure messages name the classic temperature and noise bugs when the samples reveal one."""
 
 from __future__ import annotations

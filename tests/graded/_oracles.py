@@ -183,7 +183,7 @@ def draw(fn, logits: torch.Tensor, n: int = N_SAMPLES, seed: int = 0, who: str =
 # --------------------------------------------------------------------------- top-p boundaries
 
 # The top-p line reached through rounding: decimal probabilities, top_p equal to the total of
-# the most likely ones (chapter 3's filter and chapter 9's kernel are both graded on them). HF's
+# the most likely ones (chapter 3's filter and chapter 10's kernel are both graded on them). HF's
 # own case first (its test_top_p_dist_warper): 0.5 + 0.3 reaches 0.8. No tie straddles a line.
 ROUNDED_TOP_P_CASES = [
     ([0.3, 0.1, 0.1, 0.5], 0.8),

@@ -1,5 +1,5 @@
 """Rejection sampling for speculative decoding, graded against exact probabilities: the
-shared body of chapter 6's `rejection_sample` tests and chapter 9's kernel of the same contract.
+shared body of chapter 6's `rejection_sample` tests and chapter 10's kernel of the same contract.
 
 Ground truth is the definition, not the course's code: the output at every position must be
 distributed as the target p, whatever the draft q; the draft is kept with probability

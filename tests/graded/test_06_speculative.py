@@ -143,7 +143,7 @@ def test_rejection_sample_one_makes_its_tensors_on_the_inputs_device(impl):
 
 # --------------------------------------------------------------------------- rejection_sample
 
-# The checks live in tests/graded/_rejection.py: chapter 9's kernel is graded by the same ones.
+# The checks live in tests/graded/_rejection.py: chapter 10's kernel is graded by the same ones.
 
 
 @pytest.mark.rejection_sample

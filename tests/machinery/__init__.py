@@ -5,7 +5,7 @@ One folder per kind of test; `make test`'s lanes name the folders:
     learner/     the learner's seat: each chapter's notebook run in a Jupyter kernel, grading of
                  broken notebooks, the `course` command, Triton's mode, the Colab cell's install
                  (online) and chapter 1 in JupyterLab in a real browser
-    compile/     chapter 9's kernels compiled for a GPU, and their machine code read (no GPU)
+    compile/     chapter 10's kernels compiled for a GPU, and their machine code read (no GPU)
     benchmarks/  benchmarks/*.py smoke-run on tiny settings, their JSON checked (the CUDA-only
                  one must refuse a machine without CUDA)
     checks/      the graded tests and the given code checked: bad arguments refused, the

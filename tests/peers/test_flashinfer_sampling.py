@@ -1,4 +1,4 @@
-"""FlashInfer's sampling tests, rewritten for chapter 9's Triton kernels.
+"""FlashInfer's sampling tests, rewritten for chapter 10's Triton kernels.
 
 Source: flashinfer-ai/flashinfer, tests/utils/test_sampling.py at commit
 fb28d7242b3506a2348265962041acc1fb56cca4 (tests/test_sampling.py in older versions). The cases,

@@ -1,5 +1,5 @@
 """vLLM's rejection-sampler tests, rewritten for the course's `rejection_sample`: chapter 6's
-PyTorch version (`solutions/speculative.py`) and chapter 9's Triton kernel
+PyTorch version (`solutions/speculative.py`) and chapter 10's Triton kernel
 (`solutions/kernels/rejection.py`), each test run on both.
 
 Sources (the cases and numbers are theirs; the code is this course's own):
@@ -26,7 +26,7 @@ What changed on the way (tests/peers/README.md says more):
   tests that unnormalised rows and a draft token of draft probability 0 are refused.
 - Greedy: vLLM's all_greedy sampling metadata is `greedy=True` (a draft is kept iff it is the
   target's argmax, and the added token is the target's argmax).
-- Sizes. Chapter 9's kernel runs here through Triton's interpreter on the CPU, block operation
+- Sizes. Chapter 10's kernel runs here through Triton's interpreter on the CPU, block operation
   by block operation: where a size is shrunk for it, the place says from what. The statistical
   test keeps vLLM's sample sizes and its threshold; it is deterministic under its seeds.
 - No counterpart, not ported: V0's mixed seeded batch (per-request generators) and its FlashInfer
@@ -84,7 +84,9 @@ def sampler(request) -> Sampler:
 
     # rejection.py's block over the vocabulary: 1024 under the interpreter, 4096 compiled.
     tile = 1024 if INTERPRET else 4096
-    return Sampler("chapter 9's rejection_sample kernel", rejection_sample, DEVICE, INTERPRET, tile)
+    return Sampler(
+        "chapter 10's rejection_sample kernel", rejection_sample, DEVICE, INTERPRET, tile
+    )
 
 
 def seeded(seed: int) -> torch.Generator:

@@ -1,5 +1,5 @@
-"""Chapter 9's given wrappers refuse bad arguments with a ValueError that names them, before
-any kernel runs (the kernels are graded in tests/graded/test_09_kernels.py)."""
+"""Chapter 10's given wrappers refuse bad arguments with a ValueError that names them, before
+any kernel runs (the kernels are graded in tests/graded/test_10_kernels.py)."""
 
 import importlib.util
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 if importlib.util.find_spec("triton") is None:
-    pytest.skip("chapter 9 needs Triton (Linux)", allow_module_level=True)
+    pytest.skip("chapter 10 needs Triton (Linux)", allow_module_level=True)
 
 from solutions.kernels.fused_matmul import fused_matmul_sample  # noqa: E402
 from solutions.kernels.gumbel import gumbel_sample  # noqa: E402
@@ -48,7 +48,7 @@ def test_bad_arguments_fail_at_the_door(call, match):
 
 @pytest.mark.parametrize("top_k,top_p", [(None, 0.9), (3, None), (None, None)])
 def test_rows_with_nothing_to_sample_stop_before_their_first_round(top_k, top_p):
-    # The wrapper refuses such rows (graded in test_09_kernels.py); here the kernel itself: a
+    # The wrapper refuses such rows (graded in test_10_kernels.py); here the kernel itself: a
     # row of zeros or NaN must not spin up to MAX_ROUNDS looking for a token that is not there.
     from solutions.kernels.top_k_top_p import MAX_ROUNDS, top_k_top_p_kernel
 
@@ -69,7 +69,7 @@ def test_rows_with_nothing_to_sample_stop_before_their_first_round(top_k, top_p)
 
 @pytest.mark.parametrize("temperature", [0.8, 1.0])
 def test_the_fused_kernel_draws_what_the_gumbel_kernel_draws_from_the_product(temperature):
-    # Chapter 9 says so: both add gumbel_noise's numbers at the same (row, column), so from the
+    # Chapter 10 says so: both add gumbel_noise's numbers at the same (row, column), so from the
     # same logits and seed they pick the same token (300 columns: three fused tiles under the
     # interpreter, the last partial; rows of one call, so rows differ in their noise too).
     g = torch.Generator().manual_seed(11)
@@ -88,7 +88,7 @@ def test_the_graded_replay_of_dual_pivot_rounds_gives_the_kernels_tokens(top_k):
     # PyTorch from the kernel's docstring (each round's uniform from tl.rand). Unswapped, the
     # replay must give the reference kernel's tokens, or its diagnosis would be a guess.
     from solutions.kernels.top_k_top_p import MAX_ROUNDS
-    from tests.graded.test_09_kernels import _round_uniforms, top_k_rounds
+    from tests.graded.test_10_kernels import _round_uniforms, top_k_rounds
 
     g = torch.Generator().manual_seed(79)
     probs = torch.rand(16, 100, generator=g).pow(8)

@@ -1,4 +1,4 @@
-"""Every kernel of chapter 9 compiles for an H100 (sm_90), here, without a GPU.
+"""Every kernel of chapter 10 compiles for an H100 (sm_90), here, without a GPU.
 
 CI has no GPU, and Triton's interpreter runs Python that a GPU compiler refuses (a `break` in a
 loop, a global that is not a constexpr, a tensor index). Triton can compile ahead of time for a
@@ -129,7 +129,7 @@ def test_the_compiled_launches_are_the_wrappers_own(monkeypatch):
 def test_the_graded_tests_cap_gpu_blocks_at_the_interpreters(monkeypatch):
     # On a GPU the wrappers' blocks hold 4,096 to 16,384 columns, so the graded tests' rows of
     # 2,500 would fit in one block there, and a kernel that mishandles a second block would
-    # pass. runtime.GPU_BLOCK_CAP, which chapter 9's graded tests set, gives a GPU the
+    # pass. runtime.GPU_BLOCK_CAP, which chapter 10's graded tests set, gives a GPU the
     # interpreter's 1,024-column blocks; unset, the wrappers' own choice stands.
     from solutions.kernels import runtime
 

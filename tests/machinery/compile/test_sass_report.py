@@ -1,4 +1,4 @@
-"""benchmarks/sass.py compiles chapter 9's kernels for an H100 here and reads their machine
+"""benchmarks/sass.py compiles chapter 10's kernels for an H100 here and reads their machine
 code: it must run without a GPU, and what it reads must be what the chapter quotes (16-byte
 vector loads under a real launch's specialisation, a summed block far cheaper than a scanned
 one in the inverse-transform kernel)."""
@@ -37,7 +37,7 @@ def test_the_inverse_transform_kernel_scans_only_where_a_row_crosses():
 
 @pytest.mark.timeout(660)  # longer than its subprocess's own limit, at every COURSE_TIME_SCALE
 def test_tensor_cores_start_at_sm_80():
-    # Chapter 9 tells a learner on a Colab T4 (sm_75) that the fused kernel's tl.dot runs on
+    # Chapter 10 tells a learner on a Colab T4 (sm_75) that the fused kernel's tl.dot runs on
     # the ordinary float32 units there: no mma; an A100 (sm_80) multiplies with HMMA.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     loops = {}

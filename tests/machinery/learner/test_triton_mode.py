@@ -1,5 +1,5 @@
 """Triton's mode is chosen before anything can import Triton, and a process that imported it in
-the wrong mode still grades every chapter but 8, with a message saying why chapter 9 cannot.
+the wrong mode still grades every chapter but 10, with a message saying why chapter 10 cannot.
 
 Each case runs in a fresh process whose environment has no TRITON_INTERPRET, as a learner's
 terminal or kernel (this test process chose the interpreter long ago)."""
@@ -44,17 +44,17 @@ def test_importing_the_course_chooses_the_interpreter_before_a_model_imports_tri
 
 
 @pytest.mark.timeout(360)  # longer than its subprocess's own limit, at every COURSE_TIME_SCALE
-def test_triton_imported_in_the_wrong_mode_breaks_chapter_6_only_and_says_why():
+def test_triton_imported_in_the_wrong_mode_breaks_chapter_10_only_and_says_why():
     got = run_fresh(
         "import json\n"
         "import triton.language\n"  # before the course could choose: compiled mode
         "from utils.check import run_graded\n"
         "ch1 = run_graded(['--impl', 'solutions', '-m', 'layernorm'], chapter='01_transformer')\n"
-        "ch9 = run_graded(['--impl', 'solutions', '-m', 'softmax_kernel'], chapter='09_kernels')\n"
+        "ch10 = run_graded(['--impl', 'solutions', '-m', 'softmax_kernel'], chapter='10_kernels')\n"
         "print(json.dumps({'ch1': sorted({r.outcome for r in ch1.results}),\n"
-        "    'ch9': [r.message for r in ch9.errors]}))\n"
+        "    'ch10': [r.message for r in ch10.errors]}))\n"
     )
     assert got["ch1"] == ["passed"]
-    assert len(got["ch9"]) == 1 and "test_09_kernels.py" in got["ch9"][0]
-    assert "Triton was imported before TRITON_INTERPRET=1 was set" in got["ch9"][0]
-    assert "Restart the kernel" in got["ch9"][0]
+    assert len(got["ch10"]) == 1 and "test_10_kernels.py" in got["ch10"][0]
+    assert "Triton was imported before TRITON_INTERPRET=1 was set" in got["ch10"][0]
+    assert "Restart the kernel" in got["ch10"][0]

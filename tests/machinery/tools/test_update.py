@@ -3,7 +3,9 @@
 The upstream renumbers its chapters as the course did (07_serving -> 08_serving, 08_kernels ->
 09_kernels, every cell id renumbered with them), then adds a new chapter 7 (07_llama). The
 learner's work in the old 07_serving must end up in 08_serving, with a copy in
-notebooks/.backups/, and every refusal must leave the clone exactly as it was.
+notebooks/.backups/, and every refusal must leave the clone exactly as it was. The course's
+second renumbering (09_kernels -> 10_kernels, chapter 9 left free for the chapter to come) must
+carry the kernels notebook the same way, from 09_kernels and, in one update, from 08_kernels.
 """
 
 from __future__ import annotations
@@ -108,17 +110,31 @@ def clones(tmp_path):
     return upstream, learner
 
 
+# The table as the first renumbering's commit had it: the kernels' later move is not in it yet.
+FIRST_RENAMES = {"07_serving": "08_serving", "08_kernels": "09_kernels"}
+
+
 def renumber(upstream) -> None:
     git(upstream, "rm", "-q", "notebooks/07_serving.ipynb", "notebooks/08_kernels.ipynb")
     write(upstream, "notebooks/08_serving.ipynb", notebook("08_serving", "Many requests"))
     write(upstream, "notebooks/09_kernels.ipynb", notebook("09_kernels", "Triton kernels"))
-    write(upstream, "utils/renames.py", (REPO_ROOT / "utils" / "renames.py").read_text())
+    write(upstream, "utils/renames.py", f"RENAMES = {FIRST_RENAMES!r}\n")
     write(upstream, "notebooks/01_transformer.ipynb", notebook("01_transformer", "A transformer"))
     git(upstream, "add", ".")
     git(upstream, "commit", "-q", "-m", "renumbering before the new chapter 7")
     write(upstream, "notebooks/07_llama.ipynb", notebook("07_llama", "Today's transformer"))
     git(upstream, "add", ".")
     git(upstream, "commit", "-q", "-m", "chapter 7: today's transformer")
+
+
+def renumber_kernels(upstream) -> None:
+    """The second renumbering: the kernels move from chapter 9 to 10, and the course has no
+    chapter 9 until the new one lands. The renames table is the course's own, as committed."""
+    git(upstream, "rm", "-q", "notebooks/09_kernels.ipynb")
+    write(upstream, "notebooks/10_kernels.ipynb", notebook("10_kernels", "Triton kernels"))
+    write(upstream, "utils/renames.py", (REPO_ROOT / "utils" / "renames.py").read_text())
+    git(upstream, "add", ".")
+    git(upstream, "commit", "-q", "-m", "renumbering before the new chapter 9")
 
 
 def run_update(repo) -> tuple[int, str, str]:
@@ -201,15 +217,18 @@ def test_update_carries_a_notebook_left_under_its_old_name(clones):
     git(learner, "pull", "-q", "--ff-only")
     mine = work_in(notebook("07_serving", "Many requests"))
     write(learner, "notebooks/07_serving.ipynb", mine)
-    (old,) = notebooks_under_old_names(learner / "notebooks")
-    assert "08_serving.ipynb" in old_name_notice(old) and "course update" in old_name_notice(old)
+    # The clone is the first renumbering's commit: its table, not today's (where 09_kernels,
+    # committed there, is an old name too).
+    (old,) = notebooks_under_old_names(learner / "notebooks", FIRST_RENAMES)
+    notice = old_name_notice(old, FIRST_RENAMES)
+    assert "08_serving.ipynb" in notice and "course update" in notice
     code, out, err = run_update(learner)
     assert code == 0, err
     assert (learner / "notebooks/08_serving.ipynb").read_text() == mine
     assert not (learner / "notebooks/07_serving.ipynb").exists()
     assert len(list((learner / "notebooks/.backups").glob("07_serving.*.ipynb"))) == 1
     assert "07_serving.ipynb -> notebooks/08_serving.ipynb" in out
-    assert notebooks_under_old_names(learner / "notebooks") == []
+    assert notebooks_under_old_names(learner / "notebooks", FIRST_RENAMES) == []
 
 
 def test_update_never_writes_over_work_at_the_new_name(clones):
@@ -226,6 +245,66 @@ def test_update_never_writes_over_work_at_the_new_name(clones):
     (backup,) = (learner / "notebooks/.backups").glob("07_serving.*.ipynb")
     assert backup.read_text() == older
     assert "holds edits of yours too" in out and backup.name in out
+
+
+def test_update_carries_the_kernels_notebook_from_chapter_9_to_10(clones):
+    upstream, learner = clones
+    renumber(upstream)
+    git(learner, "pull", "-q", "--ff-only")
+    mine = work_in(notebook("09_kernels", "Triton kernels"))
+    write(learner, "notebooks/09_kernels.ipynb", mine)
+    renumber_kernels(upstream)
+    code, out, err = run_update(learner)
+    assert code == 0, err
+    assert git(learner, "rev-parse", "HEAD").stdout == git(upstream, "rev-parse", "HEAD").stdout
+    assert (learner / "notebooks/10_kernels.ipynb").read_text() == mine
+    assert not (learner / "notebooks/09_kernels.ipynb").exists()
+    (backup,) = (learner / "notebooks/.backups").glob("09_kernels.*.ipynb")
+    assert backup.read_text() == mine
+    status = git(learner, "status", "--porcelain").stdout.splitlines()
+    assert status == [" M notebooks/10_kernels.ipynb"]
+    assert "notebooks/09_kernels.ipynb -> notebooks/10_kernels.ipynb" in out
+    assert "close that tab without saving" in out
+
+
+def test_update_follows_both_renumberings_at_once(clones):
+    """A learner who last pulled before the first renumbering: 08_kernels -> 09_kernels ->
+    10_kernels in one update, through the chain of the newest commit's table."""
+    upstream, learner = clones
+    mine = work_in(notebook("08_kernels", "Triton kernels"))
+    write(learner, "notebooks/08_kernels.ipynb", mine)
+    renumber(upstream)
+    renumber_kernels(upstream)
+    code, out, err = run_update(learner)
+    assert code == 0, err
+    assert (learner / "notebooks/10_kernels.ipynb").read_text() == mine
+    names = sorted(p.name for p in (learner / "notebooks").glob("*.ipynb"))
+    assert names == [
+        "01_transformer.ipynb", "07_llama.ipynb", "08_serving.ipynb", "10_kernels.ipynb"
+    ]  # fmt: skip
+    (backup,) = (learner / "notebooks/.backups").glob("08_kernels.*.ipynb")
+    assert backup.read_text() == mine
+    assert "notebooks/08_kernels.ipynb -> notebooks/10_kernels.ipynb" in out
+    assert "renamed by the course: notebooks/07_serving.ipynb -> notebooks/08_serving.ipynb" in out
+
+
+def test_update_carries_a_kernels_notebook_left_under_chapter_9(clones):
+    """Pulled by hand past the second renumbering; a tab still open on 09_kernels saved it."""
+    upstream, learner = clones
+    renumber(upstream)
+    renumber_kernels(upstream)
+    git(learner, "pull", "-q", "--ff-only")
+    mine = work_in(notebook("09_kernels", "Triton kernels"))
+    write(learner, "notebooks/09_kernels.ipynb", mine)
+    (old,) = notebooks_under_old_names(learner / "notebooks")
+    notice = old_name_notice(old)
+    assert "chapter 10's notebook" in notice and "notebooks/10_kernels.ipynb" in notice
+    code, out, err = run_update(learner)
+    assert code == 0, err
+    assert (learner / "notebooks/10_kernels.ipynb").read_text() == mine
+    assert not (learner / "notebooks/09_kernels.ipynb").exists()
+    assert "09_kernels.ipynb -> notebooks/10_kernels.ipynb" in out
+    assert notebooks_under_old_names(learner / "notebooks") == []
 
 
 def test_update_refuses_outside_a_git_clone(tmp_path):
@@ -294,6 +373,9 @@ def test_update_with_nothing_new_changes_nothing(clones):
 
 def test_renames_table():
     assert current_name("07_serving") == "08_serving" and current_name("07_llama") == "07_llama"
+    # Renamed twice: the kernels were chapter 8, then 9, and are chapter 10.
+    assert current_name("08_kernels") == "10_kernels" == current_name("09_kernels")
+    assert current_name("10_kernels") == "10_kernels"
     assert current_name("a", {"a": "b", "b": "c"}) == "c"
     with pytest.raises(ValueError, match="loop"):
         current_name("a", {"a": "b", "b": "a"})

@@ -1,4 +1,4 @@
-"""Chapter 9's learner-style mutants: the Triton kernels (see tests/machinery/mutants/__init__.py).
+"""Chapter 10's learner-style mutants: the Triton kernels (see tests/machinery/mutants/__init__.py).
 Each is a mistake of someone writing their first kernels: a block's offset forgotten, a mask
 left off, the temperature on the noise, a prefix that restarts, a pivot test one sign off; and
 Python that Triton's interpreter runs and a GPU compiler refuses (a `break`, a global that is not

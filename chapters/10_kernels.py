@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Chapter 9 — Sampling kernels in Triton
+# # Chapter 10 — Sampling kernels in Triton
 #
 # Every token the course has generated ended the same way: a row of `d_vocab` logits, then
 # softmax, perhaps a sort for top-p, a cumulative sum, `torch.multinomial`. On a GPU each of
@@ -66,7 +66,7 @@
 #
 # As in the chapters before: fill in each **exercise cell** where it says
 # `raise NotImplementedError()`, run it, then run the `check("...")` cell below it.
-# `pytest -m softmax_kernel` and `course grade 9` grade your saved notebook;
+# `pytest -m softmax_kernel` and `course grade 10` grade your saved notebook;
 # `show_solution("softmax_kernel")` prints the reference when you are truly stuck. Run the setup
 # cell first: it chooses the interpreter when there is no GPU, *before* Triton is imported.
 

@@ -1,4 +1,4 @@
-"""Chapter 9: the Triton kernels, graded against exact probabilities and PyTorch.
+"""Chapter 10: the Triton kernels, graded against exact probabilities and PyTorch.
 
 Without a GPU the kernels run through Triton's interpreter (solutions/kernels/runtime.py sets
 TRITON_INTERPRET=1 before Triton is imported), so the shapes here are small and every
@@ -33,7 +33,7 @@ import torch
 from transformers.generation.logits_process import TopPLogitsWarper
 
 if importlib.util.find_spec("triton") is None:  # Triton is a Linux-only dependency
-    pytest.skip("chapter 9 needs Triton (Linux)", allow_module_level=True)
+    pytest.skip("chapter 10 needs Triton (Linux)", allow_module_level=True)
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -65,7 +65,7 @@ from tests.support import (  # noqa: E402
 )
 from utils.kernel_compile import COMPILE_BUDGET_S, assert_compiles_for_a_gpu  # noqa: E402
 
-CHAPTER = "09_kernels"
+CHAPTER = "10_kernels"
 
 N_ROWS = 20_000  # samples per distribution, drawn as the rows of one call
 LONG_V = 2_500  # longer than any block the interpreter uses, and no multiple of a power of 2
