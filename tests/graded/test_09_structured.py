@@ -275,8 +275,15 @@ def test_walk_follows_the_dfa_byte_by_byte(impl):
         return state
 
     for data in [b"", b"R", b"Rome", b"Romeo", b"Rx", b"\xc3", "é".encode(), "日本Romeo".encode(),
-                 "日".encode()[:2], b"\xc3\xa8", b"Romeoo"]:  # fmt: skip
-        got = impl.walk(dfa, dfa.initial, data)
+                 "日".encode()[:2], b"\xc3\xa8", b"Romeoo", b"Rxo", b"\xc3xR"]:  # fmt: skip
+        try:
+            got = impl.walk(dfa, dfa.initial, data)
+        except (TypeError, KeyError, IndexError, AttributeError) as error:
+            raise AssertionError(
+                f"walk from the initial state over {data!r} crashed ({type(error).__name__}: "
+                f"{error}). The walk dies at {data!r}'s first byte with no transition, and the "
+                "next step was taken from None: once a step gives None, return None at once."
+            ) from None
         expected = by_hand(data)
         assert got == expected, (
             f"walk from the initial state over {data!r}: expected "
@@ -381,6 +388,10 @@ def test_mask_logits_puts_minus_infinity_outside_the_mask(impl):
     assert torch.equal(mask, mask_before), "mask_logits changed the mask it was given"
     assert got.shape == logits.shape and got.dtype == logits.dtype, (
         f"expected {tuple(logits.shape)} {logits.dtype}, got {tuple(got.shape)} {got.dtype}"
+    )
+    assert not bool((got[mask] == float("-inf")).all() and (got[~mask] == logits[~mask]).all()), (
+        "-inf went to the allowed tokens and the refused ones kept their logits: is the mask "
+        "read the right way round (True means allowed)?"
     )
     assert torch.equal(got[mask], logits[mask]), (
         "the logits of allowed tokens must be unchanged: the mask only removes tokens, the "
@@ -493,6 +504,35 @@ def assert_answers_follow(answers, paths, what: str) -> None:
     assert_samples_follow(samples, torch.tensor([paths[p] for p in order]), what)
 
 
+@pytest.mark.constrained_sampler
+def test_the_prompt_is_not_part_of_the_constrained_text(impl, tokenizer):
+    """A prompt that is itself the start of an answer ("Rom"): the answer after it must still
+    be a whole match; the constraint reads only the generated tokens."""
+    from utils.models import load_model
+
+    cfg = load_model("shakespeare")[0].cfg
+    regex = "(Romeo|Juliet)"
+    sampler = constrained(impl, HashNoise(cfg), tokenizer, regex)
+    for prompt_text in ["Rom", "ROMEO.\n"]:
+        prompt = torch.tensor(tokenizer.encode(prompt_text))
+        try:
+            answers = draw_answers(sampler, prompt, 20)
+        except ValueError as error:
+            raise AssertionError(
+                f"with the prompt {prompt_text!r}: {error}. The guide was asked to read a token "
+                "the constraint refuses: is it walking the prompt's tokens, or reading a "
+                "generated token more than once? The constraint is on the generated text only: "
+                "the guide reads each token sampled after the prompt once, after it is accepted."
+            ) from None
+        for answer in answers:
+            text = answer_text(tuple(t for t in answer if t != EOS))
+            assert re.fullmatch(regex, text), (
+                f"with the prompt {prompt_text!r} the generated text is {text!r}, not a whole "
+                f"match of {regex!r}: the guide must start at the constraint's beginning for "
+                "the first generated token and read each generated token once"
+            )
+
+
 N_ANSWERS = 2000  # each answer one seed; about 2 s on a 2-core machine
 
 
@@ -589,32 +629,3 @@ def test_every_answer_fullmatches_its_regex(impl, tokenizer, shipped):
                 assert re.fullmatch(regex, text), (
                     f"{regex!r} with {who}: the answer {text!r} does not match"
                 )
-
-
-@pytest.mark.constrained_sampler
-def test_the_prompt_is_not_part_of_the_constrained_text(impl, tokenizer):
-    """A prompt that is itself the start of an answer ("Rom"): the answer after it must still
-    be a whole match; the constraint reads only the generated tokens."""
-    from utils.models import load_model
-
-    cfg = load_model("shakespeare")[0].cfg
-    regex = "(Romeo|Juliet)"
-    sampler = constrained(impl, HashNoise(cfg), tokenizer, regex)
-    for prompt_text in ["Rom", "ROMEO.\n"]:
-        prompt = torch.tensor(tokenizer.encode(prompt_text))
-        try:
-            answers = draw_answers(sampler, prompt, 20)
-        except ValueError as error:
-            raise AssertionError(
-                f"with the prompt {prompt_text!r}: {error}. The guide was asked to read a token "
-                "the constraint refuses: is it walking the prompt's tokens? The constraint is "
-                "on the generated text only: the guide reads the tokens sampled after the "
-                "prompt, each once, after it is accepted."
-            ) from None
-        for answer in answers:
-            text = answer_text(tuple(t for t in answer if t != EOS))
-            assert re.fullmatch(regex, text), (
-                f"with the prompt {prompt_text!r} the generated text is {text!r}, not a whole "
-                f"match of {regex!r}: the guide must start at the constraint's beginning for "
-                "the first generated token and read each generated token once"
-            )
