@@ -77,6 +77,14 @@ Chapter 8 serves many requests at once (vLLM's and nano-vllm's decomposition):
                        advances, stops and finishes a request
     engine.py          LLMEngine: add_request, step (schedule, run, sample, update), abort
 
+Chapter 9 keeps the output to a constraint (outlines' index):
+
+    token_bytes.py          token_bytes: each token id's exact bytes (GPT-2's byte map)
+    byte_dfa.py             regex_to_byte_dfa: a regex as a DFA over bytes (from interegular)
+    token_index.py          walk, TokenIndex (each state's allowed tokens), Guide (a request's)
+    token_mask.py           token_mask, mask_logits: -inf outside the allowed set
+    constrained_sampling.py ConstrainedSampler: chapter 3's sampler with its logits masked
+
 Chapter 10's kernels live in solutions/kernels/; importing this package first decides how they
 run (triton_mode.py), before anything else can import Triton.
 """

@@ -11,6 +11,7 @@ need are defined below.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 
 import torch
@@ -56,6 +57,8 @@ __all__ = [
     "hf_rotate",
     "random_hf_llama",
     "shipped_llama",
+    "OutlinesIndex",
+    "vocabulary_bytes",
 ]
 
 # --------------------------------------------------------------------------- prompts
@@ -411,3 +414,88 @@ def hf_llama_logits(hf, rows: list[list[int]]) -> list[torch.Tensor]:
     """HF LlamaForCausalLM's logits [len(row), d_vocab] for each row alone (no padding)."""
     with torch.no_grad():
         return [hf(torch.tensor([row])).logits[0] for row in rows]
+
+
+# --------------------------------------------------------------------------- chapter 9: constraints
+
+
+@functools.cache
+def vocabulary_bytes(model: str = "shakespeare") -> tuple[tuple[bytes | None, ...], int]:
+    """Each token id's bytes (None for a special token) and the end-of-text id, read from the
+    model's tokenizer.json with HF's own copy of GPT-2's byte map (transformers'
+    `convert_slow_tokenizer.bytes_to_unicode`), not with the course's code."""
+    import json
+
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from utils.models import model_dir
+
+    spec = json.loads((model_dir(model) / "tokenizer.json").read_text(encoding="utf-8"))
+    byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
+    special = {t["content"]: t["id"] for t in spec["added_tokens"] if t["special"]}
+    vocab: list[bytes | None] = [None] * len(spec["model"]["vocab"])
+    for string, i in spec["model"]["vocab"].items():
+        vocab[i] = None if string in special else bytes(byte_of[c] for c in string)
+    return tuple(vocab), special["<|endoftext|>"]
+
+
+class OutlinesIndex:
+    """outlines-core's `Index` of a regex over a vocabulary of byte strings, read with the
+    semantics of Python's `re.fullmatch`: the oracle of chapter 9's token index.
+
+    outlines-core 0.2.14's index differs from `re.fullmatch` where a proper prefix of an answer
+    is already a complete match: it refuses a token that crosses that point (after `1`, the
+    token `.` for `-?[0-9]+(\\.[0-9]+)?`), and it keeps the regex crate's leftmost-first
+    priority (`(Rom|Romeo)` never accepts `Romeo`). Both vanish when the regex is followed by a
+    sentinel character S that it never matches: `(?:R)S` has complete matches only at its end.
+    So the index is built for `(?:R)S`, with S given one extra token id outside the vocabulary,
+    and read back: a state is final where S is allowed; its allowed tokens are the wrapped ones
+    minus S and minus those whose bytes run into S, plus end-of-text where final.
+
+    States are outlines-core's own numbers: compare with another index by walking both."""
+
+    SENTINELS = ("\x01", "\x00", "\n", "~")
+
+    def __init__(self, regex: str, vocab: tuple[bytes | None, ...] | list, eos_id: int):
+        from outlines_core import Index, Vocabulary
+
+        self.eos_id = eos_id
+        self.sentinel_id = len(vocab)  # an id no model token has
+        for sentinel in self.SENTINELS:
+            table: dict[bytes, list[int]] = {}
+            for i, data in enumerate(vocab):
+                if data is not None and i != eos_id:
+                    table.setdefault(data, []).append(i)
+            table.setdefault(sentinel.encode(), []).append(self.sentinel_id)
+            index = Index(f"(?:{regex}){re.escape(sentinel)}", Vocabulary(eos_id, table))
+            rows = index.get_transitions()
+            # Usable only if every step on S lands in one state that can only end: otherwise
+            # the regex itself reads S somewhere.
+            ends = {row[self.sentinel_id] for row in rows.values() if self.sentinel_id in row}
+            if len(ends) == 1:
+                (end,) = ends
+                if set(rows.get(end, {})) == {eos_id}:
+                    break
+        else:
+            raise ValueError(f"no sentinel in {self.SENTINELS} works for {regex!r}")
+        self.rows, self.end = rows, end
+        self.initial = index.get_initial_state()
+
+    def is_final(self, state) -> bool:
+        return self.sentinel_id in self.rows.get(state, {})
+
+    def allowed(self, state) -> set[int]:
+        row = self.rows.get(state, {})
+        ids = {t for t, nxt in row.items() if nxt != self.end and t != self.sentinel_id}
+        ids.discard(self.eos_id)
+        if self.is_final(state):
+            ids.add(self.eos_id)
+        return ids
+
+    def next_state(self, state, token: int):
+        """The state after `token` (None when refused; end-of-text leaves a final state as it
+        is, as the course's index does)."""
+        if token == self.eos_id:
+            return state if self.is_final(state) else None
+        nxt = self.rows.get(state, {}).get(token)
+        return None if nxt is None or nxt == self.end else nxt

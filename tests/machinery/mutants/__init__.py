@@ -66,10 +66,11 @@ def _modules():
         ch06_lookahead,
         ch07,
         ch08,
+        ch09,
         ch10,
     )
 
-    return (ch01, ch02, ch03, ch04, ch05, ch06, ch06_gumbel, ch06_lookahead, ch07, ch08, ch10)
+    return (ch01, ch02, ch03, ch04, ch05, ch06, ch06_gumbel, ch06_lookahead, ch07, ch08, ch09, ch10)
 
 
 @functools.cache

@@ -1,0 +1,545 @@
+# %% [markdown]
+# # Chapter 9 — Output that must parse
+#
+# Ask a model for JSON and it usually gives you JSON. A program that reads the answer needs
+# *always*: one missing quote and the parser throws. **Constrained decoding** makes "always"
+# true by construction: at every step, before a token is drawn, every token that would take the
+# text outside what is allowed gets probability 0. The model still chooses; it only chooses
+# among the tokens that keep the answer valid.
+#
+# Every serving system you are likely to use offers it:
+#
+# - vLLM's `structured_outputs` (`StructuredOutputsParams(json=..., regex=..., choice=...,
+#   grammar=...)`, or the same fields in a request's `extra_body`), with xgrammar or guidance
+#   (llguidance) as backends (vLLM documentation, "Structured Outputs", latest version; the
+#   older `guided_json`, `guided_regex`, ... fields were removed in v0.12.0);
+# - OpenAI's API: `response_format={"type": "json_schema", "json_schema": {...}}` (OpenAI API
+#   documentation, "Structured Outputs" guide);
+# - outlines (dottxt-ai/outlines), whose index is the idea you build here (Willard & Louf,
+#   2023, *Efficient Guided Generation for Large Language Models*, arXiv:2307.09702), with its
+#   core in Rust as `outlines-core`;
+# - xgrammar (Dong et al., 2024, *XGrammar: Flexible and Efficient Structured Generation
+#   Engine for Large Language Models*, arXiv:2411.15100), which handles grammars with nesting.
+#
+# The idea is small and has one trap. The constraint speaks of **characters** (a regex, a
+# schema); the model speaks **tokens**, and a token is a run of bytes that may end in the middle
+# of a character or hold several words' worth of characters. So the question "may this token
+# come next?" is answered by walking the token's **bytes** through an automaton of the
+# constraint, from where the text stands. Doing that for all 4,096 tokens at every step would
+# be slow; doing it once per automaton state, ahead of time, makes each step a lookup.
+#
+# What you write, in this first part of the chapter:
+#
+# - `token_bytes`: every token id's exact bytes;
+# - `walk` and `TokenIndex`: the allowed tokens of every state of a regex's automaton, and
+#   where each leads (graded against outlines-core's `Index`);
+# - `token_mask` and `mask_logits`: the allowed set applied to the logits;
+# - `ConstrainedSampler.next_logits`: chapter 3's sampler, constrained.
+#
+# **Time:** about 2 hours for this part: section 1 takes 30 minutes, section 2 (reading) 15,
+# section 3 45, sections 4 and 5 30. **You need:** chapter 3's `TransformerSampler` and its
+# sampling functions (imported from `solutions`), Python's `bytes`, and what a regular
+# expression is.
+#
+# ## How this notebook works
+#
+# As in the chapters before: fill in each **exercise cell** where it says
+# `raise NotImplementedError()`, run it, then run the `check("...")` cell below it. From a
+# terminal, `pytest -m token_index` and `course grade 9` grade your saved notebook;
+# `show_solution("TokenIndex")` prints the reference when you are truly stuck.
+
+# %% tags=["setup"]
+import os
+import re
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from solutions.byte_dfa import (
+    CONTINUATION,
+    CharDFA,
+    code_point_range,
+    next_byte_range,
+    utf8_length,
+)
+from solutions.sampling import TransformerSampler
+from utils.check import check
+from utils.display import show_solution
+from utils.models import load_model
+
+# %%
+QUICK = os.environ.get("COURSE_QUICK") == "1"  # CI runs this notebook with small sizes
+print("quick run (CI):", QUICK)
+model, tokenizer = load_model("shakespeare")
+
+# %% [markdown]
+# ## 1. Tokens as byte strings (30 minutes)
+#
+# The course's tokenizer is a byte-level BPE, like GPT-2's: every text is first turned into its
+# UTF-8 bytes, and tokens are merges of bytes. Its vocabulary file does not store bytes,
+# though: it stores strings in which each byte is written as one printable character (GPT-2's
+# trick, so that the merge rules could be handled as ordinary strings). A space is written `Ġ`,
+# a newline `Ċ`; the 188 printable Latin-1 bytes stand for themselves. `byte_level_alphabet`
+# is that map, given:
+
+# %% tags=["source"]
+# solution: solutions.token_bytes.byte_level_alphabet
+
+# %% [markdown]
+# Look at what the tokenizer does with a text that has non-ASCII characters in it. **Predict,
+# then run:** how many tokens does `é` take? What does `decode` make of one of them alone?
+
+# %%
+text = "Café 日本"
+ids = tokenizer.encode(text)
+print(ids)
+print(tokenizer.convert_ids_to_tokens(ids))
+print([tokenizer.decode([i]) for i in ids])
+print("é is", list("é".encode()), "| 日 is", list("日".encode()))
+
+# %% [markdown]
+# `é` is two bytes, C3 A9, and this tokenizer spells it with two tokens; `日` is three bytes and
+# three tokens. Decoding one of those tokens alone gives `�`, the replacement character: a part
+# of a character is not a character. A constraint on text must therefore work on **bytes**: the
+# first token of `é` is allowed wherever `é` is, although it is not a character on its own.
+#
+# ### Exercise: `token_bytes`
+#
+# `token_bytes(tokenizer)` returns a list with one entry per token id (`len(tokenizer)` of
+# them): the bytes that token adds to the text, or `None` for a special token such as
+# `<|endoftext|>`, which is not text (the index of section 3 allows it where the text may end,
+# not because of its bytes).
+#
+# Common mistakes: `.encode()` of the token's string (the space marker taken for a character:
+# `Ġthe` becomes the five bytes C4 A0 74 68 65 instead of the four of ` the`); `decode` of each
+# token alone (a token that holds part of a character becomes U+FFFD, three bytes that were
+# never in the text); the special token given its name's bytes, or the empty bytes, instead of
+# `None`; the special token's id written as 0 rather than asked of the tokenizer (a tokenizer
+# with chat tokens has more than one, at the end).
+#
+# The tests compare your list with the bytes read from the tokenizer's file through HF's own
+# copy of GPT-2's byte map, rebuild texts with accents, em dashes, curly quotes, Japanese and
+# emoji from their tokens (against `tokenizer.decode`), and try a tokenizer with a second
+# special token.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# The tokenizer can give you each id's string as the vocabulary stores it, and it knows which
+# ids are special. Each character of such a string is one byte.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# Ask for every id's string (`convert_ids_to_tokens` takes a list of ids) and for the special
+# ids (`all_special_ids`). For an ordinary token, look up each character of its string in the
+# inverted alphabet (`byte_of` in the cell) and make `bytes` of the results; a special token
+# gets `None`.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("token_bytes")` in a new cell prints the reference
+# implementation. Read it, then close it and write your own.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="token_bytes"
+# solution: solutions.token_bytes.token_bytes
+
+# %%
+check("token_bytes")
+
+# %%
+vocab = token_bytes(tokenizer)
+eos_id = tokenizer.eos_token_id
+not_text = [i for i, data in enumerate(vocab) if data is None]
+partial = [i for i, data in enumerate(vocab) if data is not None and not data.isascii()]
+longest = max((data for data in vocab if data is not None), key=len)
+print(f"{len(vocab)} token ids; special (no bytes): {not_text} (end-of-text is {eos_id})")
+print(f"tokens with non-ASCII bytes: {len(partial)}, each one byte long: "
+      f"{all(len(vocab[i]) == 1 for i in partial)}")
+print(f"longest token: {len(longest)} bytes, {longest!r}")
+print(b"".join(vocab[i] for i in ids), "->", b"".join(vocab[i] for i in ids).decode())
+
+# %% tags=["claim"]
+assert len(vocab) == 4096 and not_text == [0] and eos_id == 0
+assert len(partial) == 128 and all(len(vocab[i]) == 1 for i in partial)
+assert len(longest) == 29
+
+# %% [markdown]
+# The vocabulary has 4,096 ids; only id 0, `<|endoftext|>`, is not text. The 128 tokens with
+# a non-ASCII byte are the single bytes 80 to FF: this tokenizer, trained on English plays,
+# learned **no token that holds a whole non-ASCII character**. Every `é` it ever writes is two
+# tokens, and a constraint that only allowed tokens that are whole characters could never
+# produce one.
+#
+# ## 2. A regex as an automaton over bytes (15 minutes, reading)
+#
+# A regular expression is a finite automaton: a set of states, a start, some final states, and
+# for each state the characters that may come next and the state each leads to. The text so far
+# is a match when it ends in a final state; it can still become one as long as it is in a state
+# from which a final state can be reached (a **live** state). Any other state is dead: nothing
+# that follows can fix the text.
+#
+# The course uses `interegular` (a small pure-Python library) to turn the regex into an
+# automaton over characters, and the given code below turns that into one over **bytes**: each
+# character becomes its 1 to 4 UTF-8 bytes, and a byte state remembers what is pending of the
+# character being read. `ByteDFA.transitions[state]` maps each byte that may come next to the
+# next state; only live states are kept, so **a byte that has no entry leads to the dead
+# state**. The whole text must match, as with `re.fullmatch`.
+#
+# The regex subset is interegular's: literal characters (any Unicode), escapes, character
+# classes with ranges and negation (`[^"]`), `.` (any character but a newline), `\d`, `\w`,
+# `\s` (ASCII only: `\d` is `[0-9]`), groups, alternation, and repetition `*`, `+`, `?`,
+# `{m}`, `{m,n}`. Anchors `^` and `$`, back-references and Unicode properties (`\p{L}`) are
+# refused with an error. (Engines differ on the details: outlines-core's `\d` also matches
+# Arabic-Indic digits, and xgrammar's `.` matches a newline. Write `[0-9]` and explicit classes
+# when you want the same language everywhere.)
+
+# %% tags=["source"]
+# solution: solutions.byte_dfa.ByteDFA
+# solution: solutions.byte_dfa.regex_to_byte_dfa
+
+# %% [markdown]
+# One detail matters for speed. A class such as `[^"]` (every character but a quote, the inside
+# of a JSON string) allows almost every Unicode character alike. Remembering every incomplete
+# UTF-8 prefix as its own state would give a JSON string's automaton thousands of states that
+# all behave the same; when no character the regex names individually can still come out of a
+# prefix, the code keeps only *how many bytes are still to come and the range of the next one*.
+# Predict, then run: how many states does the byte automaton of a two-field JSON object have?
+# (The regex is the one outlines-core's `build_regex_from_schema` writes for the schema
+# `{"name": string, "age": integer}` with no whitespace; a later part of this chapter writes
+# such regexes itself.)
+
+# %%
+TWO_FIELD = r'\{"name":"([^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*","age":(-)?(0|[1-9][0-9]*)\}'
+two_field_dfa = regex_to_byte_dfa(TWO_FIELD)
+romeo_dfa = regex_to_byte_dfa("(Romeo|Juliet)")
+print("two-field object:", len(two_field_dfa.transitions), "byte states")
+print("(Romeo|Juliet):", len(romeo_dfa.transitions), "byte states; from the start:",
+      [chr(b) for b in romeo_dfa.transitions[romeo_dfa.initial]])
+for answer in ['{"name":"Juliet","age":13}', '{"name":"Jüliet","age":13}', '{"name":"Juliet"}']:
+    print(f"{answer!r:32} accepted: {two_field_dfa.accepts(answer.encode())}, "
+          f"re.fullmatch: {bool(re.fullmatch(TWO_FIELD, answer))}")
+
+# %% tags=["claim"]
+assert len(two_field_dfa.transitions) == 31 and len(romeo_dfa.transitions) == 11
+
+# %% [markdown]
+# 31 states for the two-field object, and 11 for `(Romeo|Juliet)`: one per letter read, plus
+# the start, minus the final state the two names share. From the start only `R` and `J` may
+# come.
+#
+# ## 3. The token index (45 minutes)
+#
+# A token is allowed in a state when its bytes, read one by one from that state, never fall
+# into the dead state; it then leads to the state where the last byte ends. Nothing about the
+# token's being "whole" matters: the first byte of `é` is allowed wherever `é` may come, and
+# leads to a state that waits for the second.
+#
+# Every tokenization of an allowed text must be allowed, not only the one the tokenizer would
+# choose. The tokenizer writes `Romeo` as one token, but `Rome` + `o` and five single letters
+# spell it too, and at some step the model may prefer them. An index that allowed only the
+# tokenizer's own spelling would refuse what the model wants for no reason, and distort its
+# choice between `Romeo` and `Juliet` (Willard & Louf's index allows every token whose bytes
+# fit; so does outlines-core's).
+#
+# The end-of-text token adds no bytes. It is allowed exactly in **final** states (the text so
+# far is a complete match), and it leaves the state where it is: the request stops there.
+#
+# Walking all 4,096 tokens from the current state at every step would cost milliseconds per
+# token generated. But the states are few (31 for the JSON object above), so the index walks
+# every token from every state **once**, ahead of time, and keeps, for each state, a dictionary
+# from allowed token to next state. At generation time, "which tokens may come next?" and "where
+# am I after this token?" are two lookups. That is outlines' index.
+#
+# ### Exercise: `walk` and `TokenIndex`
+#
+# - `walk(dfa, state, data)` reads the bytes `data` from `state` and returns the state reached,
+#   or `None` as soon as a byte has no transition.
+# - `TokenIndex(dfa, token_bytes, eos_id)` fills `self.transitions`: one dictionary per DFA
+#   state (states are `0 .. len(dfa.transitions) - 1`), mapping each allowed token id to its
+#   next state, with end-of-text mapped to the state itself in final states (`dfa.finals`).
+#   Special tokens (`None` bytes) are never walked.
+# - `allowed(state)` gives the allowed ids; `advance(state, token)` the next state (the given
+#   line after your code raises for a token that is not allowed).
+#
+# Common mistakes: allowing only tokens that decode to whole characters (a multi-byte character
+# refused because its first token is not a whole character); walking only the first byte of
+# each token; keeping on after a byte with no transition (a dead state never detected: tokens
+# such as `Rx` allowed); allowing end-of-text outside final states, or not in them; walking a
+# special token's `None`; starting every walk from `dfa.initial` instead of the state given;
+# assuming end-of-text is id 0.
+#
+# The tests build your index and outlines-core's `Index` for the same regex and vocabulary, and
+# walk both from their start together over every token both allow: their state numbers differ,
+# but at every pair of states reached the allowed sets must be equal. The regexes: choices with
+# several tokenizations (`(Romeo|Juliet)`, `(Rom|Romeo)`, `(Romeo|Juliet|Romeo and Juliet)`),
+# classes with repetition, a number, words with spaces, non-ASCII characters (`(é|日本|😀)+`,
+# `[à-ü]+`), a JSON string, `.`, and the two-field object; and a vocabulary with the same
+# tokens under other ids, end-of-text last. (outlines-core 0.2.14 refuses a token that crosses
+# a point where the text is already a complete match, such as `.` after `1` in the number's
+# regex; the tests read its index through a sentinel character that removes the difference, so
+# that the oracle has `re.fullmatch`'s meaning, as yours does.)
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# `walk` is a loop over the bytes with `dfa.step`. The index is two loops, over states and
+# over tokens, each calling `walk`; then one more entry for end-of-text in final states.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# In `walk`, step from the given state byte by byte and return `None` the moment a step gives
+# `None`. In `__init__`, for each state build a dictionary: for each token id whose bytes are
+# not `None`, walk them from that state and keep the id with the end state when the walk
+# survives; if the state is in `dfa.finals`, add end-of-text mapped to the state itself; append
+# the dictionary to `self.transitions`. `allowed` lists a state's dictionary's keys; `advance`
+# looks the token up in it (`dict.get`, so that a refused token gives `None` for the given
+# check).
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# Still stuck after trying? `show_solution("TokenIndex")` and `show_solution("walk")` print the
+# reference implementation.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="token_index"
+# solution: solutions.token_index.walk
+# solution: solutions.token_index.TokenIndex
+
+# %%
+check("token_index")
+
+# %% [markdown]
+# A request's place in its constraint is one state number. `Guide` holds it: the index is
+# shared by every request with the same constraint, and each request has its own guide.
+
+# %% tags=["source"]
+# solution: solutions.token_index.Guide
+
+# %% [markdown]
+# **Predict, then run.** Which tokens may start an answer to `(Romeo|Juliet)`? Which may follow
+# `Rome`? And how long does the index of the two-field object take to build?
+
+# %%
+romeo_index = TokenIndex(romeo_dfa, vocab, eos_id)
+start = romeo_index.allowed(romeo_index.initial)
+print("allowed at the start:", sorted(vocab[t] for t in start))
+after_rome = romeo_index.advance(romeo_index.initial, vocab.index(b"Rome"))
+print("after 'Rome':", [vocab[t] for t in romeo_index.allowed(after_rome)])
+done = romeo_index.advance(after_rome, vocab.index(b"o"))
+print("after 'Romeo':", romeo_index.allowed(done), "(end-of-text is", eos_id, ")")
+began = time.perf_counter()
+two_field_index = TokenIndex(two_field_dfa, vocab, eos_id)
+seconds = time.perf_counter() - began
+n_transitions = sum(len(row) for row in two_field_index.transitions)
+print(f"two-field index: {len(two_field_index.transitions)} states, {n_transitions:,} "
+      f"transitions, built in {seconds * 1000:.0f} ms")
+
+# %% tags=["claim"]
+assert sorted(vocab[t] for t in start) == [b"J", b"Juliet", b"R", b"Rome", b"Romeo"]
+assert romeo_index.allowed(done) == [0]
+assert (len(two_field_index.transitions), n_transitions) == (31, 4548)
+
+# %% [markdown]
+# Five tokens may start an answer: `J`, `Juliet`, `R`, `Rome` and `Romeo`. After `Romeo` only
+# end-of-text remains. The two-field object's index has 31 states and 4,548 transitions, the
+# same counts as outlines-core's `Index` of the same regex on this vocabulary (the tests compare
+# the two, set by set).
+#
+# ## 4. The mask (15 minutes)
+#
+# The allowed set becomes a mask on the logits: every other token's logit becomes $-\infty$,
+# so that softmax gives it probability 0. The allowed tokens keep their logits, so they share
+# all the probability in the proportions the model gave them: the model's distribution
+# **renormalised** over the allowed set.
+#
+# The mask comes **before** chapter 3's temperature, top-k and top-p. Top-k before the mask may
+# keep $k$ tokens that are all forbidden, and the mask then leaves nothing to draw; top-p before
+# it measures its nucleus on probability that the mask throws away, and keeps too few or too
+# many allowed tokens. After the mask, they choose among the tokens that can be drawn.
+#
+# ### Exercise: `token_mask` and `mask_logits`
+#
+# - `token_mask(allowed, d_vocab, device)`: a boolean tensor `[d_vocab]`, True exactly at the
+#   ids in `allowed`, made on `device`.
+# - `mask_logits(logits, mask)`: `logits` `[batch, d_vocab]` with $-\infty$ where `mask`
+#   `[batch, d_vocab]` is False, as a new tensor; the caller's logits unchanged, the dtype kept.
+#
+# Common mistakes: a large negative number instead of $-\infty$ (after a temperature, or next
+# to logits that low, it keeps some probability); the mask read the wrong way round; an edit
+# in place (`masked_fill_`), which changes the caller's logits; the mask made on the CPU when
+# the logits are on a GPU.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# A tensor of False, then True at a list of positions; and one function of chapter 3 that
+# writes a value where a boolean tensor says so.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# `torch.zeros` with `dtype=torch.bool` and `device=device`, then index it with a tensor of the
+# allowed ids (also on `device`) and assign True. For the logits, `Tensor.masked_fill` (without
+# the underscore: a new tensor) where the mask is NOT set.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# `show_solution("mask_logits")` and `show_solution("token_mask")`.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="mask_logits"
+# solution: solutions.token_mask.token_mask
+# solution: solutions.token_mask.mask_logits
+
+# %%
+check("mask_logits")
+
+# %% [markdown]
+# ## 5. A constrained sampler (15 minutes)
+#
+# Chapter 3's `TransformerSampler.sample` asks `next_logits` for the model's logits at each
+# step and hands them to `sample_next_token` (penalty, temperature, top-k or top-p, the draw).
+# `ConstrainedSampler` is a chapter-9 **subclass** that changes only `next_logits`: the logits
+# come back masked, so the loop and every filter of chapter 3 run unchanged, after the mask.
+# (A logits processor handed to the sampler would work too; the subclass needs no change to
+# chapter 3's code at all.) Its `sample` starts a fresh `Guide` for each request: the index is
+# built once per constraint, the state belongs to the request.
+#
+# ### Exercise: `ConstrainedSampler.next_logits`
+#
+# Before the mask, the guide must read the tokens accepted since the last call: the token the
+# loop sampled and appended after the previous call (none at the first call). The prompt is
+# not part of the constrained text: the guide starts at the constraint's beginning with the
+# first generated token. `self.n_seen` (set to `None` by `sample`) is yours to keep count of
+# how much of `input_ids` the guide has read.
+#
+# Common mistakes: walking the prompt's tokens through the constraint (the wrong part of the
+# text: `ROMEO.\n` is no start of `Romeo`); reading the same token twice, or the last token
+# only at the first call; advancing before the token is accepted (there is no token yet: the
+# guide reads what `input_ids` holds); a guide kept in a local variable, so that each step starts
+# over; the mask made on the CPU for a model on a GPU.
+#
+# The tests draw 2,000 seeded answers to `(Romeo|Juliet)` from a model whose logits depend only
+# on the last token, so that each answer's probability (a product of renormalised
+# probabilities, one per step) is known exactly, and compare by a chi-square test (a correct
+# sampler fails it with probability $10^{-5}$); repeat that with `top_k=2` on a model whose two
+# favourites are never allowed; check that every one of 100 seeded answers per regex, for six
+# regexes, ends with end-of-text and `re.fullmatch`es its regex; and give it a prompt that is
+# itself the start of an answer (`Rom`).
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# The tokens the guide has not read yet are `input_ids[self.n_seen:]`, once `n_seen` is set.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# If `self.n_seen` is not `None`, advance the guide over each of those tokens, in order. Then
+# set `self.n_seen` to the length of `input_ids`. Make the mask of the guide's allowed tokens
+# with your `token_mask` (on the logits' device, as wide as the logits) and return
+# `mask_logits` of the logits and the mask, with a batch dimension added to the mask.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# `show_solution("ConstrainedSampler")`.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="constrained_sampler"
+# solution: solutions.constrained_sampling.ConstrainedSampler
+
+# %%
+check("constrained_sampler")
+
+# %% [markdown]
+# **Predict, then run.** The shipped model, asked after `ROMEO.\n` for one of two names, or for
+# a three-digit number: what does it answer, and does every answer fit?
+
+# %%
+prompt = tokenizer.encode("ROMEO.\n")
+n_answers = 3 if QUICK else 10
+for regex in ["(Romeo|Juliet)", "[0-9]{3}", "(Romeo|Juliet)( and (Romeo|Juliet))?, [a-z]{2,8}!"]:
+    sampler = ConstrainedSampler(model, tokenizer, TokenIndex(regex_to_byte_dfa(regex), vocab,
+                                                              eos_id))
+    answers = []
+    for seed in range(n_answers):
+        out = sampler.sample(prompt, 40, seed=seed, temperature=1.0)[len(prompt):].tolist()
+        answers.append(b"".join(vocab[t] for t in out if t != eos_id).decode())
+    fit = sum(bool(re.fullmatch(regex, a)) for a in answers)
+    print(f"{regex}: {fit} of {len(answers)} fit; {answers[:5]}")
+
+# %% [markdown]
+# Every answer fits: the mask never lets a token through that would break the regex, and
+# end-of-text only where the text is complete. Whether the answers are *good* is still the
+# model's business: the constraint decides what is possible, the model what is likely.
+#
+# ## Check your understanding
+#
+# - Why must the index allow `R`, `Rome` and `Romeo` at the start of `(Romeo|Juliet)`, and not
+#   only the tokenizer's `Romeo`?
+#
+# <details><summary>Answer</summary>
+#
+# The model was trained on text the tokenizer spelled its own way, but at a given step it may
+# give `Rome` more probability than `Romeo`; refusing it moves that probability to the other
+# answers for no reason, and any text the constraint allows must stay reachable whatever the
+# model prefers.
+#
+# </details>
+#
+# - The index is built before generation. What would it cost to compute the allowed set at each
+#   step instead?
+#
+# <details><summary>Answer</summary>
+#
+# A walk of every token's bytes at every step, per token generated: one per token of the
+# vocabulary, and today's vocabularies are far larger than this one's. Built ahead, each step is
+# a lookup of the state's row; the cost moves to building, once per constraint.
+#
+# </details>
+#
+# - Why does end-of-text leave a final state unchanged rather than lead to a new state?
+#
+# <details><summary>Answer</summary>
+#
+# It adds no bytes: the text is the same before and after it. The request stops there, so no
+# state after it is ever read.
+#
+# </details>
+#
+# ## Further reading
+#
+# - Willard & Louf, *Efficient Guided Generation for Large Language Models*, 2023
+#   (arXiv:2307.09702): the index over a regex's automaton.
+# - Dong et al., *XGrammar: Flexible and Efficient Structured Generation Engine for Large
+#   Language Models*, 2024 (arXiv:2411.15100): grammars with nesting, and masks computed fast.
+# - vLLM documentation, "Structured Outputs"; OpenAI API documentation, "Structured Outputs".
+#
+# ## What comes next in this chapter
+#
+# This is the chapter's first part. The parts still to be written will add: a JSON schema
+# turned into a regex (a flat subset, compared with outlines-core's `build_regex_from_schema`,
+# answers validated with `jsonschema`); why nested JSON needs a stack, and xgrammar's grammar
+# matcher for it; constraints in chapter 8's engine and in `course serve` (vLLM's
+# `structured_outputs` and OpenAI's `response_format`); forced text appended without sampling
+# (SGLang's jump-forward); and what masking each step does to the model's distribution (Park et
+# al., 2024, "Grammar-Aligned Decoding"). None of them exists yet.

@@ -1,0 +1,631 @@
+"""Chapter 9: output that must parse. Tokens as bytes (graded against HF's byte map and
+`tokenizer.decode`), the token index (against outlines-core's `Index`, walked in lockstep), the
+mask and the constrained sampler (against exact probabilities by a chi-square test, and
+`re.fullmatch` on every answer).
+
+outlines-core numbers its states its own way: the two indexes are compared by walking both
+from their initial states together, over every token both allow, so that each pair of states
+reached stands for the same text; their allowed sets must be equal at every pair.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+
+import pytest
+import torch
+
+from tests.graded._device import made_without_a_device
+from tests.graded._oracles import (
+    IN_PLACE,
+    OutlinesIndex,
+    assert_untouched,
+    crafted_logits,
+    draw,
+    vocabulary_bytes,
+)
+from tests.support import assert_samples_follow
+
+CHAPTER = "09_structured"
+
+VOCAB, EOS = vocabulary_bytes()
+
+# Regexes with what each exercises: a choice with many tokenizations (and one choice a prefix of
+# another), classes with bounded repetition, a starred group, a number whose integer part is
+# already a complete match, words separated by spaces (the space marker), non-ASCII characters
+# (two, three and four bytes, split across tokens), a range of non-ASCII characters, a JSON
+# string (a negated class: every character but a few), `.`, and a schema's regex.
+TWO_FIELD_REGEX = (  # outlines-core's build_regex_from_schema, whitespace_pattern=""
+    r'\{"name":"([^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*","age":(-)?(0|[1-9][0-9]*)\}'
+)
+BATTERY = [
+    "(Romeo|Juliet)",
+    "(Rom|Romeo)",
+    "(Romeo|Juliet|Romeo and Juliet)",
+    "[A-Z][a-z]{2,5}",
+    "[0-9]{3}-[0-9]{4}",
+    "(ab|cd)*e",
+    r"-?(0|[1-9][0-9]*)(\.[0-9]+)?",
+    "[a-z]+( [a-z]+)*",
+    "(é|日本|😀)+",
+    "[à-ü]+",
+    '"[^"\\\\\\x00-\\x1f]*"',
+    ".{1,3}!",
+    TWO_FIELD_REGEX,
+]
+
+
+def show(data: bytes | None) -> str:
+    return "None" if data is None else repr(data)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from utils.models import load_model
+
+    return load_model("shakespeare")[1]
+
+
+# --------------------------------------------------------------------------- token_bytes
+
+
+def diagnose_token_bytes(got, tokenizer, i: int) -> str:
+    """What a wrong entry `got[i]` points to."""
+    expected = VOCAB[i]
+    string = tokenizer.convert_ids_to_tokens(i)
+    head = f"token {i} ({string!r}): expected {show(expected)}, got {show(got[i])}. "
+    if expected is None:
+        return head + (
+            f"{string} is a special token: it is not text and adds no bytes to it. Give it "
+            "None, so that no constraint ever walks it as text (end-of-text is allowed by the "
+            "index where the text may end, not because of its bytes)."
+        )
+    if got[i] is None:
+        return head + "Only special tokens are None; this one is ordinary text."
+    if got[i] == string.encode("utf-8"):
+        return head + (
+            "That is the UTF-8 encoding of the token's string as the vocabulary stores it: "
+            "each character of that string stands for ONE byte (the space marker `Ġ` is the "
+            "byte 0x20, `Ċ` a newline), so map every character back through the byte-level "
+            "alphabet instead of encoding the string."
+        )
+    if got[i] == tokenizer.decode([i]).encode("utf-8"):
+        return head + (
+            "That is `decode` of the token alone. A token may hold part of a character (`é` "
+            "is two tokens here), and decoding a part alone gives the replacement character "
+            "U+FFFD, whose bytes were never in the text. Read the token's bytes from its "
+            "string in the vocabulary instead."
+        )
+    return head + "Map each character of the token's string back to the byte it stands for."
+
+
+@pytest.mark.token_bytes
+def test_token_bytes_equal_the_vocabularys_bytes(impl, tokenizer):
+    got = impl.token_bytes(tokenizer)
+    assert isinstance(got, list | tuple) and len(got) == len(VOCAB), (
+        f"expected a list with one entry per token id ({len(VOCAB)}), got "
+        f"{type(got).__name__} of length {len(got) if hasattr(got, '__len__') else '?'}"
+    )
+    wrong = [i for i in range(len(VOCAB)) if got[i] != VOCAB[i]]
+    if wrong:
+        # The special token first: it is the one a learner's rule most often misses.
+        first = EOS if EOS in wrong else wrong[0]
+        raise AssertionError(
+            f"{len(wrong)} of {len(VOCAB)} token ids have the wrong bytes. "
+            + diagnose_token_bytes(got, tokenizer, first)
+        )
+
+
+TEXTS = [
+    "Café, naïve façade",
+    "ROMEO.\n Wherefore art thou — Romeo?\n\tJuliet’s “Verona” …",
+    "日本語 and 😀🎭 with Ω ж ß",
+    " leading  spaces\n\nand tabs\t\tend ",
+]
+
+
+@pytest.mark.token_bytes
+def test_token_bytes_rebuild_texts_with_non_ascii_characters(impl, tokenizer):
+    """The bytes of a text's tokens, joined, are its UTF-8 encoding, which decodes to what
+    `tokenizer.decode` gives (the texts split characters across tokens)."""
+    got = impl.token_bytes(tokenizer)
+    for text in TEXTS:
+        ids = tokenizer.encode(text)
+        joined = b"".join(b"" if got[i] is None else got[i] for i in ids)
+        if joined != text.encode("utf-8"):
+            at = next(
+                (k for k, i in enumerate(ids) if got[i] != VOCAB[i]),
+                None,
+            )
+            where = "" if at is None else " " + diagnose_token_bytes(got, tokenizer, ids[at])
+            raise AssertionError(
+                f"the bytes of the tokens of {text!r} joined give {joined!r}, not the text's "
+                f"UTF-8 encoding {text.encode('utf-8')!r}.{where}"
+            )
+        assert joined.decode("utf-8") == tokenizer.decode(ids)
+
+
+@pytest.mark.token_bytes
+def test_token_bytes_of_a_tokenizer_with_a_second_special_token(impl):
+    """Another caller: a tokenizer with one more special token, at the end of the vocabulary
+    (as real models add chat tokens). Every special token is None, wherever its id."""
+    from transformers import AutoTokenizer
+
+    from utils.models import model_dir
+
+    tok = AutoTokenizer.from_pretrained(model_dir("shakespeare"), local_files_only=True)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+    new = tok.convert_tokens_to_ids("<|im_start|>")
+    got = impl.token_bytes(tok)
+    assert len(got) == len(VOCAB) + 1, (
+        f"a tokenizer of {len(tok)} tokens (one special token added at id {new}) must give "
+        f"{len(tok)} entries, got {len(got)}: count the tokenizer's tokens (`len(tokenizer)`), "
+        "not a number written in the code"
+    )
+    assert got[new] is None and got[EOS] is None, (
+        f"<|im_start|> (id {new}) and <|endoftext|> (id {EOS}) are both special tokens, not "
+        f"text: both must be None, got {show(got[new])} and {show(got[EOS])}. Ask the "
+        "tokenizer which ids are special rather than naming one."
+    )
+    assert list(got[:new]) == list(VOCAB), "the other tokens' bytes must not change"
+
+
+# --------------------------------------------------------------------------- token_index
+
+
+def first_disagreement(index, oracle: OutlinesIndex, vocab, eos: int, regex: str):
+    """Walk the learner's index and the oracle together over every token both allow, breadth
+    first; return None, or (text so far, learner's set, oracle's set, oracle final) at the
+    first pair of states whose allowed sets differ."""
+    start = (index.initial, oracle.initial)
+    seen, todo = {start}, deque([(start, b"")])
+    while todo:
+        (mine, theirs), text = todo.popleft()
+        got, expected = set(index.allowed(mine)), oracle.allowed(theirs)
+        if got != expected:
+            return text, got, expected, oracle.is_final(theirs)
+        if oracle.is_final(theirs):
+            after = index.advance(mine, eos)
+            assert after == mine, (
+                f"regex {regex!r}, after {text!r} (a complete match): end-of-text must leave "
+                f"the state as it is (state {mine}), got state {after}"
+            )
+        for token in sorted(got - {eos}):
+            pair = (index.advance(mine, token), oracle.next_state(theirs, token))
+            if pair not in seen:
+                seen.add(pair)
+                todo.append((pair, text + vocab[token]))
+    return None
+
+
+def sample_of(ids, vocab, most: int = 6) -> str:
+    shown = sorted(ids, key=lambda t: (vocab[t] is None, vocab[t] or b""))[:most]
+    more = f" and {len(ids) - most} more" if len(ids) > most else ""
+    return ", ".join("<end-of-text>" if vocab[t] is None else repr(vocab[t]) for t in shown) + more
+
+
+def explain_index_difference(regex, text, got, expected, final, vocab, eos) -> str:
+    missing, extra = expected - got, got - expected
+    head = f"regex {regex!r}, after the text {text!r}: "
+    if eos in extra:
+        return head + (
+            "end-of-text is allowed, but the text is not a complete match yet. End-of-text "
+            "belongs only to final states."
+        )
+    if eos in missing:
+        return head + (
+            "the text is a complete match (a final state), so end-of-text must be allowed "
+            "there; your index does not allow it."
+        )
+    partial = {t for t in missing if not is_whole_text(vocab[t])}
+    if partial:
+        return head + (
+            f"{len(missing)} tokens are missing, among them {sample_of(partial, vocab)}: bytes "
+            "that are not a whole character on their own. A multi-byte character is split "
+            "across tokens here; a token that begins a character the regex allows must be "
+            "allowed, and the next token finishes it. Walk bytes, not characters."
+        )
+    if missing and any(len(vocab[t]) < max(len(vocab[u]) for u in got | missing) for t in missing):
+        return head + (
+            f"{len(missing)} tokens are missing, among them {sample_of(missing, vocab)}. "
+            f"Every tokenization of an allowed text must be allowed, not only the tokenizer's "
+            "own: a word may come as one token or as several shorter ones. Is every token of "
+            "the vocabulary walked from every state?"
+        )
+    if extra:
+        return head + (
+            f"{len(extra)} tokens are allowed that cannot lead to a match, among them "
+            f"{sample_of(extra, vocab)}. A token whose walk reaches a byte with no transition "
+            "is dead there: is the walk stopped, and the token left out, as soon as a step "
+            "fails?"
+        )
+    return head + f"{len(missing)} tokens are missing, among them {sample_of(missing, vocab)}."
+
+
+def is_whole_text(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def assert_index_equals_outlines(impl, regex: str, vocab, eos: int) -> None:
+    index = impl.TokenIndex(impl.regex_to_byte_dfa(regex), list(vocab), eos)
+    oracle = OutlinesIndex(regex, vocab, eos)
+    found = first_disagreement(index, oracle, vocab, eos, regex)
+    if found is not None:
+        text, got, expected, final = found
+        raise AssertionError(
+            explain_index_difference(regex, text, got, expected, final, vocab, eos)
+        )
+
+
+@pytest.mark.token_index
+def test_walk_follows_the_dfa_byte_by_byte(impl):
+    dfa = impl.regex_to_byte_dfa("(é|日本|Romeo)+")
+
+    def by_hand(data: bytes):
+        state = dfa.initial
+        for byte in data:
+            state = dfa.step(state, byte)
+            if state is None:
+                return None
+        return state
+
+    for data in [b"", b"R", b"Rome", b"Romeo", b"Rx", b"\xc3", "é".encode(), "日本Romeo".encode(),
+                 "日".encode()[:2], b"\xc3\xa8", b"Romeoo", b"Rxo", b"\xc3xR"]:  # fmt: skip
+        try:
+            got = impl.walk(dfa, dfa.initial, data)
+        except (TypeError, KeyError, IndexError, AttributeError) as error:
+            raise AssertionError(
+                f"walk from the initial state over {data!r} crashed ({type(error).__name__}: "
+                f"{error}). The walk dies at {data!r}'s first byte with no transition, and the "
+                "next step was taken from None: once a step gives None, return None at once."
+            ) from None
+        expected = by_hand(data)
+        assert got == expected, (
+            f"walk from the initial state over {data!r}: expected "
+            f"{'None (the walk dies)' if expected is None else f'state {expected}'}, got "
+            f"{got!r}. "
+            + (
+                "Once a step has no transition the walk is dead: return None at once."
+                if expected is None
+                else "Step the DFA on every byte, in order, each from the state the last "
+                "one reached."
+            )
+        )
+    mid = impl.walk(dfa, dfa.initial, b"Rom")
+    assert impl.walk(dfa, mid, b"eo") == by_hand(b"Romeo"), (
+        "a walk must start from the state it is given, not from the initial state"
+    )
+
+
+@pytest.mark.token_index
+@pytest.mark.parametrize("regex", BATTERY, ids=range(len(BATTERY)))
+def test_token_index_equals_outlines_cores(impl, regex):
+    assert_index_equals_outlines(impl, regex, VOCAB, EOS)
+
+
+def reshuffled_vocabulary(seed: int = 0):
+    """The course's tokens under other ids, end-of-text last and a second special token (no
+    bytes) among them: an index may not assume where either lies."""
+    g = torch.Generator().manual_seed(seed)
+    texts = [b for b in VOCAB if b is not None]
+    order = torch.randperm(len(texts), generator=g).tolist()
+    vocab = [texts[k] for k in order]
+    vocab.insert(1000, None)  # another special token: never text
+    vocab.append(None)  # end-of-text
+    return tuple(vocab), len(vocab) - 1
+
+
+@pytest.mark.token_index
+def test_token_index_on_a_vocabulary_with_other_ids(impl):
+    vocab, eos = reshuffled_vocabulary()
+    for regex in ["(Romeo|Juliet)", "(é|日本)+"]:
+        assert_index_equals_outlines(impl, regex, vocab, eos)
+
+
+@pytest.mark.token_index
+def test_advance_refuses_a_token_that_is_not_allowed(impl):
+    index = impl.TokenIndex(impl.regex_to_byte_dfa("(Romeo|Juliet)"), list(VOCAB), EOS)
+    x = VOCAB.index(b"x")
+    with pytest.raises((ValueError, KeyError, IndexError)):
+        after = index.advance(index.initial, x)
+        raise AssertionError(
+            f"advance(initial, {x}) for b'x', which (Romeo|Juliet) never allows, returned "
+            f"{after!r}: a refused token has no next state, and advance must say so (raise) "
+            "rather than hand back a state"
+        )
+    with pytest.raises((ValueError, KeyError, IndexError)):
+        after = index.advance(index.initial, EOS)
+        raise AssertionError(
+            f"advance(initial, end-of-text) returned {after!r}: the empty text is not a "
+            "match of (Romeo|Juliet), so end-of-text is not allowed there"
+        )
+
+
+# --------------------------------------------------------------------------- mask_logits
+
+
+@pytest.mark.mask_logits
+def test_token_mask_is_true_exactly_at_the_allowed_ids(impl):
+    allowed = [3, 0, 4095, 17, 3]
+    got = impl.token_mask(allowed, 4096)
+    expected = torch.zeros(4096, dtype=torch.bool)
+    expected[[0, 3, 17, 4095]] = True
+    assert got.dtype == torch.bool and got.shape == (4096,), (
+        f"expected a boolean tensor of shape (4096,), got {got.dtype} of shape {tuple(got.shape)}"
+    )
+    assert torch.equal(got, expected), (
+        f"True must be exactly at {sorted(set(allowed))}; got True at "
+        f"{got.nonzero().flatten().tolist()[:8]}"
+    )
+
+
+@pytest.mark.mask_logits
+def test_token_mask_makes_its_tensors_on_the_given_device(impl):
+    made = made_without_a_device(impl.token_mask)
+    assert not made, (
+        f"token_mask makes {', '.join(made)} without `device=`: on a GPU it would land on "
+        "the CPU and meet the GPU's logits in the next step. Make each tensor on `device`."
+    )
+    got = impl.token_mask([1, 2], 8, device="meta")
+    assert got.device.type == "meta", f"asked for the meta device, got {got.device}"
+
+
+@pytest.mark.mask_logits
+def test_mask_logits_puts_minus_infinity_outside_the_mask(impl):
+    logits = torch.stack([crafted_logits(seed, 24) for seed in range(3)])
+    mask = torch.zeros(3, 24, dtype=torch.bool)
+    mask[0, [1, 5, 6]] = True
+    mask[1, [0, 23]] = True
+    mask[2, :] = True
+    before, mask_before = logits.clone(), mask.clone()
+    got = impl.mask_logits(logits, mask)
+    assert_untouched(logits, before, "mask_logits", IN_PLACE)
+    assert torch.equal(mask, mask_before), "mask_logits changed the mask it was given"
+    assert got.shape == logits.shape and got.dtype == logits.dtype, (
+        f"expected {tuple(logits.shape)} {logits.dtype}, got {tuple(got.shape)} {got.dtype}"
+    )
+    assert not bool((got[mask] == float("-inf")).all() and (got[~mask] == logits[~mask]).all()), (
+        "-inf went to the allowed tokens and the refused ones kept their logits: is the mask "
+        "read the right way round (True means allowed)?"
+    )
+    assert torch.equal(got[mask], logits[mask]), (
+        "the logits of allowed tokens must be unchanged: the mask only removes tokens, the "
+        "model's preferences among the others stay as they are"
+    )
+    outside = got[~mask]
+    assert bool((outside == float("-inf")).all()), (
+        f"every refused token's logit must be -inf, got values such as "
+        f"{outside[outside != float('-inf')][:3].tolist()}. A large negative number is not "
+        "enough: after a temperature, or beside logits as low as it, it keeps some probability."
+        if bool((outside != float("-inf")).any()) and bool((outside < -100).all())
+        else f"every refused token's logit must be -inf, got {outside[:4].tolist()}: is the "
+        "mask read the right way round (True means allowed)?"
+    )
+    for dtype in (torch.bfloat16, torch.float16):
+        low = impl.mask_logits(logits.to(dtype), mask)
+        assert low.dtype == dtype, f"{dtype} logits must stay {dtype}, got {low.dtype}"
+
+
+@pytest.mark.mask_logits
+def test_masked_sampling_follows_the_renormalised_distribution(impl):
+    """chapter 3's sample_basic on masked logits draws from softmax(logits) renormalised over
+    the allowed tokens. False failure for a correct implementation: ALPHA (1e-5)."""
+    from solutions.sampling import sample_basic
+
+    logits = crafted_logits(4, 24)
+    mask = torch.zeros(24, dtype=torch.bool)
+    mask[[0, 2, 3, 7, 11, 19]] = True
+
+    def masked_draw(batch, generator):
+        return sample_basic(impl.mask_logits(batch, mask[None].expand_as(batch)), generator)
+
+    samples = draw(masked_draw, logits, who="mask_logits")
+    assert_samples_follow(
+        samples, logits.softmax(-1) * mask, "sample_basic(mask_logits(logits, mask))"
+    )
+
+
+# --------------------------------------------------------------------------- constrained_sampler
+
+
+class LastTokenTable(torch.nn.Module):
+    """A model whose logits depend only on the last token (its id mod 8), with the given
+    model's config: fast, and its distributions are known exactly."""
+
+    def __init__(self, cfg, seed: int = 0, favour: list[int] | None = None):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.cfg = cfg
+        self.table = torch.randn(8, cfg.d_vocab, generator=g) * 2
+        if favour:  # tokens far ahead of every other in every row
+            self.table[:, favour] += 20.0
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # a parameter: the sampler's device
+
+    def forward(self, tokens):
+        return self.table[tokens % 8]
+
+
+def exact_answer_probabilities(model, oracle, prompt_last: int, top_k: int | None = None):
+    """Every token path the constraint allows, up to end-of-text, with its exact probability
+    under the model's distribution renormalised over the allowed tokens at each step (and cut
+    to the top_k most likely allowed ones, if given)."""
+    paths: dict[tuple[int, ...], float] = {}
+
+    def visit(state, last, path, p):
+        allowed = sorted(oracle.allowed(state))
+        logits = model.table[last % 8].double()[allowed]
+        if top_k is not None:
+            kth = logits.topk(min(top_k, len(allowed))).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = logits.softmax(-1)
+        for token, q in zip(allowed, probs.tolist(), strict=True):
+            if q == 0:
+                continue
+            if token == oracle.eos_id:
+                paths[(*path, token)] = p * q
+            else:
+                visit(oracle.next_state(state, token), token, (*path, token), p * q)
+
+    visit(oracle.initial, prompt_last, (), 1.0)
+    return paths
+
+
+def constrained(impl, model, tokenizer, regex: str):
+    """The learner's sampler for `regex`, with the learner's index of it."""
+    index = impl.TokenIndex(impl.regex_to_byte_dfa(regex), list(VOCAB), EOS)
+    return impl.ConstrainedSampler(model, tokenizer, index)
+
+
+def draw_answers(sampler, prompt_ids, n: int, **kwargs) -> list[tuple[int, ...]]:
+    out = []
+    for seed in range(n):
+        got = sampler.sample(prompt_ids, 30, seed=seed, **kwargs)
+        out.append(tuple(got[len(prompt_ids) :].tolist()))
+    return out
+
+
+def assert_answers_follow(answers, paths, what: str) -> None:
+    order = sorted(paths, key=paths.get, reverse=True)
+    number = {path: k for k, path in enumerate(order)}
+    outside = [a for a in answers if a not in number]
+    if outside:
+        a = outside[0]
+        text = b"".join(VOCAB[t] or b"<end-of-text>" for t in a)
+        raise AssertionError(
+            f"{what}: {len(outside)} of {len(answers)} answers are not texts the constraint "
+            f"allows, ending with end-of-text, for example {text!r} (tokens {list(a)})"
+        )
+    samples = torch.tensor([number[a] for a in answers])
+    assert_samples_follow(samples, torch.tensor([paths[p] for p in order]), what)
+
+
+@pytest.mark.constrained_sampler
+def test_the_prompt_is_not_part_of_the_constrained_text(impl, tokenizer):
+    """A prompt that is itself the start of an answer ("Rom"): the answer after it must still
+    be a whole match; the constraint reads only the generated tokens."""
+    from utils.models import load_model
+
+    cfg = load_model("shakespeare")[0].cfg
+    regex = "(Romeo|Juliet)"
+    sampler = constrained(impl, HashNoise(cfg), tokenizer, regex)
+    for prompt_text in ["Rom", "ROMEO.\n"]:
+        prompt = torch.tensor(tokenizer.encode(prompt_text))
+        try:
+            answers = draw_answers(sampler, prompt, 20)
+        except ValueError as error:
+            raise AssertionError(
+                f"with the prompt {prompt_text!r}: {error}. The guide was asked to read a token "
+                "the constraint refuses: is it walking the prompt's tokens, or reading a "
+                "generated token more than once? The constraint is on the generated text only: "
+                "the guide reads each token sampled after the prompt once, after it is accepted."
+            ) from None
+        for answer in answers:
+            text = answer_text(tuple(t for t in answer if t != EOS))
+            assert re.fullmatch(regex, text), (
+                f"with the prompt {prompt_text!r} the generated text is {text!r}, not a whole "
+                f"match of {regex!r}: the guide must start at the constraint's beginning for "
+                "the first generated token and read each generated token once"
+            )
+
+
+N_ANSWERS = 2000  # each answer one seed; about 2 s on a 2-core machine
+
+
+@pytest.mark.constrained_sampler
+def test_constrained_answers_follow_the_renormalised_distribution(impl, tokenizer):
+    """The probability of each whole answer (a token path to end-of-text) is the product of the
+    model's probabilities renormalised over the allowed tokens at each step. Chi-square over the
+    answers; false failure for a correct implementation: ALPHA (1e-5)."""
+    from utils.models import load_model
+
+    cfg = load_model("shakespeare")[0].cfg
+    regex = "(Romeo|Juliet)"
+    model = LastTokenTable(cfg, seed=1)
+    sampler = constrained(impl, model, tokenizer, regex)
+    prompt = torch.tensor(tokenizer.encode("ROMEO.\n"))
+    paths = exact_answer_probabilities(model, OutlinesIndex(regex, VOCAB, EOS), int(prompt[-1]))
+    answers = draw_answers(sampler, prompt, N_ANSWERS, temperature=1.0)
+    assert_answers_follow(answers, paths, f"ConstrainedSampler on {regex!r}")
+
+
+@pytest.mark.constrained_sampler
+def test_top_k_chooses_among_the_allowed_tokens(impl, tokenizer):
+    """top_k=2 with a model whose two favourites are always refused: top-k must act after the
+    mask, on the allowed tokens. False failure for a correct implementation: ALPHA (1e-5)."""
+    from utils.models import load_model
+
+    cfg = load_model("shakespeare")[0].cfg
+    regex = "(Romeo|Juliet)"
+    favour = [VOCAB.index(b"x"), VOCAB.index(b" the")]
+    model = LastTokenTable(cfg, seed=2, favour=favour)
+    sampler = constrained(impl, model, tokenizer, regex)
+    prompt = torch.tensor(tokenizer.encode("ROMEO.\n"))
+    oracle = OutlinesIndex(regex, VOCAB, EOS)
+    paths = exact_answer_probabilities(model, oracle, int(prompt[-1]), top_k=2)
+    try:
+        answers = draw_answers(sampler, prompt, N_ANSWERS // 2, top_k=2)
+    except RuntimeError as error:
+        raise AssertionError(
+            f"sampling with top_k=2 failed ({str(error).splitlines()[0]}): the model's two "
+            "favourites are never allowed here, so top-k before the mask leaves nothing to "
+            "draw from. The mask must come first, then top-k among the allowed tokens."
+        ) from None
+    assert_answers_follow(answers, paths, f"ConstrainedSampler on {regex!r} with top_k=2")
+
+
+class HashNoise(torch.nn.Module):
+    """Logits drawn afresh for every text (seeded by the tokens themselves): a model with no
+    preferences a constraint could hide behind, deterministic for a given text."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, tokens):
+        seed = hash(tuple(tokens[0].tolist())) % (2**31)
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(*tokens.shape, self.cfg.d_vocab, generator=g) * 3
+
+
+SAMPLED = [
+    "(Romeo|Juliet|Romeo and Juliet)",
+    "[A-Z][a-z]{2,5}",
+    "[0-9]{3}-[0-9]{4}",
+    "(é|日本|😀){1,3}x",
+    '"[^"\\\\\\x00-\\x1f]{0,6}"',
+    r"-?(0|[1-9][0-9]{0,3})(\.[0-9]{1,2})?",
+]
+N_PER_REGEX = 100
+
+
+def answer_text(tokens: tuple[int, ...]) -> str:
+    return b"".join(VOCAB[t] for t in tokens).decode("utf-8")
+
+
+@pytest.mark.constrained_sampler
+def test_every_answer_fullmatches_its_regex(impl, tokenizer, shipped):
+    """N_PER_REGEX seeded answers per regex from a noise model, and a few from the shipped model,
+    each ends with end-of-text and its text fullmatches the regex."""
+    model = shipped[0]
+    for regex in SAMPLED:
+        index = impl.TokenIndex(impl.regex_to_byte_dfa(regex), list(VOCAB), EOS)
+        noise = HashNoise(model.cfg)
+        runs = [("a noise model", noise, N_PER_REGEX), ("the shipped model", model, 3)]
+        for who, m, n in runs:
+            sampler = impl.ConstrainedSampler(m, tokenizer, index)
+            prompt = torch.tensor(tokenizer.encode("ROMEO.\n"))
+            for answer in draw_answers(sampler, prompt, n, temperature=1.0):
+                assert answer and answer[-1] == EOS, (
+                    f"{regex!r} with {who}: an answer of {len(answer)} tokens did not end with "
+                    f"end-of-text ({answer_text(tuple(t for t in answer if t != EOS))!r})"
+                )
+                text = answer_text(answer[:-1])
+                assert re.fullmatch(regex, text), (
+                    f"{regex!r} with {who}: the answer {text!r} does not match"
+                )

@@ -1,0 +1,140 @@
+"""Chapter 9's learner-style mutants (see tests/machinery/mutants/__init__.py)."""
+
+from tests.machinery.mutants import Mutant
+
+MUTANTS = [
+    # token_bytes
+    Mutant(
+        "token_bytes",
+        "None if i in special else bytes(byte_of[char] for char in string)",
+        "None if i in special else string.encode()",
+        "the token's string encoded as UTF-8: the space marker taken for a character",
+        says=("space marker", "Ġ"),
+    ),
+    Mutant(
+        "token_bytes",
+        "None if i in special else bytes(byte_of[char] for char in string)",
+        "None if i in special else tokenizer.decode([i]).encode()",
+        "each token decoded alone: part of a character becomes U+FFFD",
+        says=("decode", "part of a character"),
+    ),
+    Mutant(
+        "token_bytes",
+        "None if i in special else bytes(byte_of[char] for char in string)",
+        "bytes(byte_of.get(char, 0) for char in string)",
+        "the special token given bytes as if it were text",
+        says=("special token", "not text"),
+    ),
+    Mutant(
+        "token_bytes",
+        "special = set(tokenizer.all_special_ids)",
+        "special = {0}",
+        "end-of-text assumed to be id 0, the only special token",
+        says=("special", "tokenizer"),
+    ),
+    # token_index
+    Mutant(
+        "token_index",
+        "        if state is None:\n            return None\n    return state",
+        "    return state",
+        "the walk goes on after a byte with no transition",
+        says=("dies",),
+    ),
+    Mutant(
+        "token_index",
+        "state = dfa.step(state, byte)",
+        "state = dfa.step(dfa.initial, byte)",
+        "every byte stepped from the initial state",
+        says=("every byte",),
+    ),
+    Mutant(
+        "token_index",
+        "                if data is None:",
+        "                if data is None or not data.isascii():",
+        "tokens that are not whole characters refused (only ASCII tokens walked)",
+        says=("multi-byte character", "walk bytes"),
+    ),
+    Mutant(
+        "token_index",
+        "end = walk(dfa, state, data)",
+        "end = walk(dfa, state, data[:1])",
+        "only the first byte of each token walked",
+        says=("cannot lead to a match",),
+    ),
+    Mutant(
+        "token_index",
+        "            if state in dfa.finals:  # the text may stop here: end-of-text, going "
+        "nowhere\n"
+        "                row[eos_id] = state",
+        "            row[eos_id] = state",
+        "end-of-text allowed in every state",
+        says=("end-of-text", "not a complete match"),
+    ),
+    Mutant(
+        "token_index",
+        "            if state in dfa.finals:  # the text may stop here: end-of-text, going "
+        "nowhere\n"
+        "                row[eos_id] = state",
+        "            pass",
+        "end-of-text never allowed",
+        says=("end-of-text", "complete match"),
+    ),
+    Mutant(
+        "token_index",
+        "                row[eos_id] = state",
+        "                row[0] = state",
+        "end-of-text assumed to be token 0",
+        says=("end-of-text",),
+    ),
+    Mutant(
+        "token_index",
+        "next_state = self.transitions[state].get(token)",
+        "next_state = self.transitions[state].get(token, state)",
+        "a refused token leaves the state as it is instead of being refused",
+        says=("refused", "raise"),
+    ),
+    # mask_logits
+    Mutant(
+        "mask_logits",
+        'return logits.masked_fill(~mask, float("-inf"))',
+        'return logits.masked_fill(mask, float("-inf"))',
+        "the mask read the wrong way round",
+        says=("right way round",),
+    ),
+    Mutant(
+        "mask_logits",
+        'return logits.masked_fill(~mask, float("-inf"))',
+        "return logits.masked_fill(~mask, -1e4)",
+        "a large negative number instead of -inf",
+        says=("-inf", "large negative"),
+    ),
+    Mutant(
+        "mask_logits",
+        'return logits.masked_fill(~mask, float("-inf"))',
+        'return logits.masked_fill_(~mask, float("-inf"))',
+        "masked in place: the caller's logits change",
+        says=("in place",),
+    ),
+    Mutant(
+        "mask_logits",
+        "mask = torch.zeros(d_vocab, dtype=torch.bool, device=device)",
+        "mask = torch.zeros(d_vocab, dtype=torch.bool)",
+        "the mask made on the CPU whatever the device",
+        says=("device",),
+    ),
+    # constrained_sampler
+    Mutant(
+        "constrained_sampler",
+        "        if self.n_seen is not None:\n",
+        "        if self.n_seen is None:\n            self.n_seen = 0\n        if True:\n",
+        "the prompt's tokens walked through the constraint",
+        says=("prompt",),
+    ),
+    Mutant(
+        "constrained_sampler",
+        "        self.n_seen = len(input_ids)\n",
+        "        self.n_seen = self.n_seen if self.n_seen is not None else len(input_ids)\n",
+        "the count of tokens read never moves on: tokens read again at every step",
+        says=("once",),
+    ),
+]
