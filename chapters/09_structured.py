@@ -477,6 +477,7 @@ check("constrained_sampler")
 # %%
 prompt = tokenizer.encode("ROMEO.\n")
 n_answers = 3 if QUICK else 10
+fits = []
 for regex in ["(Romeo|Juliet)", "[0-9]{3}", "(Romeo|Juliet)( and (Romeo|Juliet))?, [a-z]{2,8}!"]:
     sampler = ConstrainedSampler(model, tokenizer, TokenIndex(regex_to_byte_dfa(regex), vocab,
                                                               eos_id))
@@ -485,7 +486,11 @@ for regex in ["(Romeo|Juliet)", "[0-9]{3}", "(Romeo|Juliet)( and (Romeo|Juliet))
         out = sampler.sample(prompt, 40, seed=seed, temperature=1.0)[len(prompt):].tolist()
         answers.append(b"".join(vocab[t] for t in out if t != eos_id).decode())
     fit = sum(bool(re.fullmatch(regex, a)) for a in answers)
+    fits.append(fit == len(answers))
     print(f"{regex}: {fit} of {len(answers)} fit; {answers[:5]}")
+
+# %% tags=["claim"]
+assert all(fits)
 
 # %% [markdown]
 # Every answer fits: the mask never lets a token through that would break the regex, and
