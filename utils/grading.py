@@ -717,9 +717,12 @@ def _run_attempts(impl, exercise, child, summarise, budget_s) -> Verdict:
         if outcome.kind == "hang" and info["places"] and info["places"][0].given:
             break  # stopped in the course's own code (a busy machine?): nobody's to blame
         in_exercise = [p for p in info["places"] if p.exercise is not None]
-        if in_exercise[1:] and info["argument_check"] and info["places"][0].exercise is None:
-            # A given check (start_forward, say) refused the arguments an exercise's function
-            # received: its caller passed them, and the function that ran the check is right.
+        first = info["places"][0] if info["places"] else None
+        refused = first is not None and first.text.lstrip().startswith("raise ValueError")
+        if in_exercise[1:] and info["argument_check"] and (first.exercise is None or refused):
+            # A check (a given one such as start_forward, or a given line of an exercise cell
+            # such as advance's refusal) refused the arguments an exercise's function received:
+            # its caller passed them, and the function that ran the check is right.
             in_exercise = in_exercise[1:]
         culprit = in_exercise[0] if in_exercise else None
         blamable = culprit is not None and culprit.exercise != exercise

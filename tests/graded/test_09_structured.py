@@ -161,7 +161,8 @@ def test_token_bytes_of_a_tokenizer_with_a_second_special_token(impl):
     assert len(got) == len(VOCAB) + 1, (
         f"a tokenizer of {len(tok)} tokens (one special token added at id {new}) must give "
         f"{len(tok)} entries, got {len(got)}: count the tokenizer's tokens (`len(tokenizer)`), "
-        "not a number written in the code"
+        "not a number written in the code, nor `tokenizer.vocab_size`, which leaves out the "
+        "tokens added after training"
     )
     assert got[new] is None and got[EOS] is None, (
         f"<|im_start|> (id {new}) and <|endoftext|> (id {EOS}) are both special tokens, not "
@@ -520,9 +521,12 @@ def test_the_prompt_is_not_part_of_the_constrained_text(impl, tokenizer):
         except ValueError as error:
             raise AssertionError(
                 f"with the prompt {prompt_text!r}: {error}. The guide was asked to read a token "
-                "the constraint refuses: is it walking the prompt's tokens, or reading a "
-                "generated token more than once? The constraint is on the generated text only: "
-                "the guide reads each token sampled after the prompt once, after it is accepted."
+                "the constraint refuses: is it walking the prompt's tokens, reading a generated "
+                "token more than once, or made anew at each call (a guide in a local variable "
+                "starts over from the constraint's beginning every step)? The guide is the "
+                "sampler's own, made once per request. The constraint is on the generated "
+                "text only: the guide reads each token sampled after the prompt once, after it "
+                "is accepted."
             ) from None
         for answer in answers:
             text = answer_text(tuple(t for t in answer if t != EOS))
@@ -591,6 +595,45 @@ class HashNoise(torch.nn.Module):
         seed = hash(tuple(tokens[0].tolist())) % (2**31)
         g = torch.Generator().manual_seed(seed)
         return torch.randn(*tokens.shape, self.cfg.d_vocab, generator=g) * 3
+
+
+class OnMeta(torch.nn.Module):
+    """A model whose logits are on PyTorch's `meta` device (shapes, no values): a stand-in for
+    a model on a GPU, whose logits a mask made on the CPU cannot be applied to."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, tokens):
+        return torch.zeros(*tokens.shape, self.cfg.d_vocab, device="meta")
+
+
+@pytest.mark.constrained_sampler
+def test_the_mask_is_made_on_the_logits_device(impl, tokenizer):
+    """On a GPU the logits are on the GPU: the mask must be made beside them. The test's model
+    gives its logits on the meta device; `sample` (given) would set the guide and the count as
+    here before the first call."""
+    from utils.models import load_model
+
+    cfg = load_model("shakespeare")[0].cfg
+    sampler = constrained(impl, OnMeta(cfg), tokenizer, "(Romeo|Juliet)")
+    sampler.guide, sampler.n_seen = impl.Guide(sampler.index), None
+    try:
+        got = sampler.next_logits(torch.tensor(tokenizer.encode("ROMEO.\n")))
+    except (RuntimeError, NotImplementedError) as error:
+        if "device" not in str(error) and "meta" not in str(error):
+            raise
+        raise AssertionError(
+            f"with the model's logits on another device than the CPU (meta here, a GPU in "
+            f"use), next_logits fails: {str(error).splitlines()[0]}. Is the mask made on the "
+            "CPU, token_mask called without the logits' device (logits.device)?"
+        ) from None
+    assert got.device.type == "meta", (
+        f"the logits came from the model on the meta device, and next_logits returned them on "
+        f"{got.device}: they stay on the model's device."
+    )
 
 
 SAMPLED = [

@@ -137,4 +137,29 @@ MUTANTS = [
         "the count of tokens read never moves on: tokens read again at every step",
         says=("once",),
     ),
+    Mutant(
+        "constrained_sampler",
+        "        if self.n_seen is not None:\n"
+        "            for token in input_ids[self.n_seen :].tolist():\n"
+        "                self.guide.advance(token)\n"
+        "        self.n_seen = len(input_ids)\n"
+        "        mask = token_mask(self.guide.allowed(), logits.shape[-1], logits.device)",
+        "        guide = Guide(self.index)\n"
+        "        if self.n_seen is not None:\n"
+        "            for token in input_ids[self.n_seen :].tolist():\n"
+        "                guide.advance(token)\n"
+        "        self.n_seen = len(input_ids)\n"
+        "        mask = token_mask(guide.allowed(), logits.shape[-1], logits.device)",
+        "the guide kept in a local variable, made anew at each call: every step starts over "
+        "from the constraint's beginning (a learner's run, chapter 9)",
+        says=("made anew at each call",),
+    ),
+    Mutant(
+        "constrained_sampler",
+        "token_mask(self.guide.allowed(), logits.shape[-1], logits.device)",
+        "token_mask(self.guide.allowed(), logits.shape[-1])",
+        "the mask made on token_mask's default device, the CPU, whatever the logits' device "
+        "(a learner's run, chapter 9)",
+        says=("without the logits' device",),
+    ),
 ]
