@@ -576,16 +576,26 @@ NONE_USED = (
 )
 
 
-def _raised_here(err: BaseException, here: Place | None) -> str:
+def _raised_here(err: BaseException, places: list[Place]) -> str:
     """For an exception that is not a test's own sentence: where in the learner's code it was
-    raised, their own line quoted (not a fix), and what a meta tensor's refusal means."""
+    raised, their own line quoted (not a fix), and what a meta tensor's refusal means. An
+    explicit refusal (`raise ValueError`) by one exercise's function, called from another
+    exercise's, names the caller: what it handed over is what was refused."""
     first = exception_message(err).splitlines()[0]
+    here = places[0] if places else None
     words = []
     if "meta tensor" in first or "'Meta' backend" in first:
         words.append(META_READ)
     if "'NoneType' object" in first:
         words.append(NONE_USED)
-    if here is not None and not here.given and here.text:
+    caller = next((p for p in places[1:] if p.exercise not in (None, here and here.exercise)), None)
+    refusal = here is not None and here.text.lstrip().startswith("raise ValueError")
+    if refusal and caller is not None and isinstance(err, ValueError):
+        words.append(
+            f"It was refused by {here.describe()}, called from your {caller.describe()}: "
+            f"`{caller.text}`. What that call handed over is what was refused."
+        )
+    elif here is not None and not here.given and here.text:
         words.append(f"It was raised in your {here.describe()}: `{here.text}`.")
     return " ".join(words)
 
@@ -692,7 +702,7 @@ def run_graded_test(
         return {
             "places": places,
             "first_line": exception_message(err).splitlines()[0],
-            "raised_here": "" if tutor else _raised_here(err, places[0] if places else None),
+            "raised_here": "" if tutor else _raised_here(err, places),
             "longrepr": describe(err) if plain else "",
             "not_implemented": not_implemented,
             "unavailable": str(unavailable) if unavailable else None,
