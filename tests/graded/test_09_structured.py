@@ -275,6 +275,12 @@ def test_walk_follows_the_dfa_byte_by_byte(impl):
                 return None
         return state
 
+    try:  # a `return` inside the loop: None over no bytes, the first byte's state over more
+        returns_in_the_loop = impl.walk(dfa, dfa.initial, b"") is None and impl.walk(
+            dfa, dfa.initial, b"Rome"
+        ) == dfa.step(dfa.initial, ord("R"))
+    except Exception:  # noqa: BLE001 - a probe: the loop below says what went wrong
+        returns_in_the_loop = False
     for data in [b"", b"R", b"Rome", b"Romeo", b"Rx", b"\xc3", "é".encode(), "日本Romeo".encode(),
                  "日".encode()[:2], b"\xc3\xa8", b"Romeoo", b"Rxo", b"\xc3xR"]:  # fmt: skip
         try:
@@ -286,6 +292,13 @@ def test_walk_follows_the_dfa_byte_by_byte(impl):
                 "next step was taken from None: once a step gives None, return None at once."
             ) from None
         expected = by_hand(data)
+        in_the_loop = (
+            " Over no bytes your walk returns None, and over b'Rome' the state after its first "
+            "byte: is the `return` inside the loop (indented one level too far)? The walk "
+            "returns after its last byte, and over no bytes it stays where it started."
+            if returns_in_the_loop
+            else ""
+        )
         assert got == expected, (
             f"walk from the initial state over {data!r}: expected "
             f"{'None (the walk dies)' if expected is None else f'state {expected}'}, got "
@@ -296,6 +309,7 @@ def test_walk_follows_the_dfa_byte_by_byte(impl):
                 else "Step the DFA on every byte, in order, each from the state the last "
                 "one reached."
             )
+            + in_the_loop
         )
     mid = impl.walk(dfa, dfa.initial, b"Rom")
     assert impl.walk(dfa, mid, b"eo") == by_hand(b"Romeo"), (

@@ -162,4 +162,12 @@ MUTANTS = [
         "(a learner's run, chapter 9)",
         says=("without the logits' device",),
     ),
+    Mutant(
+        "token_index",
+        "            return None\n    return state",
+        "            return None\n        return state",
+        "walk's return indented into the loop: the state after the first byte comes back, "
+        "and None over no bytes (a learner's run, chapter 9)",
+        says=("inside the loop",),
+    ),
 ]
