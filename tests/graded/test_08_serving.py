@@ -453,8 +453,6 @@ def attend_mistake(queries, keys, values, tables, query_pos, got) -> str:
             "the positions after it. The mask compares each key's position with each query's "
             "own (query_pos[g, q] for query q)."
         )
-    B = max(map(len, tables))
-    padded = [t + [0] * (B - len(t)) for t in tables]  # as the block tables reach attend
     from_first = query_pos[:1].expand_as(query_pos)
     first_mask = attention_by_hand(queries, keys, values, padded, from_first)
     if G > 1 and torch.allclose(got.double(), first_mask, atol=1e-4):
