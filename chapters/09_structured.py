@@ -34,12 +34,14 @@
 # - `walk` and `TokenIndex`: the allowed tokens of every state of a regex's automaton, and
 #   where each leads (graded against outlines-core's `Index`);
 # - `token_mask` and `mask_logits`: the allowed set applied to the logits;
-# - `ConstrainedSampler.next_logits`: chapter 3's sampler, constrained.
+# - `ConstrainedSampler.next_logits`: chapter 3's sampler, constrained;
+# - `schema_to_regex`: a JSON schema as a regex (graded against outlines-core's
+#   `build_regex_from_schema` and `jsonschema`).
 #
-# **Time:** about 2 hours for this part: section 1 takes 30 minutes, section 2 (reading) 15,
-# section 3 45, sections 4 and 5 30. **You need:** chapter 3's `TransformerSampler` and its
-# sampling functions (imported from `solutions`), Python's `bytes`, and what a regular
-# expression is.
+# **Time:** about 2 hours 30 minutes for this part: section 1 takes 30 minutes, section 2
+# (reading) 15, section 3 45, sections 4 and 5 30, section 6 30. **You need:** chapter 3's
+# `TransformerSampler` and its sampling functions (imported from `solutions`), Python's
+# `bytes`, and what a regular expression and a JSON schema are.
 #
 # ## How this notebook works
 #
@@ -49,12 +51,14 @@
 # `show_solution("TokenIndex")` prints the reference when you are truly stuck.
 
 # %% tags=["setup"]
+import json
 import os
 import re
 import time
 from collections import deque
 from dataclasses import dataclass
 
+import jsonschema
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
@@ -66,6 +70,7 @@ from solutions.byte_dfa import (
     next_byte_range,
     utf8_length,
 )
+from solutions.json_schema import SCALARS, check_schema, literal
 from solutions.sampling import TransformerSampler
 from utils.check import check
 from utils.display import show_solution
@@ -162,8 +167,10 @@ not_text = [i for i, data in enumerate(vocab) if data is None]
 partial = [i for i, data in enumerate(vocab) if data is not None and not data.isascii()]
 longest = max((data for data in vocab if data is not None), key=len)
 print(f"{len(vocab)} token ids; special (no bytes): {not_text} (end-of-text is {eos_id})")
-print(f"tokens with non-ASCII bytes: {len(partial)}, each one byte long: "
-      f"{all(len(vocab[i]) == 1 for i in partial)}")
+print(
+    f"tokens with non-ASCII bytes: {len(partial)}, each one byte long: "
+    f"{all(len(vocab[i]) == 1 for i in partial)}"
+)
 print(f"longest token: {len(longest)} bytes, {longest!r}")
 print(b"".join(vocab[i] for i in ids), "->", b"".join(vocab[i] for i in ids).decode())
 
@@ -222,11 +229,17 @@ TWO_FIELD = r'\{"name":"([^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*","age":(-)?(0|
 two_field_dfa = regex_to_byte_dfa(TWO_FIELD)
 romeo_dfa = regex_to_byte_dfa("(Romeo|Juliet)")
 print("two-field object:", len(two_field_dfa.transitions), "byte states")
-print("(Romeo|Juliet):", len(romeo_dfa.transitions), "byte states; from the start:",
-      [chr(b) for b in romeo_dfa.transitions[romeo_dfa.initial]])
+print(
+    "(Romeo|Juliet):",
+    len(romeo_dfa.transitions),
+    "byte states; from the start:",
+    [chr(b) for b in romeo_dfa.transitions[romeo_dfa.initial]],
+)
 for answer in ['{"name":"Juliet","age":13}', '{"name":"Jüliet","age":13}', '{"name":"Juliet"}']:
-    print(f"{answer!r:32} accepted: {two_field_dfa.accepts(answer.encode())}, "
-          f"re.fullmatch: {bool(re.fullmatch(TWO_FIELD, answer))}")
+    print(
+        f"{answer!r:32} accepted: {two_field_dfa.accepts(answer.encode())}, "
+        f"re.fullmatch: {bool(re.fullmatch(TWO_FIELD, answer))}"
+    )
 
 # %% tags=["claim"]
 assert len(two_field_dfa.transitions) == 31 and len(romeo_dfa.transitions) == 11
@@ -344,8 +357,10 @@ began = time.perf_counter()
 two_field_index = TokenIndex(two_field_dfa, vocab, eos_id)
 seconds = time.perf_counter() - began
 n_transitions = sum(len(row) for row in two_field_index.transitions)
-print(f"two-field index: {len(two_field_index.transitions)} states, {n_transitions:,} "
-      f"transitions, built in {seconds * 1000:.0f} ms")
+print(
+    f"two-field index: {len(two_field_index.transitions)} states, {n_transitions:,} "
+    f"transitions, built in {seconds * 1000:.0f} ms"
+)
 
 # %% tags=["claim"]
 assert sorted(vocab[t] for t in start) == [b"J", b"Juliet", b"R", b"Rome", b"Romeo"]
@@ -479,11 +494,12 @@ prompt = tokenizer.encode("ROMEO.\n")
 n_answers = 3 if QUICK else 10
 fits = []
 for regex in ["(Romeo|Juliet)", "[0-9]{3}", "(Romeo|Juliet)( and (Romeo|Juliet))?, [a-z]{2,8}!"]:
-    sampler = ConstrainedSampler(model, tokenizer, TokenIndex(regex_to_byte_dfa(regex), vocab,
-                                                              eos_id))
+    sampler = ConstrainedSampler(
+        model, tokenizer, TokenIndex(regex_to_byte_dfa(regex), vocab, eos_id)
+    )
     answers = []
     for seed in range(n_answers):
-        out = sampler.sample(prompt, 40, seed=seed, temperature=1.0)[len(prompt):].tolist()
+        out = sampler.sample(prompt, 40, seed=seed, temperature=1.0)[len(prompt) :].tolist()
         answers.append(b"".join(vocab[t] for t in out if t != eos_id).decode())
     fit = sum(bool(re.fullmatch(regex, a)) for a in answers)
     fits.append(fit == len(answers))
@@ -496,7 +512,182 @@ assert all(fits)
 # Every answer fits: the mask never lets a token through that would break the regex, and
 # end-of-text only where the text is complete. Whether the answers are *good* is still the
 # model's business: the constraint decides what is possible, the model what is likely.
+
+# %% [markdown]
+# ## 6. A JSON schema as a regex (30 minutes)
 #
+# "Answer with JSON that fits this schema" is what most programs ask of a model. A schema
+# names a set of documents; for many schemas, the texts of those documents form a regular
+# language, and everything above applies: turn the schema into a regex, the regex into a DFA,
+# the DFA into an index.
+#
+# A document has many texts: `{"a": 1}`, `{"a":1}` and `{ "a" : 1 }` are the same object. The
+# regex picks one spelling, so that each step's allowed set is small and a model cannot spend
+# its tokens on layout. The rule here is **compact JSON**, no whitespace between tokens (what
+# `json.dumps(value, separators=(",", ":"))` writes), with an object's keys in the schema's
+# order; strings keep every spelling JSON allows inside them (escapes included). The engines
+# offer the same choice: outlines-core's `build_regex_from_schema` takes a
+# `whitespace_pattern` (`""` here; its default in version 0.2.14 is `[ ]?`, one optional
+# space), xgrammar's `compile_json_schema` takes `any_whitespace` and `separators`, and vLLM's
+# `StructuredOutputsConfig` has `disable_any_whitespace`, which its documentation says makes
+# the JSON compact.
+#
+# The supported schemas (`check_schema`, given, refuses everything else by name, so that no
+# schema is ever served by a regex that quietly means something else):
+#
+# - `type` `string`, `integer`, `number`, `boolean`, `null`: each has its regex below, taken
+#   from JSON's grammar (RFC 8259);
+# - `enum` (a list of JSON values) and `const` (one value): exactly those values, written as
+#   compact JSON writes them;
+# - `type` `array` with `items` (one schema for every item), and `minItems` / `maxItems`;
+# - `type` `object` with `properties`, every one `required`, no other keys.
+#
+# Arrays and objects nest: an item or a property is itself a schema. The regex is built by
+# recursion, each part's regex placed inside its parent's.
+
+# %%
+for name, piece in SCALARS.items():
+    print(f"{name:8} {piece}")
+
+# %% [markdown]
+# ### Exercise: `schema_to_regex`
+#
+# `schema_to_regex(schema)` returns the regex that fullmatches exactly the compact JSON texts of
+# the documents `schema` allows. The schema has passed `check_schema`.
+#
+# - An `enum` or `const`: the alternatives, each one value's text as a regex, in a group.
+#   `literal(value)` (given) writes a value as compact JSON and escapes it: `"St. Peter's"`
+#   must not match `"St: Peter's"`.
+# - A scalar type: its regex from `SCALARS`, in a group.
+# - An array: `[`, then either nothing or an item followed by `,item` repeated, then `]`; with
+#   `minItems` and `maxItems`, the repeat's bounds are one less than the items' (the first item
+#   has no comma), the empty array allowed only when `minItems` is 0, and only `[]` when
+#   `maxItems` is 0.
+# - An object: `{`, each property's key (a JSON string: `literal(key)`), `:`, its value's regex,
+#   separated by `,`, in the order of `properties`, then `}`.
+#
+# Common mistakes: a key or value put into the regex unescaped (its `.` then matches anything);
+# `json.dumps` without `ensure_ascii=False` (`é` becomes `\u00e9`, which the model would have to
+# spell out) or Python's `str` (`True`, `None`); `json.dumps`'s default separators (a space after
+# each comma and colon); an enum's alternatives not grouped (`"a"|"b"` inside an object splits
+# the whole regex in two); the empty array forgotten; `minItems` and `maxItems` applied to the
+# `,item` part unchanged (one item too many); keys sorted.
+#
+# The tests build your regex for twelve schemas, from each scalar type alone to a nested object
+# whose keys need escaping, and compare it with outlines-core's `build_regex_from_schema`
+# (`whitespace_pattern=""`) by their automata: the two must match exactly the same texts
+# (outlines-core 0.2.14 refuses `\uXXXX` escapes and U+007F–U+009F in strings and requires a
+# sign in an exponent; the tests put JSON's rules into its regex first). A difference is shown
+# as a shortest text one regex takes and the other refuses. They also check that 200 random
+# documents per schema, which `jsonschema` validates, fullmatch your regex as compact JSON, and
+# that answers sampled through your index parse and validate.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Four cases, in the order of the list above; two of them call `schema_to_regex` on a smaller
+# schema (the items', each property's).
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# An enum's values go through `literal` and are joined by `|` inside parentheses; a scalar's
+# piece goes inside parentheses too. For an array, build the items' regex once; the commas
+# belong to every item but the first, so the repeated part is a comma and an item, with bounds
+# one below `minItems` (never below 0) and `maxItems` (none if absent), and the whole run is
+# optional when `minItems` is 0. For an object, one part per property, key then colon then the
+# value's regex, joined by commas between escaped braces.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# `show_solution("schema_to_regex")`.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="json_schema"
+# solution: solutions.json_schema.schema_to_regex
+
+# %%
+check("json_schema")
+
+# %% [markdown]
+# **Predict, then run.** The two-field object of section 2 as a schema, and the shipped model
+# asked for ten answers of at most 60 tokens: how many finish?
+
+
+# %%
+def answers_to(schema: dict, n: int, max_tokens: int = 60) -> list[str | None]:
+    """n seeded answers from the shipped model; None for one that did not finish in time."""
+    check_schema(schema)
+    index = TokenIndex(regex_to_byte_dfa(schema_to_regex(schema)), vocab, eos_id)
+    sampler = ConstrainedSampler(model, tokenizer, index)
+    texts = []
+    for seed in range(n):
+        out = sampler.sample(prompt, max_tokens, seed=seed, temperature=1.0)[len(prompt) :]
+        out = out.tolist()
+        finished = out[-1] == eos_id
+        texts.append(b"".join(vocab[t] for t in out[:-1]).decode() if finished else None)
+    return texts
+
+
+person = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+print(schema_to_regex(person))
+n_answers = 3 if QUICK else 10
+person_texts = answers_to(person, n_answers)
+print(f"finished within 60 tokens: {sum(t is not None for t in person_texts)} of {n_answers}")
+
+# %% tags=["claim"]
+assert all(t is None for t in person_texts)
+
+# %% [markdown]
+# None of them finishes: the model writes a name of tens of characters, then an age of tens of
+# digits, and is cut off at 60 tokens. Nothing in the
+# mask is wrong: every token it allowed keeps the answer valid, and a quote or a closing brace
+# was allowed at every step. The model never gave them much probability, because it has never
+# seen JSON. The constraint decides what is possible, the model what is likely; a real model
+# trained on JSON closes its strings. A schema can also bound the answer itself: here, choices.
+
+# %%
+scene = {
+    "type": "object",
+    "properties": {
+        "speaker": {"enum": ["ROMEO", "JULIET", "MERCUTIO", "TYBALT", "NURSE"]},
+        "act": {"enum": [1, 2, 3, 4, 5]},
+        "alive": {"type": "boolean"},
+    },
+    "required": ["speaker", "act", "alive"],
+}
+scene_texts = answers_to(scene, n_answers)
+for text in scene_texts[:5]:
+    print(text)
+valid = [t is not None and jsonschema.Draft202012Validator(scene).is_valid(json.loads(t))
+         for t in scene_texts]  # fmt: skip
+print(f"{sum(valid)} of {n_answers} finished, parse and fit the schema")
+
+# %% tags=["claim"]
+assert all(valid)
+
+# %% [markdown]
+# Every answer finishes, parses and fits the schema (`jsonschema` checks it). The regex of
+# `person` differs from section 2's only inside strings: this one allows `\uXXXX` escapes and
+# the characters U+007F–U+009F, as JSON does.
+#
+# Not every schema has a regex. `{"type": "object"}` with no properties allows any object,
+# nested as deeply as you like; a schema whose items refer back to the schema itself (`"$ref":
+# "#"`) nests without end too. Both need their brackets balanced at every depth, and an
+# automaton with finitely many states cannot count unboundedly many open brackets (the
+# language of balanced brackets is not regular: the pumping lemma). A fixed nesting, as in the
+# tests' scene schema, is regular, only larger; an unbounded one needs a stack, a pushdown
+# automaton, which is what xgrammar builds from a grammar. `check_schema` refuses such schemas
+# here, by name.
+
+# %% [markdown]
 # ## Check your understanding
 #
 # - Why must the index allow `R`, `Rome` and `Romeo` at the start of `(Romeo|Juliet)`, and not
@@ -541,10 +732,8 @@ assert all(fits)
 #
 # ## What comes next in this chapter
 #
-# This is the chapter's first part. The parts still to be written will add: a JSON schema
-# turned into a regex (a flat subset, compared with outlines-core's `build_regex_from_schema`,
-# answers validated with `jsonschema`); why nested JSON needs a stack, and xgrammar's grammar
-# matcher for it; constraints in chapter 8's engine and in `course serve` (vLLM's
-# `structured_outputs` and OpenAI's `response_format`); forced text appended without sampling
-# (SGLang's jump-forward); and what masking each step does to the model's distribution (Park et
-# al., 2024, "Grammar-Aligned Decoding"). None of them exists yet.
+# This is the chapter's first part. The parts still to be written will add: xgrammar's grammar
+# matcher for what no regex can say; constraints in chapter 8's engine and in `course serve`
+# (vLLM's `structured_outputs` and OpenAI's `response_format`); forced text appended without
+# sampling (SGLang's jump-forward); and what masking each step does to the model's distribution
+# (Park et al., 2024, "Grammar-Aligned Decoding"). None of them exists yet.

@@ -59,6 +59,8 @@ __all__ = [
     "shipped_llama",
     "OutlinesIndex",
     "vocabulary_bytes",
+    "outlines_schema_regex",
+    "regex_difference",
 ]
 
 # --------------------------------------------------------------------------- prompts
@@ -499,3 +501,59 @@ class OutlinesIndex:
             return state if self.is_final(state) else None
         nxt = self.rows.get(state, {}).get(token)
         return None if nxt is None or nxt == self.end else nxt
+
+
+# JSON's own string character and exponent (RFC 8259, sections 6-7), written here apart from the
+# course's code: outlines-core 0.2.14's schema regex leaves out `\uXXXX` escapes and the
+# characters U+007F-U+009F from strings, and requires a sign in an exponent; JSON has all three.
+RFC_STRING_CHAR = r'([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9A-Fa-f]{4})'
+RFC_EXPONENT = r"([eE][+-]?[0-9]+)?"
+
+
+def outlines_schema_regex(schema: dict) -> str:
+    """outlines-core's `build_regex_from_schema` of `schema`, with no whitespace between tokens
+    (`whitespace_pattern=""`), its string character and exponent replaced by JSON's: the
+    language of the schema's compact JSON texts, keys in the schema's order."""
+    import json
+
+    from outlines_core import json_schema as oc
+
+    regex = oc.build_regex_from_schema(
+        json.dumps(schema, ensure_ascii=False), whitespace_pattern=""
+    )
+    outlines_exponent = "([eE][+-][0-9]+)?"
+    for theirs, ours in ((oc.STRING_INNER, RFC_STRING_CHAR), (outlines_exponent, RFC_EXPONENT)):
+        regex = regex.replace(theirs, ours)
+    if oc.STRING_INNER in regex or outlines_exponent in regex:
+        raise AssertionError("the oracle's substitution failed")  # pragma: no cover
+    return regex
+
+
+def regex_difference(a: str, b: str) -> str | None:
+    """A shortest text that `a` fullmatches and `b` does not (interegular's automata, compared
+    exactly), or None when every text `a` matches, `b` matches too. A character that neither
+    regex names is shown as `·`. Breadth first over the difference automaton's states, not its
+    strings: the search visits each state once."""
+    from collections import deque
+
+    from interegular import parse_pattern
+    from interegular.fsm import anything_else
+
+    diff = parse_pattern(a).to_fsm().difference(parse_pattern(b).to_fsm())
+    chars = {key: sorted(cs, key=lambda c: (c is anything_else, str(c)))[0]
+             for key, cs in diff.alphabet.by_transition.items()}  # fmt: skip
+    came_from = {diff.initial: None}
+    todo = deque([diff.initial])
+    while todo:
+        state = todo.popleft()
+        if state in diff.finals:
+            text = []
+            while came_from[state] is not None:
+                state, char = came_from[state]
+                text.append("·" if char is anything_else else char)
+            return "".join(reversed(text))
+        for key, target in diff.map.get(state, {}).items():
+            if target not in came_from:
+                came_from[target] = (state, chars[key])
+                todo.append(target)
+    return None

@@ -10,9 +10,13 @@ reached stands for the same text; their allowed sets must be equal at every pair
 
 from __future__ import annotations
 
+import copy
+import json
+import random
 import re
 from collections import deque
 
+import jsonschema
 import pytest
 import torch
 
@@ -23,6 +27,8 @@ from tests.graded._oracles import (
     assert_untouched,
     crafted_logits,
     draw,
+    outlines_schema_regex,
+    regex_difference,
     vocabulary_bytes,
 )
 from tests.support import assert_samples_follow
@@ -686,3 +692,245 @@ def test_every_answer_fullmatches_its_regex(impl, tokenizer, shipped):
                 assert re.fullmatch(regex, text), (
                     f"{regex!r} with {who}: the answer {text!r} does not match"
                 )
+
+
+# --------------------------------------------------------------------------- schema_to_regex
+
+# Schemas with what each exercises: every scalar type; an enum whose strings need escaping (a
+# dot, a quote, a backslash, a non-ASCII letter) beside a number, null and true; a const; arrays
+# empty or not, bounded, of enums and of arrays; objects with keys that need escaping, nested.
+SCHEMAS = [
+    {"type": "string"},
+    {"type": "integer"},
+    {"type": "number"},
+    {"type": "boolean"},
+    {"enum": ["St. Peter's", 'say "no"', "back\\slash", "Tybalt", "été", 3, 2.5, None, True]},
+    {"type": "string", "const": "Verona"},
+    {"type": "array", "items": {"type": "integer"}},
+    {"type": "array", "items": {"enum": ["Romeo", "Juliet"]}, "minItems": 1, "maxItems": 3},
+    {"type": "array", "items": {"type": "boolean"}, "minItems": 2},
+    {"type": "array", "items": {"type": "number"}, "maxItems": 0},
+    {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    },
+    {
+        "title": "a scene",
+        "type": "object",
+        "properties": {
+            "act.scene": {"type": "array", "items": {"type": "integer"}, "maxItems": 2},
+            "où": {"enum": ["Vérone", "Mantoue"]},
+            "cast": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"who": {"type": "string"}, "lines": {"type": "number"}},
+                    "required": ["who", "lines"],
+                },
+            },
+            "done": {"type": "boolean"},
+        },
+        "required": ["act.scene", "où", "cast", "done"],
+    },
+]
+SCHEMA_IDS = [" ".join(json.dumps(s, ensure_ascii=False).split())[:40] for s in SCHEMAS]
+
+
+def random_document(schema: dict, rng: random.Random):
+    """A document `schema` allows, drawn at random (strings with escapes and non-ASCII)."""
+    if "enum" in schema or "const" in schema:
+        return rng.choice(schema.get("enum", [schema.get("const")]))
+    kind = schema["type"]
+    if kind == "string":
+        return "".join(rng.choice('ab "\\/\n\té😀日') for _ in range(rng.randrange(6)))
+    if kind == "integer":
+        return rng.choice([0, 7, -3, 120, 10**12])
+    if kind == "number":
+        return rng.choice([0, -1, 2.5, 1e-7, 6.02e23, 13])
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "array":
+        low, high = schema.get("minItems", 0), schema.get("maxItems", 4)
+        return [random_document(schema["items"], rng) for _ in range(rng.randint(low, high))]
+    return {key: random_document(sub, rng) for key, sub in schema["properties"].items()}
+
+
+def learner_regex(impl, schema: dict) -> str:
+    regex = impl.schema_to_regex(copy.deepcopy(schema))
+    assert isinstance(regex, str), (
+        f"schema_to_regex({json.dumps(schema, ensure_ascii=False)}) returned "
+        f"{type(regex).__name__}, not a str"
+    )
+    try:
+        re.compile(regex)
+    except re.error as error:
+        raise AssertionError(
+            f"schema_to_regex({json.dumps(schema, ensure_ascii=False)}) gave {regex!r}, which "
+            f"is no regex: {error}"
+        ) from None
+    return regex
+
+
+def slip_regex(schema: dict, slip: str) -> str:
+    """The regex a known mistake makes of `schema` itself, its parts' regexes (items,
+    properties) right (outlines-core's), to name the mistake when the learner's regex of this
+    part matches the same texts."""
+    comma = ", " if slip in ("spaces", "comma_space") else ","
+    colon = ": " if slip == "spaces" else ":"
+
+    def lit(value) -> str:
+        if slip == "str":
+            text = str(value)
+        else:
+            text = json.dumps(value, ensure_ascii=slip == "ascii", separators=(comma, colon))
+        return text if slip == "unescaped" else re.escape(text)
+
+    def part(sub: dict) -> str:  # an item's or a property's regex: right, unless ungrouped
+        if slip == "ungrouped" and ("enum" in sub or "const" in sub):
+            return "|".join(lit(v) for v in sub.get("enum", [sub.get("const")]))
+        return outlines_schema_regex(sub)
+
+    if "enum" in schema or "const" in schema:
+        alternatives = "|".join(lit(v) for v in schema.get("enum", [schema.get("const")]))
+        return alternatives if slip == "ungrouped" else f"({alternatives})"
+    kind = schema["type"]
+    if kind == "array":
+        item = part(schema["items"])
+        low, high = schema.get("minItems", 0), schema.get("maxItems")
+        if slip == "bounds":
+            low, high = 0, None
+        if high == 0:
+            return r"\[\]"
+        shift = 0 if slip == "bounds_off_by_one" else 1
+        top = "" if high is None else high - shift
+        more = f"({re.escape(comma)}{item}){{{max(low - shift, 0)},{top}}}"
+        optional = "?" if low == 0 and slip != "no_empty_array" else ""
+        return rf"\[({item}{more}){optional}\]"
+    if kind == "object":
+        items = list(schema["properties"].items())
+        if slip == "sorted_keys":
+            items.sort()
+        fields = [f"{lit(k)}{re.escape(colon)}{part(v)}" for k, v in items]
+        return r"\{" + re.escape(comma).join(fields) + r"\}"
+    raise ValueError("no slip for a scalar")
+
+
+SLIPS = {
+    "unescaped": "a key or an enum value put into the regex unescaped: its `.`, `\\` or quote "
+    "are regex syntax there (escape each literal with re.escape)",
+    "ascii": "`json.dumps` escaped the non-ASCII characters (`\\u00e9` for `é`): give it "
+    "`ensure_ascii=False`, so that the text is the characters themselves",
+    "str": "a value written with Python's `str` (`True`, `None`, no quotes around a string) "
+    'instead of as JSON writes it (`json.dumps`: `true`, `null`, `"Tybalt"`)',
+    "spaces": "spaces after the commas and colons (`json.dumps`'s default separators): the "
+    "rule is compact JSON, no whitespace at all",
+    "comma_space": "a space after each comma: the rule is compact JSON, no whitespace at all",
+    "ungrouped": 'an enum\'s alternatives not in a group: `"a"|"b"` placed inside an object '
+    "or array splits the whole regex in two (put them in parentheses)",
+    "bounds": "minItems and maxItems ignored",
+    "bounds_off_by_one": "minItems and maxItems applied to the repeated `,item` part, which "
+    "comes once fewer than the items",
+    "no_empty_array": "the empty array `[]` refused: without minItems an array may be empty",
+    "sorted_keys": "the keys in sorted order: they must come in the schema's order (the order "
+    "of `properties`)",
+}
+
+
+def same_texts(a: str, b: str) -> bool:
+    return regex_difference(a, b) is None and regex_difference(b, a) is None
+
+
+def first_wrong_part(impl, schema: dict) -> dict:
+    """The innermost part of `schema` (itself, its items, a property's schema) whose regex by
+    the learner differs from outlines-core's while its own parts' regexes do not."""
+    parts = []
+    if schema.get("type") == "array" and "enum" not in schema and "const" not in schema:
+        parts = [schema["items"]]
+    elif schema.get("type") == "object" and "enum" not in schema and "const" not in schema:
+        parts = list(schema["properties"].values())
+    for part in parts:
+        try:
+            wrong = not same_texts(learner_regex(impl, part), outlines_schema_regex(part))
+        except AssertionError:
+            wrong = True
+        if wrong:
+            return first_wrong_part(impl, part)
+    return schema
+
+
+def explain_schema_regex(impl, schema: dict) -> str:
+    """What the learner's regex gets wrong: in the innermost part that is wrong, a shortest
+    text the learner's regex wrongly takes or refuses, and the mistake whose regex matches
+    exactly the same texts, if one does."""
+    part = first_wrong_part(impl, schema)
+    regex, oracle = learner_regex(impl, part), outlines_schema_regex(part)
+    shown = json.dumps(part, ensure_ascii=False)
+    where = "" if part is schema else " (the first part of the schema whose regex is wrong)"
+    lines = [f"schema_to_regex({shown}) = {regex!r}{where}."]
+    missing, extra = regex_difference(oracle, regex), regex_difference(regex, oracle)
+    if missing is not None:
+        lines.append(f"It refuses {missing!r}, the compact JSON of a document the schema allows.")
+    if extra is not None:
+        lines.append(f"It accepts {extra!r}, which is not the compact JSON of any document the "
+                     "schema allows.")  # fmt: skip
+    for slip, why in SLIPS.items():
+        try:
+            if same_texts(regex, slip_regex(part, slip)):
+                lines.append(f"That is what {why} gives.")
+                break
+        except Exception:
+            continue
+    return " ".join(lines)
+
+
+@pytest.mark.json_schema
+@pytest.mark.parametrize("schema", SCHEMAS, ids=SCHEMA_IDS)
+def test_schema_regex_matches_every_document_the_schema_allows(impl, schema):
+    """Random documents the schema allows (jsonschema says so), written as compact JSON, each
+    fullmatches the learner's regex."""
+    regex = learner_regex(impl, schema)
+    rng = random.Random(0)
+    for _ in range(200):
+        document = random_document(schema, rng)
+        jsonschema.validate(document, schema)
+        text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+        if not re.fullmatch(regex, text):
+            raise AssertionError(
+                f"the document {text} fits the schema (jsonschema) but does not fullmatch "
+                "your regex. " + explain_schema_regex(impl, schema)
+            )
+
+
+@pytest.mark.json_schema
+@pytest.mark.parametrize("schema", SCHEMAS, ids=SCHEMA_IDS)
+def test_schema_regex_matches_the_same_texts_as_outlines_cores(impl, schema):
+    """The learner's regex and outlines-core's `build_regex_from_schema` (no whitespace; its
+    string character and exponent made JSON's) match exactly the same texts: their automata
+    are compared, and a shortest text one matches and the other does not is shown."""
+    if not same_texts(learner_regex(impl, schema), outlines_schema_regex(schema)):
+        raise AssertionError(explain_schema_regex(impl, schema))
+
+
+@pytest.mark.json_schema
+def test_sampled_answers_to_a_schema_are_valid_json_documents(impl, tokenizer):
+    """Answers drawn from a noise model through the learner's regex, index and sampler: each
+    ends with end-of-text, parses with `json.loads` and validates with `jsonschema`."""
+    from utils.models import load_model
+
+    cfg = load_model("shakespeare")[0].cfg
+    schema = SCHEMAS[-1]["properties"]["cast"]["items"]
+    sampler = constrained(impl, HashNoise(cfg), tokenizer, learner_regex(impl, schema))
+    prompt = torch.tensor(tokenizer.encode("ROMEO.\n"))
+    for seed in range(40):
+        answer = tuple(sampler.sample(prompt, 60, seed=seed)[len(prompt) :].tolist())
+        if answer[-1] != EOS:
+            continue  # 60 tokens were not enough (a long string): no complete answer to check
+        text = answer_text(answer[:-1])
+        try:
+            jsonschema.validate(json.loads(text), schema)
+        except (ValueError, jsonschema.ValidationError) as error:
+            raise AssertionError(
+                f"the answer {text!r} to {json.dumps(schema)} is not a valid document: "
+                f"{str(error).splitlines()[0]}"
+            ) from None
