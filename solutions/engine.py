@@ -33,6 +33,7 @@ from solutions.request import Request, RequestOutput
 from solutions.sampling import sample_next_token
 from solutions.sampling_params import SamplingParams
 from solutions.scheduler import Scheduler, SchedulerOutput
+from solutions.structured_outputs import StructuredOutputManager
 
 
 @dataclass
@@ -126,10 +127,13 @@ class LLMEngine:
         max_num_seqs: int = 32,
         enable_prefix_caching: bool = True,
         keep_finished: bool = True,
+        structured_outputs_backend: str = "auto",
     ):
         """`keep_finished=False` forgets a request once the step that reports its end returns:
         a server that runs for days must not keep every request it ever served (vLLM's
-        scheduler drops its finished requests too). Kept, they can be inspected after a run."""
+        scheduler drops its finished requests too). Kept, they can be inspected after a run.
+        `structured_outputs_backend` compiles the requests' constraints (chapter 9): "auto"
+        (the index where a regex can say it, xgrammar for the rest), "index" or "xgrammar"."""
         checks.integer("num_blocks", num_blocks, low=1)
         checks.integer("block_size", block_size, low=1)
         checks.integer("max_num_batched_tokens", max_num_batched_tokens, low=1)
@@ -152,6 +156,9 @@ class LLMEngine:
         self.pending: list[RequestOutput] = []  # errors and aborts, reported by the next step
         self.stats = EngineStats()  # the engine's report: read it, change nothing
         self.stats.observe(self.scheduler, self.kv)
+        self.structured = StructuredOutputManager(
+            tokenizer, model.cfg.d_vocab, structured_outputs_backend
+        )
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams):
         """Queue a request. One the engine cannot serve is not queued: it ends with an error
@@ -170,6 +177,11 @@ class LLMEngine:
             request.generator = torch.Generator(device).manual_seed(params.seed)
         self.requests[request_id] = request
         error = self.check_request(ids, params)
+        if error is None and params.structured_outputs is not None:
+            try:  # a cache hit when a server compiled it before handing the request over
+                request.matcher = self.structured.compile(params.structured_outputs).matcher()
+            except ValueError as refused:
+                error = str(refused)
         if error is not None:
             self.scheduler.finish(request, "error", error)  # never queued: nothing to free
             self.pending.append(self._output(request, []))
@@ -226,8 +238,11 @@ class LLMEngine:
         self.stats.record(plan, self.kv.enable_prefix_caching)
         if plan.scheduled:
             sampling, logits = self._run(plan)
+            logits = self.structured.apply(sampling, logits)  # constraints: before sampling
             tokens = sample_requests(sampling, logits)
             for request, new in self.scheduler.update(plan, tokens):
+                if request.matcher is not None and not all(map(request.matcher.accept, new)):
+                    self.scheduler.finish(request, "error", "the constraint refused a token")
                 outputs.append(self._output(request, new))
         self.stats.observe(self.scheduler, self.kv)
         if not self.keep_finished:

@@ -41,6 +41,9 @@ class Request:
     # The request's own random numbers, on the model's device (the engine seeds it from
     # `params.seed`): its tokens do not depend on the rest of the batch.
     generator: torch.Generator | None = None
+    # The request's place in its constraint (chapter 9), None when it has none: it has read
+    # exactly the output tokens, so a preemption or a prefix-cache hit leaves it right.
+    matcher: object | None = None
 
     @property
     def all_token_ids(self) -> list[int]:

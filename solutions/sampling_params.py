@@ -6,10 +6,74 @@ row by row, and each request draws from its own seeded generator, so that its to
 depend on what else is in the batch.
 """
 
+import json
 from dataclasses import dataclass
 
 from solutions import checks
 from solutions.sampling import check_sampling_args
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """What a request's text must be (vLLM's `StructuredOutputsParams`, by name): exactly one
+    of a JSON schema (`json`, a dict or its JSON text), a `regex`, a `choice` of strings, a
+    `grammar` (xgrammar's EBNF), or `json_object=True` (any JSON object, OpenAI's
+    `response_format={"type": "json_object"}`). The engine compiles it (chapter 9's index, or
+    xgrammar for what no regex can say) and masks every step of the request."""
+
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+
+    def __post_init__(self):
+        given = [name for name in ("json", "regex", "choice", "grammar")
+                 if getattr(self, name) is not None]  # fmt: skip
+        if self.json_object is True:
+            given.append("json_object")
+        elif self.json_object is not False:
+            raise ValueError(f"json_object must be True or False, got {self.json_object!r}")
+        if len(given) != 1:
+            raise ValueError(
+                "structured_outputs: give exactly one of json, regex, choice, grammar and "
+                f"json_object, got {given or 'none'}"
+            )
+        if isinstance(self.json, str):
+            try:
+                object.__setattr__(self, "json", json.loads(self.json))
+            except ValueError as error:
+                raise ValueError(f"structured_outputs.json is not valid JSON: {error}") from None
+        if self.json is not None and not isinstance(self.json, dict):
+            raise ValueError(f"structured_outputs.json must be a JSON schema object, got "
+                             f"{type(self.json).__name__}")  # fmt: skip
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string")
+        if self.choice is not None:
+            choices = self.choice
+            if (
+                not isinstance(choices, list | tuple)
+                or not choices
+                or not all(isinstance(c, str) and c for c in choices)
+            ):
+                raise ValueError("structured_outputs.choice must be a non-empty list of "
+                                 f"non-empty strings, got {choices!r}")  # fmt: skip
+            object.__setattr__(self, "choice", list(choices))
+
+    @property
+    def kind(self) -> str:
+        """Which constraint this is: "json", "regex", "choice", "grammar" or "json_object"."""
+        if self.json_object:
+            return "json_object"
+        return next(n for n in ("json", "regex", "choice", "grammar") if getattr(self, n))
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """The constraint as a hashable key: equal constraints share one compiled grammar."""
+        value = {"json_object": True}.get(self.kind, getattr(self, self.kind))
+        return self.kind, json.dumps(value, ensure_ascii=False)  # key order matters: kept
 
 
 @dataclass(frozen=True)
@@ -27,6 +91,7 @@ class SamplingParams:
     max_tokens: int = 16
     seed: int | None = None
     ignore_eos: bool = False
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         if (
@@ -40,6 +105,11 @@ class SamplingParams:
             checks.integer("seed", self.seed, low=0)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if self.structured_outputs is not None and not isinstance(
+            self.structured_outputs, StructuredOutputsParams
+        ):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams, got "
+                             f"{type(self.structured_outputs).__name__}")  # fmt: skip
 
     def sampling_kwargs(self) -> dict:
         """The arguments of chapter 3's `sample_next_token`."""
