@@ -245,3 +245,61 @@ def test_a_constraint_is_compiled_once_and_the_cache_is_bounded(shipped):
     for n in range(5):
         manager.compile(StructuredOutputsParams(regex=f"[a-z]{{{n}}}"))
     assert len(manager.cache) == 3
+
+
+XGRAMMAR_SCHEMAS = {
+    "anyOf": {"anyOf": [{"type": "integer"}, {"enum": ["none"]}]},
+    "minimum maximum": {"type": "integer", "minimum": 3, "maximum": 12},
+    "minLength maxLength": {"type": "string", "minLength": 2, "maxLength": 4},
+    "optional properties": {
+        "type": "object",
+        "properties": {"a": {"type": "boolean"}, "b": {"enum": [1, 2]}},
+        "required": ["a"],
+    },
+    "items absent": {"type": "array", "maxItems": 2},
+}
+
+
+@pytest.mark.parametrize("name", list(XGRAMMAR_SCHEMAS))
+def test_each_keyword_sent_to_xgrammar_is_kept(shipped, name):
+    """Every keyword `XGRAMMAR_KEYWORDS` adds to the index's subset, in a schema of its own:
+    each of 12 seeded answers that finishes validates with `jsonschema`."""
+    model, tokenizer = shipped
+    schema = XGRAMMAR_SCHEMAS[name]
+    so = StructuredOutputsParams(json=schema)
+    params = [SamplingParams(max_tokens=30, seed=s, structured_outputs=so) for s in range(12)]
+    outputs = generate(LLMEngine(model, tokenizer, num_blocks=128), ["ROMEO.\n"] * 12, params)
+    finished = [text_of(tokenizer, o) for o in outputs if o.finish_reason == "stop"]
+    assert finished, f"{name}: no answer finished within 30 tokens"
+    validator = jsonschema.Draft202012Validator(schema)
+    for text in finished:
+        assert validator.is_valid(json.loads(text)), (name, text)
+
+
+def test_a_free_object_takes_exactly_the_compact_json_objects(shipped):
+    """`json_object` (any object, nested as deeply as it likes; no regex says it): texts
+    tokenized as the tokenizer writes them, fed token by token to a matcher, then
+    end-of-text; kept exactly when `json.loads` gives an object (compact texts only)."""
+    model, tokenizer = shipped
+    grammar = LLMEngine(model, tokenizer).structured.compile(CONSTRAINTS["json_object"])
+    texts = [
+        "{}",
+        '{"a":{"b":[1,{"c":null}]}}',
+        '{"x":"é\\n","y":-0.5e3,"z":[[],[[]]]}',
+        "[]",
+        '{"a":1',
+        '{"a":1}}',
+        '{"a":[1,]}',
+        "{'a':1}",
+        '{"a":tru}',
+        '"a"',
+    ]
+    for text in texts:
+        matcher = grammar.matcher()
+        ids = tokenizer.encode(text) + [tokenizer.eos_token_id]
+        kept = all(matcher.accept(t) for t in ids)
+        try:
+            is_object = isinstance(json.loads(text), dict)
+        except ValueError:
+            is_object = False
+        assert kept == is_object, text
