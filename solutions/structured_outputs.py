@@ -157,14 +157,16 @@ class StructuredOutputManager:
         self.eos_id = tokenizer.eos_token_id
         self.cache_size = cache_size
         self.cache: OrderedDict[tuple, IndexGrammar | XGrammarGrammar] = OrderedDict()
-        self.lock = threading.Lock()  # handlers compile in worker threads
+        self.lock = threading.Lock()  # handlers compile in worker threads: the cache's lock
+        self.setup_lock = threading.Lock()  # and the vocabulary's and xgrammar's, made once
         self._vocab: list[bytes | None] | None = None
         self._xgrammar_compiler = None
 
     @property
     def vocab(self) -> list[bytes | None]:
-        if self._vocab is None:
-            self._vocab = token_bytes(self.tokenizer)
+        with self.setup_lock:
+            if self._vocab is None:
+                self._vocab = token_bytes(self.tokenizer)
         return self._vocab
 
     def compile(self, params: StructuredOutputsParams) -> IndexGrammar | XGrammarGrammar:
@@ -225,11 +227,13 @@ class StructuredOutputManager:
     def _xgrammar(self, kind: str, spec) -> XGrammarGrammar:
         import xgrammar as xgr
 
-        if self._xgrammar_compiler is None:
-            padded = [b or b"" for b in self.vocab] + [b""] * (self.d_vocab - len(self.vocab))
-            info = xgr.TokenizerInfo(padded, xgr.VocabType.RAW, vocab_size=self.d_vocab,
-                                     stop_token_ids=[self.eos_id])  # fmt: skip
-            self._xgrammar_compiler = xgr.GrammarCompiler(info, max_threads=1)
+        vocab = self.vocab
+        with self.setup_lock:
+            if self._xgrammar_compiler is None:
+                padded = [b or b"" for b in vocab] + [b""] * (self.d_vocab - len(vocab))
+                info = xgr.TokenizerInfo(padded, xgr.VocabType.RAW, vocab_size=self.d_vocab,
+                                         stop_token_ids=[self.eos_id])  # fmt: skip
+                self._xgrammar_compiler = xgr.GrammarCompiler(info, max_threads=1)
         compiler = self._xgrammar_compiler
         compact = {"any_whitespace": False, "separators": (",", ":"), "strict_mode": True}
         try:

@@ -25,8 +25,13 @@ The fields: `model`, `prompt` (text or token ids, one prompt), `max_tokens` (16 
 `temperature` (0 is greedy, and so is any temperature below 1e-5, as in vLLM: dividing the
 logits by 1e-40 overflows them), `top_p`, `seed`, `stop` (a string or a list of at most 4, as
 OpenAI allows, each at most 256 characters: the text ends before the first one and never goes
-past it), `stream`, `stream_options.include_usage`, and vLLM's `top_k` (-1 or 0: off) and
-`ignore_eos`. Refused with a 400 that says why, unless given their neutral value:
+past it), `stream`, `stream_options.include_usage`, vLLM's `top_k` (-1 or 0: off) and
+`ignore_eos`, and a constraint on the answer (chapter 9): vLLM's `structured_outputs` (`json`,
+`regex`, `choice`, `grammar`, `json_object`) or OpenAI's `response_format` (`json_object`,
+`json_schema`), compiled in a worker thread before the request reaches the engine; a constraint
+no backend keeps (an invalid regex, a schema keyword not supported) is a 400 that names it,
+never an answer left unconstrained. Refused with a 400 that says why, unless given their
+neutral value:
 `frequency_penalty` (OpenAI counts only the generated tokens, the course's sampler counts the
 prompt's too: refused, so that no client gets a penalty it did not ask for), `presence_penalty`,
 `n` and `best_of` above 1 (one choice per request: send several requests, with different
@@ -75,7 +80,7 @@ from starlette.exceptions import HTTPException
 from solutions import checks
 from solutions.async_engine import AsyncEngine, RequestStream
 from solutions.engine import LLMEngine
-from solutions.sampling_params import SamplingParams
+from solutions.sampling_params import SamplingParams, StructuredOutputsParams
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +143,10 @@ NEUTRAL = {
 }
 FIELDS = {
     "model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
-    "stream_options", "top_k", "ignore_eos", "user", *NEUTRAL,
+    "stream_options", "top_k", "ignore_eos", "user", "structured_outputs", "response_format",
+    *NEUTRAL,
 }  # fmt: skip
+STRUCTURED_FIELDS = ("json", "regex", "choice", "grammar", "json_object")  # vLLM's names
 
 
 class PromptEncoder:
@@ -333,6 +340,13 @@ def check_completion(body, model_name: str, engine: LLMEngine,
     if not isinstance(include_usage, bool):
         raise _bad("stream_options", f"stream_options.include_usage must be true or false, "
                    f"got {_shown(include_usage)}")  # fmt: skip
+    constraint = _constraint(body)
+    if constraint is not None:
+        field, so = constraint
+        try:  # compiled here, in the worker thread: the engine's own call is a cache hit
+            engine.structured.compile(so)
+        except ValueError as error:
+            raise _bad(field, str(error)) from None
     params = SamplingParams(
         temperature=float(temperature),  # below 1e-5: greedy (SamplingParams, vLLM's rule)
         top_k=top_k if top_k > 0 else None,
@@ -340,6 +354,7 @@ def check_completion(body, model_name: str, engine: LLMEngine,
         max_tokens=max_tokens,
         seed=seed,
         ignore_eos=_boolean(body, "ignore_eos"),
+        structured_outputs=constraint and constraint[1],
     )
     # The engine's rule (context and pool); the prompt is to blame if even one token is too many.
     problem = engine.check_request(ids, params)
@@ -347,6 +362,49 @@ def check_completion(body, model_name: str, engine: LLMEngine,
         alone = engine.check_request(ids, SamplingParams(max_tokens=1))
         raise _bad("prompt" if alone else "max_tokens", problem)
     return Completion(ids, params, stop, stream, include_usage)
+
+
+def _constraint(body: dict) -> tuple[str, StructuredOutputsParams] | None:
+    """The request's constraint and the field that gave it: vLLM's `structured_outputs`
+    (`{"json": ...}`, `{"regex": ...}`, `{"choice": [...]}`, `{"grammar": ...}`,
+    `{"json_object": true}`) or OpenAI's `response_format` (`{"type": "json_object"}`,
+    `{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}`; `"text"` is none),
+    which vLLM also takes on completions. At most one of the two."""
+    so, rf = body.get("structured_outputs"), body.get("response_format")
+    if so is not None and rf is not None:
+        raise _bad("response_format", "give structured_outputs or response_format, not both")
+    if so is not None:
+        if not isinstance(so, dict) or set(so) - set(STRUCTURED_FIELDS):
+            extra = sorted(set(so) - set(STRUCTURED_FIELDS)) if isinstance(so, dict) else so
+            raise _bad("structured_outputs", f"structured_outputs must be an object with one "
+                       f"of {list(STRUCTURED_FIELDS)}, got {_shown(extra)}")  # fmt: skip
+        try:
+            return "structured_outputs", StructuredOutputsParams(**so)
+        except ValueError as error:
+            raise _bad("structured_outputs", str(error)) from None
+    if rf is None:
+        return None
+    kind = rf.get("type") if isinstance(rf, dict) else None
+    if kind == "text" and set(rf) == {"type"}:
+        return None
+    if kind == "json_object" and set(rf) == {"type"}:
+        return "response_format", StructuredOutputsParams(json_object=True)
+    if kind == "json_schema" and set(rf) == {"type", "json_schema"}:
+        spec = rf["json_schema"]
+        allowed = {"name", "schema", "strict", "description"}
+        if not isinstance(spec, dict) or "schema" not in spec or set(spec) - allowed:
+            raise _bad("response_format", "response_format.json_schema must be an object with "
+                       f"a schema (and name, strict, description), got {_shown(spec)}")  # fmt: skip
+        if spec.get("strict") is False:
+            raise _bad("response_format", "strict: false is not served here: every answer "
+                       "is kept to its schema")  # fmt: skip
+        try:
+            return "response_format", StructuredOutputsParams(json=spec["schema"])
+        except ValueError as error:
+            raise _bad("response_format", str(error)) from None
+    raise _bad("response_format", "response_format must be {'type': 'text'}, {'type': "
+               "'json_object'} or {'type': 'json_schema', 'json_schema': {...}}, got "
+               f"{_shown(rf)}")  # fmt: skip
 
 
 def _parse(raw: bytes):

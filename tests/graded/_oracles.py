@@ -60,6 +60,7 @@ __all__ = [
     "OutlinesIndex",
     "vocabulary_bytes",
     "outlines_schema_regex",
+    "RFC_STRING_CHAR",
     "regex_difference",
 ]
 

@@ -19,10 +19,12 @@ from collections import deque
 import jsonschema
 import pytest
 import torch
+from interegular import parse_pattern
 
 from tests.graded._device import made_without_a_device
 from tests.graded._oracles import (
     IN_PLACE,
+    RFC_STRING_CHAR,
     OutlinesIndex,
     assert_untouched,
     crafted_logits,
@@ -706,6 +708,8 @@ SCHEMAS = [
     {"type": "boolean"},
     {"enum": ["St. Peter's", 'say "no"', "back\\slash", "Tybalt", "été", 3, 2.5, None, True]},
     {"type": "string", "const": "Verona"},
+    {"enum": [[1, 2], {"a": None}, "x"]},
+    {"type": "array", "items": {"const": [1, "a"]}, "maxItems": 2},
     {"type": "array", "items": {"type": "integer"}},
     {"type": "array", "items": {"enum": ["Romeo", "Juliet"]}, "minItems": 1, "maxItems": 3},
     {"type": "array", "items": {"type": "boolean"}, "minItems": 2},
@@ -757,17 +761,31 @@ def random_document(schema: dict, rng: random.Random):
 
 
 def learner_regex(impl, schema: dict) -> str:
-    regex = impl.schema_to_regex(copy.deepcopy(schema))
+    given = copy.deepcopy(schema)
+    regex = impl.schema_to_regex(given)
+    shown = json.dumps(schema, ensure_ascii=False)
+    assert given == schema, (
+        f"schema_to_regex({shown}) changed the schema it was given, to "
+        f"{json.dumps(given, ensure_ascii=False)}: does it `pop` from it or assign into it? The "
+        "caller's schema is still needed (the server validates answers with it, and a second "
+        "call must give the same regex): read it, never change it"
+    )
     assert isinstance(regex, str), (
-        f"schema_to_regex({json.dumps(schema, ensure_ascii=False)}) returned "
-        f"{type(regex).__name__}, not a str"
+        f"schema_to_regex({shown}) returned {type(regex).__name__}, not a str"
+    )
+    negative = re.search(r"\{-\d+,|,-\d+\}", regex)
+    assert negative is None, (
+        f"schema_to_regex({shown}) gave {regex!r}, with the repeat {negative.group()}...: a "
+        "negative bound (Python's `re` quietly reads it as literal text). Can `minItems - 1` "
+        "or `maxItems - 1` go below 0?"
     )
     try:
         re.compile(regex)
-    except re.error as error:
+        parse_pattern(regex)
+    except Exception as error:
         raise AssertionError(
-            f"schema_to_regex({json.dumps(schema, ensure_ascii=False)}) gave {regex!r}, which "
-            f"is no regex: {error}"
+            f"schema_to_regex({shown}) gave {regex!r}, which is no regex "
+            f"({type(error).__name__}: {error})"
         ) from None
     return regex
 
@@ -791,6 +809,11 @@ def slip_regex(schema: dict, slip: str) -> str:
             return "|".join(lit(v) for v in sub.get("enum", [sub.get("const")]))
         return outlines_schema_regex(sub)
 
+    scalars = {"string": f'"{RFC_STRING_CHAR}*"', "integer": r"-?(0|[1-9][0-9]*)",
+               "number": r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?",
+               "boolean": "(true|false)", "null": "null"}  # fmt: skip
+    if slip == "type_first" and schema.get("type") in scalars:
+        return f"({scalars[schema['type']]})"
     if "enum" in schema or "const" in schema:
         alternatives = "|".join(lit(v) for v in schema.get("enum", [schema.get("const")]))
         return alternatives if slip == "ungrouped" else f"({alternatives})"
@@ -834,7 +857,22 @@ SLIPS = {
     "no_empty_array": "the empty array `[]` refused: without minItems an array may be empty",
     "sorted_keys": "the keys in sorted order: they must come in the schema's order (the order "
     "of `properties`)",
+    "type_first": "the type read before enum or const: with both given, the values decide "
+    '(any string is not `"Verona"`); look for enum and const first',
 }
+
+
+def ungrouped_part(impl, schema: dict) -> dict | None:
+    """A part of `schema` (its items, a property's schema) whose regex by the learner is right
+    alone but not a group: inside its parent's regex, its `|` splits the parent's in two."""
+    kind = schema.get("type") if "enum" not in schema and "const" not in schema else None
+    parts = [schema["items"]] if kind == "array" else []
+    parts += list(schema.get("properties", {}).values()) if kind == "object" else []
+    for part in parts:
+        regex = learner_regex(impl, part)
+        if not same_texts(f"<{regex}>", f"<({regex})>"):
+            return part
+    return None
 
 
 def same_texts(a: str, b: str) -> bool:
@@ -874,10 +912,19 @@ def explain_schema_regex(impl, schema: dict) -> str:
     if extra is not None:
         lines.append(f"It accepts {extra!r}, which is not the compact JSON of any document the "
                      "schema allows.")  # fmt: skip
+    loose = ungrouped_part(impl, part)
+    if loose is not None:
+        lines.append(
+            f"The regex of its part {json.dumps(loose, ensure_ascii=False)} is "
+            f"{learner_regex(impl, loose)!r}, right alone but not in a group: placed inside "
+            "its parent's regex, its `|` splits the parent's regex in two. Put each part's "
+            "alternatives in parentheses."
+        )
+        return " ".join(lines)
     for slip, why in SLIPS.items():
         try:
             if same_texts(regex, slip_regex(part, slip)):
-                lines.append(f"That is what {why} gives.")
+                lines.append(f"This looks like {why}.")
                 break
         except Exception:
             continue

@@ -248,4 +248,41 @@ MUTANTS = [
         "a number taken for an integer",
         says=("refuses",),
     ),
+    Mutant(
+        "json_schema",
+        'low, high = schema.get("minItems", 0), schema.get("maxItems")',
+        'low, high = schema.pop("minItems", 0), schema.pop("maxItems", None)',
+        "the schema changed: its bounds popped (a learner's run, chapter 9)",
+        says=("changed the schema",),
+    ),
+    Mutant(
+        "json_schema",
+        '    if "enum" in schema or "const" in schema:\n        values',
+        '    if schema.get("type") in SCALARS:\n        return f"({SCALARS[schema[\'type\']]})"\n'
+        '    if "enum" in schema or "const" in schema:\n        values',
+        "the type read before enum or const (a learner's run, chapter 9)",
+        says=("values decide",),
+    ),
+    Mutant(
+        "json_schema",
+        "{{{max(low - 1, 0)},",
+        "{{{low - 1},",
+        "minItems - 1 not kept at 0 or more: a negative bound (a learner's run, chapter 9)",
+        says=("negative bound",),
+    ),
+    Mutant(
+        "json_schema",
+        '        if high == 0:\n            return r"\\[\\]"\n',
+        "",
+        "maxItems 0 not taken alone: the repeat {0,-1} (a learner's run, chapter 9)",
+        says=("negative bound",),
+    ),
+    Mutant(
+        "json_schema",
+        'values = schema["enum"] if "enum" in schema else [schema["const"]]',
+        'values = schema.get("enum", schema.get("const"))\n'
+        "        values = values if isinstance(values, list) else [values]",
+        "a list const taken for a list of values (a learner's run, chapter 9)",
+        says=("refuses",),
+    ),
 ]
