@@ -36,10 +36,13 @@
 # - `token_mask` and `mask_logits`: the allowed set applied to the logits;
 # - `ConstrainedSampler.next_logits`: chapter 3's sampler, constrained;
 # - `schema_to_regex`: a JSON schema as a regex (graded against outlines-core's
-#   `build_regex_from_schema` and `jsonschema`).
+#   `build_regex_from_schema` and `jsonschema`);
+# - `bitmask_of` and `apply_token_bitmask`: a batch's masks as bits, in xgrammar's layout
+#   (graded against xgrammar), which chapter 8's engine and `course serve` then use.
 #
-# **Time:** about 2 hours 30 minutes for this part: section 1 takes 30 minutes, section 2
-# (reading) 15, section 3 45, sections 4 and 5 30, section 6 30. **You need:** chapter 3's
+# **Time:** about 3 hours 5 minutes for this part: section 1 takes 30 minutes, section 2
+# (reading) 15, section 3 45, sections 4 and 5 30, section 6 30, section 7 25, section 8
+# (reading) 10. **You need:** chapter 3's
 # `TransformerSampler` and its sampling functions (imported from `solutions`), Python's
 # `bytes`, and what a regular expression and a JSON schema are.
 #
@@ -72,6 +75,7 @@ from solutions.byte_dfa import (
 )
 from solutions.json_schema import SCALARS, check_schema, literal
 from solutions.sampling import TransformerSampler
+from solutions.token_bitmask import BITS, bitmask_width
 from utils.check import check
 from utils.display import show_solution
 from utils.models import load_model
@@ -688,6 +692,211 @@ assert all(valid)
 # here, by name.
 
 # %% [markdown]
+# ## 7. Many requests at once: the bitmask (25 minutes)
+#
+# A serving engine runs many requests in one step (chapter 8), some constrained, each in its
+# own state of its own constraint, most not constrained at all. Their masks are applied to the
+# batch's logits together, as one tensor of **bits**: one row per request, one bit per token, 32
+# tokens to an `int32` word. Bit $k$ of word $w$ stands for token $32w + k$, counted from the
+# least significant bit. That is xgrammar's layout (`allocate_token_bitmask`,
+# `apply_token_bitmask_inplace`); vLLM's `StructuredOutputManager` keeps one such bitmask for
+# the batch, whichever backend fills its rows (`vllm/v1/structured_output/__init__.py`). A row
+# costs `d_vocab / 8` bytes (512 here, 16,032 for a vocabulary of 128,256 tokens, Llama 3's)
+# instead of a boolean per token, so it is cheap to fill on the CPU and to copy to a GPU; a row
+# of all ones (every word -1) leaves an unconstrained request as it is.
+#
+# The engine's part (`solutions/structured_outputs.py`, given, after vLLM's
+# `StructuredOutputManager`): each request with a constraint holds a **matcher**, its place in
+# the compiled constraint; at each step, every matcher fills its request's row of one bitmask,
+# the bitmask is applied to the logits of the whole batch in one operation, before chapter 3's
+# sampling rules, and each matcher then reads the token its request drew. The index's rows are
+# packed once per state, when the constraint is compiled, so that filling a row is a copy.
+#
+# ### Exercise: `bitmask_of` and `apply_token_bitmask`
+#
+# - `bitmask_of(allowed, d_vocab)`: one row, `bitmask_width(d_vocab)` words of `torch.int32`,
+#   bit $k$ of word $w$ set exactly when token $32w + k$ is in `allowed`. A word whose bit 31 is
+#   set is negative as an `int32`: build the words in a wider type, then wrap them into
+#   `int32`'s range (subtract $2^{32}$ from those at $2^{31}$ or more).
+# - `apply_token_bitmask(logits, bitmask)`: `logits` `[batch, d_vocab]` with $-\infty$ at every
+#   token whose bit is 0 in its row, as a new tensor, in one operation for the whole batch (no
+#   loop over rows). The last word may hold bits past `d_vocab`: ignore them.
+#
+# Common mistakes: the bits of a word in reverse order (bit 0 is $2^0$, not the top bit); the
+# top bit lost or clamped when going to `int32`; one word too few when `d_vocab` is not a
+# multiple of 32; reading a bit with `>>` alone (without `& 1`, the bits above it come along);
+# a row of -1 read as "nothing allowed"; the logits changed in place.
+#
+# The tests read your rows back with numpy (`np.unpackbits(..., bitorder="little")`) for
+# allowed sets of every kind and three vocabulary sizes, compare them word for word with the
+# rows xgrammar's matcher fills at every step of a JSON answer, and compare your masked logits
+# with xgrammar's `apply_token_bitmask_inplace` on random words, a row of all ones and one with a
+# single token, in float32 and bfloat16.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# A row of 0/1 as long as the words times 32, viewed as `[words, 32]`: each word is the sum of
+# its bits times $2^k$. Going back, `(word >> k) & 1` is bit $k$, for every $k$ at once with
+# broadcasting.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# For `bitmask_of`: a zero `int64` tensor of `bitmask_width(d_vocab) * BITS` entries, ones at
+# the allowed ids, viewed as `[-1, BITS]`, shifted left by `torch.arange(BITS)` and summed over
+# the last axis; then subtract $2^{32}$ where the sum is at least $2^{31}$ and convert to
+# `torch.int32`. For `apply_token_bitmask`: `bitmask[:, :, None] >> torch.arange(BITS)` (on the
+# bitmask's device), `& 1`, flattened to `[batch, words * 32]`, cut to `d_vocab` columns, made
+# boolean; then `masked_fill` where it is False.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# `show_solution("bitmask_of")` and `show_solution("apply_token_bitmask")`.
+#
+# </details>
+
+# %% tags=["exercise"] exercise="token_bitmask"
+# solution: solutions.token_bitmask.bitmask_of
+# solution: solutions.token_bitmask.apply_token_bitmask
+
+# %%
+check("token_bitmask")
+
+# %% [markdown]
+# **Predict, then run.** Chapter 8's engine, with twelve requests in one batch: three kinds of
+# constraint (vLLM's `StructuredOutputsParams`: a regex, a choice, the scene schema) and three
+# requests with none. Do the unconstrained ones draw the same tokens as when they run alone?
+# (The engine's manager uses the reference versions of the two functions you just wrote.)
+
+# %%
+from solutions.engine import LLMEngine, generate
+from solutions.sampling_params import SamplingParams, StructuredOutputsParams
+
+kinds = {
+    "regex": StructuredOutputsParams(regex="[0-9]{3}-(yes|no)"),
+    "choice": StructuredOutputsParams(choice=["Romeo", "Juliet", "Romeo and Juliet"]),
+    "json": StructuredOutputsParams(json=scene),
+}
+names = [name for name in kinds for _ in range(3)]
+batch = [SamplingParams(max_tokens=48, seed=i, structured_outputs=kinds[name])
+         for i, name in enumerate(names)]  # fmt: skip
+free = [SamplingParams(max_tokens=20, seed=100 + i) for i in range(3)]
+engine = LLMEngine(model, tokenizer, num_blocks=128)
+outputs = generate(engine, ["ROMEO.\n"] * 9 + ["JULIET.\n"] * 3, batch + free)
+for name, output in zip(names, outputs, strict=False):
+    print(f"{name:7} {output.finish_reason:7}",
+          repr(tokenizer.decode(output.output_token_ids, skip_special_tokens=True)))  # fmt: skip
+alone = generate(LLMEngine(model, tokenizer), ["JULIET.\n"] * 3, free)
+same = [a.output_token_ids == b.output_token_ids for a, b in zip(outputs[9:], alone, strict=True)]
+print("unconstrained requests draw what they draw alone:", all(same))
+
+
+def keeps(name: str, text: str) -> bool:
+    if name == "json":
+        return jsonschema.Draft202012Validator(scene).is_valid(json.loads(text))
+    if name == "choice":
+        return text in kinds["choice"].choice
+    return re.fullmatch(kinds["regex"].regex, text) is not None
+
+
+kept = [keeps(name, tokenizer.decode(o.output_token_ids, skip_special_tokens=True))
+        for name, o in zip(names, outputs, strict=False) if o.finish_reason == "stop"]  # fmt: skip
+print(f"{len(kept)} of 9 constrained requests finished; all keep their constraint:", all(kept))
+
+# %% tags=["claim"]
+assert all(same) and kept and all(kept)
+
+# %% [markdown]
+# Every constrained answer that finished keeps its constraint, and the unconstrained requests
+# draw exactly the tokens they draw alone: each row's mask touches only its row, and each
+# request draws from its own seeded generator (chapter 8, section 6).
+#
+# **The server.** `course serve` takes the same constraints, under vLLM's name
+# `structured_outputs` (an extra field of the request: `extra_body` in the `openai` client) and
+# under OpenAI's `response_format` (`{"type": "json_schema", "json_schema": {"name": ...,
+# "schema": {...}}}`, or `{"type": "json_object"}`), which vLLM also takes on completions. The
+# handler compiles the constraint in a worker thread before the request reaches the engine's
+# loop (the engine's own call then finds it in the cache), and a constraint no backend keeps is
+# a 400 that names it, never an answer left unconstrained.
+
+# %%
+import openai
+
+from solutions.async_engine import AsyncEngine
+from utils.server import running_server
+
+async_engine = AsyncEngine(LLMEngine(model, tokenizer, num_blocks=128))
+with running_server(async_engine, "shakespeare") as server:
+    client = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
+    answer = client.completions.create(
+        model="shakespeare", prompt="ROMEO.\n", max_tokens=40, seed=3,
+        extra_body={"response_format": {"type": "json_schema",
+                                        "json_schema": {"name": "scene", "schema": scene}}},
+    )  # fmt: skip
+    try:
+        client.completions.create(
+            model="shakespeare", prompt="ROMEO.\n", max_tokens=5,
+            extra_body={"structured_outputs": {"regex": "(Romeo"}},
+        )  # fmt: skip
+        refused = None
+    except openai.BadRequestError as error:
+        refused = error.body
+print(answer.choices[0].finish_reason, answer.choices[0].text)
+print("an unbalanced regex:", refused)
+
+# %% tags=["claim"]
+assert answer.choices[0].finish_reason == "stop"
+assert jsonschema.Draft202012Validator(scene).is_valid(json.loads(answer.choices[0].text))
+assert refused is not None and refused["param"] == "structured_outputs"
+
+# %% [markdown]
+# ## 8. What no regex can say (reading, 10 minutes)
+#
+# Section 6 ended on schemas no regex can say: a document nested as deeply as it likes.
+# xgrammar (Dong et al., 2024) compiles a **context-free grammar** (written in EBNF) into a
+# pushdown automaton: the automaton of a regex plus a stack, which remembers the brackets still
+# open. Its index is of the same kind as yours: for each state, the tokens are sorted ahead of
+# time into those whose acceptance does not depend on the stack (most of them, and the mask for
+# those is precomputed) and the few that do, checked at each step against the stack. The engine
+# sends a constraint to xgrammar when the index cannot keep it (`backend="auto"`, as vLLM's):
+# a `grammar`, `json_object` (any object), and JSON schemas beyond `check_schema`'s subset
+# (`$ref`, optional properties, `anyOf`, bounds on numbers and strings; any other keyword is a
+# 400). The whitespace rule stays: `any_whitespace=False` with separators `(",", ":")`.
+#
+# **Predict, then run.** Balanced parentheses around an `x` (a grammar), and a tree of nodes
+# whose children are nodes (a schema that refers to itself).
+
+# %%
+parens = StructuredOutputsParams(grammar='root ::= "(" root ")" | "x"')
+tree = {
+    "$defs": {"node": {
+        "type": "object",
+        "properties": {"name": {"enum": ["a", "b"]},
+                       "kids": {"type": "array", "items": {"$ref": "#/$defs/node"},
+                                "maxItems": 2}},
+        "required": ["name", "kids"],
+    }},
+    "$ref": "#/$defs/node",
+}  # fmt: skip
+nested = generate(
+    LLMEngine(model, tokenizer, num_blocks=128), ["ROMEO.\n"] * 6,
+    [SamplingParams(max_tokens=60, seed=s, structured_outputs=c) for s, c in
+     enumerate([parens] * 3 + [StructuredOutputsParams(json=tree)] * 3)],
+)  # fmt: skip
+texts = [tokenizer.decode(o.output_token_ids, skip_special_tokens=True) for o in nested]
+for text in texts:
+    print(repr(text))
+balanced = [t == "(" * (len(t) // 2) + "x" + ")" * (len(t) // 2) for t in texts[:3]]
+trees = [jsonschema.Draft202012Validator(tree).is_valid(json.loads(t)) for t in texts[3:]]
+print("balanced:", balanced, "valid trees:", trees)
+
+# %% tags=["claim"]
+assert all(o.finish_reason == "stop" for o in nested) and all(balanced) and all(trees)
+
+# %% [markdown]
 # ## Check your understanding
 #
 # - Why must the index allow `R`, `Rome` and `Romeo` at the start of `(Romeo|Juliet)`, and not
@@ -732,8 +941,6 @@ assert all(valid)
 #
 # ## What comes next in this chapter
 #
-# This is the chapter's first part. The parts still to be written will add: xgrammar's grammar
-# matcher for what no regex can say; constraints in chapter 8's engine and in `course serve`
-# (vLLM's `structured_outputs` and OpenAI's `response_format`); forced text appended without
-# sampling (SGLang's jump-forward); and what masking each step does to the model's distribution
-# (Park et al., 2024, "Grammar-Aligned Decoding"). None of them exists yet.
+# This is the chapter's first part. The parts still to be written will add forced text
+# appended without sampling (SGLang's jump-forward) and what masking each step does to the
+# model's distribution (Park et al., 2024, "Grammar-Aligned Decoding"). Neither exists yet.

@@ -3,10 +3,11 @@
 A serving engine runs many constrained requests in one step, each in its own state. Their
 allowed sets go into one tensor of bits, one row per request and one bit per token: 32 tokens to
 an int32 word, bit k of word w standing for token 32w + k (the least significant bit first).
-That is xgrammar's layout (`allocate_token_bitmask`, `apply_token_bitmask_inplace`), which vLLM
-uses for every backend: a row costs d_vocab / 8 bytes (512 for 4,096 tokens, 19 KiB for
-Llama 3's 128,256) instead of a boolean per token, and a row of all ones (-1) leaves an
-unconstrained request as it is.
+That is xgrammar's layout (`allocate_token_bitmask`, `apply_token_bitmask_inplace`); vLLM's
+`StructuredOutputManager` keeps one such bitmask for the batch, whichever backend fills its
+rows (vllm/v1/structured_output/__init__.py). A row costs d_vocab / 8 bytes (512 for 4,096
+tokens; 16,032 for Llama 3's 128,256) instead of a boolean per token, and a row of all ones
+(-1) leaves an unconstrained request as it is.
 """
 
 import torch

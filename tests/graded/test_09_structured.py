@@ -981,3 +981,147 @@ def test_sampled_answers_to_a_schema_are_valid_json_documents(impl, tokenizer):
                 f"the answer {text!r} to {json.dumps(schema)} is not a valid document: "
                 f"{str(error).splitlines()[0]}"
             ) from None
+
+
+# --------------------------------------------------------------------------- token_bitmask
+
+
+def unpacked(row: torch.Tensor, d_vocab: int) -> list[int]:
+    """The token ids whose bit is set in a bitmask row, read by numpy in xgrammar's layout (bit
+    k of int32 word w is token 32w + k, least significant bit first)."""
+    import numpy as np
+
+    bits = np.unpackbits(row.contiguous().numpy().view(np.uint8), bitorder="little")
+    return np.flatnonzero(bits[:d_vocab]).tolist()
+
+
+def explain_bitmask_row(allowed: list[int], d_vocab: int, row) -> str:
+    """What a wrong row points to."""
+    head = f"bitmask_of({len(allowed)} ids, d_vocab={d_vocab}): "
+    width = (d_vocab + 31) // 32
+    if not isinstance(row, torch.Tensor):
+        return head + f"returned {type(row).__name__}, not a tensor"
+    if row.dtype != torch.int32:
+        hint = ""
+        if row.dtype == torch.int64:
+            hint = (
+                " A word whose bit 31 is set is 2**31 or more as an int64; as int32 it is "
+                "that minus 2**32 (negative): convert with the wrap, not by clamping."
+            )
+        return head + f"dtype {row.dtype}, expected torch.int32 (xgrammar's words).{hint}"
+    if tuple(row.shape) != (width,):
+        return head + (
+            f"shape {tuple(row.shape)}, expected ({width},): one int32 word per 32 tokens, "
+            f"rounded up ({d_vocab} tokens)"
+        )
+    got = unpacked(row, d_vocab)
+    if got == sorted(allowed):
+        return ""
+    flipped = sorted(32 * (t // 32) + 31 - t % 32 for t in allowed)
+    if got == flipped:
+        return head + (
+            "each word's bits are in the reverse order: token 32w + k is bit k of word w, "
+            "counted from the least significant bit (1 << k), not from the top"
+        )
+    lost = sorted(set(allowed) - set(got))
+    extra = sorted(set(got) - set(allowed))
+    if lost and all(t % 32 == 31 for t in lost):
+        return head + (
+            f"tokens {lost[:5]} (bit 31 of their word) are missing: the top bit makes an int32 "
+            "negative; keep it (wrap the word into int32's range) rather than drop or clamp it"
+        )
+    return head + f"bits missing for tokens {lost[:5]}, set for tokens {extra[:5]}"
+
+
+@pytest.mark.token_bitmask
+@pytest.mark.parametrize("d_vocab", [4096, 50, 4100])
+def test_bitmask_rows_are_xgrammars_layout(impl, d_vocab):
+    """Rows for allowed sets of every kind (a top bit, the last word, empty, half the
+    vocabulary at random), read back by numpy in xgrammar's layout; the width is xgrammar's
+    (`allocate_token_bitmask`)."""
+    xgr = pytest.importorskip("xgrammar")
+    generator = torch.Generator().manual_seed(0)
+    cases = [[0], [31], [0, 31, 32, 63], [d_vocab - 1], [], list(range(0, d_vocab, 3)),
+             torch.randperm(d_vocab, generator=generator)[: d_vocab // 2].tolist()]  # fmt: skip
+    for allowed in ([t for t in case if t < d_vocab] for case in cases):
+        row = impl.bitmask_of(list(allowed), d_vocab)
+        why = explain_bitmask_row(allowed, d_vocab, row)
+        assert not why, why
+        assert tuple(xgr.allocate_token_bitmask(1, d_vocab).shape) == (1, len(row))
+
+
+@pytest.mark.token_bitmask
+def test_bitmask_rows_equal_xgrammars_along_a_json_path(impl):
+    """xgrammar's matcher fills a row at every step of a JSON answer; the learner's row made
+    from the same allowed ids is the same int32 words."""
+    xgr = pytest.importorskip("xgrammar")
+    info = xgr.TokenizerInfo([b or b"" for b in VOCAB], xgr.VocabType.RAW, vocab_size=len(VOCAB),
+                             stop_token_ids=[EOS])  # fmt: skip
+    compiler = xgr.GrammarCompiler(info, max_threads=1)
+    schema = {"type": "object", "properties": {"name": {"type": "string"},
+              "age": {"type": "integer"}}, "required": ["name", "age"]}  # fmt: skip
+    matcher = xgr.GrammarMatcher(compiler.compile_json_schema(
+        schema, any_whitespace=False, separators=(",", ":")))  # fmt: skip
+    theirs = xgr.allocate_token_bitmask(1, len(VOCAB))
+    text = b'{"name":"Juliet","age":13}'
+    for piece in [text[i : i + 1] for i in range(len(text))]:
+        matcher.fill_next_token_bitmask(theirs)
+        allowed = unpacked(theirs[0], len(VOCAB))
+        ours = impl.bitmask_of(allowed, len(VOCAB))
+        why = explain_bitmask_row(allowed, len(VOCAB), ours)
+        assert not why, why
+        assert torch.equal(ours, theirs[0]), f"after {text[: text.index(piece)]!r}"
+        assert matcher.accept_token(VOCAB.index(piece))
+
+
+@pytest.mark.token_bitmask
+@pytest.mark.parametrize("d_vocab", [4096, 4100])
+def test_apply_token_bitmask_equals_xgrammars(impl, d_vocab):
+    """Random words (negative ones too), a row of all ones (an unconstrained request), float32
+    and bfloat16: the learner's logits equal xgrammar's `apply_token_bitmask_inplace`; the
+    caller's logits are unchanged."""
+    xgr = pytest.importorskip("xgrammar")
+    generator = torch.Generator().manual_seed(1)
+    width = (d_vocab + 31) // 32
+    rows = torch.randint(-(2**31), 2**31 - 1, (4, width), dtype=torch.int32, generator=generator)
+    rows[0] = -1
+    rows[1] = 0
+    rows[1, 0] = 1 << 5  # one token allowed: id 5
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = torch.randn(4, d_vocab, generator=generator).to(dtype)
+        before = logits.clone()
+        theirs = logits.clone()
+        xgr.apply_token_bitmask_inplace(theirs, rows)
+        ours = impl.apply_token_bitmask(logits, rows)
+        assert torch.equal(logits, before), (
+            "apply_token_bitmask changed the caller's logits: return a new tensor "
+            "(masked_fill, without the underscore)"
+        )
+        assert isinstance(ours, torch.Tensor) and ours.shape == logits.shape, (
+            f"expected a tensor of shape {tuple(logits.shape)}, got "
+            f"{getattr(ours, 'shape', type(ours).__name__)}"
+        )
+        assert ours.dtype == dtype, f"the logits came back as {ours.dtype}, not {dtype}"
+        wrong = (ours != theirs).any(dim=1)
+        if wrong.any():
+            r = int(wrong.nonzero()[0])
+            kept = torch.isfinite(ours[r]).nonzero().flatten().tolist()
+            want = torch.isfinite(theirs[r]).nonzero().flatten().tolist()
+            what = {0: "a row of all ones (-1: every token allowed)", 1: "a row with only "
+                    "token 5 allowed"}.get(r, f"row {r} (random words)")  # fmt: skip
+            hint = ""
+            shifted = (rows[r][:, None] >> torch.arange(32)).flatten()[:d_vocab] != 0
+            if kept == shifted.nonzero().flatten().tolist():
+                hint = (
+                    " That is what `word >> k` gives without `& 1`: the bits above bit k come "
+                    "along, and any of them set keeps the token."
+                )
+            if r == 0 and not kept:
+                hint = (" A word of -1 has all 32 bits set: read bit k with an arithmetic "
+                        "shift and `& 1`, which works on negative words too.")  # fmt: skip
+            raise AssertionError(
+                f"on {what}, {dtype}: {len(kept)} tokens kept, xgrammar keeps {len(want)} "
+                f"(first differences: kept {sorted(set(kept) - set(want))[:5]}, dropped "
+                f"{sorted(set(want) - set(kept))[:5]}). Token 32w + k is kept when bit k of "
+                f"word w is 1; every other logit becomes -inf.{hint}"
+            )

@@ -11,7 +11,6 @@ TRITON_INTERPRET is 0: the launches and the machinery are the graded compile tes
 package ships them.
 """
 
-
 import pytest
 
 from tests.support import needs_triton

@@ -285,4 +285,55 @@ MUTANTS = [
         "a list const taken for a list of values (a learner's run, chapter 9)",
         says=("refuses",),
     ),
+    # token_bitmask
+    Mutant(
+        "token_bitmask",
+        "<< torch.arange(BITS)).sum(dim=1)",
+        "<< torch.arange(BITS - 1, -1, -1)).sum(dim=1)",
+        "a word's bits in reverse order",
+        says=("reverse order",),
+    ),
+    Mutant(
+        "token_bitmask",
+        "return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)",
+        "return words.clamp(max=2**31 - 1).to(torch.int32)",
+        "the top bit clamped away",
+        says=("top bit",),
+    ),
+    Mutant(
+        "token_bitmask",
+        "return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)",
+        "return words",
+        "the words left as int64",
+        says=("int32",),
+    ),
+    Mutant(
+        "token_bitmask",
+        "bits = torch.zeros(bitmask_width(d_vocab) * BITS, dtype=torch.int64)",
+        "bits = torch.zeros(d_vocab // BITS * BITS + BITS * (d_vocab % BITS > 0), "
+        "dtype=torch.int64)[: d_vocab // BITS * BITS or BITS]",
+        "one word too few when d_vocab is not a multiple of 32",
+        says=("rounded up",),
+    ),
+    Mutant(
+        "token_bitmask",
+        "bits = (bitmask[:, :, None] >> shifts) & 1",
+        "bits = bitmask[:, :, None] >> shifts",
+        "a bit read with >> alone, without & 1",
+        says=("& 1",),
+    ),
+    Mutant(
+        "token_bitmask",
+        'return logits.masked_fill(~allowed, float("-inf"))',
+        'return logits.masked_fill_(~allowed, float("-inf"))',
+        "the logits changed in place",
+        says=("changed the caller's logits",),
+    ),
+    Mutant(
+        "token_bitmask",
+        'return logits.masked_fill(~allowed, float("-inf"))',
+        'return logits.masked_fill(allowed, float("-inf"))',
+        "the mask read the wrong way round",
+        says=("bit k of word w is 1",),
+    ),
 ]
