@@ -40,9 +40,9 @@
 # - `bitmask_of` and `apply_token_bitmask`: a batch's masks as bits, in xgrammar's layout
 #   (graded against xgrammar), which chapter 8's engine and `course serve` then use.
 #
-# **Time:** about 3 hours 5 minutes for this part: section 1 takes 30 minutes, section 2
-# (reading) 15, section 3 45, sections 4 and 5 30, section 6 30, section 7 25, section 8
-# (reading) 10. **You need:** chapter 3's
+# **Time:** about 3 hours 20 minutes for this part: section 1 takes 30 minutes, section 2
+# (reading) 15, section 3 45, sections 4 and 5 30, section 6 30, section 7 25, sections 8 and
+# 9 (reading) 25. **You need:** chapter 3's
 # `TransformerSampler` and its sampling functions (imported from `solutions`), Python's
 # `bytes`, and what a regular expression and a JSON schema are.
 #
@@ -897,6 +897,84 @@ print("balanced:", balanced, "valid trees:", trees)
 assert all(o.finish_reason == "stop" for o in nested) and all(balanced) and all(trees)
 
 # %% [markdown]
+# ## 9. What the mask does to the distribution (reading, 15 minutes)
+#
+# What should a constrained answer's probability be? The natural answer is the model's own,
+# **conditioned** on the answer keeping the constraint: $p(y \mid y \text{ allowed}) = p(y) / Z$,
+# where $Z$ is the model's probability of all allowed answers together. Masking each step
+# samples from something else (Park et al., 2024, *Grammar-Aligned Decoding*,
+# arXiv:2405.21047). At each step the allowed tokens share **all** the probability, whatever
+# becomes of them later:
+#
+# $$q(y) = \prod_t \frac{p(y_t \mid y_{<t})}{p(\text{allowed at step } t \mid y_{<t})}.$$
+#
+# A prefix the model likes for a reason the constraint forbids keeps its whole probability, and
+# the answer must then be finished in a way the model did not want. The two agree only when the
+# allowed mass is the same at every step of every answer.
+#
+# For a constraint with few answers both distributions can be computed exactly: every answer is
+# a path of tokens through the index ending in end-of-text, and each step of a path is one
+# forward pass (`solutions/constraint_distortion.py`, given, walks them all; the tests check it
+# against HF's model). **Predict, then run:** after `ROMEO.\n`, the shipped model must answer one
+# of four names. Which one does the model, conditioned, prefer, and which does masking prefer?
+
+# %%
+from solutions.constraint_distortion import (
+    answer_probabilities,
+    conditioned_and_masked,
+    kl_divergence,
+)
+
+
+def by_text(probabilities: dict) -> dict[str, float]:
+    """Each answer text's probability: the sum over its tokenizations."""
+    texts: dict[str, float] = {}
+    for path, p in probabilities.items():
+        text = b"".join(vocab[t] for t in path[:-1]).decode()
+        texts[text] = texts.get(text, 0.0) + p
+    return texts
+
+
+names_regex = "(Romeo|Juliet|Tybalt|Mercutio)"
+names_index = TokenIndex(regex_to_byte_dfa(names_regex), vocab, eos_id)
+answers = answer_probabilities(model, tokenizer.encode("ROMEO.\n"), names_index)
+exact, masked, z = conditioned_and_masked(answers)
+exact_text, masked_text = by_text(exact), by_text(masked)
+print(f"{len(answers)} answers (token paths); the model's probability of them all, Z = {z:.2g}")
+for text in exact_text:
+    print(f"{text:9} conditioned {exact_text[text]:.3f}   masked each step {masked_text[text]:.3f}")
+print(f"KL(conditioned || masked) over the texts: {kl_divergence(exact_text, masked_text):.2f} "
+      f"nats; over the token paths: {kl_divergence(exact, masked):.1f} nats")  # fmt: skip
+
+# %% tags=["claim"]
+assert max(exact_text, key=exact_text.get) == "Romeo"
+assert max(masked_text, key=masked_text.get) == "Mercutio"
+assert round(exact_text["Romeo"], 2) == 0.79 and round(masked_text["Romeo"], 2) == 0.17
+assert round(exact_text["Tybalt"], 3) == 0.005 and round(masked_text["Tybalt"], 2) == 0.26
+assert z < 1e-6
+
+# %% [markdown]
+# The model, conditioned on naming one of the four, says `Romeo` with probability 0.79 and
+# `Tybalt` with 0.005; masking each step says `Romeo` with 0.17 and `Tybalt` with 0.26, and
+# prefers `Mercutio`. Where it comes from: right after `ROMEO.\n` the model expects a line of
+# verse, and its first tokens are spread over many prefixes; the prefixes that begin a name
+# the constraint allows share all of that step's probability in the model's proportions, and
+# each is then carried to the end of a name whether or not the model would have finished it so.
+# $Z$, the model's probability of answering with a bare name and stopping, is tiny: the
+# constraint is far from what the model would write, and that is when the two distributions part
+# most. When the model already writes what the constraint allows (a model trained to answer in
+# the format, or a prompt that shows it), the allowed mass is close to 1 at every step and
+# masking changes little.
+#
+# Whether it matters depends on the use. A constraint that only guarantees the answer parses
+# (JSON a program will read) does not care that the answer is not the model's most likely valid
+# one. A constraint used to *measure* the model (which of these four names does it believe?)
+# does: read $p(y)/Z$ from the model's probabilities, as this cell did, instead of sampling
+# with a mask. Park et al. sample from the conditioned distribution in the limit by learning,
+# over repeated samples, how much allowed probability lies beyond each prefix (their ASAp
+# algorithm).
+
+# %% [markdown]
 # ## Check your understanding
 #
 # - Why must the index allow `R`, `Rome` and `Romeo` at the start of `(Romeo|Juliet)`, and not
@@ -941,6 +1019,6 @@ assert all(o.finish_reason == "stop" for o in nested) and all(balanced) and all(
 #
 # ## What comes next in this chapter
 #
-# This is the chapter's first part. The parts still to be written will add forced text
-# appended without sampling (SGLang's jump-forward) and what masking each step does to the
-# model's distribution (Park et al., 2024, "Grammar-Aligned Decoding"). Neither exists yet.
+# This is the chapter's first part. The part still to be written will add forced text
+# appended without sampling (SGLang's jump-forward), fed to the model in one pass. It does not
+# exist yet.

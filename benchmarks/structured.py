@@ -1,0 +1,240 @@
+"""Constrained decoding in chapter 8's engine (chapter 9): how often an answer breaks its
+constraint, what the masks cost a step, and what compiling a constraint costs beside
+outlines-core and xgrammar.
+
+    python benchmarks/structured.py [--answers 1000] [--runs 7] [--threads 1] [--quick]
+
+Prints one JSON object:
+
+- `validity`: for each shipped model (GPT-2's block and the Llama block) and each kind of
+  constraint (a regex, a choice, a flat JSON schema by the index; a JSON schema that refers to
+  itself and an EBNF grammar by xgrammar), `--answers` seeded answers at temperature 1 through
+  the engine, 64 at a time: how many finished (end-of-text within `--max-tokens`), how many of
+  those keep their constraint by an outside check (`re.fullmatch`, `json.loads` and
+  `jsonschema`, a balanced-parentheses check), and how many break it. An answer cut at
+  `max_tokens` is unfinished, not invalid (vLLM and OpenAI end it with "length" too);
+- `mask_cost`: 32 requests decoding together, each under the flat schema, with the index
+  backend and with xgrammar: the median time of the masks (every row filled, the bitmask
+  applied) per step, over the median time of a whole step, in the same steps;
+- `compile`: the flat two-field schema compiled by the course's index (regex, byte DFA, index,
+  bitmask rows), by outlines-core (`build_regex_from_schema` and `Index`) and by xgrammar
+  (`compile_json_schema`, its cache off), medians of interleaved runs, and the ratios;
+- `goals`: 0 invalid answers of every kind on both models; the masks at most 10 % of a step at
+  batch 32 (for each backend).
+
+`--quick` is the smoke test of tests/machinery/benchmarks/test_structured_benchmark.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import time
+
+import jsonschema
+import torch
+
+from solutions.byte_dfa import regex_to_byte_dfa
+from solutions.engine import LLMEngine, generate
+from solutions.json_schema import schema_to_regex
+from solutions.sampling_params import SamplingParams, StructuredOutputsParams
+from solutions.structured_outputs import IndexGrammar
+from solutions.token_bytes import token_bytes
+from solutions.token_index import TokenIndex
+from utils.models import load_model
+from utils.records import add_record_options, emit, goal, machine, us_each
+from utils.timing import interleaved_runs, ratio_within_runs, sig
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+SCENE = {
+    "type": "object",
+    "properties": {
+        "speaker": {"enum": ["ROMEO", "JULIET", "MERCUTIO", "TYBALT", "NURSE"]},
+        "act": {"enum": [1, 2, 3, 4, 5]},
+        "lines": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
+    },
+    "required": ["speaker", "act", "lines"],
+}
+TREE = {
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {
+                "name": {"enum": ["a", "b"]},
+                "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2},
+            },
+            "required": ["name", "kids"],
+        }
+    },
+    "$ref": "#/$defs/node",
+}
+REGEX = "[0-9]{3}-(yes|no)"
+CHOICES = ["Romeo", "Juliet", "Romeo and Juliet"]
+KINDS = {  # the constraint, and the outside check of a finished answer's text
+    "regex": (StructuredOutputsParams(regex=REGEX), lambda t: re.fullmatch(REGEX, t) is not None),
+    "choice": (StructuredOutputsParams(choice=CHOICES), lambda t: t in CHOICES),
+    "json_flat": (StructuredOutputsParams(json=SCENE), lambda t: valid_json(t, SCENE)),
+    "json_nested": (StructuredOutputsParams(json=TREE), lambda t: valid_json(t, TREE)),
+    "grammar": (
+        StructuredOutputsParams(grammar='root ::= "(" root ")" | "x"'),
+        lambda t: t == "(" * (len(t) // 2) + "x" + ")" * (len(t) // 2),
+    ),
+}
+
+
+def valid_json(text: str, schema: dict) -> bool:
+    try:
+        return jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+    except ValueError:
+        return False
+
+
+def validity(model, tokenizer, answers: int, max_tokens: int) -> dict:
+    """Each kind's answers, 64 at a time through one engine."""
+    engine = LLMEngine(model, tokenizer, num_blocks=512, max_num_seqs=64,
+                       max_num_batched_tokens=1024, keep_finished=False)  # fmt: skip
+    counts = {}
+    for kind, (constraint, keeps) in KINDS.items():
+        finished = valid = 0
+        for start in range(0, answers, 64):
+            seeds = range(start, min(start + 64, answers))
+            params = [SamplingParams(max_tokens=max_tokens, seed=s, temperature=1.0,
+                                     structured_outputs=constraint) for s in seeds]  # fmt: skip
+            for output in generate(engine, ["ROMEO.\n"] * len(params), params):
+                if output.error is not None:
+                    raise RuntimeError(f"{kind}: {output.error}")
+                if output.finish_reason == "stop":
+                    finished += 1
+                    text = tokenizer.decode(output.output_token_ids, skip_special_tokens=True)
+                    valid += keeps(text)
+        counts[kind] = {"answers": answers, "finished": finished, "valid": valid,
+                        "invalid": finished - valid}  # fmt: skip
+    return counts
+
+
+def mask_cost(model, tokenizer, steps: int, backend: str) -> dict:
+    """32 requests under the flat schema, decoding: each step's masks (the manager's `apply`)
+    and the whole step timed, in the same steps."""
+    engine = LLMEngine(model, tokenizer, num_blocks=512, max_num_seqs=32,
+                       structured_outputs_backend=backend)  # fmt: skip
+    so = StructuredOutputsParams(json=PERSON)  # a long string: requests go on decoding
+    for i in range(32):
+        engine.add_request(f"r{i}", "ROMEO.\n", SamplingParams(
+            max_tokens=steps + 10, seed=i, structured_outputs=so, ignore_eos=True))  # fmt: skip
+    apply, masked = engine.structured.apply, []
+
+    def timed_apply(requests, logits):
+        began = time.perf_counter()
+        out = apply(requests, logits)
+        masked.append(time.perf_counter() - began)
+        return out
+
+    engine.structured.apply = timed_apply
+    engine.step()  # the prompts (a prefill) and the first tokens
+    masked.clear()
+    step_times = []
+    for _ in range(steps):
+        began = time.perf_counter()
+        engine.step()
+        step_times.append(time.perf_counter() - began)
+    return {
+        "batch": 32,
+        "steps": steps,
+        "mask_us_per_step": us_each(masked, 1),
+        "step_us": us_each(step_times, 1),
+        "mask_share_of_step": sig(statistics.median(masked) / statistics.median(step_times), 3),
+    }
+
+
+def compile_times(tokenizer, runs: int) -> dict:
+    """The two-field schema compiled three ways, interleaved runs."""
+    import xgrammar as xgr
+    from outlines_core import Index, Vocabulary
+    from outlines_core.json_schema import build_regex_from_schema
+
+    vocab, eos, d_vocab = token_bytes(tokenizer), tokenizer.eos_token_id, len(tokenizer)
+    table: dict[bytes, list[int]] = {}
+    for i, data in enumerate(vocab):
+        if data is not None:
+            table.setdefault(data, []).append(i)
+    outlines_vocab = Vocabulary(eos, table)
+    info = xgr.TokenizerInfo([b or b"" for b in vocab], xgr.VocabType.RAW, vocab_size=d_vocab,
+                             stop_token_ids=[eos])  # fmt: skip
+    compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+
+    def course():
+        grammar = IndexGrammar(schema_to_regex(PERSON), vocab, eos, d_vocab)
+        return len(grammar.index.transitions)
+
+    def index_only():  # the learner's part alone: DFA and index, no bitmask rows
+        dfa = regex_to_byte_dfa(schema_to_regex(PERSON))
+        return len(TokenIndex(dfa, vocab, eos).transitions)
+
+    def outlines():
+        regex = build_regex_from_schema(json.dumps(PERSON), whitespace_pattern="")
+        return len(Index(regex, outlines_vocab).get_transitions())
+
+    def xgrammar():
+        compiler.compile_json_schema(PERSON, any_whitespace=False, separators=(",", ":"))
+        return 0
+
+    methods = {"course": course, "course_index_only": index_only, "outlines_core": outlines,
+               "xgrammar": xgrammar}  # fmt: skip
+    times, _ = interleaved_runs(methods, runs)
+    return {
+        "schema": "two fields (string, integer), compact",
+        "states": {"course": course(), "outlines_core": outlines()},
+        "ms": {name: sig(1e3 * statistics.median(t), 3) for name, t in times.items()},
+        "course_over_outlines_core": ratio_within_runs(times, "outlines_core", "course"),
+        "course_over_xgrammar": ratio_within_runs(times, "xgrammar", "course"),
+    }
+
+
+def bench(args) -> dict:
+    models = {"gpt2": load_model(args.gpt2), "llama": load_model(args.llama)}
+    result = {"validity": {}, "mask_cost": {}}
+    for name, (model, tokenizer) in models.items():
+        result["validity"][name] = validity(model, tokenizer, args.answers, args.max_tokens)
+    model, tokenizer = models["gpt2"]
+    for backend in ("index", "xgrammar"):
+        result["mask_cost"][backend] = mask_cost(model, tokenizer, args.steps, backend)
+    result["compile"] = compile_times(tokenizer, args.runs)
+    invalid = sum(k["invalid"] for m in result["validity"].values() for k in m.values())
+    result["goals"] = {
+        "no_invalid_answer": goal("answers that break their constraint, all kinds, both models",
+                                  invalid, 0, at_least=False),  # fmt: skip
+        **{f"masks_at_most_10_percent_of_a_step_{b}": goal(
+            "the masks' share of a decoding step at batch 32", c["mask_share_of_step"], 0.10,
+            at_least=False) for b, c in result["mask_cost"].items()},
+    }  # fmt: skip
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpt2", default="shakespeare")
+    parser.add_argument("--llama", default="shakespeare-llama")
+    parser.add_argument("--answers", type=int, default=1000, help="answers per kind and model")
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--steps", type=int, default=50, help="decoding steps timed")
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1, help="PyTorch intra-op threads")
+    parser.add_argument("--quick", action="store_true", help="tiny settings: the smoke test")
+    add_record_options(parser)
+    args = parser.parse_args()
+    if args.quick:
+        args.answers, args.steps, args.runs = 8, 4, 2
+    if min(args.answers, args.max_tokens, args.steps, args.runs, args.threads) < 1:
+        parser.error("--answers, --max-tokens, --steps, --runs and --threads must be >= 1")
+    torch.set_num_threads(args.threads)
+    emit({"machine": machine(), "cpu": bench(args)}, args)
+
+
+if __name__ == "__main__":
+    main()
