@@ -19,8 +19,17 @@ Prints one JSON object:
 - `compile`: the flat two-field schema compiled by the course's index (regex, byte DFA, index,
   bitmask rows), by outlines-core (`build_regex_from_schema` and `Index`) and by xgrammar
   (`compile_json_schema`, its cache off), medians of interleaved runs, and the ratios;
+- `jump_forward`: `--jf-answers` answers to the scene schema (speaker, act, a list of
+  booleans), each alone in an engine, token by token and with each form of jump-forward
+  (`exact`: where one token is allowed; `text`: the forced text as the tokenizer writes it):
+  model calls (engine steps) per answer and per answer token, whether the greedy texts are
+  token-by-token's, and how far the sampled answers' values (speaker, act, number of lines)
+  move from token-by-token's: the total variation distance between the two empirical
+  distributions, beside the same distance between the two halves of token-by-token's answers
+  (sampling noise alone; with half the answers each, it overstates the noise a little);
 - `goals`: 0 invalid answers of every kind on both models; the masks at most 10 % of a step at
-  batch 32 (for each backend).
+  batch 32 (for each backend); 1.5 times fewer model calls per answer with the `text` form, its
+  answers valid.
 
 `--quick` is the smoke test of tests/machinery/benchmarks/test_structured_benchmark.py.
 """
@@ -196,6 +205,60 @@ def compile_times(tokenizer, runs: int) -> dict:
     }
 
 
+def scene_values(text: str) -> tuple:
+    value = json.loads(text)
+    return value["speaker"], value["act"], len(value["lines"])
+
+
+def total_variation(a: list, b: list) -> float:
+    """Half the L1 distance between two empirical distributions."""
+    keys = set(a) | set(b)
+    return 0.5 * sum(abs(a.count(k) / len(a) - b.count(k) / len(b)) for k in keys)
+
+
+def jump_forward(model, tokenizer, answers: int) -> dict:
+    """The scene schema, each answer alone: greedy once, then `answers` seeded samples, for
+    each form."""
+    so = StructuredOutputsParams(json=SCENE)
+    forms: dict[str, dict] = {}
+    for form in (None, "exact", "text"):
+
+        def run(params, form=form):
+            engine = LLMEngine(model, tokenizer, jump_forward=form)
+            output = generate(engine, ["ROMEO.\n"], params)[0]
+            text = tokenizer.decode(output.output_token_ids, skip_special_tokens=True)
+            return engine.stats.steps, len(output.output_token_ids), output.finish_reason, text
+
+        greedy = run(SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=so))
+        sampled = [run(SamplingParams(max_tokens=60, seed=s, structured_outputs=so))
+                   for s in range(answers)]  # fmt: skip
+        done = [r for r in sampled if r[2] == "stop"]
+        forms[form or "none"] = {
+            "greedy_text": greedy[3],
+            "finished": len(done),
+            "valid": sum(valid_json(r[3], SCENE) for r in done),
+            "calls_per_answer": sig(sum(r[0] for r in done) / max(len(done), 1), 3),
+            "calls_per_token": sig(sum(r[0] for r in done) / max(sum(r[1] for r in done), 1), 3),
+            "tokens_per_answer": sig(sum(r[1] for r in done) / max(len(done), 1), 3),
+            "values": [scene_values(r[3]) for r in done],
+        }
+    base = forms["none"]
+    half = len(base["values"]) // 2
+    out = {"answers": answers, "forms": {}}
+    for name, f in forms.items():
+        out["forms"][name] = {k: v for k, v in f.items() if k != "values"}
+        out["forms"][name]["greedy_text_as_token_by_token"] = (
+            f["greedy_text"] == base["greedy_text"]
+        )
+        out["forms"][name]["calls_per_answer_none_over_this"] = sig(
+            base["calls_per_answer"] / f["calls_per_answer"], 3)  # fmt: skip
+        tv = total_variation(f["values"], base["values"])
+        out["forms"][name]["values_tv_from_none"] = sig(tv, 3)
+    out["values_tv_between_halves_of_none"] = sig(
+        total_variation(base["values"][:half], base["values"][half:]), 3)  # fmt: skip
+    return out
+
+
 def bench(args) -> dict:
     models = {"gpt2": load_model(args.gpt2), "llama": load_model(args.llama)}
     result = {"validity": {}, "mask_cost": {}}
@@ -205,6 +268,7 @@ def bench(args) -> dict:
     for backend in ("index", "xgrammar"):
         result["mask_cost"][backend] = mask_cost(model, tokenizer, args.steps, backend)
     result["compile"] = compile_times(tokenizer, args.runs)
+    result["jump_forward"] = jump_forward(model, tokenizer, args.jf_answers)
     invalid = sum(k["invalid"] for m in result["validity"].values() for k in m.values())
     result["goals"] = {
         "no_invalid_answer": goal("answers that break their constraint, all kinds, both models",
@@ -213,6 +277,11 @@ def bench(args) -> dict:
             "the masks' share of a decoding step at batch 32", c["mask_share_of_step"], 0.10,
             at_least=False) for b, c in result["mask_cost"].items()},
     }  # fmt: skip
+    text = result["jump_forward"]["forms"]["text"]
+    saving = goal("model calls per answer, token by token over the text form",
+                  text["calls_per_answer_none_over_this"], 1.5, at_least=True)  # fmt: skip
+    saving["met"] = saving["met"] and text["valid"] == text["finished"]
+    result["goals"]["text_jump_forward_1_5x_fewer_calls_answers_valid"] = saving
     return result
 
 
@@ -224,12 +293,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--steps", type=int, default=50, help="decoding steps timed")
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--jf-answers", type=int, default=200, help="answers per jump-forward form")
     parser.add_argument("--threads", type=int, default=1, help="PyTorch intra-op threads")
     parser.add_argument("--quick", action="store_true", help="tiny settings: the smoke test")
     add_record_options(parser)
     args = parser.parse_args()
     if args.quick:
-        args.answers, args.steps, args.runs = 8, 4, 2
+        args.answers, args.steps, args.runs, args.jf_answers = 8, 4, 2, 4
     if min(args.answers, args.max_tokens, args.steps, args.runs, args.threads) < 1:
         parser.error("--answers, --max-tokens, --steps, --runs and --threads must be >= 1")
     torch.set_num_threads(args.threads)

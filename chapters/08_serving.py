@@ -91,6 +91,7 @@ from solutions.model import DemoTransformer
 from solutions.request import Request, RequestOutput, RequestStatus
 from solutions.sampling import sample_next_token
 from solutions.sampling_params import SamplingParams
+from solutions.structured_outputs import JUMP_FORWARD, StructuredOutputManager  # chapter 9
 from utils.check import check
 from utils.display import show_solution
 from utils.plots import plot_block_table, plot_memory_over_time, plot_schedule_timeline

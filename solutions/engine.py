@@ -1,7 +1,9 @@
 """LLMEngine: requests in, tokens out, one step at a time (vLLM's `LLMEngine`, nano-vllm's
 `llm_engine.py`). A step reads as four lines: the scheduler plans it, the model runs once over
 all of it, a token is sampled for each request that reached its end, and the scheduler updates
-the requests (computed tokens, new tokens, stops, finished ones freed).
+the requests (computed tokens, new tokens, stops, finished ones freed). Chapter 9 adds two: the
+masks of the requests' constraints applied to the logits before sampling, and each constrained
+request's matcher reading its new token.
 
     engine = LLMEngine(model, tokenizer, num_blocks=64, block_size=16)
     engine.add_request("a", "ROMEO.\\n", SamplingParams(temperature=0.8, max_tokens=20, seed=1))
@@ -33,7 +35,7 @@ from solutions.request import Request, RequestOutput
 from solutions.sampling import sample_next_token
 from solutions.sampling_params import SamplingParams
 from solutions.scheduler import Scheduler, SchedulerOutput
-from solutions.structured_outputs import StructuredOutputManager
+from solutions.structured_outputs import JUMP_FORWARD, StructuredOutputManager
 
 
 @dataclass
@@ -128,12 +130,20 @@ class LLMEngine:
         enable_prefix_caching: bool = True,
         keep_finished: bool = True,
         structured_outputs_backend: str = "auto",
+        jump_forward: str | None = None,
     ):
         """`keep_finished=False` forgets a request once the step that reports its end returns:
         a server that runs for days must not keep every request it ever served (vLLM's
         scheduler drops its finished requests too). Kept, they can be inspected after a run.
         `structured_outputs_backend` compiles the requests' constraints (chapter 9): "auto"
-        (the index where a regex can say it, xgrammar for the rest), "index" or "xgrammar"."""
+        (the index where a regex can say it, xgrammar for the rest), "index" or "xgrammar".
+        `jump_forward` appends the tokens a constraint forces without sampling them (SGLang's
+        jump-forward): "exact" where exactly one token is allowed, "text" the forced text as
+        the tokenizer writes it (see `StructuredOutputManager.forced_tokens`), None not at
+        all."""
+        if jump_forward not in JUMP_FORWARD:
+            raise ValueError(f"jump_forward must be one of {JUMP_FORWARD}, got {jump_forward!r}")
+        self.jump_forward = jump_forward
         checks.integer("num_blocks", num_blocks, low=1)
         checks.integer("block_size", block_size, low=1)
         checks.integer("max_num_batched_tokens", max_num_batched_tokens, low=1)
@@ -243,6 +253,12 @@ class LLMEngine:
             for request, new in self.scheduler.update(plan, tokens):
                 if request.matcher is not None and not all(map(request.matcher.accept, new)):
                     self.scheduler.finish(request, "error", "the constraint refused a token")
+                elif (new and request.matcher is not None and self.jump_forward is not None
+                      and not request.is_finished):  # fmt: skip
+                    room = request.params.max_tokens - len(request.output_token_ids)
+                    forced = self.structured.forced_tokens(request.matcher, self.jump_forward, room)
+                    self.scheduler.append_forced(request, forced)
+                    new = new + forced
                 outputs.append(self._output(request, new))
         self.stats.observe(self.scheduler, self.kv)
         if not self.keep_finished:

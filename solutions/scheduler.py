@@ -133,6 +133,14 @@ class Scheduler:
             raise ValueError(f"{len(sampled)} sampled tokens, more than the requests that sample")
         return advanced
 
+    def append_forced(self, request: Request, tokens: list[int]) -> None:
+        """Tokens the request's constraint forces (chapter 9's jump-forward), appended without
+        sampling: the next step computes them with the last sampled token, in one pass, as a
+        prompt chunk is computed. The engine never forces past `max_tokens`."""
+        request.output_token_ids.extend(tokens)
+        if tokens and len(request.output_token_ids) >= request.params.max_tokens:
+            self.finish(request, "length")
+
     def stop_reason(self, request: Request, token: int) -> str | None:
         """vLLM's reasons: "stop" at an end-of-text (unless `ignore_eos`), "length" at
         `max_tokens`."""

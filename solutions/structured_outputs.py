@@ -47,6 +47,7 @@ from solutions.token_bytes import token_bytes
 from solutions.token_index import TokenIndex
 
 BACKENDS = ("auto", "index", "xgrammar")
+JUMP_FORWARD = (None, "exact", "text")
 
 # The JSON-schema keywords sent to xgrammar beyond `check_schema`'s subset, each checked in the
 # tests by validating sampled answers with `jsonschema`. Any other keyword is refused by name.
@@ -90,6 +91,24 @@ class IndexMatcher:
         self.state, self.terminated = next_state, token == self.grammar.eos_id
         return True
 
+    def only_token(self) -> int | None:
+        """The one token allowed now, if exactly one is (end-of-text never counts: it ends)."""
+        row = self.grammar.index.transitions[self.state]
+        if self.terminated or len(row) != 1:
+            return None
+        (token,) = row
+        return None if token == self.grammar.eos_id else token
+
+    def forced_text(self) -> str:
+        """The text the constraint allows as the only continuation from here: bytes read while
+        the state is not final and has exactly one byte's transition, up to the last whole
+        character."""
+        dfa, state, data = self.grammar.index.dfa, self.state, bytearray()
+        while not self.terminated and state not in dfa.finals and len(dfa.transitions[state]) == 1:
+            ((byte, state),) = dfa.transitions[state].items()
+            data.append(byte)
+        return bytes(data).decode("utf-8", errors="ignore")  # a character cut short: left out
+
 
 class XGrammarGrammar:
     """A constraint compiled by xgrammar (its `CompiledGrammar`)."""
@@ -121,6 +140,19 @@ class XGrammarMatcher:
         if self.inner.is_terminated():
             return token == self.grammar.eos_id
         return self.inner.accept_token(token)
+
+    def only_token(self) -> int | None:
+        if self.inner.is_terminated():
+            return None
+        row = torch.full((1, len(self.grammar.ended)), -1, dtype=torch.int32)
+        self.inner.fill_next_token_bitmask(row, 0)
+        bits = ((row[0][:, None] >> torch.arange(32)) & 1).flatten().nonzero().flatten()
+        if len(bits) != 1 or int(bits[0]) == self.grammar.eos_id:
+            return None
+        return int(bits[0])
+
+    def forced_text(self) -> str:
+        return "" if self.inner.is_terminated() else self.inner.find_jump_forward_string()
 
 
 def xgrammar_refusal(schema, where: str = "the schema") -> str | None:
@@ -249,6 +281,26 @@ class StructuredOutputManager:
             raise ValueError(f"structured_outputs.{kind}: xgrammar cannot compile it: "
                              f"{str(error).strip().splitlines()[-1]}") from None  # fmt: skip
         return XGrammarGrammar(compiled, self.eos_id, self.d_vocab)
+
+    def forced_tokens(self, matcher, form: str, limit: int) -> list[int]:
+        """Tokens the constraint forces next, at most `limit`, each accepted by `matcher`
+        (SGLang's jump-forward). `form` "exact": while exactly one token is allowed, that token,
+        which token-by-token decoding would have drawn with probability 1. "text": the forced
+        text (what the constraint allows as the only continuation), tokenized as the tokenizer
+        writes it: fewer tokens, but one tokenization of that text where the model might have
+        drawn another, so the answers' distribution changes."""
+        tokens: list[int] = []
+        if form == "exact":
+            while len(tokens) < limit and (token := matcher.only_token()) is not None:
+                matcher.accept(token)
+                tokens.append(token)
+            return tokens
+        text = matcher.forced_text()
+        for token in self.tokenizer.encode(text)[:limit] if text else []:
+            if not matcher.accept(token):  # a tokenization the constraint refuses: stop there
+                break
+            tokens.append(token)
+        return tokens
 
     def apply(self, requests: list, logits: Float[Tensor, "R d_vocab"]) -> Tensor:
         """The logits with each constrained request's mask applied (row i is `requests[i]`'s),

@@ -30,9 +30,18 @@ def test_quick_benchmark_reports_validity_mask_cost_compile_times_and_goals(monk
     assert all(v > 0 for v in compiled["ms"].values())
     assert compiled["course_over_outlines_core"] > 0 and compiled["course_over_xgrammar"] > 0
     assert compiled["states"]["outlines_core"] > 0 and compiled["states"]["course"] > 0
+    jump = result["jump_forward"]
+    assert set(jump["forms"]) == {"none", "exact", "text"}
+    for name, form in jump["forms"].items():
+        assert form["valid"] == form["finished"] <= jump["answers"] == 4
+        assert form["calls_per_answer"] > 0 and 0 < form["calls_per_token"] <= 1
+        assert 0 <= form["values_tv_from_none"] <= 1
+    assert jump["forms"]["exact"]["greedy_text_as_token_by_token"]
+    assert jump["forms"]["none"]["calls_per_token"] == 1.0  # one model call per token
     goals = result["goals"]
     assert set(goals) == {"no_invalid_answer", "masks_at_most_10_percent_of_a_step_index",
-                          "masks_at_most_10_percent_of_a_step_xgrammar"}  # fmt: skip
+                          "masks_at_most_10_percent_of_a_step_xgrammar",
+                          "text_jump_forward_1_5x_fewer_calls_answers_valid"}  # fmt: skip
     assert goals["no_invalid_answer"]["met"] is True
     for backend in ("index", "xgrammar"):
         share = goals[f"masks_at_most_10_percent_of_a_step_{backend}"]["measured"]

@@ -303,3 +303,61 @@ def test_a_free_object_takes_exactly_the_compact_json_objects(shipped):
         except ValueError:
             is_object = False
         assert kept == is_object, text
+
+
+def steps_and_outputs(model, tokenizer, params, jump_forward, backend="auto", **engine_kwargs):
+    """Each request alone in its own engine: the model calls (engine steps) it took and its
+    output."""
+    runs = []
+    for p in params:
+        engine = LLMEngine(model, tokenizer, structured_outputs_backend=backend,
+                           jump_forward=jump_forward, **engine_kwargs)  # fmt: skip
+        engine.add_request("r", "ROMEO.\n", p)
+        run_to_end(engine)
+        runs.append((engine.stats.steps, engine.requests["r"]))
+    return runs
+
+
+@pytest.mark.parametrize("backend", ["index", "xgrammar"])
+def test_exact_jump_forward_gives_the_same_greedy_text_in_fewer_model_calls(shipped, backend):
+    """Where exactly one token is allowed, appending it without sampling changes nothing a
+    greedy request writes; it only saves the model calls that would have drawn it."""
+    model, tokenizer = shipped
+    params = [SamplingParams(temperature=0.0, max_tokens=48, structured_outputs=CONSTRAINTS[k])
+              for k in ("json", "choice", "regex")]  # fmt: skip
+    plain = steps_and_outputs(model, tokenizer, params, None, backend)
+    exact = steps_and_outputs(model, tokenizer, params, "exact", backend)
+    for (steps, request), (fewer, same) in zip(plain, exact, strict=True):
+        assert same.output_token_ids == request.output_token_ids
+        assert same.finish_reason == request.finish_reason
+        assert fewer <= steps
+    assert sum(s for s, _ in exact) < sum(s for s, _ in plain)
+
+
+def test_text_jump_forward_keeps_every_answer_valid_and_max_tokens(shipped):
+    """The forced text, tokenized as the tokenizer writes it: every finished answer still
+    keeps its constraint, in fewer model calls than tokens; no answer goes past max_tokens;
+    the pool's invariants hold after every step, with preemptions."""
+    model, tokenizer = shipped
+    names = ["json", "json nested", "choice", "regex"] * 2
+    params = [SamplingParams(max_tokens=48, seed=i, structured_outputs=CONSTRAINTS[n])
+              for i, n in enumerate(names)]  # fmt: skip
+    runs = steps_and_outputs(model, tokenizer, params, "text")
+    for name, (steps, request) in zip(names, runs, strict=True):
+        text = tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
+        if request.finish_reason == "stop":
+            assert keeps(name, text), (name, text)
+        assert steps <= len(request.output_token_ids) + 1
+    assert sum(s for s, _ in runs) < sum(len(r.output_token_ids) for _, r in runs)
+    short = SamplingParams(max_tokens=3, seed=0, structured_outputs=CONSTRAINTS["json"])
+    [(_, request)] = steps_and_outputs(model, tokenizer, [short], "text")
+    assert len(request.output_token_ids) == 3 and request.finish_reason == "length"
+    tight = LLMEngine(model, tokenizer, num_blocks=10, block_size=8, jump_forward="text")
+    for i, p in enumerate(params):
+        tight.add_request(f"r{i}", "ROMEO.\n", p)
+    run_to_end(tight)  # checks the invariants after every step
+    assert tight.stats.preemptions > 0
+    for i, name in enumerate(names):
+        request = tight.requests[f"r{i}"]
+        text = tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
+        assert request.finish_reason == "length" or keeps(name, text), (name, text)
