@@ -23,10 +23,11 @@ Prints one JSON object:
   booleans), each alone in an engine, token by token and with each form of jump-forward
   (`exact`: where one token is allowed; `text`: the forced text as the tokenizer writes it):
   model calls (engine steps) per answer and per answer token, whether the greedy texts are
-  token-by-token's, and how far the sampled answers' values (speaker, act, number of lines)
-  move from token-by-token's: the total variation distance between the two empirical
-  distributions, beside the same distance between the two halves of token-by-token's answers
-  (sampling noise alone; with half the answers each, it overstates the noise a little);
+  token-by-token's, and how far the sampled answers move from token-by-token's, field by field
+  (the speaker, the act, the number of lines): the total variation distance between the
+  empirical distributions of that field, beside the same distance between the two halves of
+  token-by-token's answers (sampling noise alone; with half the answers each, it overstates
+  the noise a little);
 - `goals`: 0 invalid answers of every kind on both models; the masks at most 10 % of a step at
   batch 32 (for each backend); 1.5 times fewer model calls per answer with the `text` form, its
   answers valid.
@@ -205,6 +206,9 @@ def compile_times(tokenizer, runs: int) -> dict:
     }
 
 
+FIELDS = ("speaker", "act", "lines")  # the number of lines
+
+
 def scene_values(text: str) -> tuple:
     value = json.loads(text)
     return value["speaker"], value["act"], len(value["lines"])
@@ -252,10 +256,16 @@ def jump_forward(model, tokenizer, answers: int) -> dict:
         )
         out["forms"][name]["calls_per_answer_none_over_this"] = sig(
             base["calls_per_answer"] / f["calls_per_answer"], 3)  # fmt: skip
-        tv = total_variation(f["values"], base["values"])
-        out["forms"][name]["values_tv_from_none"] = sig(tv, 3)
-    out["values_tv_between_halves_of_none"] = sig(
-        total_variation(base["values"][:half], base["values"][half:]), 3)  # fmt: skip
+        out["forms"][name]["tv_from_none"] = {
+            field: sig(total_variation([v[i] for v in f["values"]],
+                                       [v[i] for v in base["values"]]), 3)
+            for i, field in enumerate(FIELDS)
+        }  # fmt: skip
+    out["tv_between_halves_of_none"] = {
+        field: sig(total_variation([v[i] for v in base["values"][:half]],
+                                   [v[i] for v in base["values"][half:]]), 3)
+        for i, field in enumerate(FIELDS)
+    }  # fmt: skip
     return out
 
 
@@ -293,7 +303,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--steps", type=int, default=50, help="decoding steps timed")
     parser.add_argument("--runs", type=int, default=7)
-    parser.add_argument("--jf-answers", type=int, default=200, help="answers per jump-forward form")
+    parser.add_argument("--jf-answers", type=int, default=400, help="answers per jump-forward form")
     parser.add_argument("--threads", type=int, default=1, help="PyTorch intra-op threads")
     parser.add_argument("--quick", action="store_true", help="tiny settings: the smoke test")
     add_record_options(parser)

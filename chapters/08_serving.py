@@ -1490,4 +1490,5 @@ assert len(r["runs"]) == 5, "section 11 says five runs of each"
 # ## What's next
 #
 # Each step of this engine ends the same way: a row of logits per request, each sampled by its
-# own rules. Chapter 10 writes that sampling as GPU kernels in Triton.
+# own rules. Chapter 9 keeps each request's answer to a constraint (a regex, a JSON schema, a
+# grammar) with a mask on that row; chapter 10 writes the sampling as GPU kernels in Triton.

@@ -28,7 +28,7 @@
 # constraint, from where the text stands. Doing that for all 4,096 tokens at every step would
 # be slow; doing it once per automaton state, ahead of time, makes each step a lookup.
 #
-# What you write, in this first part of the chapter:
+# What you write:
 #
 # - `token_bytes`: every token id's exact bytes;
 # - `walk` and `TokenIndex`: the allowed tokens of every state of a regex's automaton, and
@@ -38,11 +38,13 @@
 # - `schema_to_regex`: a JSON schema as a regex (graded against outlines-core's
 #   `build_regex_from_schema` and `jsonschema`);
 # - `bitmask_of` and `apply_token_bitmask`: a batch's masks as bits, in xgrammar's layout
-#   (graded against xgrammar), which chapter 8's engine and `course serve` then use.
+#   (graded against xgrammar), which chapter 8's engine and `course serve` then use;
+# - `forced_text`: the text a constraint forces, appended without the model (graded against
+#   xgrammar's jump-forward string).
 #
-# **Time:** about 3 hours 20 minutes for this part: section 1 takes 30 minutes, section 2
+# **Time:** about 3 hours 45 minutes: section 1 takes 30 minutes, section 2
 # (reading) 15, section 3 45, sections 4 and 5 30, section 6 30, section 7 25, sections 8 and
-# 9 (reading) 25. **You need:** chapter 3's
+# 9 (reading) 25, section 10 25. **You need:** chapter 3's
 # `TransformerSampler` and its sampling functions (imported from `solutions`), Python's
 # `bytes`, and what a regular expression and a JSON schema are.
 #
@@ -975,6 +977,115 @@ assert z < 1e-6
 # algorithm).
 
 # %% [markdown]
+# ## 10. Forced text in one pass (25 minutes)
+#
+# Much of a JSON answer is not the model's choice. After `{`, the scene schema allows only
+# `"speaker":"`; after `MERC`, only `UTIO","act":`. Where the automaton has exactly one way on,
+# byte after byte, that text is **forced**: the engine can append it without asking the model,
+# and compute all its tokens in one forward pass with the next step's token, as chapter 8's
+# engine computes a prompt chunk. That is SGLang's **jump-forward** decoding (Zheng et al.,
+# 2024, *SGLang*, arXiv:2312.07104; the LMSYS blog post "Fast JSON Decoding for Local LLMs with
+# Compressed Finite State Machine", February 2024). It comes in two forms, the engine's
+# `jump_forward` option:
+#
+# - `"exact"`: append a token only where it is the **one token allowed**. Token-by-token
+#   decoding would have drawn it with probability 1, so the answers' distribution is unchanged
+#   (and a greedy answer is the same text); only the model calls are saved.
+# - `"text"`: append the forced **text**, tokenized as the tokenizer writes it. It saves more
+#   calls, since a forced text usually has several tokenizations and so, token by token, more
+#   than one allowed token. But it picks one tokenization where the model might have drawn
+#   another, and the tokens after it follow from that choice: the answers are still valid,
+#   their distribution is not the same.
+#
+# The forced text of a state comes from the byte DFA: read bytes while the state is not final
+# (the text may stop there, so nothing after it is forced) and has exactly one byte's
+# transition. A state reached by a token that ended inside a character forces the rest of that
+# character first; those bytes are no text of their own, so the forced text is kept up to the
+# last whole character (`whole_characters`, given), and is empty if it begins inside one.
+#
+# ### Exercise: `forced_text`
+#
+# `forced_text(dfa, state)` returns the forced text from `state`, as a `str`.
+#
+# Common mistakes: going on through a final state (`abc(d)?` forces `abc`, never the optional
+# `d`); stopping at the first byte with one transition instead of going on; starting from
+# `dfa.initial` instead of the state given; decoding with `errors="ignore"`, which drops the
+# rest of a character and returns text that does not start where the answer stands.
+#
+# The tests draw 15 random answers per regex (tokens among those xgrammar allows) and compare
+# your forced text at every step with xgrammar's `find_jump_forward_string` on the same regex:
+# a fixed run, an optional end, two choices with a common start, digits with a dash, non-ASCII
+# characters split across tokens, a repeated group, and a compact JSON object.
+#
+# <details><summary>Hint 1: a nudge</summary>
+#
+# A loop over the DFA's transitions: `dfa.transitions[state]` is a dictionary from each byte
+# that may come next to the state it leads to.
+#
+# </details>
+#
+# <details><summary>Hint 2: the approach</summary>
+#
+# Keep a `bytearray`. While `state` is not in `dfa.finals` and its dictionary has exactly one
+# entry, take that entry's byte and next state, append the byte, move on. Return
+# `whole_characters` of the bytes.
+#
+# </details>
+#
+# <details><summary>Hint 3: the solution</summary>
+#
+# `show_solution("forced_text")`.
+#
+# </details>
+
+# %% tags=["source"]
+# solution: solutions.jump_forward.whole_characters
+
+# %% tags=["exercise"] exercise="jump_forward"
+# solution: solutions.jump_forward.forced_text
+
+# %%
+check("jump_forward")
+
+# %% [markdown]
+# **Predict, then run.** The scene schema, greedy, decoded token by token and with each form:
+# how many model calls (engine steps) does each answer take, in how many tokens, and is the
+# text the same? (The engine forces text after each sampled token, not before the first.)
+
+# %%
+calls, answers_by_form, tokens_by_form = {}, {}, {}
+for form in (None, "exact", "text"):
+    engine = LLMEngine(model, tokenizer, jump_forward=form)
+    [output] = generate(
+        engine,
+        ["ROMEO.\n"],
+        SamplingParams(
+            temperature=0.0, max_tokens=60, structured_outputs=StructuredOutputsParams(json=scene)
+        ),
+    )
+    calls[form] = engine.stats.steps
+    tokens_by_form[form] = len(output.output_token_ids)
+    answers_by_form[form] = tokenizer.decode(output.output_token_ids, skip_special_tokens=True)
+    print(f"{str(form):5} {calls[form]:2} model calls, {len(output.output_token_ids)} tokens: "
+          f"{answers_by_form[form]}")  # fmt: skip
+
+# %% tags=["claim"]
+assert answers_by_form["exact"] == answers_by_form[None] == answers_by_form["text"]
+assert (calls[None], calls["exact"], calls["text"]) == (39, 22, 5)
+assert (tokens_by_form[None], tokens_by_form["exact"], tokens_by_form["text"]) == (39, 39, 30)
+assert all(jsonschema.Draft202012Validator(scene).is_valid(json.loads(t))
+           for t in answers_by_form.values())  # fmt: skip
+
+# %% [markdown]
+# Token by token, the answer takes 39 model calls, one per token: this model spells most of the
+# JSON a character or two at a time (`sp`, `e`, `a`, `k`, `er`). The exact form writes the same
+# 39 tokens in 22 calls: every token that was the only one allowed came without a call. The
+# text form takes 5 calls and 30 tokens: the forced text is spelled the tokenizer's way
+# (`peak`, `alse`). Here its answer is the same text; in general it need not be, because the
+# model reads a spelling it did not choose. `benchmarks/structured.py` measures the forms on 400
+# sampled answers each, with how far their values move (`benchmarks/results/structured.json`).
+
+# %% [markdown]
 # ## Check your understanding
 #
 # - Why must the index allow `R`, `Rome` and `Romeo` at the start of `(Romeo|Juliet)`, and not
@@ -1009,16 +1120,54 @@ assert z < 1e-6
 #
 # </details>
 #
+# - A server gets 32 requests for the same schema at once. What is compiled once, and what
+#   does each request keep of its own?
+#
+# <details><summary>Answer</summary>
+#
+# The constraint is compiled once (the regex, its DFA, the index and its bitmask rows), cached
+# by the schema; each request keeps only a matcher, its place in the constraint (one state
+# number for the index). A step fills one bitmask row per request from its state and applies
+# them all at once.
+#
+# </details>
+#
+# - Why is `"exact"` jump-forward free of any change to the answers, and `"text"` not?
+#
+# <details><summary>Answer</summary>
+#
+# Where only one token is allowed, token-by-token decoding draws it with probability 1:
+# appending it without the model changes no probability. A forced text usually has several
+# tokenizations; `"text"` chooses the tokenizer's, where the model might have drawn another,
+# and every later token is conditioned on that choice.
+#
+# </details>
+#
+# - Section 9's model, conditioned, names Romeo; masked, Mercutio. Which would you report as
+#   "the model's answer", and how would you get it without sampling?
+#
+# <details><summary>Answer</summary>
+#
+# The conditioned one: it is the model's own distribution restricted to the allowed answers.
+# With few answers, score each (its probability p(y), every tokenization summed) and
+# normalise, as section 9's cell did; masking each step answers a different question.
+#
+# </details>
+#
 # ## Further reading
 #
 # - Willard & Louf, *Efficient Guided Generation for Large Language Models*, 2023
 #   (arXiv:2307.09702): the index over a regex's automaton.
 # - Dong et al., *XGrammar: Flexible and Efficient Structured Generation Engine for Large
 #   Language Models*, 2024 (arXiv:2411.15100): grammars with nesting, and masks computed fast.
+# - Park et al., *Grammar-Aligned Decoding*, 2024 (arXiv:2405.21047): what per-step masking does
+#   to the distribution, and ASAp, which corrects it.
+# - Zheng et al., *SGLang: Efficient Execution of Structured Language Model Programs*, 2024
+#   (arXiv:2312.07104), and the LMSYS blog post "Fast JSON Decoding for Local LLMs with
+#   Compressed Finite State Machine" (February 2024): jump-forward decoding.
 # - vLLM documentation, "Structured Outputs"; OpenAI API documentation, "Structured Outputs".
 #
-# ## What comes next in this chapter
+# ## What's next
 #
-# This is the chapter's first part. The part still to be written will add forced text
-# appended without sampling (SGLang's jump-forward), fed to the model in one pass. It does not
-# exist yet.
+# Every step of the engine ends in a row of logits per request, masked, then sampled by the
+# request's own rules. Chapter 10, the last, writes that sampling as GPU kernels in Triton.

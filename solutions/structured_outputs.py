@@ -41,6 +41,7 @@ from torch import Tensor
 
 from solutions.byte_dfa import regex_to_byte_dfa
 from solutions.json_schema import ANNOTATIONS, check_schema, schema_to_regex
+from solutions.jump_forward import forced_text
 from solutions.sampling_params import StructuredOutputsParams
 from solutions.token_bitmask import apply_token_bitmask, bitmask_of, bitmask_width
 from solutions.token_bytes import token_bytes
@@ -100,14 +101,8 @@ class IndexMatcher:
         return None if token == self.grammar.eos_id else token
 
     def forced_text(self) -> str:
-        """The text the constraint allows as the only continuation from here: bytes read while
-        the state is not final and has exactly one byte's transition, up to the last whole
-        character."""
-        dfa, state, data = self.grammar.index.dfa, self.state, bytearray()
-        while not self.terminated and state not in dfa.finals and len(dfa.transitions[state]) == 1:
-            ((byte, state),) = dfa.transitions[state].items()
-            data.append(byte)
-        return bytes(data).decode("utf-8", errors="ignore")  # a character cut short: left out
+        """The text the constraint allows as the only continuation from here."""
+        return "" if self.terminated else forced_text(self.grammar.index.dfa, self.state)
 
 
 class XGrammarGrammar:

@@ -1125,3 +1125,71 @@ def test_apply_token_bitmask_equals_xgrammars(impl, d_vocab):
                 f"{sorted(set(want) - set(kept))[:5]}). Token 32w + k is kept when bit k of "
                 f"word w is 1; every other logit becomes -inf.{hint}"
             )
+
+
+# --------------------------------------------------------------------------- jump_forward
+
+# Regexes with forced text of each kind: a fixed run, an optional end that must not be forced,
+# a shared start of two choices, digits with a forced dash, non-ASCII characters (a token may
+# end inside one), a repeated group, and a compact JSON object.
+FORCED_BATTERY = [
+    "abc(d)?",
+    "(Romeo and Juliet|Romeo and Rosaline)",
+    "[0-9]{3}-[0-9]{2}",
+    "(é|日本)x+",
+    "x(yz)*w",
+    r'\{"speaker":("ROMEO"|"JULIET"),"act":-?(0|[1-9][0-9]*),"où":("Vérone"|"Mantoue")\}',
+]
+
+
+def explain_forced(dfa, state, got, want, text_so_far: bytes) -> str:
+    head = (
+        f"after the text {text_so_far!r}: forced_text gave {got!r}, xgrammar's "
+        f"find_jump_forward_string gives {want!r}. "
+    )
+    if not isinstance(got, str):
+        return head + f"It must return a str, got {type(got).__name__}."
+    if want and got.startswith(want) or (not want and got and state in dfa.finals):
+        return head + (
+            "It went on too far: stop at a final state (the text may end there, so nothing "
+            "after it is forced) and wherever two or more bytes may come next."
+        )
+    if got and want.startswith(got):
+        return head + "It stopped too early: go on while exactly one byte may come next."
+    if want == "" and got:
+        return head + (
+            "Nothing is forced here. If the text ends inside a character (a token ended in the "
+            "middle of one), the forced bytes begin with the rest of that character and are no "
+            'text of their own: whole_characters gives "" for them (decoding with '
+            "errors='ignore' drops those bytes and gives text that does not start here)."
+        )
+    return head + "Walk from the state given, one byte at a time, while it is the only one."
+
+
+@pytest.mark.jump_forward
+@pytest.mark.parametrize("regex", FORCED_BATTERY, ids=range(len(FORCED_BATTERY)))
+def test_forced_text_equals_xgrammars_jump_forward_string(impl, regex):
+    """At every step of 15 random answers (tokens drawn among those xgrammar allows), the
+    learner's forced text from the DFA's state equals xgrammar's `find_jump_forward_string`
+    on the same regex (`compile_regex`)."""
+    xgr = pytest.importorskip("xgrammar")
+    info = xgr.TokenizerInfo([b or b"" for b in VOCAB], xgr.VocabType.RAW, vocab_size=len(VOCAB),
+                             stop_token_ids=[EOS])  # fmt: skip
+    compiled = xgr.GrammarCompiler(info, max_threads=1).compile_regex(regex)
+    dfa = impl.regex_to_byte_dfa(regex)
+    rng = random.Random(0)
+    bitmask = xgr.allocate_token_bitmask(1, len(VOCAB))
+    for _ in range(15):
+        matcher, state, text = xgr.GrammarMatcher(compiled), dfa.initial, b""
+        for _ in range(40):
+            got, want = impl.forced_text(dfa, state), matcher.find_jump_forward_string()
+            assert got == want, explain_forced(dfa, state, got, want, text)
+            matcher.fill_next_token_bitmask(bitmask)
+            allowed = [t for t in unpacked(bitmask[0], len(VOCAB)) if t != EOS]
+            if not allowed:
+                break
+            token = rng.choice(allowed)
+            assert matcher.accept_token(token)
+            for byte in VOCAB[token]:
+                state = dfa.step(state, byte)
+            text += VOCAB[token]

@@ -32,10 +32,12 @@ def test_quick_benchmark_reports_validity_mask_cost_compile_times_and_goals(monk
     assert compiled["states"]["outlines_core"] > 0 and compiled["states"]["course"] > 0
     jump = result["jump_forward"]
     assert set(jump["forms"]) == {"none", "exact", "text"}
-    for name, form in jump["forms"].items():
+    for form in jump["forms"].values():
         assert form["valid"] == form["finished"] <= jump["answers"] == 4
         assert form["calls_per_answer"] > 0 and 0 < form["calls_per_token"] <= 1
-        assert 0 <= form["values_tv_from_none"] <= 1
+        assert set(form["tv_from_none"]) == {"speaker", "act", "lines"}
+        assert all(0 <= tv <= 1 for tv in form["tv_from_none"].values())
+    assert set(jump["tv_between_halves_of_none"]) == {"speaker", "act", "lines"}
     assert jump["forms"]["exact"]["greedy_text_as_token_by_token"]
     assert jump["forms"]["none"]["calls_per_token"] == 1.0  # one model call per token
     goals = result["goals"]

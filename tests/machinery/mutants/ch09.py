@@ -336,4 +336,33 @@ MUTANTS = [
         "the mask read the wrong way round",
         says=("bit k of word w is 1",),
     ),
+    # jump_forward
+    Mutant(
+        "jump_forward",
+        "    while state not in dfa.finals and len(dfa.transitions[state]) == 1:",
+        "    while len(dfa.transitions[state]) == 1:",
+        "forcing on through a final state",
+        says=("final state",),
+    ),
+    Mutant(
+        "jump_forward",
+        "    return whole_characters(bytes(data))",
+        '    return bytes(data).decode("utf-8", errors="ignore")',
+        "decoded with errors='ignore': the rest of a character dropped",
+        says=("errors='ignore'",),
+    ),
+    Mutant(
+        "jump_forward",
+        "        data.append(byte)\n",
+        "        data.append(byte)\n        break\n",
+        "stopped after the first forced byte",
+        says=("too early",),
+    ),
+    Mutant(
+        "jump_forward",
+        "    data = bytearray()\n",
+        "    data = bytearray()\n    state = dfa.initial\n",
+        "walked from the DFA's start instead of the state given",
+        says=("state given",),
+    ),
 ]
