@@ -13,6 +13,13 @@ Prints one JSON object:
   those keep their constraint by an outside check (`re.fullmatch`, `json.loads` and
   `jsonschema`, a balanced-parentheses check), and how many break it. An answer cut at
   `max_tokens` is unfinished, not invalid (vLLM and OpenAI end it with "length" too);
+- `sampler_validity`: the same count through chapter 3's sampler (chapter 9's
+  `ConstrainedSampler`, one answer per seed, `--sampler-answers` each) for the regex and the
+  flat schema, on the GPT-2 model;
+- `distortion`: after `ROMEO.\n`, one of four names (`(Romeo|Juliet|Tybalt|Mercutio)`), every
+  answer enumerated with its exact probability conditioned on the constraint and under
+  per-step masking (solutions/constraint_distortion.py): each name's two probabilities, and the
+  KL divergence between them over the names and over the token paths;
 - `mask_cost`: 32 requests decoding together, each under the flat schema, with the index
   backend and with xgrammar: the median time of the masks (every row filled, the bitmask
   applied) per step, over the median time of a whole step, in the same steps;
@@ -269,19 +276,82 @@ def jump_forward(model, tokenizer, answers: int) -> dict:
     return out
 
 
+def sampler_validity(model, tokenizer, answers: int, max_tokens: int) -> dict:
+    """Chapter 3's sampler, constrained, one answer per seed."""
+    from solutions.constrained_sampling import ConstrainedSampler
+
+    vocab, eos = token_bytes(tokenizer), tokenizer.eos_token_id
+    prompt = tokenizer.encode("ROMEO.\n")
+    counts = {}
+    for kind in ("regex", "json_flat"):
+        constraint, keeps = KINDS[kind]
+        regex = REGEX if kind == "regex" else schema_to_regex(SCENE)
+        sampler = ConstrainedSampler(model, tokenizer, TokenIndex(regex_to_byte_dfa(regex),
+                                                                  vocab, eos))  # fmt: skip
+        finished = valid = 0
+        for seed in range(answers):
+            out = sampler.sample(prompt, max_tokens, seed=seed, temperature=1.0)[len(prompt) :]
+            out = out.tolist()
+            if out and out[-1] == eos:
+                finished += 1
+                valid += keeps(b"".join(vocab[t] for t in out[:-1]).decode())
+        counts[kind] = {"answers": answers, "finished": finished, "valid": valid,
+                        "invalid": finished - valid}  # fmt: skip
+    return counts
+
+
+def distortion(model, tokenizer) -> dict:
+    """Section 9 of chapter 9, recorded."""
+    from solutions.constraint_distortion import (
+        answer_probabilities,
+        conditioned_and_masked,
+        kl_divergence,
+    )
+
+    vocab, eos = token_bytes(tokenizer), tokenizer.eos_token_id
+    regex = "(Romeo|Juliet|Tybalt|Mercutio)"
+    index = TokenIndex(regex_to_byte_dfa(regex), vocab, eos)
+    answers = answer_probabilities(model, tokenizer.encode("ROMEO.\n"), index)
+    exact, masked, z = conditioned_and_masked(answers)
+
+    def by_text(probabilities):
+        texts: dict[str, float] = {}
+        for path, p in probabilities.items():
+            text = b"".join(vocab[t] for t in path[:-1]).decode()
+            texts[text] = texts.get(text, 0.0) + p
+        return texts
+
+    exact_text, masked_text = by_text(exact), by_text(masked)
+    return {
+        "prompt": "ROMEO.\n",
+        "regex": regex,
+        "token_paths": len(answers),
+        "z": sig(z, 3),
+        "conditioned": {t: sig(p, 3) for t, p in exact_text.items()},
+        "masked_each_step": {t: sig(p, 3) for t, p in masked_text.items()},
+        "kl_conditioned_masked_texts_nats": sig(kl_divergence(exact_text, masked_text), 3),
+        "kl_conditioned_masked_paths_nats": sig(kl_divergence(exact, masked), 3),
+    }
+
+
 def bench(args) -> dict:
     models = {"gpt2": load_model(args.gpt2), "llama": load_model(args.llama)}
     result = {"validity": {}, "mask_cost": {}}
     for name, (model, tokenizer) in models.items():
         result["validity"][name] = validity(model, tokenizer, args.answers, args.max_tokens)
     model, tokenizer = models["gpt2"]
+    result["sampler_validity"] = sampler_validity(model, tokenizer, args.sampler_answers,
+                                                  args.max_tokens)  # fmt: skip
+    result["distortion"] = distortion(model, tokenizer)
     for backend in ("index", "xgrammar"):
         result["mask_cost"][backend] = mask_cost(model, tokenizer, args.steps, backend)
     result["compile"] = compile_times(tokenizer, args.runs)
     result["jump_forward"] = jump_forward(model, tokenizer, args.jf_answers)
     invalid = sum(k["invalid"] for m in result["validity"].values() for k in m.values())
+    invalid += sum(k["invalid"] for k in result["sampler_validity"].values())
     result["goals"] = {
-        "no_invalid_answer": goal("answers that break their constraint, all kinds, both models",
+        "no_invalid_answer": goal("answers that break their constraint: the engine's, all kinds, "
+                                  "both models, and the sampler's",
                                   invalid, 0, at_least=False),  # fmt: skip
         **{f"masks_at_most_10_percent_of_a_step_{b}": goal(
             "the masks' share of a decoding step at batch 32", c["mask_share_of_step"], 0.10,
@@ -303,6 +373,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--steps", type=int, default=50, help="decoding steps timed")
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--sampler-answers", type=int, default=1000, help="per kind")
     parser.add_argument("--jf-answers", type=int, default=400, help="answers per jump-forward form")
     parser.add_argument("--threads", type=int, default=1, help="PyTorch intra-op threads")
     parser.add_argument("--quick", action="store_true", help="tiny settings: the smoke test")
@@ -310,6 +381,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.answers, args.steps, args.runs, args.jf_answers = 8, 4, 2, 4
+        args.sampler_answers = 4
     if min(args.answers, args.max_tokens, args.steps, args.runs, args.threads) < 1:
         parser.error("--answers, --max-tokens, --steps, --runs and --threads must be >= 1")
     torch.set_num_threads(args.threads)

@@ -30,6 +30,13 @@ def test_quick_benchmark_reports_validity_mask_cost_compile_times_and_goals(monk
     assert all(v > 0 for v in compiled["ms"].values())
     assert compiled["course_over_outlines_core"] > 0 and compiled["course_over_xgrammar"] > 0
     assert compiled["states"]["outlines_core"] > 0 and compiled["states"]["course"] > 0
+    for c in result["sampler_validity"].values():
+        assert c["answers"] == 4 and c["invalid"] == c["finished"] - c["valid"] == 0
+    dist = result["distortion"]
+    assert set(dist["conditioned"]) == set(dist["masked_each_step"]) == {
+        "Romeo", "Juliet", "Tybalt", "Mercutio"}  # fmt: skip
+    assert abs(sum(dist["conditioned"].values()) - 1) < 0.01
+    assert dist["kl_conditioned_masked_texts_nats"] > 0 and dist["token_paths"] > 4
     jump = result["jump_forward"]
     assert set(jump["forms"]) == {"none", "exact", "text"}
     for form in jump["forms"].values():
