@@ -38,7 +38,8 @@
 # - `schema_to_regex`: a JSON schema as a regex (graded against outlines-core's
 #   `build_regex_from_schema` and `jsonschema`);
 # - `bitmask_of` and `apply_token_bitmask`: a batch's masks as bits, in xgrammar's layout
-#   (graded against xgrammar), which chapter 8's engine and `course serve` then use;
+#   (graded against xgrammar), as chapter 8's engine and `course serve` apply them (with the
+#   reference versions);
 # - `forced_text`: the text a constraint forces, appended without the model (graded against
 #   xgrammar's jump-forward string).
 #
@@ -716,8 +717,9 @@ assert all(valid)
 #
 # ### Exercise: `bitmask_of` and `apply_token_bitmask`
 #
-# - `bitmask_of(allowed, d_vocab)`: one row, `bitmask_width(d_vocab)` words of `torch.int32`,
-#   bit $k$ of word $w$ set exactly when token $32w + k$ is in `allowed`. A word whose bit 31 is
+# - `bitmask_of(allowed, d_vocab)`: one row on the CPU (where the engine fills its rows),
+#   `bitmask_width(d_vocab)` words of `torch.int32`, bit $k$ of word $w$ set exactly when token
+#   $32w + k$ is in `allowed` (a list of distinct ids, perhaps empty). A word whose bit 31 is
 #   set is negative as an `int32`: build the words in a wider type, then wrap them into
 #   `int32`'s range (subtract $2^{32}$ from those at $2^{31}$ or more).
 # - `apply_token_bitmask(logits, bitmask)`: `logits` `[batch, d_vocab]` with $-\infty$ at every
@@ -727,7 +729,8 @@ assert all(valid)
 # Common mistakes: the bits of a word in reverse order (bit 0 is $2^0$, not the top bit); the
 # top bit lost or clamped when going to `int32`; one word too few when `d_vocab` is not a
 # multiple of 32; reading a bit with `>>` alone (without `& 1`, the bits above it come along);
-# a row of -1 read as "nothing allowed"; the logits changed in place.
+# a test such as `word > 0` for "some token allowed" (a word with its top bit set is negative,
+# and a row of -1 allows everything); the logits changed in place; a loop over the rows.
 #
 # The tests read your rows back with numpy (`np.unpackbits(..., bitorder="little")`) for
 # allowed sets of every kind and three vocabulary sizes, compare them word for word with the
@@ -745,12 +748,12 @@ assert all(valid)
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# For `bitmask_of`: a zero `int64` tensor of `bitmask_width(d_vocab) * BITS` entries, ones at
-# the allowed ids, viewed as `[-1, BITS]`, shifted left by `torch.arange(BITS)` and summed over
-# the last axis; then subtract $2^{32}$ where the sum is at least $2^{31}$ and convert to
-# `torch.int32`. For `apply_token_bitmask`: `bitmask[:, :, None] >> torch.arange(BITS)` (on the
-# bitmask's device), `& 1`, flattened to `[batch, words * 32]`, cut to `d_vocab` columns, made
-# boolean; then `masked_fill` where it is False.
+# `bitmask_of`: mark the allowed ids in a flat tensor of 0/1 long enough for every word; give
+# each bit its weight by position within its word and add the weights up per word, in a type
+# wide enough for $2^{32} - 1$; wrap into `int32` last. `apply_token_bitmask`: expand each word
+# into its 32 bits with one broadcast shift (the shifts on the bitmask's device) and a mask of
+# the lowest bit, lay the bits out one per token, drop the columns past `d_vocab`, and write
+# $-\infty$ where a bit is 0, without changing the logits given.
 #
 # </details>
 #
@@ -1026,9 +1029,9 @@ assert z < 1e-6
 #
 # <details><summary>Hint 2: the approach</summary>
 #
-# Keep a `bytearray`. While `state` is not in `dfa.finals` and its dictionary has exactly one
-# entry, take that entry's byte and next state, append the byte, move on. Return
-# `whole_characters` of the bytes.
+# Collect bytes while two things hold: the text may not stop at the current state, and only
+# one byte may come next. Each byte you collect moves the state on. What you return is text,
+# and only the whole characters of it.
 #
 # </details>
 #

@@ -291,7 +291,8 @@ def check_completion(body, model_name: str, engine: LLMEngine,
     """The request's fields, checked in OpenAI's terms (and vLLM's for its extra fields), or an
     `APIError` that names the first bad one. The engine's own rules decide what fits: a prompt
     and `max_tokens` within the model's context and within the pool of blocks. It reads nothing
-    that a step changes: a worker thread may run it while the engine steps."""
+    that a step changes (it compiles a constraint into the engine's cache of them, which a lock
+    guards): a worker thread may run it while the engine steps."""
     encode = encode if encode is not None else PromptEncoder(engine.tokenizer)
     if not isinstance(body, dict):
         raise _bad(None, f"the body must be a JSON object, got {type(body).__name__}")

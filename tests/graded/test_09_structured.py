@@ -1182,7 +1182,17 @@ def test_forced_text_equals_xgrammars_jump_forward_string(impl, regex):
     for _ in range(15):
         matcher, state, text = xgr.GrammarMatcher(compiled), dfa.initial, b""
         for _ in range(40):
-            got, want = impl.forced_text(dfa, state), matcher.find_jump_forward_string()
+            want = matcher.find_jump_forward_string()
+            try:
+                got = impl.forced_text(dfa, state)
+            except UnicodeDecodeError as error:
+                raise AssertionError(
+                    f"after the text {text!r}: forced_text raised UnicodeDecodeError ({error}). "
+                    "The forced bytes begin inside a character (the last token ended in the "
+                    "middle of one) or end inside one: that is what whole_characters is for "
+                    '(it keeps the whole characters, and gives "" for bytes that begin inside '
+                    "one)"
+                ) from None
             assert got == want, explain_forced(dfa, state, got, want, text)
             matcher.fill_next_token_bitmask(bitmask)
             allowed = [t for t in unpacked(bitmask[0], len(VOCAB)) if t != EOS]
@@ -1193,3 +1203,52 @@ def test_forced_text_equals_xgrammars_jump_forward_string(impl, regex):
             for byte in VOCAB[token]:
                 state = dfa.step(state, byte)
             text += VOCAB[token]
+
+
+@pytest.mark.token_bitmask
+def test_apply_token_bitmask_works_where_the_logits_are(impl):
+    """Logits and bitmask on another device (PyTorch's `meta` device stands for a GPU: shapes
+    and dtypes, no data): every tensor the function makes must be made there too."""
+    logits = torch.empty(4, 4096, device="meta")
+    bitmask = torch.empty(4, 128, dtype=torch.int32, device="meta")
+    try:
+        out = impl.apply_token_bitmask(logits, bitmask)
+    except (RuntimeError, NotImplementedError) as error:
+        if isinstance(error, NotImplementedError) and not str(error):
+            raise
+        raise AssertionError(
+            f"with the logits and the bitmask on another device (a GPU; here `meta`): "
+            f"{type(error).__name__}: {str(error).splitlines()[0]}. A tensor made inside "
+            "apply_token_bitmask (the shifts, `torch.arange`, a filler) is on the CPU: make "
+            "each on the bitmask's device (`device=bitmask.device`)"
+        ) from None
+    assert out.device.type == "meta", f"the result is on {out.device}, not the logits' device"
+
+
+@pytest.mark.token_bitmask
+def test_apply_token_bitmask_is_one_operation_for_the_whole_batch(impl):
+    """The same number of PyTorch operations for a batch of 1 and of 64 rows: no loop over the
+    rows (each row's mask applied in a Python loop costs a kernel launch per row on a GPU)."""
+    from torch.overrides import TorchFunctionMode
+
+    class Count(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    counts = []
+    for batch in (1, 64):
+        logits = torch.randn(batch, 4096)
+        bitmask = torch.full((batch, 128), -1, dtype=torch.int32)
+        with Count() as count:
+            impl.apply_token_bitmask(logits, bitmask)
+        counts.append(count.calls)
+    assert counts[0] == counts[1], (
+        f"apply_token_bitmask made {counts[0]} PyTorch calls for 1 row and {counts[1]} for 64: "
+        "it does work per row (a Python loop over the batch?). Mask every row in one "
+        "operation: broadcast the shifts over all rows at once"
+    )

@@ -365,4 +365,26 @@ MUTANTS = [
         "walked from the DFA's start instead of the state given",
         says=("state given",),
     ),
+    Mutant(
+        "token_bitmask",
+        "    shifts = torch.arange(BITS, device=bitmask.device)",
+        "    shifts = torch.arange(BITS)",
+        "the shifts made on the CPU whatever the bitmask's device (a learner's run, chapter 9)",
+        says=("device",),
+    ),
+    Mutant(
+        "token_bitmask",
+        '    return logits.masked_fill(~allowed, float("-inf"))',
+        '    rows = [logits[i].masked_fill(~allowed[i], float("-inf")) for i in '
+        "range(len(logits))]\n    return torch.stack(rows)",
+        "a Python loop over the rows (a learner's run, chapter 9)",
+        says=("loop over the batch",),
+    ),
+    Mutant(
+        "jump_forward",
+        "    return whole_characters(bytes(data))",
+        '    return bytes(data).decode("utf-8")',
+        "decoded strictly, without whole_characters (a learner's run, chapter 9)",
+        says=("whole_characters is for",),
+    ),
 ]
