@@ -222,6 +222,11 @@ def explain_index_difference(regex, text, got, expected, final, vocab, eos) -> s
             "end-of-text is allowed, but the text is not a complete match yet. End-of-text "
             "belongs only to final states."
         )
+    if eos in missing and eos != 0 and 0 in got:
+        return head + (
+            f"end-of-text is missing and token 0 ({vocab[0]!r}) is allowed: in this vocabulary "
+            f"end-of-text is id {eos}, not 0. Use the `eos_id` TokenIndex is given."
+        )
     if eos in missing:
         return head + (
             "the text is a complete match (a final state), so end-of-text must be allowed "
@@ -266,6 +271,13 @@ def assert_index_equals_outlines(impl, regex: str, vocab, eos: int) -> None:
     found = first_disagreement(index, oracle, vocab, eos, regex)
     if found is not None:
         text, got, expected, final = found
+        at_start = set(index.allowed(index.initial)) - {eos}
+        if text and got - {eos} == at_start and expected - {eos} != at_start:
+            raise AssertionError(
+                f"regex {regex!r}, after the text {text!r}: your index allows here exactly the "
+                "tokens it allows at the start. Is each token walked from `dfa.initial` instead "
+                "of from the state whose row is being built?"
+            )
         raise AssertionError(
             explain_index_difference(regex, text, got, expected, final, vocab, eos)
         )

@@ -84,7 +84,7 @@ MUTANTS = [
         "                row[eos_id] = state",
         "                row[0] = state",
         "end-of-text assumed to be token 0",
-        says=("end-of-text",),
+        says=("not 0",),
     ),
     Mutant(
         "token_index",
@@ -386,5 +386,12 @@ MUTANTS = [
         '    return bytes(data).decode("utf-8")',
         "decoded strictly, without whole_characters (a learner's run, chapter 9)",
         says=("whole_characters is for",),
+    ),
+    Mutant(
+        "token_index",
+        "                end = walk(dfa, state, data)",
+        "                end = walk(dfa, dfa.initial, data)",
+        "each token walked from the DFA's start, whatever the row (a learner's run, chapter 9)",
+        says=("dfa.initial",),
     ),
 ]
