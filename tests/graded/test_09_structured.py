@@ -91,6 +91,12 @@ def diagnose_token_bytes(got, tokenizer, i: int) -> str:
         )
     if got[i] is None:
         return head + "Only special tokens are None; this one is ordinary text."
+    if got[i] in VOCAB:
+        j = VOCAB.index(got[i])
+        return head + (
+            f"That is the bytes of another token, id {j}: are the entries in id order (entry i "
+            "for token id i)? A dictionary's keys (`get_vocab()`) do not come in id order."
+        )
     if got[i] == string.encode("utf-8"):
         return head + (
             "That is the UTF-8 encoding of the token's string as the vocabulary stores it: "
@@ -163,8 +169,8 @@ def test_token_bytes_of_a_tokenizer_with_a_second_special_token(impl):
     from utils.models import model_dir
 
     tok = AutoTokenizer.from_pretrained(model_dir("shakespeare"), local_files_only=True)
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
-    new = tok.convert_tokens_to_ids("<|im_start|>")
+    tok.add_special_tokens({"additional_special_tokens": ["[SEP]"]})
+    new = tok.convert_tokens_to_ids("[SEP]")
     got = impl.token_bytes(tok)
     assert len(got) == len(VOCAB) + 1, (
         f"a tokenizer of {len(tok)} tokens (one special token added at id {new}) must give "
@@ -173,9 +179,10 @@ def test_token_bytes_of_a_tokenizer_with_a_second_special_token(impl):
         "tokens added after training"
     )
     assert got[new] is None and got[EOS] is None, (
-        f"<|im_start|> (id {new}) and <|endoftext|> (id {EOS}) are both special tokens, not "
+        f"[SEP] (id {new}) and <|endoftext|> (id {EOS}) are both special tokens, not "
         f"text: both must be None, got {show(got[new])} and {show(got[EOS])}. Ask the "
-        "tokenizer which ids are special rather than naming one."
+        "tokenizer which ids are special (`all_special_ids`) rather than naming one or "
+        "guessing from the shape of its name."
     )
     assert list(got[:new]) == list(VOCAB), "the other tokens' bytes must not change"
 
@@ -232,6 +239,14 @@ def explain_index_difference(regex, text, got, expected, final, vocab, eos) -> s
             "the text is a complete match (a final state), so end-of-text must be allowed "
             "there; your index does not allow it."
         )
+    for shift in (1, -1):
+        if missing and {t + shift for t in expected - {eos}} == got - {eos}:
+            return head + (
+                f"every allowed id is {shift:+d} from the right one (your index allows "
+                f"{sample_of(sorted(got - expected)[:2], vocab)} where "
+                f"{sample_of(sorted(missing)[:2], vocab)} is allowed): is the token id the "
+                "position in `token_bytes`, counted from 0?"
+            )
     partial = {t for t in missing if not is_whole_text(vocab[t])}
     if partial:
         return head + (
@@ -562,8 +577,17 @@ def test_the_prompt_is_not_part_of_the_constrained_text(impl, tokenizer):
                 "text only: the guide reads each token sampled after the prompt once, after it "
                 "is accepted."
             ) from None
+        start = set(OutlinesIndex(regex, VOCAB, EOS).allowed(
+            OutlinesIndex(regex, VOCAB, EOS).initial))  # fmt: skip
         for answer in answers:
             text = answer_text(tuple(t for t in answer if t != EOS))
+            if not re.fullmatch(regex, text) and len(answer) > 2 and set(answer) <= start:
+                raise AssertionError(
+                    f"with the prompt {prompt_text!r} the generated text is {text!r}: every "
+                    "token was drawn from the tokens allowed at the constraint's START. The "
+                    "guide never moved on: is `self.n_seen` set to the length of `input_ids` "
+                    "after each call, so that the next call reads the new token?"
+                )
             assert re.fullmatch(regex, text), (
                 f"with the prompt {prompt_text!r} the generated text is {text!r}, not a whole "
                 f"match of {regex!r}: the guide must start at the constraint's beginning for "
@@ -586,9 +610,27 @@ def test_constrained_answers_follow_the_renormalised_distribution(impl, tokenize
     model = LastTokenTable(cfg, seed=1)
     sampler = constrained(impl, model, tokenizer, regex)
     prompt = torch.tensor(tokenizer.encode("ROMEO.\n"))
-    paths = exact_answer_probabilities(model, OutlinesIndex(regex, VOCAB, EOS), int(prompt[-1]))
+    oracle = OutlinesIndex(regex, VOCAB, EOS)
+    paths = exact_answer_probabilities(model, oracle, int(prompt[-1]))
     answers = draw_answers(sampler, prompt, N_ANSWERS, temperature=1.0)
-    assert_answers_follow(answers, paths, f"ConstrainedSampler on {regex!r}")
+    try:
+        assert_answers_follow(answers, paths, f"ConstrainedSampler on {regex!r}")
+    except AssertionError as error:
+        # A known mistake: probabilities (a softmax) handed on where logits are expected, so
+        # that the sampler's own softmax flattens them. Do the answers follow that instead?
+        flat = LastTokenTable(cfg, seed=1)
+        flat.table = model.table.softmax(-1)
+        try:
+            flat_paths = exact_answer_probabilities(flat, oracle, int(prompt[-1]))
+            assert_answers_follow(answers, flat_paths, "")
+        except AssertionError:
+            raise error from None
+        raise AssertionError(
+            f"{error} The answers follow the distribution of a softmax taken twice: "
+            "next_logits returned probabilities (a softmax of the logits, masked) where "
+            "logits are expected, and the sampler's own softmax flattened them. Return the "
+            "masked logits"
+        ) from None
 
 
 @pytest.mark.constrained_sampler
@@ -1128,6 +1170,22 @@ def test_apply_token_bitmask_equals_xgrammars(impl, d_vocab):
                     " That is what `word >> k` gives without `& 1`: the bits above bit k come "
                     "along, and any of them set keeps the token."
                 )
+            width = rows.shape[1]
+            transposed = sorted((t % 32) * width + t // 32 for t in want)
+            pad = width * 32 - d_vocab
+            front = sorted(t - pad for t in want if t >= pad)
+            if kept == [t for t in transposed if t < d_vocab] and kept != want:
+                hint = (
+                    f" Token 5 would be at {5 % 32 * width + 5 // 32} = 5 x {width} (the "
+                    "number of words): the bits are laid out bit by bit across the words. "
+                    "Flatten `[batch, words, 32]` word by word, each word's 32 bits together"
+                )
+            elif pad and kept == front:
+                hint = (
+                    f" Every kept token is {pad} places early ({width * 32} bits for {d_vocab} "
+                    "tokens): the spare bits are at the END of the last word; drop the last "
+                    "columns, not the first"
+                )
             if r == 0 and not kept:
                 hint = (" A word of -1 has all 32 bits set: read bit k with an arithmetic "
                         "shift and `& 1`, which works on negative words too.")  # fmt: skip
@@ -1168,6 +1226,12 @@ def explain_forced(dfa, state, got, want, text_so_far: bytes) -> str:
         )
     if got and want.startswith(got):
         return head + "It stopped too early: go on while exactly one byte may come next."
+    if want == "" and got and len(dfa.transitions[state]) > 1:
+        return head + (
+            f"Nothing is forced here: {len(dfa.transitions[state])} different bytes may come "
+            "next. Count the bytes that may come next, not the states they lead to (several "
+            "bytes may lead to one state)."
+        )
     if want == "" and got:
         return head + (
             "Nothing is forced here. If the text ends inside a character (a token ended in the "
@@ -1263,4 +1327,33 @@ def test_apply_token_bitmask_is_one_operation_for_the_whole_batch(impl):
         f"apply_token_bitmask made {counts[0]} PyTorch calls for 1 row and {counts[1]} for 64: "
         "it does work per row (a Python loop over the batch?). Mask every row in one "
         "operation: broadcast the shifts over all rows at once"
+    )
+
+
+@pytest.mark.constrained_sampler
+def test_the_guide_reads_every_token_appended_since_the_last_call(impl, tokenizer):
+    """Another caller: one that appends two tokens between two calls (as jump-forward or a
+    speculative step does), `Rome` then `o`. The guide must read both, in order."""
+    from utils.models import load_model
+
+    cfg = load_model("shakespeare")[0].cfg
+    regex = "(Romeo|Juliet)"
+    sampler = constrained(impl, HashNoise(cfg), tokenizer, regex)
+    sampler.guide, sampler.n_seen = impl.Guide(sampler.index), None  # what `sample` sets
+    prompt = tokenizer.encode("ROMEO.\n")
+    rome, o = VOCAB.index(b"Rome"), VOCAB.index(b"o")
+    sampler.next_logits(torch.tensor(prompt))
+    try:
+        logits = sampler.next_logits(torch.tensor([*prompt, rome, o]))
+    except ValueError as error:
+        raise AssertionError(
+            f"two tokens ('Rome', 'o') were appended since the last call, and the guide "
+            f"refused one ({error}): does it read only the last token? Read every token from "
+            "`self.n_seen` on"
+        ) from None
+    allowed = torch.isfinite(logits[0]).nonzero().flatten().tolist()
+    assert allowed == [EOS], (
+        "after 'Rome' and 'o' (two tokens appended since the last call) only end-of-text is "
+        f"allowed, but the mask allows {sample_of(allowed, VOCAB)}: the guide did not read "
+        "both tokens. Read every token of `input_ids` from `self.n_seen` on, in order"
     )

@@ -394,4 +394,75 @@ MUTANTS = [
         "each token walked from the DFA's start, whatever the row (a learner's run, chapter 9)",
         says=("dfa.initial",),
     ),
+    Mutant(
+        "token_bytes",
+        "None if i in special else bytes(byte_of[char] for char in string)",
+        "None if i in special else "
+        "bytes(byte_of[char] for char in strings[(i + 1) % len(strings)])",
+        "each entry the bytes of the next id's token: entries out of id order (a learner's run)",
+        name="entries-out-of-id-order",
+        says=("id order",),
+    ),
+    Mutant(
+        "token_index",
+        "            for token, data in enumerate(token_bytes):",
+        "            for token, data in enumerate(token_bytes[1:]):",
+        "ids shifted by one: enumerate over token_bytes[1:] (a learner's run, chapter 9)",
+        says=("position in `token_bytes`",),
+    ),
+    Mutant(
+        "constrained_sampler",
+        "            for token in input_ids[self.n_seen :].tolist():",
+        "            for token in input_ids[-1:].tolist():",
+        "only the last token read at each call (a learner's run, chapter 9)",
+        says=("only the last token",),
+    ),
+    Mutant(
+        "constrained_sampler",
+        "        return mask_logits(logits, mask[None])",
+        "        return mask_logits(logits.softmax(-1), mask[None])",
+        "probabilities handed on where logits are expected (a learner's run, chapter 9)",
+        says=("softmax taken twice",),
+    ),
+    Mutant(
+        "constrained_sampler",
+        "        self.n_seen = len(input_ids)\n",
+        "        self.n_seen = self.n_seen\n",
+        "n_seen never set: the guide never moves on (a learner's run, chapter 9)",
+        name="n-seen-never-set",
+        says=("never moved on",),
+    ),
+    Mutant(
+        "token_bitmask",
+        "    allowed = bits.flatten(1)[:, : logits.shape[-1]].bool()",
+        "    allowed = bits.transpose(1, 2).flatten(1)[:, : logits.shape[-1]].bool()",
+        "the bits laid out bit by bit across the words (a learner's run, chapter 9)",
+        says=("word by word",),
+    ),
+    Mutant(
+        "token_bitmask",
+        "    allowed = bits.flatten(1)[:, : logits.shape[-1]].bool()",
+        "    allowed = bits.flatten(1)[:, -logits.shape[-1] :].bool()",
+        "the spare bits dropped from the front (a learner's run, chapter 9)",
+        says=("drop the last columns",),
+    ),
+    Mutant(
+        "jump_forward",
+        "    while state not in dfa.finals and len(dfa.transitions[state]) == 1:\n"
+        "        ((byte, state),) = dfa.transitions[state].items()",
+        "    while state not in dfa.finals and len(set(dfa.transitions[state].values())) == 1:\n"
+        "        byte, state = next(iter(dfa.transitions[state].items()))",
+        "one next state taken for one next byte (a learner's run, chapter 9)",
+        says=("not the states",),
+    ),
+    Mutant(
+        "token_bytes",
+        "    special = set(tokenizer.all_special_ids)\n"
+        "    strings = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))",
+        "    strings = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))\n"
+        "    special = {i for i, s in enumerate(strings)\n"
+        '               if s.startswith("<|") and s.endswith("|>")}',
+        "special tokens guessed from the shape of their names (a learner's run, chapter 9)",
+        says=("shape of its name",),
+    ),
 ]
