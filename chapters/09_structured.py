@@ -462,8 +462,9 @@ check("mask_logits")
 # probabilities, one per step) is known exactly, and compare by a chi-square test (a correct
 # sampler fails it with probability $10^{-5}$); repeat that with `top_k=2` on a model whose two
 # favourites are never allowed; check that every one of 100 seeded answers per regex, for six
-# regexes, ends with end-of-text and `re.fullmatch`es its regex; and give it a prompt that is
-# itself the start of an answer (`Rom`).
+# regexes, ends with end-of-text and `re.fullmatch`es its regex; give it a prompt that is
+# itself the start of an answer (`Rom`); and call it once after two tokens were appended at
+# once, as a caller that forces text does.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
@@ -580,7 +581,7 @@ for name, piece in SCALARS.items():
 # the whole regex in two); the empty array forgotten; `minItems` and `maxItems` applied to the
 # `,item` part unchanged (one item too many); keys sorted.
 #
-# The tests build your regex for twelve schemas, from each scalar type alone to a nested object
+# The tests build your regex for fourteen schemas, from each scalar type alone to a nested object
 # whose keys need escaping, and compare it with outlines-core's `build_regex_from_schema`
 # (`whitespace_pattern=""`) by their automata: the two must match exactly the same texts
 # (outlines-core 0.2.14 refuses `\uXXXX` escapes and U+007F–U+009F in strings and requires a
@@ -736,7 +737,8 @@ assert all(valid)
 # allowed sets of every kind and three vocabulary sizes, compare them word for word with the
 # rows xgrammar's matcher fills at every step of a JSON answer, and compare your masked logits
 # with xgrammar's `apply_token_bitmask_inplace` on random words, a row of all ones and one with a
-# single token, in float32 and bfloat16.
+# single token, in float32 and bfloat16; they also run it on another device (`meta`) and count
+# its PyTorch calls for a batch of 1 and of 64 rows, which must be the same.
 #
 # <details><summary>Hint 1: a nudge</summary>
 #
