@@ -61,12 +61,13 @@ test: $(STAMP)
 	@echo "a kernel started from a learner's environment (teacher builds: every check passes; blank"
 	@echo "builds: every check fails), then the grading of broken notebooks and the course command."
 	@echo "Two, offline: the kernels compiled for a GPU (no GPU needed), the machinery's own checks,"
-	@echo "engine, models and tools tests with the peers' (tests/peers/: HF, vLLM, FlashInfer) on the"
+	@echo "models and tools tests with the peers' (tests/peers/: HF, vLLM, FlashInfer) on the"
 	@echo "solutions, then the learner-style mutants (tests/machinery/mutants/), each of which must"
 	@echo "fail a test of its exercise. Three: the course installed from a notebook's Colab cell into a"
 	@echo "fresh virtual environment (online: pip needs the package registry), chapter 1 driven in"
 	@echo "JupyterLab in a headless Chromium, offline (skipped, saying why, without one), the"
-	@echo "benchmarks smoke-run, then the graded tests on the solutions and on the blank stubs, where"
+	@echo "benchmarks smoke-run, the engine's and the server's tests, then the graded tests on the"
+	@echo "solutions and on the blank stubs, where"
 	@echo "every graded test must FAIL (inverted: a pass there means it does not)."
 # tests/machinery/ holds one folder per kind of test (tests/machinery/__init__.py says which); the
 # lanes name the folders. learner/'s tests are named by file, each in the command it needs: the
@@ -75,12 +76,12 @@ test: $(STAMP)
 		 $(OFFLINE) $(PYTEST) tests/machinery/learner/test_grading.py \
 		 tests/machinery/learner/test_cli.py tests/machinery/learner/test_triton_mode.py" \
 		"$(OFFLINE) $(PYTEST) tests/machinery/compile && \
-		 $(OFFLINE) $(PYTEST) tests/machinery/checks tests/machinery/engine tests/machinery/models \
+		 $(OFFLINE) $(PYTEST) tests/machinery/checks tests/machinery/models \
 		 tests/machinery/tools tests/peers && \
 		 COURSE_NO_FORK=1 $(OFFLINE) $(PYTEST) tests/graded --mutants -q" \
 		"$(PYTEST) tests/machinery/learner/test_colab_setup.py && \
 		 $(OFFLINE) $(PYTEST) -rs tests/machinery/learner/test_browser.py && \
-		 $(OFFLINE) $(PYTEST) tests/machinery/benchmarks && \
+		 $(OFFLINE) $(PYTEST) tests/machinery/benchmarks tests/machinery/engine && \
 		 $(OFFLINE) $(PYTEST) tests/graded --impl solutions && \
 		 COURSE_NO_FORK=1 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail"
 

@@ -13,7 +13,7 @@ One folder per kind of test; `make test`'s lanes name the folders:
     models/      the corpus and a short training run, the shipped models, loading and
                  conversion, the grading reference, the architecture registry, and chapters 3
                  to 6's generators on both architectures, against HF
-    engine/      chapter 8's engine and `course serve`
+    engine/      chapter 8's engine and `course serve`, and chapter 9's constraints in both
     tools/       the build and the names its cells use, export, update, JupyterLab's settings,
                  what check() prints, plots, records, timing, the layers, the README's figures
     mutants/     not tests: the learner-style mutants that `pytest tests/graded --mutants` grades
