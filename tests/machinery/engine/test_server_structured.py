@@ -102,12 +102,8 @@ def test_the_server_keeps_each_answer_to_its_constraint_as_the_engine_does(
     )
     for seed in range(3):
         kwargs = {"model": MODEL, "prompt": "ROMEO.\n", "max_tokens": 40, "seed": seed}
-        if key == "structured_outputs":
-            answer = api.completions.create(**kwargs, extra_body=extra)
-            stream = api.completions.create(**kwargs, extra_body=extra, stream=True)
-        else:
-            answer = api.completions.create(**kwargs, extra_body=extra)
-            stream = api.completions.create(**kwargs, extra_body=extra, stream=True)
+        answer = api.completions.create(**kwargs, extra_body=extra)
+        stream = api.completions.create(**kwargs, extra_body=extra, stream=True)
         text = answer.choices[0].text
         streamed = "".join(c.choices[0].text for c in stream if c.choices)
         assert text == streamed == engine_text(shipped, so, seed), (name, seed, text)
