@@ -20,12 +20,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import time
 import warnings
 
 import pytest
 import torch
 
 from utils.paths import MODELS_DIR
+from utils.timing import patient
 
 # --------------------------------------------------------------------------- sampling statistics
 
@@ -283,6 +285,29 @@ def invariant_problems(engine) -> list[str]:
                 "before allocate_slots has said yes?"
             )
     return problems
+
+
+def settle(async_engine) -> list[str]:
+    """Wait until the engine has nothing left to run, then the pool's invariants (read in the
+    loop, between two steps), every block free and no stream's record kept: what a server owes
+    after every request it answered, refused or lost, whatever the request was."""
+    deadline = time.monotonic() + patient(20)
+    while async_engine.call(lambda e: e.has_unfinished_requests()).result(patient(10)):
+        assert time.monotonic() < deadline, "the engine still runs requests nobody waits for"
+        time.sleep(0.02)
+
+    def problems(engine):
+        pool = engine.kv.pool
+        held = [b.block_id for b in pool.blocks if b.ref_cnt]
+        found = invariant_problems(engine)
+        kept = list(async_engine.processor.states)  # the one record of a request, its stream's
+        return (
+            found
+            + ([f"blocks {held} are still held by no request"] if held else [])
+            + ([f"the server still keeps the ended requests {kept}"] if kept else [])
+        )
+
+    return async_engine.call(problems).result(patient(10))
 
 
 def scheduler_problems(scheduler) -> list[str]:

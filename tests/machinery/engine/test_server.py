@@ -31,7 +31,7 @@ import pytest
 from solutions.async_engine import AsyncEngine
 from solutions.engine import LLMEngine, generate
 from solutions.sampling_params import SamplingParams
-from tests.support import PROMPTS, invariant_problems
+from tests.support import PROMPTS, settle
 from utils import REPO_ROOT, cli
 from utils import server as server_module
 from utils.server import make_engine, running_server
@@ -71,28 +71,6 @@ def client(url: str, **kwargs) -> openai.OpenAI:
 
 def async_client(url: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=patient(30))
-
-
-def settle(async_engine: AsyncEngine) -> list[str]:
-    """Wait until the engine has nothing left to run, then the pool's invariants (read in the
-    loop, between two steps), and every block free."""
-    deadline = time.monotonic() + patient(20)
-    while async_engine.call(lambda e: e.has_unfinished_requests()).result(patient(10)):
-        assert time.monotonic() < deadline, "the engine still runs requests nobody waits for"
-        time.sleep(0.02)
-
-    def problems(engine):
-        pool = engine.kv.pool
-        held = [b.block_id for b in pool.blocks if b.ref_cnt]
-        found = invariant_problems(engine)
-        kept = list(async_engine.processor.states)  # the one record of a request, its stream's
-        return (
-            found
-            + ([f"blocks {held} are still held by no request"] if held else [])
-            + ([f"the server still keeps the ended requests {kept}"] if kept else [])
-        )
-
-    return async_engine.call(problems).result(patient(10))
 
 
 async def stream_text(aclient, **kwargs) -> tuple[str, str, list]:

@@ -18,7 +18,7 @@ import pytest
 from solutions.async_engine import AsyncEngine
 from solutions.engine import LLMEngine, generate
 from solutions.sampling_params import SamplingParams, StructuredOutputsParams
-from tests.support import invariant_problems
+from tests.support import settle
 from utils.server import make_engine, running_server
 from utils.timing import patient
 
@@ -57,16 +57,6 @@ def engine_text(shipped, so: StructuredOutputsParams, seed: int, max_tokens: int
         SamplingParams(max_tokens=max_tokens, seed=seed, structured_outputs=so),
     )[0]
     return tokenizer.decode(out.output_token_ids, skip_special_tokens=True)
-
-
-def no_block_held(async_engine: AsyncEngine) -> list[str]:
-    def problems(engine):
-        held = [b.block_id for b in engine.kv.pool.blocks if b.ref_cnt]
-        return invariant_problems(engine) + ([f"blocks {held} held"] if held else [])
-
-    deadline_steps = async_engine.call(lambda e: e.has_unfinished_requests())
-    deadline_steps.result(patient(10))
-    return async_engine.call(problems).result(patient(10))
 
 
 CASES = [
@@ -117,7 +107,7 @@ def test_the_server_keeps_each_answer_to_its_constraint_as_the_engine_does(
             assert text == "(" * (len(text) // 2) + "x" + ")" * (len(text) // 2)
         else:
             jsonschema.validate(json.loads(text), SCENE)
-    assert no_block_held(async_engine) == []
+    assert settle(async_engine) == []
 
 
 def test_json_object_gives_an_object_when_it_finishes(served):
@@ -189,7 +179,7 @@ def test_a_constraint_no_backend_keeps_is_a_400_that_names_it(served):
             assert error["param"] == param and says in error["message"], (extra, error)
         good = http.post("/completions", json={"model": MODEL, "prompt": "A", "max_tokens": 4})
         assert good.status_code == 200
-    assert no_block_held(async_engine) == []
+    assert settle(async_engine) == []
 
 
 def test_many_constrained_streams_at_once_each_keep_theirs(served, shipped):
@@ -214,4 +204,4 @@ def test_many_constrained_streams_at_once_each_keep_theirs(served, shipped):
     for seed, ((_, extra), text) in enumerate(zip(kinds, texts, strict=True)):
         so = StructuredOutputsParams(**extra["structured_outputs"])
         assert text == engine_text(shipped, so, seed), (seed, extra)
-    assert no_block_held(async_engine) == []
+    assert settle(async_engine) == []
