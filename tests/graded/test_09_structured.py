@@ -221,7 +221,16 @@ def sample_of(ids, vocab, most: int = 6) -> str:
     return ", ".join("<end-of-text>" if vocab[t] is None else repr(vocab[t]) for t in shown) + more
 
 
-def explain_index_difference(regex, text, got, expected, final, vocab, eos) -> str:
+def bytes_walked(dfa, state: int, data: bytes) -> int:
+    """How many of `data`'s bytes walk from `state` before one has no transition."""
+    for n, byte in enumerate(data):
+        state = dfa.step(state, byte)
+        if state is None:
+            return n
+    return len(data)
+
+
+def explain_index_difference(regex, dfa, text, got, expected, final, vocab, eos) -> str:
     missing, extra = expected - got, got - expected
     head = f"regex {regex!r}, after the text {text!r}: "
     if eos in extra:
@@ -262,6 +271,27 @@ def explain_index_difference(regex, text, got, expected, final, vocab, eos) -> s
             "own: a word may come as one token or as several shorter ones. Is every token of "
             "the vocabulary walked from every state?"
         )
+    here = dfa.initial  # the DFA's state after the text (the given DFA, not the learner's walk)
+    for byte in text:
+        here = dfa.step(here, byte) if here is not None else None
+    if extra and here is not None:
+        text_ids = [t for t, data in enumerate(vocab) if data is not None]
+        walked = {t: bytes_walked(dfa, here, vocab[t]) for t in text_ids}
+        if got - {eos} == {t for t in text_ids if walked[t] >= min(1, len(vocab[t]))}:
+            return head + (
+                f"{len(extra)} tokens are allowed that cannot lead to a match, among them "
+                f"{sample_of(extra, vocab)}: your index allows exactly the tokens whose FIRST "
+                "byte may come next, though a later byte has no transition. Is only each "
+                "token's first byte walked? A token is allowed only when every one of its bytes "
+                "walks from the state."
+            )
+        if got - {eos} == {t for t in text_ids if walked[t] >= len(vocab[t]) - 1}:
+            return head + (
+                f"{len(extra)} tokens are allowed that cannot lead to a match, among them "
+                f"{sample_of(extra, vocab)}: your index allows exactly the tokens that walk "
+                "from here up to their LAST byte, whether that byte has a transition or not. Is "
+                "the last byte of each token left out of its walk?"
+            )
     if extra:
         return head + (
             f"{len(extra)} tokens are allowed that cannot lead to a match, among them "
@@ -281,7 +311,8 @@ def is_whole_text(data: bytes) -> bool:
 
 
 def assert_index_equals_outlines(impl, regex: str, vocab, eos: int) -> None:
-    index = impl.TokenIndex(impl.regex_to_byte_dfa(regex), list(vocab), eos)
+    dfa = impl.regex_to_byte_dfa(regex)
+    index = impl.TokenIndex(dfa, list(vocab), eos)
     oracle = OutlinesIndex(regex, vocab, eos)
     found = first_disagreement(index, oracle, vocab, eos, regex)
     if found is not None:
@@ -294,7 +325,7 @@ def assert_index_equals_outlines(impl, regex: str, vocab, eos: int) -> None:
                 "of from the state whose row is being built?"
             )
         raise AssertionError(
-            explain_index_difference(regex, text, got, expected, final, vocab, eos)
+            explain_index_difference(regex, dfa, text, got, expected, final, vocab, eos)
         )
 
 
@@ -554,6 +585,69 @@ def assert_answers_follow(answers, paths, what: str) -> None:
     assert_samples_follow(samples, torch.tensor([paths[p] for p in order]), what)
 
 
+class RecordingIndex:
+    """The learner's index, each `advance(state, token)` the guide asks of it recorded."""
+
+    def __init__(self, index):
+        self.index, self.reads = index, []
+
+    def __getattr__(self, name):
+        return getattr(self.index, name)
+
+    def advance(self, state, token):
+        self.reads.append((state, token))
+        return self.index.advance(state, token)
+
+
+def explain_refused_read(impl, tokenizer, regex: str, prompt) -> str:
+    """Why the learner's sampler asked its guide to read a refused token, from what it read:
+    a tensor for an int, the prompt's tokens, a token read twice, or a guide started over."""
+    from utils.models import load_model
+
+    index = RecordingIndex(impl.TokenIndex(impl.regex_to_byte_dfa(regex), list(VOCAB), EOS))
+    sampler = impl.ConstrainedSampler(HashNoise(load_model("shakespeare")[0].cfg), tokenizer, index)
+    try:
+        draw_answers(sampler, prompt, 20)
+    except ValueError:
+        pass
+    reads, initial = index.reads, index.initial
+    tokens = [token for _, token in reads]
+    if any(not isinstance(t, int) or isinstance(t, bool) for t in tokens):
+        odd = next(t for t in tokens if not isinstance(t, int) or isinstance(t, bool))
+        return (
+            f"The guide was handed {odd!r} (a {type(odd).__name__}), not a Python int: a row of "
+            "the index is a dict keyed by ints, and a tensor is never found among them, even "
+            "when its token is allowed. Iterating over a tensor gives 0-d tensors: turn the "
+            "token ids into Python ints before the guide reads them."
+        )
+    ids = prompt.tolist()
+    if tokens and tokens[: len(ids)] == ids[: len(tokens)]:
+        return (
+            f"It read the prompt's tokens {ids[: len(tokens)]}: the constraint is on the "
+            "generated text only, so the prompt is never read, and the first call reads nothing."
+        )
+    for (state, token), (_, before) in zip(reads[1:], reads[:-1], strict=True):
+        if token == before and len(reads) > 1 and state != initial:
+            return (
+                f"It read token {token} twice in a row: is a generated token read again at the "
+                "next call? The guide reads each generated token once: each call reads only the "
+                "tokens appended since the last one (`self.n_seen` on), then sets `self.n_seen` "
+                "to the length read."
+            )
+    if len(reads) > 1 and reads[-1][0] == initial:
+        return (
+            "Its last read started again from the constraint's beginning (the initial state) "
+            "after other tokens were read: is the guide made anew at each call, in a local "
+            "variable? The guide is the sampler's own (`self.guide`), made once per request, "
+            "and it keeps its state from one call to the next."
+        )
+    return (
+        "Is it walking the prompt's tokens, reading a generated token more than once, or made "
+        "anew at each call? The constraint is on the generated text only: the guide reads "
+        "each token sampled after the prompt once, after it is accepted."
+    )
+
+
 @pytest.mark.constrained_sampler
 def test_the_prompt_is_not_part_of_the_constrained_text(impl, tokenizer):
     """A prompt that is itself the start of an answer ("Rom"): the answer after it must still
@@ -568,14 +662,10 @@ def test_the_prompt_is_not_part_of_the_constrained_text(impl, tokenizer):
         try:
             answers = draw_answers(sampler, prompt, 20)
         except ValueError as error:
+            why = explain_refused_read(impl, tokenizer, regex, prompt)
             raise AssertionError(
                 f"with the prompt {prompt_text!r}: {error}. The guide was asked to read a token "
-                "the constraint refuses: is it walking the prompt's tokens, reading a generated "
-                "token more than once, or made anew at each call (a guide in a local variable "
-                "starts over from the constraint's beginning every step)? The guide is the "
-                "sampler's own, made once per request. The constraint is on the generated "
-                "text only: the guide reads each token sampled after the prompt once, after it "
-                "is accepted."
+                f"the constraint refuses. {why}"
             ) from None
         start = set(OutlinesIndex(regex, VOCAB, EOS).allowed(
             OutlinesIndex(regex, VOCAB, EOS).initial))  # fmt: skip
@@ -869,7 +959,12 @@ def slip_regex(schema: dict, slip: str) -> str:
     if slip == "type_first" and schema.get("type") in scalars:
         return f"({scalars[schema['type']]})"
     if "enum" in schema or "const" in schema:
-        alternatives = "|".join(lit(v) for v in schema.get("enum", [schema.get("const")]))
+        values = schema.get("enum", [schema.get("const")])
+        if slip == "const_as_list":
+            if "const" not in schema or not isinstance(schema["const"], (str, list)):
+                raise ValueError("no such slip here")
+            values = list(schema["const"])
+        alternatives = "|".join(lit(v) for v in values)
         return alternatives if slip == "ungrouped" else f"({alternatives})"
     kind = schema["type"]
     if kind == "array":
@@ -879,9 +974,10 @@ def slip_regex(schema: dict, slip: str) -> str:
             low, high = 0, None
         if high == 0:
             return r"\[\]"
-        shift = 0 if slip == "bounds_off_by_one" else 1
-        top = "" if high is None else high - shift
-        more = f"({re.escape(comma)}{item}){{{max(low - shift, 0)},{top}}}"
+        low_shift = 0 if slip in ("bounds_off_by_one", "min_off_by_one") else 1
+        high_shift = 0 if slip in ("bounds_off_by_one", "max_off_by_one") else 1
+        top = "" if high is None else high - high_shift
+        more = f"({re.escape(comma)}{item}){{{max(low - low_shift, 0)},{top}}}"
         optional = "?" if low == 0 and slip != "no_empty_array" else ""
         return rf"\[({item}{more}){optional}\]"
     if kind == "object":
@@ -908,6 +1004,13 @@ SLIPS = {
     "bounds": "minItems and maxItems ignored",
     "bounds_off_by_one": "minItems and maxItems applied to the repeated `,item` part, which "
     "comes once fewer than the items",
+    "min_off_by_one": "minItems applied to the repeated `,item` part as it is: that part comes "
+    "once fewer than the items (minItems 1 asks for no `,item` at all)",
+    "max_off_by_one": "maxItems applied to the repeated `,item` part as it is: that part comes "
+    "once fewer than the items (maxItems 3 allows two `,item`)",
+    "const_as_list": "`const` read as a list of values, as `enum` is: a const is ONE value, so "
+    "each character of a string const (or each element of an array const) became an "
+    "alternative of its own",
     "no_empty_array": "the empty array `[]` refused: without minItems an array may be empty",
     "sorted_keys": "the keys in sorted order: they must come in the schema's order (the order "
     "of `properties`)",
@@ -951,7 +1054,7 @@ def first_wrong_part(impl, schema: dict) -> dict:
     return schema
 
 
-def explain_schema_regex(impl, schema: dict) -> str:
+def explain_schema_regex(impl, schema: dict, found: str = "") -> str:
     """What the learner's regex gets wrong: in the innermost part that is wrong, a shortest
     text the learner's regex wrongly takes or refuses, and the mistake whose regex matches
     exactly the same texts, if one does."""
@@ -959,30 +1062,35 @@ def explain_schema_regex(impl, schema: dict) -> str:
     regex, oracle = learner_regex(impl, part), outlines_schema_regex(part)
     shown = json.dumps(part, ensure_ascii=False)
     where = "" if part is schema else " (the first part of the schema whose regex is wrong)"
-    lines = [f"schema_to_regex({shown}) = {regex!r}{where}."]
+    evidence = [f"schema_to_regex({shown}) = {regex!r}{where}."]
     missing, extra = regex_difference(oracle, regex), regex_difference(regex, oracle)
     if missing is not None:
-        lines.append(f"It refuses {missing!r}, the compact JSON of a document the schema allows.")
+        evidence.append(
+            f"It refuses {missing!r}, the compact JSON of a document the schema allows."
+        )
     if extra is not None:
-        lines.append(f"It accepts {extra!r}, which is not the compact JSON of any document the "
-                     "schema allows.")  # fmt: skip
+        evidence.append(f"It accepts {extra!r}, which is not the compact JSON of any document "
+                        "the schema allows.")  # fmt: skip
+    # The diagnosis first, the evidence after it: a schema and its regex can run to a
+    # thousand characters, and the sentence that names the mistake must not come last.
+    why = None
     loose = ungrouped_part(impl, part)
     if loose is not None:
-        lines.append(
-            f"The regex of its part {json.dumps(loose, ensure_ascii=False)} is "
+        why = (
+            f"The regex of the part {json.dumps(loose, ensure_ascii=False)} is "
             f"{learner_regex(impl, loose)!r}, right alone but not in a group: placed inside "
             "its parent's regex, its `|` splits the parent's regex in two. Put each part's "
             "alternatives in parentheses."
         )
-        return " ".join(lines)
-    for slip, why in SLIPS.items():
+    for slip, sentence in SLIPS.items():
+        if why is not None:
+            break
         try:
             if same_texts(regex, slip_regex(part, slip)):
-                lines.append(f"This looks like {why}.")
-                break
+                why = f"This looks like {sentence}."
         except Exception:
             continue
-    return " ".join(lines)
+    return " ".join(([why] if why else []) + ([found] if found else []) + evidence)
 
 
 @pytest.mark.json_schema
@@ -997,10 +1105,11 @@ def test_schema_regex_matches_every_document_the_schema_allows(impl, schema):
         jsonschema.validate(document, schema)
         text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
         if not re.fullmatch(regex, text):
-            raise AssertionError(
-                f"the document {text} fits the schema (jsonschema) but does not fullmatch "
-                "your regex. " + explain_schema_regex(impl, schema)
+            found = (
+                f"The document {text} fits the schema (jsonschema) but does not fullmatch "
+                "your regex."
             )
+            raise AssertionError(explain_schema_regex(impl, schema, found))
 
 
 @pytest.mark.json_schema
@@ -1146,7 +1255,18 @@ def test_apply_token_bitmask_equals_xgrammars(impl, d_vocab):
         before = logits.clone()
         theirs = logits.clone()
         xgr.apply_token_bitmask_inplace(theirs, rows)
-        ours = impl.apply_token_bitmask(logits, rows)
+        try:
+            ours = impl.apply_token_bitmask(logits, rows)
+        except RuntimeError as error:
+            bits = rows.shape[1] * 32
+            if bits != d_vocab and str(bits) in str(error) and str(d_vocab) in str(error):
+                raise AssertionError(
+                    f"with {d_vocab} logits a row has {rows.shape[1]} words, {bits} bits, and "
+                    f"apply_token_bitmask failed ({error}): the last word's bits past d_vocab "
+                    f"belong to no token (the prose's spare bits). Keep the first {d_vocab} "
+                    "columns of the unpacked bits and drop the rest before masking."
+                ) from None
+            raise
         assert torch.equal(logits, before), (
             "apply_token_bitmask changed the caller's logits: return a new tensor "
             "(masked_fill, without the underscore)"

@@ -465,4 +465,55 @@ MUTANTS = [
         "special tokens guessed from the shape of their names (a learner's run, chapter 9)",
         says=("shape of its name",),
     ),
+    # A second learner's run of the whole chapter (50 slips, 45 named first before these).
+    Mutant(
+        "token_index",
+        "                end = walk(dfa, state, data)",
+        "                end = walk(dfa, state, data[:1])",
+        "only each token's first byte walked (a learner's run, chapter 9)",
+        says=("first byte",),
+    ),
+    Mutant(
+        "constrained_sampler",
+        "            for token in input_ids[self.n_seen :].tolist():",
+        "            for token in input_ids[self.n_seen :]:",
+        "0-d tensors handed to the guide, not ints (a learner's run, chapter 9)",
+        says=("python int",),
+    ),
+    Mutant(
+        "constrained_sampler",
+        "        self.n_seen = len(input_ids)\n",
+        "        if self.n_seen is None:\n            self.n_seen = len(input_ids)\n",
+        "n_seen set once: each generated token read again at every call (a learner's run, "
+        "chapter 9)",
+        says=("twice",),
+    ),
+    Mutant(
+        "constrained_sampler",
+        "        if self.n_seen is not None:\n",
+        "        self.guide = Guide(self.index)\n        if self.n_seen is not None:\n",
+        "a new guide at every call (a learner's run, chapter 9)",
+        says=("made anew",),
+    ),
+    Mutant(
+        "json_schema",
+        "{{{max(low - 1, 0)},",
+        "{{{low},",
+        "minItems applied to the repeated `,item` part as it is (a learner's run, chapter 9)",
+        says=("minItems applied",),
+    ),
+    Mutant(
+        "json_schema",
+        'else [schema["const"]]',
+        'else schema["const"]',
+        "a const read as a list of values (a learner's run, chapter 9)",
+        says=("one value",),
+    ),
+    Mutant(
+        "token_bitmask",
+        "    allowed = bits.flatten(1)[:, : logits.shape[-1]].bool()",
+        "    allowed = bits.flatten(1).bool()",
+        "the spare bits past d_vocab kept (a learner's run, chapter 9)",
+        says=("spare bits",),
+    ),
 ]
