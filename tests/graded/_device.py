@@ -25,7 +25,7 @@ FACTORIES = {
 
 
 def made_without_a_device(fn) -> list[str]:
-    """'torch.arange(...) on line N' (of its cell) for each factory call in `fn` that names no
+    """'torch.arange(...) on line N of its cell' for each factory call in `fn` that names no
     device and is not moved by a `.to(...)` straight after; NotImplementedError while `fn` is
     the blank exercise (which has no code to read)."""
     if still_a_stub(fn):
@@ -51,7 +51,9 @@ def made_without_a_device(fn) -> list[str]:
             and not any(k.arg == "device" for k in node.keywords)
             and id(node) not in moved
         ):
-            found.append(f"torch.{node.func.attr}(...) on line {first + node.lineno - 1}")
+            found.append(
+                f"torch.{node.func.attr}(...) on line {first + node.lineno - 1} of its cell"
+            )
     return found
 
 

@@ -112,6 +112,7 @@ def rmsnorm_mistakes(x, w, eps) -> dict[str, torch.Tensor]:
         "whole tensor": w * x / (x.pow(2).mean() + eps).sqrt(),
         "l2 norm": w * x / (x.norm(dim=-1, keepdim=True) + eps),
         "eps after": w * (x / ms.sqrt() + eps),
+        "eps after the rsqrt": w * x * (ms.rsqrt() + eps),
         "mean abs": w * x / (x.abs().mean(-1, keepdim=True).pow(2) + eps).sqrt(),
         "len of the first axis": w * x / (x.pow(2).sum(-1, keepdim=True) / len(x) + eps).sqrt(),
     }
@@ -140,6 +141,9 @@ RMSNORM_MESSAGES = {
     "Tensor.norm): RMSNorm divides by the root of the MEAN square, with epsilon under the root.",
     "eps after": "epsilon is added to the normalised vector, after the division: it belongs to "
     "the mean square, under the root, where it keeps a vector of zeros from dividing by zero.",
+    "eps after the rsqrt": "epsilon is added to the reciprocal of the root (one over the "
+    "root, plus epsilon): it belongs to the mean square, under the root, so that the reciprocal "
+    "is taken of the root of (mean square + epsilon). Is your epsilon inside the rsqrt?",
     "len of the first axis": "your sum of squares is divided by the length of the FIRST axis "
     "(len(x), the batch; the tokens of 2-D input): the mean is over d_model, the last axis, "
     "x.shape[-1] numbers.",
@@ -387,10 +391,18 @@ def test_rmsnorm_with_its_weight_in_another_dtype(impl, llama, x_dtype, w_dtype)
         + (f" Yours was cast to the weight's dtype ({w_dtype}) instead." if got.dtype == w_dtype
            else "")
     )  # fmt: skip
+    ones = learner_module(impl.RMSNorm, cfg, {"w": torch.ones(cfg.d_model)}).to(w_dtype)
+    with torch.no_grad():
+        normalised = run_norm(ones, x).float()
+    # The normalised vector already in the input's dtype (as HF's): the difference is elsewhere.
+    rounded = x_dtype != torch.float32 and torch.equal(normalised.to(x_dtype).float(), normalised)
     assert close(got, want, atol=1e-6, rtol=1e-5), (
         f"with a {x_dtype} input and a {w_dtype} weight your RMSNorm differs from HF's by "
         f"{(got.float() - want.float()).abs().max().item():.3g}: "
-        + (f"HF's numbers carry {x_dtype}'s rounding, yours do not. The normalised vector is "
+        + (f"your normalised vector is in {x_dtype}, as HF's is, yet differs: is the mean "
+           f"square computed in {x_dtype}? HF squares and averages in float32, then casts the "
+           "normalised vector back." if rounded else
+           f"HF's numbers carry {x_dtype}'s rounding, yours do not. The normalised vector is "
            f"cast back to the input's dtype ({x_dtype}) before the weight multiplies it, not "
            "to the weight's." if x_dtype != torch.float32 else
            "the normalisation in float32, the cast back to the input's dtype, then the product "
@@ -1106,7 +1118,9 @@ def test_expand_kv_matches_hf_repeat_kv(impl, n_kv_heads, group):
             f"your copies are in the order k0, k1, ..., k0, k1, ...: query head 1 then reads "
             f"key/value head 1. HF's repeat_kv gives each group of {group} consecutive query "
             f"heads one key/value head: k0 for query heads 0..{group - 1}, then k1, ... "
-            "(Tensor.repeat tiles; repeat_interleave keeps a head's copies together)."
+            "(Tensor.repeat, or a new axis IN FRONT of the heads, tiles the heads; each head's "
+            "copies stay together when the new axis comes right after the heads axis, as "
+            "repeat_interleave along it does)."
         )
     for head in range(got.shape[1]):
         if not any(torch.equal(got[:, head], kv[:, j]) for j in range(n_kv_heads)):
@@ -2336,9 +2350,9 @@ def model_slip(hf, rows, pads, start, size, logits) -> str | None:
 
 
 @contextlib.contextmanager
-def joined_along_positions(what: str):
+def joined_along_positions(what: str, cfg=None):
     """Name a concatenation of cached and new keys or values along another axis than the
-    positions'."""
+    positions', or of cached and new ones whose heads differ (the cache kept expanded)."""
     try:
         with torch.no_grad():
             yield
@@ -2348,13 +2362,26 @@ def joined_along_positions(what: str):
         axis = re.search(r"Sizes of tensors must match except in dimension (-?\d+)", str(err))
         if not axis:
             raise
-        names = {0: "batch", 1: "heads", 3: "d_head", -1: "d_head"}
         n = int(axis.group(1))
+        sizes = re.search(r"Expected size (\d+) but got size (\d+)", str(err))
+        if n in (2, -2) and sizes:  # joined along the positions, as they should be
+            first, second = map(int, sizes.groups())
+            heads = cfg is not None and {first, second} == {cfg.n_heads, cfg.n_kv_heads}
+            pytest.fail(
+                f"{what}: joining the cached keys or values with the new ones fails "
+                f"({str(err).split('.')[0]}): along the positions axis, as it should be, but "
+                f"one has {first} where the other has {second} on another axis."
+                + (f" That is n_heads = {cfg.n_heads} against n_kv_heads = {cfg.n_kv_heads}: "
+                   "are the keys and values cached after expand_kv? The cache keeps the "
+                   "n_kv_heads heads that rotated_qkv gives (that is GQA's saving); attend "
+                   "expands them for the queries itself." if heads else "")
+            )  # fmt: skip
+        names = {0: "batch", 1: "heads", 3: "d_head", -1: "d_head"}
         pytest.fail(
             f"{what}: joining the cached keys or values with the new ones fails "
             f"({str(err).split('.')[0]}). They are [batch, n_kv_heads, positions, "
-            f"d_head], and yours are joined along axis {n} ({names.get(n, '?')}): the new "
-            "positions go after the cached ones, along the positions axis."
+            f"d_head], and yours are joined along axis {n} ({names.get(n, 'another axis')}): "
+            "the new positions go after the cached ones, along the positions axis."
         )
 
 
@@ -2461,7 +2488,7 @@ def step_by_step(impl, model, hf, rows: list[list[int]], chunks: list[int]):
         new, new_mask = tokens[:, start : start + size], mask[:, : start + size]
         what = f"after {start} cached positions, {size} new" if start else f"a prefill of {size}"
         previous = cache
-        with joined_along_positions(what), heads_handed_to_attend(model, what):
+        with joined_along_positions(what, model.cfg), heads_handed_to_attend(model, what):
             logits, cache = impl.llama_forward_with_cache(
                 model, new, cache, None if mask.all() else new_mask[:, start:]
             )

@@ -107,6 +107,26 @@ def stepwise(outputs: list) -> list[list]:
     return [[o] for o in outputs]
 
 
+def sent_never_moved(trace: list[Step], rid: str) -> bool:
+    """Whether the request's state.sent stayed at 0 while deltas carried text."""
+    marks = [step.state[rid][1] for step in trace if rid in step.state]
+    return any(step.deltas.get(rid, ("",))[0] for step in trace) and set(marks) == {0}
+
+
+def text_grew_too_much(trace: list[Step], rid: str, texts: list[str]):
+    """The first step after which state.text is longer than the text so far (the oracle's
+    `texts[k]`), as (step, its length, the right length); None if there is none."""
+    for k, step in enumerate(trace):
+        text = step.state.get(rid, (None, None))[0]
+        if isinstance(text, str) and len(text) > len(texts[k]):
+            return k, len(text), len(texts[k])
+    return None
+
+
+def shortened(text: str, most: int = 160) -> str:
+    return repr(text) if len(text) <= most else repr(text[:most]) + f"… ({len(text)} characters)"
+
+
 def lost_text(trace: list[Step], rid: str, texts: list[str], got: str, want: str) -> str:
     """Why the client got less than the whole text (no stop strings): `texts[k]` is the text so
     far after step k, by the oracle."""
@@ -152,6 +172,17 @@ def test_with_no_stop_strings_each_step_sends_all_the_whole_characters_so_far(im
         hint = (" A piece of a character (U+FFFD) was sent: while the text ends inside a "
                 "character, the detokenizer must wait for its next token (last=True only once "
                 "the engine has finished the request).")  # fmt: skip
+    elif len(got[-1]) > len(want) and sent_never_moved(trace, "a"):
+        hint = (" Text was sent more than once: a delta carries only the text not sent before, "
+                "but state.sent stayed at 0 after every step, though text was sent, so each "
+                "delta starts again from the beginning. After a delta is made, state.sent moves "
+                "to the end of what it sent.")  # fmt: skip
+    elif len(got[-1]) > len(want) and (grew := text_grew_too_much(trace, "a", texts)):
+        k, length, right = grew
+        hint = (" Text was sent more than once: state.text grew by more than the step's new "
+                f"text (after step {k}, it is {length} characters, the text so far {right}). Is "
+                "the detokenizer handed every token so far, where it takes only the step's new "
+                "tokens (output.new_token_ids)?")  # fmt: skip
     elif len(got[-1]) > len(want):
         hint = (" Text was sent more than once: a delta carries only the text not sent before "
                 "(from state.sent on), and `detokenizer.add` takes the step's new tokens "
@@ -160,10 +191,12 @@ def test_with_no_stop_strings_each_step_sends_all_the_whole_characters_so_far(im
         hint = lost_text(trace, "a", texts, got[-1], want)
     else:
         hint = ""
+    # The diagnosis first: the texts compared can run to a thousand characters.
     assert got[-1] == want, (
-        f"the text sent, all deltas joined, should be the tokenizer's decoding of every token: "
-        f"expected {want!r}, got {got[-1]!r}." + hint
-    )
+        hint.lstrip() + (" " if hint else "")
+        + "The text sent, all deltas joined, should be the tokenizer's decoding of every token: "
+        f"expected {shortened(want)}, got {shortened(got[-1])}."
+    )  # fmt: skip
     for k in range(1, len(ids) + 1):
         whole = decode(tokenizer, ids[:k])
         if whole.endswith("\ufffd"):  # the last character is not whole yet
@@ -222,8 +255,8 @@ def test_a_delta_counts_every_token_written_so_far(impl, tokenizer):
             says = step.deltas["a"][1]
             assert says == written[k], (
                 f"after step {k} the request had written {written[k]} tokens, but its delta "
-                f"says {says}: num_output_tokens counts every token so far "
-                f"(len(output.output_token_ids))"
+                f"says {says}: num_output_tokens counts every token so far (all the output "
+                f"tokens the request has written)"
                 + (", not this step's." if says == chunks[k] else
                    f", not the characters of text ({len(chars[k])} so far)."
                    if says in (len(chars[k]), len(decode(tokenizer, ids[: written[k]])))

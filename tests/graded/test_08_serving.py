@@ -6,6 +6,7 @@ saves, and the contract of vLLM's `BlockPool` (its own tests are ported in tests
 
 from __future__ import annotations
 
+import linecache
 import random
 
 import pytest
@@ -562,6 +563,18 @@ def where_it_goes_wrong(impl, queries, keys, values, tables, query_pos) -> str:
     return ""
 
 
+def raising_line(error: BaseException, function: str) -> str:
+    """The line of the innermost frame of `function` in the error's traceback (the learner's
+    own line, quoted as written), or ""."""
+    line, tb = "", error.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == function:
+            line = linecache.getline(code.co_filename, tb.tb_lineno).strip()
+        tb = tb.tb_next
+    return line
+
+
 def attend_error(error: str) -> str:
     """What PyTorch's refusal inside `attend` points to."""
     if "attn_mask dtype" in error:
@@ -603,8 +616,17 @@ def test_attention_reads_each_requests_own_positions_up_to_its_own(impl, G, Q):
         said = attend_error(str(error))
         if not said:
             raise  # the grader quotes the learner's line that raised it
+        line = raising_line(error, "attend")
+        if line and "<" in line and "attn_mask" not in line and "scaled_dot" not in line:
+            said = (
+                " That line compares key positions with query positions: the comparison must "
+                "broadcast to one row per query over the L key positions, [G, Q, L], so the "
+                "queries' positions [G, Q] need a new LAST axis and the key positions [L] "
+                "stay as they are."
+            )
+        where = f" at your line `{line}`" if line else ""
         error = str(error).rstrip(".")
-        raise AssertionError(f"attend raised {error}." + said) from None
+        raise AssertionError(f"attend raised {error}{where}." + said) from None
     want = attention_by_hand(queries, keys_before, values_before, tables, query_pos)
     assert torch.equal(keys, keys_before) and torch.equal(values, values_before), (
         "attend must only read the cache, not change it"
@@ -918,7 +940,8 @@ def test_an_evicted_block_loses_its_name(impl):
     pool.get_new_blocks(3)  # the pool needs every block: the named one is evicted
     assert named.block_hash is None and pool.get_cached_block(b"prefix") is None, (
         "a block handed out as new is about to be overwritten: it must lose its name, in the "
-        "block (block_hash = None) and in pool.cached"
+        "block (its block_hash cleared) and in pool.cached (its entry removed). Does "
+        "get_new_blocks take an evicted block's name away in both places?"
     )
 
 
@@ -1954,26 +1977,36 @@ def test_a_seeded_request_draws_the_same_alone_and_in_any_batch(impl):
 
     torch.manual_seed(1)  # a draw from the global generator instead is then the same each run
     alone = [impl.sample_requests([r], logits[i : i + 1])[0] for i, r in enumerate(make())]
+    wants = []
     for i, (req, s) in enumerate(zip(make(), settings, strict=True)):
         ids = torch.tensor([req.all_token_ids])
         generator = torch.Generator().manual_seed(seeds[i])
-        want = int(impl.sample_next_token(ids, logits[i : i + 1], generator=generator, **s)[0])
-        if alone[i] == want:
-            continue
+        want = impl.sample_next_token(ids, logits[i : i + 1], generator=generator, **s)
+        wants.append(int(want[0]))
+    differ = [i for i in range(len(seeds)) if alone[i] != wants[i]]
+    if differ:
+        i, s = differ[0], settings[differ[0]]
+        ids = torch.tensor([make()[i].all_token_ids])
         generator = torch.Generator().manual_seed(seeds[i])
         probs = logits[i : i + 1].softmax(-1)
         of_probs = int(impl.sample_next_token(ids, probs, generator=generator, **s)[0])
-        assert alone[i] == want, (
+        if alone[i] == of_probs:
+            why = (". That is what it gives when handed the row's softmax: it takes the logits "
+                   "(it applies the temperature, top-k and top-p to them and makes the "
+                   "probabilities itself), not probabilities.")  # fmt: skip
+        elif differ == [seeds.index(0)]:
+            why = (". Only the request seeded 0 draws differently: a seed of 0 is a seed. Is the "
+                   "request's generator used only when its seed is true (0 is false in Python), "
+                   "not whenever it has one?")  # fmt: skip
+        else:
+            why = (f". Requests {differ} (seeds {[seeds[k] for k in differ]}) all draw "
+                   "differently from their own generators: does it draw with each request's "
+                   "generator (request.generator), handed to sample_next_token?")  # fmt: skip
+        raise AssertionError(
             f"request {i} ({s}, seeded {seeds[i]}) alone: chapter 3's sample_next_token with its "
-            f"text, its row and its own generator (request.generator) gives {want}, yours "
-            f"{alone[i]}"
-            + (". That is what it gives when handed the row's softmax: it takes the logits "
-               "(it applies the temperature, top-k and top-p to them and makes the "
-               "probabilities itself), not probabilities." if alone[i] == of_probs
-               else ". A seed of 0 is a seed: is the request's generator used only when its "
-               "seed is true (0 is false in Python), not whenever it has one?"
-               if seeds[i] == 0 else "")
-        )  # fmt: skip
+            f"text, its row and its own generator (request.generator) gives {wants[i]}, yours "
+            f"{alone[i]}{why}"
+        )
     reqs = make()
     order = [3, 0, 5, 2, 4, 1]
     batch = impl.sample_requests([reqs[i] for i in order], logits[order])

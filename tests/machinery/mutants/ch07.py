@@ -1893,4 +1893,28 @@ MUTANTS = [
         name="ho8-the-last-block-s-ln2",
         says=("the last block's ln2",),
     ),
+    # A learner's run of the whole chapter from the blank notebook (70 slips, 68 named first
+    # before these).
+    Mutant(
+        "llama_cache",
+        "        keys.append(k)\n        values.append(v)",
+        "        keys.append(expand_kv(k, model.cfg.group_size))\n"
+        "        values.append(expand_kv(v, model.cfg.group_size))",
+        "the keys and values cached after expand_kv, n_heads of them (a learner's run, chapter 7)",
+        says=("cached after expand_kv",),
+    ),
+    Mutant(
+        "rmsnorm",
+        "torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.cfg.rms_norm_eps)",
+        "torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True)) + self.cfg.rms_norm_eps",
+        "epsilon added after the rsqrt (a learner's run, chapter 7)",
+        says=("inside the rsqrt",),
+    ),
+    Mutant(
+        "rmsnorm",
+        "        x = residual.float()",
+        "        x = residual",
+        "the mean square in the input's 16-bit dtype (a learner's run, chapter 7)",
+        says=("float32",),
+    ),
 ]

@@ -1173,7 +1173,7 @@ MUTANTS += [
         "generator=None",
         "the request's generator not passed: all draw from the global one",
         name="generator-none",
-        says=("own generator",),
+        says=("own generator", "draw with each request's generator"),
     ),
     Mutant(
         "sample_requests",
@@ -2156,5 +2156,21 @@ MUTANTS += [
         "last request's delta of a step survives",
         name="ho8-the-step-s-deltas-replaced",
         says=("processed.deltas made anew",),
+    ),
+    # A learner's run of the whole chapter from the blank notebook (73 slips, 70 named first
+    # before these).
+    Mutant(
+        "attend",
+        "key_pos[None, None, :] <= query_pos[:, :, None]",
+        "key_pos[None, None, :] <= query_pos[:, None]",
+        "the queries' positions given their new axis in the middle (a learner's run, chapter 8)",
+        says=("new LAST axis",),
+    ),
+    Mutant(
+        "output_processor",
+        "text, state.sent = state.text[state.sent : end], end",
+        "text = state.text[state.sent : end]",
+        "state.sent never moved on (a learner's run, chapter 8)",
+        says=("state.sent stayed at 0",),
     ),
 ]
