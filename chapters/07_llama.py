@@ -5,8 +5,8 @@
 # (Llama, SmolLM2) and you find the same skeleton: tokens in, a residual stream, a stack of
 # pre-norm blocks, each an attention layer and an MLP, logits out. Four parts of the block have
 # changed. Llama (Touvron et al., 2023) brought the first three together; grouped-query
-# attention (Ainslie et al., 2023) came after; SmolLM2-135M, whose config section 3 reads, has
-# all four:
+# attention (Ainslie et al., 2023) came after. SmolLM2-135M has all four (section 3 reads its
+# config):
 #
 # - **RMSNorm** instead of LayerNorm: divide by the root mean square, subtract no mean, add no
 #   bias;

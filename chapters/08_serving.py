@@ -679,7 +679,9 @@ check("kv_cache_manager")
 # step may be greedy while its neighbour samples at temperature 1.2 with top-p. The rules are
 # chapter 3's (`sample_next_token`), applied row by row. One difference of meaning: chapter 3's
 # frequency penalty counts the prompt's tokens too, where vLLM's counts only the generated ones
-# (the docstring of its `SamplingParams` says so).
+# (the docstring of its `SamplingParams` says so). This engine keeps chapter 3's meaning, so
+# that a request draws here what chapter 3's sampler draws: its penalty counts the request's
+# whole text, prompt and output.
 #
 # The random numbers are the subtle part. If the batch shared one generator, a request's tokens
 # would depend on how many requests happened to sample before it in the same step: the same

@@ -53,7 +53,9 @@
 #
 # As in the chapters before: fill in each **exercise cell** where it says
 # `raise NotImplementedError()`, run it, then run the `check("...")` cell below it. From a
-# terminal, `pytest -m token_index` and `course grade 9` grade your saved notebook;
+# terminal, `pytest -m token_index` (the name in a `check` cell, which is not always the
+# function's: `-m json_schema` grades `schema_to_regex`) and `course grade 9` grade your saved
+# notebook;
 # `show_solution("TokenIndex")` prints the reference when you are truly stuck.
 
 # %% tags=["setup"]
@@ -722,7 +724,9 @@ assert all(valid)
 #   `bitmask_width(d_vocab)` words of `torch.int32`, bit $k$ of word $w$ set exactly when token
 #   $32w + k$ is in `allowed` (a list of distinct ids, perhaps empty). A word whose bit 31 is
 #   set is negative as an `int32`: build the words in a wider type, then wrap them into
-#   `int32`'s range (subtract $2^{32}$ from those at $2^{31}$ or more).
+#   `int32`'s range (subtract $2^{32}$ from those at $2^{31}$ or more). On this machine
+#   `.to(torch.int32)` of a word past that range keeps its low 32 bits, the same wrap; the
+#   subtraction says it in the code rather than leaving it to how a cast out of range behaves.
 # - `apply_token_bitmask(logits, bitmask)`: `logits` `[batch, d_vocab]` with $-\infty$ at every
 #   token whose bit is 0 in its row, as a new tensor, in one operation for the whole batch (no
 #   loop over rows). The last word may hold bits past `d_vocab`: ignore them.
@@ -858,6 +862,7 @@ print("an unbalanced regex:", refused)
 assert answer.choices[0].finish_reason == "stop"
 assert jsonschema.Draft202012Validator(scene).is_valid(json.loads(answer.choices[0].text))
 assert refused is not None and refused["param"] == "structured_outputs"
+assert "missing )" in refused["message"]  # the reason, not only the field
 
 # %% [markdown]
 # ## 8. What no regex can say (reading, 10 minutes)

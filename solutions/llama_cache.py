@@ -34,6 +34,8 @@ def llama_forward_with_cache(
         positions, allowed = positions_and_allowed(mask, n_new)
         if mask.all() and n_new == 1:
             allowed = None  # one new token reads every cached key: no mask needed
+    # From here, positions is [new] (the lookahead layout) or [batch, new], and allowed is
+    # [new, all], [batch, 1, new, all] or None: the arguments' annotations are the caller's.
     # BEGIN SOLUTION
     # Each row's own positions: [new] (one layout for the batch) becomes [batch, new].
     positions = positions.expand(tokens.shape)

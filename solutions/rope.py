@@ -47,7 +47,9 @@ def apply_rope(
     sin: Float[Tensor, "batch posn d_head"],
 ) -> Float[Tensor, "batch heads posn d_head"]:
     """Turn every pair of every head of every position by its angle; the result has x's dtype
-    (a model in bfloat16 turns its queries and keys in bfloat16, as HF's does)."""
+    (a model in bfloat16 turns its queries and keys in bfloat16, as HF's does). cos and sin
+    come from `rope_cos_sin` of positions [batch, posn], one row per text: the model's own
+    callers give it that layout."""
     # BEGIN SOLUTION
     # A pair (a, b) turned by angle t is (a cos t - b sin t, b cos t + a sin t); rotate_half
     # supplies (-b, a). Every head of a position turns by the same angles. The angles were

@@ -173,6 +173,16 @@ def xgrammar_refusal(schema, where: str = "the schema") -> str | None:
     return None
 
 
+def regex_problem(regex: str, error: Exception) -> str:
+    """Why a regex was refused, in words: interegular's syntax errors carry no message (an
+    unclosed group says nothing), so Python's own parser is asked first."""
+    try:
+        re.compile(regex)
+    except re.error as python_says:
+        return str(python_says)
+    return str(error) or f"{type(error).__name__} (a construct the index's regex parser lacks)"
+
+
 class StructuredOutputManager:
     """Compiles constraints (cached) and applies the batch's masks. The engine owns one."""
 
@@ -249,7 +259,7 @@ class StructuredOutputManager:
             return IndexGrammar(regex, self.vocab, self.eos_id, self.d_vocab)
         except Exception as error:  # interegular's parse errors are not ValueErrors
             raise ValueError(f"structured_outputs.{what}: cannot compile {regex!r}: "
-                             f"{error}") from None  # fmt: skip
+                             f"{regex_problem(regex, error)}") from None  # fmt: skip
 
     def _xgrammar(self, kind: str, spec) -> XGrammarGrammar:
         import xgrammar as xgr

@@ -59,6 +59,7 @@ class TokenIndex:
 
     def advance(self, state: int, token: int) -> int:
         """The state after `token`, which must be allowed in `state`."""
+        # next_state: where `token` leads from `state`, or None where it is not allowed.
         # BEGIN SOLUTION
         next_state = self.transitions[state].get(token)
         # END SOLUTION
