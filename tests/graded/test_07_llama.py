@@ -176,7 +176,7 @@ def run_norm(norm, x):
         pytest.fail(
             f"your RMSNorm on x {tuple(x.shape)} ([batch, posn, d_model]) meets two shapes that "
             f"do not broadcast ({str(err).splitlines()[0]}). Each position's mean square is "
-            "[batch, posn, 1]: does your mean over d_model keep its axis (keepdim=True)?"
+            "[batch, posn, 1]: does your mean over d_model keep its axis (keepdim)?"
         )
 
 
@@ -570,8 +570,8 @@ def check_cos_sin(impl, positions, d_head, theta):
             f"({layout.get(positions.ndim, '[*batch, posn]')}): {type(err).__name__}: "
             f"{str(err).splitlines()[0][:100]}. Positions come with any number of axes before "
             "posn ([*batch, posn]): does your code assume a number of axes (indexing [:, :, None], "
-            "torch.outer, an einsum that names them)? A new last axis ([..., None]) times the "
-            "frequencies broadcasts over all of them."
+            "torch.outer, an einsum that names them)? A new last axis, after however many "
+            "axes come first, times the frequencies broadcasts over all of them."
         )
     assert isinstance(out, tuple) and len(out) == 2, "rope_cos_sin must return (cos, sin)"
     cos, sin = out
@@ -675,7 +675,7 @@ def test_rope_cos_sin_are_made_on_the_positions_device(impl):
         pytest.fail(
             "rope_cos_sin with positions on another device (PyTorch's meta device here, a GPU "
             f"for real) fails: {type(err).__name__}: {str(err).splitlines()[0][:120]}. A tensor "
-            "you make (torch.arange of the frequencies) sits on the CPU: pass device= the "
+            "you make (torch.arange of the frequencies) sits on the CPU: make it on the "
             "positions' device."
         )
     assert cos.device.type == "meta" and sin.device.type == "meta", (
@@ -1694,7 +1694,8 @@ MODEL_MESSAGES = {
     "mlp reads resid_mid unnormed": "the MLP reads the residual stream itself: each sublayer "
     "reads its own norm of the stream, the MLP ln2(resid_mid).",
     "attention reads resid_pre unnormed": "the attention reads the residual stream itself: "
-    "each sublayer reads its own norm of the stream, the attention ln1(resid_pre).",
+    "each sublayer reads its own norm of the stream, the attention ln1 of the stream it "
+    "receives.",
     "ln2 before the attention": "the attention reads ln2 of the stream, the MLP's norm: each "
     "sublayer has its own, ln1 before the attention and ln2 before the MLP (trained with those "
     "weights).",

@@ -1416,7 +1416,7 @@ def test_apply_token_bitmask_works_where_the_logits_are(impl):
             f"with the logits and the bitmask on another device (a GPU; here `meta`): "
             f"{type(error).__name__}: {str(error).splitlines()[0]}. A tensor made inside "
             "apply_token_bitmask (the shifts, `torch.arange`, a filler) is on the CPU: make "
-            "each on the bitmask's device (`device=bitmask.device`)"
+            "each on the bitmask's device"
         ) from None
     assert out.device.type == "meta", f"the result is on {out.device}, not the logits' device"
 
