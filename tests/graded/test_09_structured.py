@@ -1002,12 +1002,12 @@ SLIPS = {
     "ungrouped": 'an enum\'s alternatives not in a group: `"a"|"b"` placed inside an object '
     "or array splits the whole regex in two (put them in parentheses)",
     "bounds": "minItems and maxItems ignored",
-    "bounds_off_by_one": "minItems and maxItems applied to the repeated `,item` part, which "
-    "comes once fewer than the items",
     "min_off_by_one": "minItems applied to the repeated `,item` part as it is: that part comes "
     "once fewer than the items (minItems 1 asks for no `,item` at all)",
     "max_off_by_one": "maxItems applied to the repeated `,item` part as it is: that part comes "
     "once fewer than the items (maxItems 3 allows two `,item`)",
+    "bounds_off_by_one": "minItems and maxItems applied to the repeated `,item` part, which "
+    "comes once fewer than the items",
     "const_as_list": "`const` read as a list of values, as `enum` is: a const is ONE value, so "
     "each character of a string const (or each element of an array const) became an "
     "alternative of its own",

@@ -1917,4 +1917,40 @@ MUTANTS = [
         "the mean square in the input's 16-bit dtype (a learner's run, chapter 7)",
         says=("float32",),
     ),
+    # More of the same learner's run: each slip a mutant
+    Mutant(
+        "llama_cache",
+        "k = torch.cat([past_k, k], dim=2)\n        v = torch.cat([past_v, v], dim=2)",
+        "k = torch.cat([k, past_k], dim=2)\n        v = torch.cat([v, past_v], dim=2)",
+        "the new keys and values both joined before the cached ones (a learner's run, chapter 7)",
+        name="lr7-new-keys-and-values-before-cached",
+        says=("before the cached ones",),
+    ),
+    Mutant(
+        "llama_cache",
+        "residual = model.embed(tokens)",
+        "residual = model.embed(tokens).float()",
+        "the cached forward's residual stream made float32 whatever the model's dtype "
+        "(a learner's run, chapter 7)",
+        name="lr7-cached-residual-stream-made-float32",
+        says=("left bfloat16", "residual stream"),
+    ),
+    Mutant(
+        "llama_cache",
+        "residual = residual + block.attn.attend(q, k, v, allowed)\n"
+        "        residual = residual + block.mlp(block.ln2(residual))",
+        "residual = block(residual, positions)",
+        "the block's own forward called in the cached forward: the cache is built but the "
+        "attention reads the new keys only (a learner's run, chapter 7)",
+        name="lr7-block-own-forward-in-cached-forward",
+        says=("new keys only",),
+    ),
+    Mutant(
+        "swiglu",
+        "x = normalized_resid_mid\n",
+        "x = normalized_resid_mid.float()\n",
+        "the input cast to float32, then multiplied by 16-bit weights (a learner's run, chapter 7)",
+        name="lr7-input-cast-to-float32",
+        says=("leaves bfloat16",),
+    ),
 ]

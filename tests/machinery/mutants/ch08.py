@@ -2173,4 +2173,19 @@ MUTANTS += [
         "state.sent never moved on (a learner's run, chapter 8)",
         says=("state.sent stayed at 0",),
     ),
+    # More of the same learner's run: each slip a mutant
+    Mutant(
+        "output_processor",
+        "            state.text += state.detokenizer.add(output.new_token_ids, "
+        "last=output.finished)\n"
+        "            reason = output.finish_reason if output.finished else None\n"
+        "            hits = [i for i in (state.text.find(s) for s in state.stop) if i >= 0]\n",
+        "            new = state.detokenizer.add(output.new_token_ids, last=output.finished)\n"
+        "            state.text += new\n"
+        "            reason = output.finish_reason if output.finished else None\n"
+        "            hits = [i for i in (new.find(s) for s in state.stop) if i >= 0]\n",
+        "the stop strings looked for in the step's new text alone, and an index found there "
+        "used as an index in all the text (a learner's run, chapter 8)",
+        says=("new text alone",),
+    ),
 ]

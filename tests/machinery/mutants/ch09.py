@@ -516,4 +516,103 @@ MUTANTS = [
         "the spare bits past d_vocab kept (a learner's run, chapter 9)",
         says=("spare bits",),
     ),
+    # More of the same learner's run: each slip a mutant
+    Mutant(
+        "token_bytes",
+        "None if i in special else",
+        'b"" if i in special else',
+        "a special token given empty bytes instead of None (a learner's run, chapter 9)",
+        name="special-empty-bytes",
+        says=("special token", "give it none"),
+    ),
+    Mutant(
+        "token_bytes",
+        "list(range(len(tokenizer)))",
+        "list(range(tokenizer.vocab_size))",
+        "the ids counted by vocab_size: the tokens added after training left out "
+        "(a learner's run, chapter 9)",
+        name="vocab-size",
+        says=("vocab_size",),
+    ),
+    Mutant(
+        "token_bytes",
+        "strings = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))",
+        "strings = list(tokenizer.get_vocab())",
+        "the token strings taken from get_vocab()'s keys, not in id order "
+        "(a learner's run, chapter 9)",
+        name="get-vocab-order",
+        says=("id order", "get_vocab()"),
+    ),
+    Mutant(
+        "token_index",
+        "                row[eos_id] = state",
+        "                row[eos_id] = dfa.initial",
+        "end-of-text sent back to the initial state instead of staying put "
+        "(a learner's run, chapter 9)",
+        name="eos-to-initial",
+        says=("end-of-text", "leave the state"),
+    ),
+    Mutant(
+        "token_index",
+        "        state = dfa.step(state, byte)\n        if state is None:\n            return None",
+        "        if dfa.step(state, byte) is not None:\n            state = dfa.step(state, byte)",
+        "a byte with no transition skipped, the walk going on (a learner's run, chapter 9)",
+        name="walk-skips-dead-byte",
+        says=("walk dies",),
+    ),
+    Mutant(
+        "token_index",
+        "                if end is not None:\n"
+        "                    row[token] = end\n"
+        "            if state in dfa.finals:  # the text may stop here: end-of-text, going "
+        "nowhere\n"
+        "                row[eos_id] = state",
+        "                if end is not None:\n"
+        "                    row[token] = end\n"
+        "                    if end in dfa.finals:\n"
+        "                        row[eos_id] = end",
+        "end-of-text allowed where some token leads to a final state, not in the final state "
+        "itself (a learner's run, chapter 9)",
+        name="eos-where-a-token-ends-final",
+        says=("end-of-text", "only to final states"),
+    ),
+    Mutant(
+        "mask_logits",
+        'return logits.masked_fill(~mask, float("-inf"))',
+        'return logits.float().masked_fill(~mask, float("-inf"))',
+        "the logits turned to float32 before masking (a learner's run, chapter 9)",
+        name="cast-to-float32",
+        says=("bfloat16", "float32"),
+    ),
+    Mutant(
+        "mask_logits",
+        "torch.tensor(allowed, dtype=torch.long, device=device)",
+        "torch.tensor(allowed, dtype=torch.long)",
+        "the index tensor made on the CPU whatever the device (a learner's run, chapter 9)",
+        name="index-tensor-on-cpu",
+        says=("torch.tensor", "device"),
+    ),
+    Mutant(
+        "json_schema",
+        "{'' if high is None else high - 1}",
+        "{'' if high is None else high}",
+        "maxItems applied to the repeated `,item` part as it is (a learner's run, chapter 9)",
+        name="maxitems-applied-unchanged",
+        says=("maxItems", "once fewer"),
+    ),
+    Mutant(
+        "jump_forward",
+        "    while state not in dfa.finals and len(dfa.transitions[state]) == 1:\n"
+        "        ((byte, state),) = dfa.transitions[state].items()\n"
+        "        data.append(byte)\n",
+        "    while len(dfa.transitions[state]) == 1:\n"
+        "        ((byte, state),) = dfa.transitions[state].items()\n"
+        "        data.append(byte)\n"
+        "        if state in dfa.finals:\n"
+        "            break\n",
+        "the finality checked only after a byte: forcing on from a final state "
+        "(a learner's run, chapter 9)",
+        name="final-checked-after-byte",
+        says=("went on too far", "final state"),
+    ),
 ]
