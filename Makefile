@@ -59,29 +59,30 @@ test: $(STAMP)
 	$(BIN)/course corpus
 	@echo "Three lanes at once, on one torch thread each. One, offline: every chapter's notebook in"
 	@echo "a kernel started from a learner's environment (teacher builds: every check passes; blank"
-	@echo "builds: every check fails), then the grading of broken notebooks and the course command."
+	@echo "builds: every check fails), then the grading of broken notebooks."
 	@echo "Two, offline: the kernels compiled for a GPU (no GPU needed), the machinery's own checks,"
 	@echo "models and tools tests with the peers' (tests/peers/: HF, vLLM, FlashInfer) on the"
 	@echo "solutions, then the learner-style mutants (tests/machinery/mutants/), each of which must"
 	@echo "fail a test of its exercise. Three: the course installed from a notebook's Colab cell into a"
 	@echo "fresh virtual environment (online: pip needs the package registry), chapter 1 driven in"
 	@echo "JupyterLab in a headless Chromium, offline (skipped, saying why, without one), the"
-	@echo "benchmarks smoke-run, the engine's and the server's tests, then the graded tests on the"
+	@echo "benchmarks smoke-run, the engine's and the server's tests, the course command and"
+	@echo "Triton's mode, then the graded tests on the"
 	@echo "solutions and on the blank stubs, where"
 	@echo "every graded test must FAIL (inverted: a pass there means it does not)."
 # tests/machinery/ holds one folder per kind of test (tests/machinery/__init__.py says which); the
 # lanes name the folders. learner/'s tests are named by file, each in the command it needs: the
 # notebooks first, beside the heaviest work; the Colab install online; the browser on its own.
 	$(LANES) "$(OFFLINE) $(PYTEST) -rs tests/machinery/learner/test_notebooks_run.py && \
-		 $(OFFLINE) $(PYTEST) tests/machinery/learner/test_grading.py \
-		 tests/machinery/learner/test_cli.py tests/machinery/learner/test_triton_mode.py" \
+		 $(OFFLINE) $(PYTEST) tests/machinery/learner/test_grading.py" \
 		"$(OFFLINE) $(PYTEST) tests/machinery/compile && \
 		 $(OFFLINE) $(PYTEST) tests/machinery/checks tests/machinery/models \
 		 tests/machinery/tools tests/peers && \
 		 COURSE_NO_FORK=1 $(OFFLINE) $(PYTEST) tests/graded --mutants -q" \
 		"$(PYTEST) tests/machinery/learner/test_colab_setup.py && \
 		 $(OFFLINE) $(PYTEST) -rs tests/machinery/learner/test_browser.py && \
-		 $(OFFLINE) $(PYTEST) tests/machinery/benchmarks tests/machinery/engine && \
+		 $(OFFLINE) $(PYTEST) tests/machinery/benchmarks tests/machinery/engine \
+		 tests/machinery/learner/test_cli.py tests/machinery/learner/test_triton_mode.py && \
 		 $(OFFLINE) $(PYTEST) tests/graded --impl solutions && \
 		 COURSE_NO_FORK=1 $(OFFLINE) $(PYTEST) tests/graded --impl stubs --must-fail"
 

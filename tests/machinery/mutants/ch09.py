@@ -135,7 +135,7 @@ MUTANTS = [
         "        self.n_seen = len(input_ids)\n",
         "        self.n_seen = self.n_seen if self.n_seen is not None else len(input_ids)\n",
         "the count of tokens read never moves on: tokens read again at every step",
-        says=("once",),
+        says=("once", "twice in a row"),
     ),
     Mutant(
         "constrained_sampler",
@@ -479,21 +479,6 @@ MUTANTS = [
         "            for token in input_ids[self.n_seen :]:",
         "0-d tensors handed to the guide, not ints (a learner's run, chapter 9)",
         says=("python int",),
-    ),
-    Mutant(
-        "constrained_sampler",
-        "        self.n_seen = len(input_ids)\n",
-        "        if self.n_seen is None:\n            self.n_seen = len(input_ids)\n",
-        "n_seen set once: each generated token read again at every call (a learner's run, "
-        "chapter 9)",
-        says=("twice",),
-    ),
-    Mutant(
-        "constrained_sampler",
-        "        if self.n_seen is not None:\n",
-        "        self.guide = Guide(self.index)\n        if self.n_seen is not None:\n",
-        "a new guide at every call (a learner's run, chapter 9)",
-        says=("made anew",),
     ),
     Mutant(
         "json_schema",
