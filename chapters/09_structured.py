@@ -55,8 +55,7 @@
 # `raise NotImplementedError()`, run it, then run the `check("...")` cell below it. From a
 # terminal, `pytest -m token_index` (the name in a `check` cell, which is not always the
 # function's: `-m json_schema` grades `schema_to_regex`) and `course grade 9` grade your saved
-# notebook;
-# `show_solution("TokenIndex")` prints the reference when you are truly stuck.
+# notebook; `show_solution("TokenIndex")` prints the reference when you are truly stuck.
 
 # %% tags=["setup"]
 import json
