@@ -1977,20 +1977,18 @@ def test_a_seeded_request_draws_the_same_alone_and_in_any_batch(impl):
 
     torch.manual_seed(1)  # a draw from the global generator instead is then the same each run
     alone = [impl.sample_requests([r], logits[i : i + 1])[0] for i, r in enumerate(make())]
-    wants = []
-    for i, (req, s) in enumerate(zip(make(), settings, strict=True)):
-        ids = torch.tensor([req.all_token_ids])
+
+    def chapter_3(i: int, row: torch.Tensor) -> int:
+        """Chapter 3's draw for request i from `row`, with its text and its own generator."""
+        ids = torch.tensor([make()[i].all_token_ids])
         generator = torch.Generator().manual_seed(seeds[i])
-        want = impl.sample_next_token(ids, logits[i : i + 1], generator=generator, **s)
-        wants.append(int(want[0]))
+        return int(impl.sample_next_token(ids, row, generator=generator, **settings[i])[0])
+
+    wants = [chapter_3(i, logits[i : i + 1]) for i in range(len(seeds))]
     differ = [i for i in range(len(seeds)) if alone[i] != wants[i]]
     if differ:
         i, s = differ[0], settings[differ[0]]
-        ids = torch.tensor([make()[i].all_token_ids])
-        generator = torch.Generator().manual_seed(seeds[i])
-        probs = logits[i : i + 1].softmax(-1)
-        of_probs = int(impl.sample_next_token(ids, probs, generator=generator, **s)[0])
-        if alone[i] == of_probs:
+        if alone[i] == chapter_3(i, logits[i : i + 1].softmax(-1)):
             why = (". That is what it gives when handed the row's softmax: it takes the logits "
                    "(it applies the temperature, top-k and top-p to them and makes the "
                    "probabilities itself), not probabilities.")  # fmt: skip

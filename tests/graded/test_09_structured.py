@@ -221,6 +221,16 @@ def sample_of(ids, vocab, most: int = 6) -> str:
     return ", ".join("<end-of-text>" if vocab[t] is None else repr(vocab[t]) for t in shown) + more
 
 
+def walk_by_hand(dfa, state: int | None, data: bytes) -> int | None:
+    """The given DFA's state after `data` from `state`, or None where the walk dies: the
+    tests' own walk, beside the learner's."""
+    for byte in data:
+        if state is None:
+            return None
+        state = dfa.step(state, byte)
+    return state
+
+
 def bytes_walked(dfa, state: int, data: bytes) -> int:
     """How many of `data`'s bytes walk from `state` before one has no transition."""
     for n, byte in enumerate(data):
@@ -271,9 +281,7 @@ def explain_index_difference(regex, dfa, text, got, expected, final, vocab, eos)
             "own: a word may come as one token or as several shorter ones. Is every token of "
             "the vocabulary walked from every state?"
         )
-    here = dfa.initial  # the DFA's state after the text (the given DFA, not the learner's walk)
-    for byte in text:
-        here = dfa.step(here, byte) if here is not None else None
+    here = walk_by_hand(dfa, dfa.initial, text)  # the given DFA's, not the learner's walk
     if extra and here is not None:
         text_ids = [t for t, data in enumerate(vocab) if data is not None]
         walked = {t: bytes_walked(dfa, here, vocab[t]) for t in text_ids}
@@ -334,12 +342,7 @@ def test_walk_follows_the_dfa_byte_by_byte(impl):
     dfa = impl.regex_to_byte_dfa("(é|日本|Romeo)+")
 
     def by_hand(data: bytes):
-        state = dfa.initial
-        for byte in data:
-            state = dfa.step(state, byte)
-            if state is None:
-                return None
-        return state
+        return walk_by_hand(dfa, dfa.initial, data)
 
     try:  # a `return` inside the loop: None over no bytes, the first byte's state over more
         returns_in_the_loop = impl.walk(dfa, dfa.initial, b"") is None and impl.walk(
@@ -599,21 +602,19 @@ class RecordingIndex:
         return self.index.advance(state, token)
 
 
-def explain_refused_read(impl, tokenizer, regex: str, prompt) -> str:
+def explain_refused_read(impl, model, tokenizer, regex: str, prompt) -> str:
     """Why the learner's sampler asked its guide to read a refused token, from what it read:
     a tensor for an int, the prompt's tokens, a token read twice, or a guide started over."""
-    from utils.models import load_model
-
-    index = RecordingIndex(impl.TokenIndex(impl.regex_to_byte_dfa(regex), list(VOCAB), EOS))
-    sampler = impl.ConstrainedSampler(HashNoise(load_model("shakespeare")[0].cfg), tokenizer, index)
+    sampler = constrained(impl, model, tokenizer, regex)
+    index = sampler.index = RecordingIndex(sampler.index)
     try:
         draw_answers(sampler, prompt, 20)
     except ValueError:
         pass
     reads, initial = index.reads, index.initial
     tokens = [token for _, token in reads]
-    if any(not isinstance(t, int) or isinstance(t, bool) for t in tokens):
-        odd = next(t for t in tokens if not isinstance(t, int) or isinstance(t, bool))
+    odd = next((t for t in tokens if not isinstance(t, int) or isinstance(t, bool)), None)
+    if odd is not None:
         return (
             f"The guide was handed {odd!r} (a {type(odd).__name__}), not a Python int: a row of "
             "the index is a dict keyed by ints, and a tensor is never found among them, even "
@@ -627,7 +628,7 @@ def explain_refused_read(impl, tokenizer, regex: str, prompt) -> str:
             "generated text only, so the prompt is never read, and the first call reads nothing."
         )
     for (state, token), (_, before) in zip(reads[1:], reads[:-1], strict=True):
-        if token == before and len(reads) > 1 and state != initial:
+        if token == before and state != initial:
             return (
                 f"It read token {token} twice in a row: is a generated token read again at the "
                 "next call? The guide reads each generated token once: each call reads only the "
@@ -656,13 +657,14 @@ def test_the_prompt_is_not_part_of_the_constrained_text(impl, tokenizer):
 
     cfg = load_model("shakespeare")[0].cfg
     regex = "(Romeo|Juliet)"
-    sampler = constrained(impl, HashNoise(cfg), tokenizer, regex)
+    model = HashNoise(cfg)
+    sampler = constrained(impl, model, tokenizer, regex)
     for prompt_text in ["Rom", "ROMEO.\n"]:
         prompt = torch.tensor(tokenizer.encode(prompt_text))
         try:
             answers = draw_answers(sampler, prompt, 20)
         except ValueError as error:
-            why = explain_refused_read(impl, tokenizer, regex, prompt)
+            why = explain_refused_read(impl, model, tokenizer, regex, prompt)
             raise AssertionError(
                 f"with the prompt {prompt_text!r}: {error}. The guide was asked to read a token "
                 f"the constraint refuses. {why}"
@@ -1019,6 +1021,14 @@ SLIPS = {
 }
 
 
+def made_by_slip(regex: str, schema: dict, slip: str) -> bool:
+    """Whether `regex` matches exactly the texts the known mistake `slip` makes of `schema`."""
+    try:
+        return same_texts(regex, slip_regex(schema, slip))
+    except Exception:  # noqa: BLE001 - a slip that does not apply to this schema
+        return False
+
+
 def ungrouped_part(impl, schema: dict) -> dict | None:
     """A part of `schema` (its items, a property's schema) whose regex by the learner is right
     alone but not a group: inside its parent's regex, its `|` splits the parent's in two."""
@@ -1082,14 +1092,9 @@ def explain_schema_regex(impl, schema: dict, found: str = "") -> str:
             "its parent's regex, its `|` splits the parent's regex in two. Put each part's "
             "alternatives in parentheses."
         )
-    for slip, sentence in SLIPS.items():
-        if why is not None:
-            break
-        try:
-            if same_texts(regex, slip_regex(part, slip)):
-                why = f"This looks like {sentence}."
-        except Exception:
-            continue
+    if why is None:
+        why = next((f"This looks like {sentence}." for slip, sentence in SLIPS.items()
+                    if made_by_slip(regex, part, slip)), None)  # fmt: skip
     return " ".join(([why] if why else []) + ([found] if found else []) + evidence)
 
 
